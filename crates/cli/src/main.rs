@@ -1,0 +1,48 @@
+//! `dircache`: mount a directory through the cache, search, statistics, benchmarks.
+
+mod bench;
+mod mount;
+mod search;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "dircache", version, about = "A user-level directory cache for Linux file systems")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve directory SRC at MNT through the cache (FUSE).
+    Mount(mount::MountArgs),
+    /// Live statistics of a running mount.
+    Stats(mount::StatsArgs),
+    /// Find files by pattern across directories in one call.
+    Search(search::SearchArgs),
+    /// Benchmarks (side by side, medians).
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DIRCACHE_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let code = match cli.cmd {
+        Cmd::Mount(a) => mount::run_mount(a),
+        Cmd::Stats(a) => mount::run_stats(a),
+        Cmd::Search(a) => search::run(a),
+        Cmd::Bench(b) => bench::run(b),
+    };
+    match code {
+        Ok(c) => std::process::exit(c),
+        Err(e) => {
+            eprintln!("dircache: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

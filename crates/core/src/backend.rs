@@ -1,0 +1,117 @@
+//! The interface between the cache and whatever holds the files.
+//!
+//! A backend is addressed by **backend paths**: byte strings relative to the backend's root,
+//! components separated by single `/`, never `.` or `..`, no leading or trailing slash, and the
+//! empty string for the root itself. The cache resolves symbolic links and `..` itself, so a
+//! backend never needs to follow a symlink in any component it is given (and the local backend
+//! refuses to, which also keeps it from escaping its root).
+//!
+//! Mutations carry the caller's [`Cred`]: a backend creates files owned by that caller and may
+//! enforce permissions as that caller (the local backend switches its thread's fsuid/fsgid).
+
+use std::os::fd::OwnedFd;
+
+use crate::{Attr, Cred, DirEntry, Error, RenameMode, Result, SetAttr, StatFs};
+
+/// What a multi-component [`Backend::walk`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Walked {
+    /// Attributes of the components resolved, in order (`attrs[i]` is `names[i]`).
+    pub attrs: Vec<Attr>,
+    /// Why the walk stopped early: the error for `names[attrs.len()]`.
+    pub error: Option<Error>,
+}
+
+/// A change made to the backend's files by someone other than this cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The attributes of `path` changed (chmod, chown, write, truncate, utimes, link count).
+    Attr { path: Vec<u8> },
+    /// An entry appeared, disappeared or was replaced at `path`; its parent's listing changed.
+    Entry { path: Vec<u8> },
+    /// Events were lost: anything may have changed.
+    Overflow,
+}
+
+/// Receiving end of a backend's change feed.
+pub type ChangeFeed = crossbeam_channel::Receiver<Change>;
+
+/// A file store the cache sits in front of. All methods take backend paths (module docs).
+pub trait Backend: Send + Sync + 'static {
+    /// Attributes of `dir/name` without following a final symlink (lstat).
+    fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr>;
+
+    /// Resolve `names` one after another starting at `dir`, without following symlinks,
+    /// stopping at the first component that fails (or that is not a directory while more
+    /// components follow). Remote backends answer this in one round trip.
+    fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        let mut out = Walked::default();
+        let mut path = dir.to_vec();
+        for (i, name) in names.iter().enumerate() {
+            match self.lookup(&path, name) {
+                Ok(a) => {
+                    let last = i + 1 == names.len();
+                    out.attrs.push(a);
+                    if !last && !a.is_dir() {
+                        out.error = Some(Error::NotDir);
+                        break;
+                    }
+                    if !path.is_empty() {
+                        path.push(b'/');
+                    }
+                    path.extend_from_slice(name);
+                }
+                Err(e) => {
+                    out.error = Some(e);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Attributes of `path` itself (lstat).
+    fn getattr(&self, path: &[u8]) -> Result<Attr>;
+
+    /// The entries of directory `path`, without `.` and `..`; with attributes if `plus`.
+    fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>>;
+
+    /// The target of symbolic link `path`.
+    fn readlink(&self, path: &[u8]) -> Result<Vec<u8>>;
+
+    /// Create a non-directory `path` (regular file, fifo, socket, device) with `mode`
+    /// (type and permission bits), failing with EEXIST if it exists.
+    fn mknod(&self, cred: &Cred, path: &[u8], mode: u32, rdev: u64) -> Result<Attr>;
+
+    fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr>;
+
+    /// Create symbolic link `path` pointing to `target`.
+    fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr>;
+
+    /// Create hard link `new` to `old`; returns the attributes of the (shared) inode.
+    fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr>;
+
+    fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()>;
+
+    fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()>;
+
+    fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()>;
+
+    /// chmod, chown, truncate and utimens of `path` (never following a final symlink);
+    /// returns the new attributes.
+    fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr>;
+
+    fn statfs(&self, _path: &[u8]) -> Result<StatFs> {
+        Err(Error::NotSupported)
+    }
+
+    /// Open `path` for data access with open(2) `flags` (O_CREAT allowed, with `mode`).
+    fn open(&self, _cred: &Cred, _path: &[u8], _flags: i32, _mode: u32) -> Result<OwnedFd> {
+        Err(Error::NotSupported)
+    }
+
+    /// Start reporting changes made behind the cache's back. `None` if the backend cannot.
+    fn watch(&self) -> Result<Option<ChangeFeed>> {
+        Ok(None)
+    }
+}

@@ -1,0 +1,69 @@
+//! Every optimization of the cache is a switch here, so each can be measured on and off.
+
+/// How `..` is resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DotDot {
+    /// POSIX: `a/b/..` needs search permission on `a/b`, and `..` after a symlink goes to the
+    /// parent of the link's target.
+    #[default]
+    Posix,
+    /// Plan 9 lexical semantics: `a/b/..` is `a`, whatever `b` is.
+    Lexical,
+}
+
+/// Cache configuration. `Config::default()` turns every optimization on.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The direct-lookup hash table and prefix-check cache (SOSP'15 §3.1). Off: every lookup
+    /// walks component by component (the "slow path", still served from cached dentries).
+    pub fastpath: bool,
+    /// On a direct-lookup hit, compare the full path stored with the entry to the one asked
+    /// for, so that a signature collision can never return a wrong entry.
+    pub verify_path: bool,
+    /// Directory completeness (§5.1): readdir from the cache, misses in complete directories
+    /// answered without the backend.
+    pub completeness: bool,
+    /// Negative dentries (§5.2): remember names that do not exist.
+    pub negatives: bool,
+    /// Deep negatives: remember `a/b/c` missing when `a` is missing, and ENOTDIR under files.
+    pub deep_negatives: bool,
+    /// Symlink aliases (§4.2): cache `/X/L/Z` as a redirect to the target's entry.
+    pub symlink_aliases: bool,
+    /// `..` semantics.
+    pub dotdot: DotDot,
+    /// Most dentries kept (positive and negative); eviction starts from the leaves above this.
+    pub max_entries: usize,
+    /// Slots of each credential's prefix-check cache (rounded up to a power of two).
+    pub pcc_slots: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            fastpath: true,
+            verify_path: false,
+            completeness: true,
+            negatives: true,
+            deep_negatives: true,
+            symlink_aliases: true,
+            dotdot: DotDot::Posix,
+            max_entries: 1 << 20,
+            pcc_slots: 1 << 14,
+        }
+    }
+}
+
+impl Config {
+    /// Every optimization off: a plain component-at-a-time cache of positive entries.
+    pub fn baseline() -> Config {
+        Config {
+            fastpath: false,
+            verify_path: false,
+            completeness: false,
+            negatives: false,
+            deep_negatives: false,
+            symlink_aliases: false,
+            ..Config::default()
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! # dircache-core
+//!
+//! A user-level directory cache after Tsai et al., *How to Get More Value From Your File
+//! System Directory Cache* (SOSP'15): a direct-lookup hash table keyed by keyed signatures of
+//! full paths, a per-credential prefix-check cache validated by version counters, directory
+//! completeness, deep negative entries, symlink aliases, mounts and namespaces. Lookups never
+//! take a global lock (McKenney et al., scalable dentry cache). The crate does no I/O of its
+//! own: everything below the cache is a [`Backend`].
+//!
+//! See `docs/core.md` in the repository for the invariants and the code paths that keep them.
+
+mod backend;
+mod cache;
+mod config;
+mod cred;
+mod error;
+pub mod memory;
+mod policy;
+pub mod stats;
+mod types;
+
+pub use backend::{Backend, Change, ChangeFeed, Walked};
+pub use cache::{
+    At, Cache, Creds, Dentry, DirHandle, Invalidation, MountOptions, MountSource, Namespace,
+    NodeKind, NodeRef,
+};
+pub use config::{Config, DotDot};
+pub use cred::Cred;
+pub use error::{Error, Result};
+pub use policy::{AccessPolicy, PosixPolicy};
+pub use stats::StatsSnapshot;
+pub use types::*;

@@ -1,0 +1,1 @@
+//! dircache-fuse (under construction)

@@ -1,0 +1,1 @@
+//! dircache-local (under construction)

@@ -1,0 +1,1 @@
+//! dircache-search (under construction)
