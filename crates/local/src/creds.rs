@@ -126,14 +126,24 @@ mod tests {
             return;
         }
         let before = raw_getgroups().unwrap();
+        // A thread started before the switch (new threads inherit their creator's creds).
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let (tell, told) = std::sync::mpsc::channel();
+        let other = std::thread::spawn(move || {
+            while asked.recv().is_ok() {
+                tell.send((fsuid(), raw_getgroups().unwrap())).unwrap();
+            }
+        });
         {
             let _g = CredGuard::switch(&Cred::new(12345, 23456, [7, 8]), true).unwrap();
             assert_eq!(fsuid(), 12345);
             assert_eq!(raw_getgroups().unwrap(), vec![7, 8]);
             // Other threads keep root's credentials.
-            let other = std::thread::spawn(fsuid).join().unwrap();
-            assert_eq!(other, 0);
+            ask.send(()).unwrap();
+            assert_eq!(told.recv().unwrap(), (0, before.clone()));
         }
+        drop(ask);
+        other.join().unwrap();
         assert_eq!(fsuid(), 0);
         assert_eq!(raw_getgroups().unwrap(), before);
     }

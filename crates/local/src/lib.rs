@@ -364,7 +364,9 @@ impl LocalBackend {
         rustix::fs::openat2(
             &self.root,
             path,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            // No O_NOFOLLOW: with RESOLVE_NO_SYMLINKS a final symlink then fails with ELOOP
+            // (with O_PATH|O_NOFOLLOW the kernel would hand out the link itself).
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
             RESOLVE,
         )
