@@ -169,7 +169,7 @@ fn run(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: Arc<FdCache>)
 
 struct Fan {
     fd: OwnedFd,
-    /// Descriptor on the watched file system for open_by_handle_at (the root's O_PATH fd).
+    /// Descriptor on the watched file system for open_by_handle_at (the root, O_RDONLY).
     mount: OwnedFd,
     root: Vec<u8>,
     /// handle bytes -> path relative to the root (None: outside the root).
@@ -222,7 +222,16 @@ impl Fan {
         if r < 0 {
             return Err(last_err());
         }
-        let mount = b.root.try_clone().map_err(Error::from)?;
+        // open_by_handle_at needs a real (not O_PATH) descriptor on the file system.
+        let mount = rustix::fs::openat(
+            &b.root,
+            c".",
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Error::from_errno(e.raw_os_error()))?;
         Ok(Fan {
             fd,
             mount,
