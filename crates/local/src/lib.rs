@@ -498,7 +498,7 @@ impl LocalBackend {
         drop(d);
         let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
         let mut iter = rustix::fs::RawDir::new(&rd, &mut buf);
-        let mut out = Vec::new();
+        let mut res = Vec::new();
         while let Some(ent) = iter.next() {
             let ent = ent.map_err(errno)?;
             let name = ent.file_name().to_bytes();
@@ -506,13 +506,9 @@ impl LocalBackend {
                 continue;
             }
             let kind = dtype_kind(ent.file_type());
-            out.push((name.to_vec(), kind, ent.ino()));
-        }
-        drop(iter);
-        let mut res = Vec::with_capacity(out.len());
-        for (name, kind, ino) in out {
+            // d_type is DT_UNKNOWN on some file systems: ask statx then.
             let attr = if plus || kind.is_none() {
-                match statx_at(rd.as_fd(), &name) {
+                match statx_at(rd.as_fd(), name) {
                     Ok(a) => Some(a),
                     // Removed since the listing was read: leave it out.
                     Err(Error::NotFound) => continue,
@@ -526,9 +522,9 @@ impl LocalBackend {
                 (None, Some(a)) => a.kind(),
                 (None, None) => FileType::Regular,
             };
-            let ino = attr.map_or(ino, |a| a.ino);
+            let ino = attr.map_or(ent.ino(), |a| a.ino);
             res.push(DirEntry {
-                name,
+                name: name.to_vec(),
                 kind,
                 ino,
                 attr: if plus { attr } else { None },

@@ -58,7 +58,7 @@ fn attrs_equal_lstat() {
         assert_eq!(b.getattr(rel.as_bytes()).unwrap(), want, "getattr {rel}");
         if let Some(i) = rel.rfind('/') {
             let got = b
-                .lookup(rel[..i].as_bytes(), rel[i + 1..].as_bytes())
+                .lookup(&rel.as_bytes()[..i], &rel.as_bytes()[i + 1..])
                 .unwrap();
             assert_eq!(got, want, "lookup {rel}");
         } else if !rel.is_empty() {
