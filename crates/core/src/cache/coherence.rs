@@ -6,7 +6,10 @@ use std::sync::{Arc, Weak};
 
 use super::dentry::{Dentry, COMPLETE, DEAD, HAS_CHILDREN, MOUNTED, REFERENCED};
 use super::path;
-use super::{Cache, Creds, Invalidation, Mount, MountOptions, MountSource, Namespace, NodeKind, NodeRef, Super};
+use super::{
+    Cache, Creds, Invalidation, Mount, MountOptions, MountSource, Namespace, NodeKind, NodeRef,
+    Super,
+};
 use crate::{Attr, Change, Cred, DirEntry, Error, FileType, LookupFlags, Result, R_OK};
 
 /// An open invalidation window: slow-path walks that overlap it do not publish.
@@ -99,7 +102,9 @@ impl Cache {
     /// Evict up to `want` unreferenced leaves (CLOCK: a referenced dentry gets a second chance;
     /// hits only set a bit, they never move list entries).
     pub(crate) fn evict(&self, want: usize) {
-        let Some(mut q) = self.lru.try_lock() else { return };
+        let Some(mut q) = self.lru.try_lock() else {
+            return;
+        };
         let mut evicted = 0;
         let mut budget = q.len() * 2;
         while evicted < want && budget > 0 {
@@ -115,12 +120,19 @@ impl Cache {
                 q.push_back(w);
                 continue;
             }
-            let leaf = n.inner.read().children.as_ref().is_none_or(|c| c.is_empty());
+            let leaf = n
+                .inner
+                .read()
+                .children
+                .as_ref()
+                .is_none_or(|c| c.is_empty());
             if !leaf || f & MOUNTED != 0 || n.pins.load(Ordering::Acquire) > 0 {
                 q.push_back(w);
                 continue;
             }
-            let Some(parent) = n.parent_ref() else { continue };
+            let Some(parent) = n.parent_ref() else {
+                continue;
+            };
             {
                 let mut pi = parent.inner.write();
                 let name = n.link.load().name.clone();
@@ -139,7 +151,8 @@ impl Cache {
             if n.flags.fetch_or(DEAD, Ordering::AcqRel) & DEAD == 0 {
                 self.entries.fetch_sub(1, Ordering::Relaxed);
             }
-            n.version.store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
+            n.version
+                .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
             evicted += 1;
             self.stats.evictions.inc();
         }
@@ -165,7 +178,10 @@ impl Cache {
             let mut m = self.hardlinks.lock();
             let v = m.entry((a.dev, a.ino)).or_default();
             v.retain(|w| w.strong_count() > 0);
-            if !v.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(node))) {
+            if !v
+                .iter()
+                .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(node)))
+            {
                 v.push(Arc::downgrade(node));
             }
         }
@@ -174,7 +190,9 @@ impl Cache {
     /// After a change to an inode's attributes through one name, make every other cached
     /// name of the same inode forget (or take) the new attributes.
     pub(crate) fn forget_link_attrs(&self, node: &Dentry) {
-        let Some(a) = node.attr_copy().or_else(|| None) else { return self.forget_links_unknown(node) };
+        let Some(a) = node.attr_copy().or_else(|| None) else {
+            return self.forget_links_unknown(node);
+        };
         self.update_links(node, &a, None);
     }
 
@@ -209,7 +227,12 @@ impl Cache {
     // ----------------------------------------------------------------------------------
     // Directory listings and completeness (SOSP'15 §5.1).
 
-    pub(crate) fn list(&self, c: &Creds, node: &NodeRef, want_attrs: bool) -> Result<Vec<DirEntry>> {
+    pub(crate) fn list(
+        &self,
+        c: &Creds,
+        node: &NodeRef,
+        want_attrs: bool,
+    ) -> Result<Vec<DirEntry>> {
         match node.kind {
             NodeKind::Positive(FileType::Directory) => {}
             NodeKind::Positive(_) => return Err(Error::NotDir),
@@ -237,16 +260,25 @@ impl Cache {
     /// The listing from the cache, or `None` if attributes were wanted and some are missing.
     fn list_cached(&self, node: &NodeRef, want_attrs: bool) -> Option<Vec<DirEntry>> {
         let inner = node.inner.read();
-        let Some(ch) = &inner.children else { return Some(Vec::new()) };
+        let Some(ch) = &inner.children else {
+            return Some(Vec::new());
+        };
         let mut out = Vec::with_capacity(ch.len());
         for (name, d) in ch.iter() {
-            let NodeKind::Positive(kind) = d.kind else { continue };
+            let NodeKind::Positive(kind) = d.kind else {
+                continue;
+            };
             let attr = d.attr_copy();
             if want_attrs && attr.is_none() {
                 return None;
             }
             let ino = attr.map_or_else(|| d.ino.load(Ordering::Relaxed), |a| a.ino);
-            out.push(DirEntry { name: name.to_vec(), kind, ino, attr });
+            out.push(DirEntry {
+                name: name.to_vec(),
+                kind,
+                ino,
+                attr,
+            });
         }
         Some(out)
     }
@@ -266,8 +298,9 @@ impl Cache {
                 seen.insert(&e.name[..]);
                 let existing = inner.child(&e.name).cloned();
                 match existing {
-                    Some(d) if d.kind == NodeKind::Positive(e.kind)
-                        && d.attr_copy().is_none_or(|a| a.ino == e.ino) =>
+                    Some(d)
+                        if d.kind == NodeKind::Positive(e.kind)
+                            && d.attr_copy().is_none_or(|a| a.ino == e.ino) =>
                     {
                         if let Some(a) = e.attr {
                             d.set_attr(Some(a));
@@ -281,7 +314,9 @@ impl Cache {
                 let d = self.new_dentry(node, &e.name, NodeKind::Positive(e.kind), e.attr);
                 // A plain readdir gives no attributes: remember the inode number only.
                 d.ino.store(e.ino, Ordering::Relaxed);
-                inner.children_mut().insert(e.name.clone().into_boxed_slice(), d.clone());
+                inner
+                    .children_mut()
+                    .insert(e.name.clone().into_boxed_slice(), d.clone());
                 added.push(d);
             }
             if let Some(ch) = inner.children.as_mut() {
@@ -339,7 +374,12 @@ impl Cache {
                     }
                 }
                 self.bump_subtree(&root);
-                return vec![Invalidation { parent: None, name: Vec::new(), node: None, attr_only: false }];
+                return vec![Invalidation {
+                    parent: None,
+                    name: Vec::new(),
+                    node: None,
+                    attr_only: false,
+                }];
             }
             Change::Attr { path } => (path, true),
             Change::Entry { path } => (path, false),
@@ -353,7 +393,12 @@ impl Cache {
                 root.clear(COMPLETE);
             }
             self.bump_subtree(&root);
-            return vec![Invalidation { parent: None, name: Vec::new(), node: Some(root), attr_only }];
+            return vec![Invalidation {
+                parent: None,
+                name: Vec::new(),
+                node: Some(root),
+                attr_only,
+            }];
         };
         let mut parent = root;
         for c in dirs {
@@ -378,7 +423,12 @@ impl Cache {
                 parent.clear(COMPLETE);
                 parent.set_attr(None);
             }
-            return vec![Invalidation { parent: Some(parent), name: last.to_vec(), node: None, attr_only }];
+            return vec![Invalidation {
+                parent: Some(parent),
+                name: last.to_vec(),
+                node: None,
+                attr_only,
+            }];
         };
         let name = comps.last().map(|c| c.to_vec()).unwrap_or_default();
         if attr_only {
@@ -389,7 +439,12 @@ impl Cache {
                 // A chmod or chown may have changed who can search below it.
                 self.bump_subtree(&node);
             }
-            return vec![Invalidation { parent: Some(parent), name, node: Some(node), attr_only: true }];
+            return vec![Invalidation {
+                parent: Some(parent),
+                name,
+                node: Some(node),
+                attr_only: true,
+            }];
         }
         let _w = self.inval_window();
         let removed = {
@@ -403,11 +458,18 @@ impl Cache {
             self.forget_links_unknown(r);
             self.kill(r);
         }
-        vec![Invalidation { parent: Some(parent), name, node: removed, attr_only: false }]
+        vec![Invalidation {
+            parent: Some(parent),
+            name,
+            node: removed,
+            attr_only: false,
+        }]
     }
 
     fn drop_child_of(&self, negative: &NodeRef) -> Vec<Invalidation> {
-        let Some(parent) = negative.parent_ref() else { return Vec::new() };
+        let Some(parent) = negative.parent_ref() else {
+            return Vec::new();
+        };
         let name = negative.name();
         let _w = self.inval_window();
         let removed = {
@@ -419,7 +481,12 @@ impl Cache {
         if let Some(r) = &removed {
             self.kill(r);
         }
-        vec![Invalidation { parent: Some(parent), name, node: removed, attr_only: false }]
+        vec![Invalidation {
+            parent: Some(parent),
+            name,
+            node: removed,
+            attr_only: false,
+        }]
     }
 
     // ----------------------------------------------------------------------------------
@@ -452,17 +519,35 @@ impl Cache {
                 let sb = Arc::new(Super { backend: b });
                 let nid = self.next_id.fetch_add(1, Ordering::Relaxed);
                 let ver = self.seq.fetch_add(1, Ordering::AcqRel);
-                Arc::new(Dentry::new(nid, sb, NodeKind::Positive(FileType::Directory), None, b"", ver, Some(attr)))
+                Arc::new(Dentry::new(
+                    nid,
+                    sb,
+                    NodeKind::Positive(FileType::Directory),
+                    None,
+                    b"",
+                    ver,
+                    Some(attr),
+                ))
             }
             MountSource::Bind(src) => {
-                let n = self.resolve(&root_creds, super::At::Dir(&h), &src, LookupFlags::FOLLOW, |n, _| n.clone())?;
+                let n = self.resolve(
+                    &root_creds,
+                    super::At::Dir(&h),
+                    &src,
+                    LookupFlags::FOLLOW,
+                    |n, _| n.clone(),
+                )?;
                 if !n.is_dir() {
                     return Err(Error::NotDir);
                 }
                 n
             }
         };
-        let m = Arc::new(Mount { root: new_root, parent: Some((mnt, node.clone())), opts });
+        let m = Arc::new(Mount {
+            root: new_root,
+            parent: Some((mnt, node.clone())),
+            opts,
+        });
         let _w = self.inval_window();
         {
             let mut mounts = ns.mounts.write();
@@ -493,11 +578,16 @@ impl Cache {
         if !Arc::ptr_eq(&node, &m.root) {
             return Err(Error::Invalid);
         }
-        let Some((_, mp)) = &m.parent else { return Err(Error::Invalid) };
+        let Some((_, mp)) = &m.parent else {
+            return Err(Error::Invalid);
+        };
         let _w = self.inval_window();
         {
             let mut mounts = ns.mounts.write();
-            if mounts.values().any(|o| o.parent.as_ref().is_some_and(|(pm, _)| Arc::ptr_eq(pm, &m))) {
+            if mounts
+                .values()
+                .any(|o| o.parent.as_ref().is_some_and(|(pm, _)| Arc::ptr_eq(pm, &m)))
+            {
                 return Err(Error::Busy);
             }
             mounts.remove(&mp.id);

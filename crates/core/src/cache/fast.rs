@@ -86,7 +86,10 @@ impl FastEntry {
     pub(crate) fn valid(&self) -> bool {
         self.node.version.load(Ordering::Acquire) == self.ver
             && self.node.flags.load(Ordering::Acquire) & DEAD == 0
-            && self.deps.iter().all(|(n, v)| n.version.load(Ordering::Acquire) == *v)
+            && self
+                .deps
+                .iter()
+                .all(|(n, v)| n.version.load(Ordering::Acquire) == *v)
     }
 }
 
@@ -114,7 +117,9 @@ impl Hasher for SigHasher {
 pub(crate) type Dlht = papaya::HashMap<Sig, FastEntry, BuildHasherDefault<SigHasher>>;
 
 pub(crate) fn new_dlht() -> Dlht {
-    papaya::HashMap::builder().hasher(BuildHasherDefault::default()).build()
+    papaya::HashMap::builder()
+        .hasher(BuildHasherDefault::default())
+        .build()
 }
 
 const EMPTY: u64 = 0;
@@ -172,7 +177,9 @@ impl Pcc {
         let s = self.slot(sig);
         let cur = s.stamp.load(Ordering::Relaxed);
         if cur == LOCKED
-            || s.stamp.compare_exchange(cur, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_err()
+            || s.stamp
+                .compare_exchange(cur, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
         {
             return;
         }
@@ -185,7 +192,9 @@ impl Pcc {
     pub(crate) fn remove(&self, sig: Sig, stamp: u64) {
         let s = self.slot(sig);
         if self.check(sig, stamp) {
-            let _ = s.stamp.compare_exchange(stamp, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
+            let _ = s
+                .stamp
+                .compare_exchange(stamp, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 

@@ -87,7 +87,9 @@ impl Dentry {
     }
     /// Undo one [`Dentry::pin`].
     pub fn unpin(&self) {
-        let _ = self.pins.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
+        let _ = self
+            .pins
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
     }
 }
 
@@ -169,7 +171,12 @@ pub struct Namespace {
 impl Namespace {
     fn new(root: Arc<Mount>, mounts: hashbrown::HashMap<u64, Arc<Mount>>) -> Namespace {
         let key = SigKey::random();
-        Namespace { base: key.hasher(), dlht: new_dlht(), root, mounts: RwLock::new(mounts) }
+        Namespace {
+            base: key.hasher(),
+            dlht: new_dlht(),
+            root,
+            mounts: RwLock::new(mounts),
+        }
     }
 }
 
@@ -258,7 +265,11 @@ impl Cache {
             1,
             Some(attr),
         ));
-        let mount = Arc::new(Mount { root, parent: None, opts: MountOptions::default() });
+        let mount = Arc::new(Mount {
+            root,
+            parent: None,
+            opts: MountOptions::default(),
+        });
         let ns = Arc::new(Namespace::new(mount, Default::default()));
         Ok(Arc::new(Cache {
             config,
@@ -321,7 +332,11 @@ impl Cache {
             m.retain(|_, w| w.strong_count() > 0);
         }
         let pcc = Pcc::new(if check { self.config.pcc_slots } else { 2 });
-        let s = Arc::new(CredState { cred: key.0.clone(), check, pcc });
+        let s = Arc::new(CredState {
+            cred: key.0.clone(),
+            check,
+            pcc,
+        });
         m.insert(key, Arc::downgrade(&s));
         Creds(s)
     }
@@ -331,7 +346,13 @@ impl Cache {
 
     /// Resolve `path` to a dentry. Errors as path_resolution(7): ENOENT (also for an empty
     /// path), ENOTDIR, EACCES, ELOOP, ENAMETOOLONG, EINVAL (embedded NUL).
-    pub fn lookup(&self, c: &Creds, at: At<'_>, path: &[u8], flags: LookupFlags) -> Result<NodeRef> {
+    pub fn lookup(
+        &self,
+        c: &Creds,
+        at: At<'_>,
+        path: &[u8],
+        flags: LookupFlags,
+    ) -> Result<NodeRef> {
         self.resolve(c, at, path, flags, |n, _| n.clone())
     }
 
@@ -434,7 +455,15 @@ impl Cache {
 
     /// Hard link `new` to `old` (neither followed if a symlink).
     pub fn link(&self, c: &Creds, at: At<'_>, old: &[u8], new: &[u8]) -> Result<Attr> {
-        let src = self.lookup(c, at, old, LookupFlags { follow: false, directory: path::wants_dir(old) })?;
+        let src = self.lookup(
+            c,
+            at,
+            old,
+            LookupFlags {
+                follow: false,
+                directory: path::wants_dir(old),
+            },
+        )?;
         let (parent, name) = self.parent_for_create(c, at, new, Error::Exists)?;
         if path::wants_dir(new) {
             let child = self.lookup_child(c, &parent, name)?;
@@ -474,7 +503,14 @@ impl Cache {
         self.rmdir_at(c, &parent, name)
     }
 
-    pub fn rename(&self, c: &Creds, at: At<'_>, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
+    pub fn rename(
+        &self,
+        c: &Creds,
+        at: At<'_>,
+        old: &[u8],
+        new: &[u8],
+        mode: RenameMode,
+    ) -> Result<()> {
         let (op, on) = self.parent_for_remove(c, at, old)?;
         let (np, nn) = self.parent_for_remove(c, at, new)?;
         if matches!(on, b"." | b"..") || matches!(nn, b"." | b"..") {
@@ -530,7 +566,12 @@ impl Cache {
     }
 
     /// List directory `node`; `want_attrs` asks for attributes of every entry (readdirplus).
-    pub fn readdir_node(&self, c: &Creds, node: &NodeRef, want_attrs: bool) -> Result<Vec<DirEntry>> {
+    pub fn readdir_node(
+        &self,
+        c: &Creds,
+        node: &NodeRef,
+        want_attrs: bool,
+    ) -> Result<Vec<DirEntry>> {
         self.list(c, node, want_attrs)
     }
 
@@ -570,7 +611,9 @@ impl Cache {
     /// Forget everything cached at and below backend path `path` of the root file system,
     /// and the listing of its parent.
     pub fn invalidate(&self, path: &[u8]) -> Vec<Invalidation> {
-        self.apply_change(&Change::Entry { path: path.to_vec() })
+        self.apply_change(&Change::Entry {
+            path: path.to_vec(),
+        })
     }
 
     // ------------------------------------------------------------------------------------
@@ -618,7 +661,13 @@ impl Cache {
             fast += ns.dlht.len() as u64;
         }
         s.fast_entries = fast;
-        let pcc: usize = self.creds.lock().values().filter_map(Weak::upgrade).map(|c| c.pcc.bytes()).sum();
+        let pcc: usize = self
+            .creds
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .map(|c| c.pcc.bytes())
+            .sum();
         // Dentry + link + attr + a children-map slot, and a DLHT entry each.
         let per_dentry = std::mem::size_of::<Dentry>() as u64 + 16 + 48 + 128 + 32;
         let per_fast = std::mem::size_of::<fast::FastEntry>() as u64 + 32;

@@ -103,8 +103,19 @@ impl Cache {
         self.create_with(c, parent, name, |p| b.mkdir(&c.0.cred, p, mode & 0o7777))
     }
 
-    pub fn mknod_at(&self, c: &Creds, parent: &NodeRef, name: &[u8], mode: u32, rdev: u64) -> Result<NodeRef> {
-        let mode = if mode & libc::S_IFMT == 0 { mode | libc::S_IFREG } else { mode };
+    pub fn mknod_at(
+        &self,
+        c: &Creds,
+        parent: &NodeRef,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+    ) -> Result<NodeRef> {
+        let mode = if mode & libc::S_IFMT == 0 {
+            mode | libc::S_IFREG
+        } else {
+            mode
+        };
         if mode & libc::S_IFMT == libc::S_IFDIR {
             return Err(Error::Perm);
         }
@@ -112,7 +123,13 @@ impl Cache {
         self.create_with(c, parent, name, |p| b.mknod(&c.0.cred, p, mode, rdev))
     }
 
-    pub fn symlink_at(&self, c: &Creds, parent: &NodeRef, name: &[u8], target: &[u8]) -> Result<NodeRef> {
+    pub fn symlink_at(
+        &self,
+        c: &Creds,
+        parent: &NodeRef,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<NodeRef> {
         if target.is_empty() {
             return Err(Error::NotFound);
         }
@@ -129,7 +146,13 @@ impl Cache {
     }
 
     /// Hard link `node` as `newparent/newname`.
-    pub fn link_at(&self, c: &Creds, node: &NodeRef, newparent: &NodeRef, newname: &[u8]) -> Result<NodeRef> {
+    pub fn link_at(
+        &self,
+        c: &Creds,
+        node: &NodeRef,
+        newparent: &NodeRef,
+        newname: &[u8],
+    ) -> Result<NodeRef> {
         match node.kind {
             NodeKind::Positive(FileType::Directory) => return Err(Error::Perm),
             NodeKind::Positive(_) => {}
@@ -158,9 +181,10 @@ impl Cache {
     /// Remove `parent/name` from the tree after the backend removed it: a negative entry
     /// takes its place (SOSP'15 §5.2).
     fn uninstall(&self, parent: &NodeRef, name: &[u8], victim: &NodeRef) {
-        let neg = self.config.negatives.then(|| {
-            self.new_dentry(parent, name, NodeKind::Negative(Error::NotFound), None)
-        });
+        let neg = self
+            .config
+            .negatives
+            .then(|| self.new_dentry(parent, name, NodeKind::Negative(Error::NotFound), None));
         {
             let mut inner = parent.inner.write();
             inner.gen += 1;
@@ -314,9 +338,17 @@ impl Cache {
         {
             // Lock both parents' maps in id order.
             let same = Arc::ptr_eq(parent, newparent);
-            let (first, second) = if parent.id <= newparent.id { (parent, newparent) } else { (newparent, parent) };
+            let (first, second) = if parent.id <= newparent.id {
+                (parent, newparent)
+            } else {
+                (newparent, parent)
+            };
             let mut g1 = first.inner.write();
-            let mut g2 = if same { None } else { Some(second.inner.write()) };
+            let mut g2 = if same {
+                None
+            } else {
+                Some(second.inner.write())
+            };
             let (pi, ni) = match (&mut g2, parent.id <= newparent.id) {
                 (None, _) => (&mut *g1, None),
                 (Some(g2), true) => (&mut *g1, Some(&mut **g2)),
@@ -419,8 +451,10 @@ impl Cache {
                 }
                 self.policy.permission(cred, &a, W_OK)?;
             }
-            let explicit = matches!(set.atime, Some(TimeSet::At(_))) || matches!(set.mtime, Some(TimeSet::At(_)));
-            let now = matches!(set.atime, Some(TimeSet::Now)) || matches!(set.mtime, Some(TimeSet::Now));
+            let explicit = matches!(set.atime, Some(TimeSet::At(_)))
+                || matches!(set.mtime, Some(TimeSet::At(_)));
+            let now =
+                matches!(set.atime, Some(TimeSet::Now)) || matches!(set.mtime, Some(TimeSet::Now));
             if explicit && !owner {
                 return Err(Error::Perm);
             }
@@ -454,12 +488,17 @@ impl Cache {
         } | if flags & libc::O_TRUNC != 0 { W_OK } else { 0 };
         match node.kind {
             NodeKind::Negative(e) => return Err(e),
-            NodeKind::Positive(FileType::Directory) if mask & W_OK != 0 => return Err(Error::IsDir),
+            NodeKind::Positive(FileType::Directory) if mask & W_OK != 0 => {
+                return Err(Error::IsDir)
+            }
             _ => {}
         }
         self.check(c, node, mask)?;
         let path = self.path_of(node)?;
-        let fd = node.sb.backend.open(&c.0.cred, &path, flags & !(libc::O_CREAT | libc::O_EXCL), 0)?;
+        let fd =
+            node.sb
+                .backend
+                .open(&c.0.cred, &path, flags & !(libc::O_CREAT | libc::O_EXCL), 0)?;
         if flags & libc::O_TRUNC != 0 {
             self.forget_attr(node);
         }
@@ -491,11 +530,15 @@ impl Cache {
         let path = join(&self.path_of(parent)?, name);
         self.stats.backend.mutation.inc();
         let b = &parent.sb.backend;
-        let fd = b.open(&c.0.cred, &path, flags | libc::O_CREAT | libc::O_EXCL, mode & 0o7777)?;
+        let fd = b.open(
+            &c.0.cred,
+            &path,
+            flags | libc::O_CREAT | libc::O_EXCL,
+            mode & 0o7777,
+        )?;
         self.stats.backend.getattr.inc();
         let attr = b.getattr(&path)?;
         let node = self.install(parent, name, attr, false);
         Ok((node, fd))
     }
 }
-

@@ -11,7 +11,9 @@ use siphasher::sip128::SipHasher13;
 use super::dentry::{Dentry, COMPLETE, DEAD, HAS_CHILDREN, MOUNTED};
 use super::fast::{finish, sig_of, FastEntry, FOLLOW_MARK};
 use super::path::{self, check_path, shape, Shape};
-use super::{At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef};
+use super::{
+    At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
+};
 use crate::{Attr, DotDot, Error, FileType, LookupFlags, Result, MAX_SYMLINKS, NAME_MAX, X_OK};
 
 /// Where a walk starts.
@@ -43,12 +45,19 @@ pub(crate) struct Walk {
 
 enum Next {
     Done,
-    Comp { comp: Vec<u8>, last: bool, at: usize, depth: usize },
+    Comp {
+        comp: Vec<u8>,
+        last: bool,
+        at: usize,
+        depth: usize,
+    },
 }
 
 fn next_component(stack: &mut Vec<(Cow<'_, [u8]>, usize)>) -> Next {
     loop {
-        let Some((buf, pos)) = stack.last_mut() else { return Next::Done };
+        let Some((buf, pos)) = stack.last_mut() else {
+            return Next::Done;
+        };
         let mut i = *pos;
         while i < buf.len() && buf[i] == b'/' {
             i += 1;
@@ -64,16 +73,33 @@ fn next_component(stack: &mut Vec<(Cow<'_, [u8]>, usize)>) -> Next {
         *pos = i;
         let comp = buf[s..i].to_vec();
         let depth = stack.len();
-        let last = !stack.iter().any(|(b, p)| b[*p..].iter().any(|&c| c != b'/'));
-        return Next::Comp { comp, last, at: s, depth };
+        let last = !stack
+            .iter()
+            .any(|(b, p)| b[*p..].iter().any(|&c| c != b'/'));
+        return Next::Comp {
+            comp,
+            last,
+            at: s,
+            depth,
+        };
     }
 }
 
 impl Cache {
     pub(crate) fn start<'a>(&'a self, at: At<'a>) -> Start<'a> {
         match at {
-            At::Root => Start { ns: &self.ns, mnt: &self.ns.root, node: &self.ns.root.root, handle: None },
-            At::Dir(h) => Start { ns: &h.ns, mnt: &h.mnt, node: &h.node, handle: Some(h) },
+            At::Root => Start {
+                ns: &self.ns,
+                mnt: &self.ns.root,
+                node: &self.ns.root.root,
+                handle: None,
+            },
+            At::Dir(h) => Start {
+                ns: &h.ns,
+                mnt: &h.mnt,
+                node: &h.node,
+                handle: Some(h),
+            },
         }
     }
 
@@ -247,7 +273,13 @@ impl Cache {
     /// Normalize `lex/rel` for the fast path: drop empty and `.` components, resolve `..`
     /// against prefixes the fast path can vouch for. Returns (path, must be a directory,
     /// needs search permission on the final directory), or `None` for the slow path.
-    fn fast_normalize(&self, cs: &CredState, ns: &Namespace, lex: &[u8], rel: &[u8]) -> Option<(Vec<u8>, bool, bool)> {
+    fn fast_normalize(
+        &self,
+        cs: &CredState,
+        ns: &Namespace,
+        lex: &[u8],
+        rel: &[u8],
+    ) -> Option<(Vec<u8>, bool, bool)> {
         check_path(rel).ok()?;
         let mut buf = Vec::with_capacity(lex.len() + 1 + rel.len());
         buf.extend_from_slice(lex);
@@ -303,7 +335,13 @@ impl Cache {
     // Slow path.
 
     /// Walk component by component and publish the result for the fast path.
-    pub(crate) fn slow(&self, cs: &CredState, st: &Start<'_>, path: &[u8], flags: LookupFlags) -> Result<Walk> {
+    pub(crate) fn slow(
+        &self,
+        cs: &CredState,
+        st: &Start<'_>,
+        path: &[u8],
+        flags: LookupFlags,
+    ) -> Result<Walk> {
         // Read the invalidation counters before anything else (SOSP'15 §3.2).
         let e0 = self.inval_end.load(Ordering::SeqCst);
         let s0 = self.inval_start.load(Ordering::SeqCst);
@@ -322,7 +360,13 @@ impl Cache {
         Ok(w)
     }
 
-    pub(crate) fn walk(&self, cs: &CredState, st: &Start<'_>, path: &[u8], flags: LookupFlags) -> Result<Walk> {
+    pub(crate) fn walk(
+        &self,
+        cs: &CredState,
+        st: &Start<'_>,
+        path: &[u8],
+        flags: LookupFlags,
+    ) -> Result<Walk> {
         self.stats.slowpath_walks.inc();
         check_path(path)?;
         let ns = st.ns;
@@ -351,7 +395,12 @@ impl Cache {
         loop {
             let (comp, last, at, depth) = match next_component(&mut stack) {
                 Next::Done => break,
-                Next::Comp { comp, last, at, depth } => (comp, last, at, depth),
+                Next::Comp {
+                    comp,
+                    last,
+                    at,
+                    depth,
+                } => (comp, last, at, depth),
             };
             // The current node must be a directory we may search.
             match cur.kind {
@@ -361,7 +410,11 @@ impl Cache {
                         NodeKind::Negative(e) => e,
                         _ => Error::NotDir,
                     };
-                    if !self.config.deep_negatives || comp == b"." || comp == b".." || comp.len() > NAME_MAX {
+                    if !self.config.deep_negatives
+                        || comp == b"."
+                        || comp == b".."
+                        || comp.len() > NAME_MAX
+                    {
                         return Err(err);
                     }
                     // Deep negative: remember `cur/comp` fails the same way.
@@ -433,7 +486,12 @@ impl Cache {
 
     /// `..` of (mnt, cur): the parent, climbing out of mounts; the namespace root is its own
     /// parent.
-    pub(crate) fn dotdot(&self, ns: &Namespace, mnt: &Arc<Mount>, cur: &NodeRef) -> (Arc<Mount>, NodeRef) {
+    pub(crate) fn dotdot(
+        &self,
+        ns: &Namespace,
+        mnt: &Arc<Mount>,
+        cur: &NodeRef,
+    ) -> (Arc<Mount>, NodeRef) {
         let mut mnt = mnt.clone();
         let mut cur = cur.clone();
         loop {
@@ -456,7 +514,12 @@ impl Cache {
     }
 
     /// Follow mounts stacked on `node` in `ns`.
-    pub(crate) fn cross(&self, ns: &Namespace, mnt: &Arc<Mount>, node: NodeRef) -> (Arc<Mount>, NodeRef) {
+    pub(crate) fn cross(
+        &self,
+        ns: &Namespace,
+        mnt: &Arc<Mount>,
+        node: NodeRef,
+    ) -> (Arc<Mount>, NodeRef) {
         let mut mnt = mnt.clone();
         let mut node = node;
         while node.has(MOUNTED) {
@@ -507,15 +570,21 @@ impl Cache {
                 match link {
                     Some((l, lver)) => {
                         // path -> the link itself; path + FOLLOW_MARK -> the target.
-                        if let Some(p) = self.publish_one(cs, ns, &full, false, l, *lver, deps, w.mnt.opts) {
+                        if let Some(p) =
+                            self.publish_one(cs, ns, &full, false, l, *lver, deps, w.mnt.opts)
+                        {
                             published.push(p);
                         }
-                        if let Some(p) = self.publish_one(cs, ns, &full, true, &w.node, w.ver, &w.deps, w.mnt.opts) {
+                        if let Some(p) = self
+                            .publish_one(cs, ns, &full, true, &w.node, w.ver, &w.deps, w.mnt.opts)
+                        {
                             published.push(p);
                         }
                     }
                     None => {
-                        if let Some(p) = self.publish_one(cs, ns, &full, false, &w.node, w.ver, deps, w.mnt.opts) {
+                        if let Some(p) =
+                            self.publish_one(cs, ns, &full, false, &w.node, w.ver, deps, w.mnt.opts)
+                        {
                             published.push(p);
                         }
                     }
@@ -558,7 +627,10 @@ impl Cache {
             let same = Arc::ptr_eq(&e.node, node)
                 && e.ver == ver
                 && e.deps.len() == deps.len()
-                && e.deps.iter().zip(deps).all(|(a, b)| Arc::ptr_eq(&a.0, &b.0) && a.1 == b.1)
+                && e.deps
+                    .iter()
+                    .zip(deps)
+                    .all(|(a, b)| Arc::ptr_eq(&a.0, &b.0) && a.1 == b.1)
                 && e.valid();
             same.then_some(e.stamp)
         });
@@ -575,7 +647,9 @@ impl Cache {
                     path: self.config.verify_path.then(|| full.into()),
                 };
                 ns.dlht.insert(sig, e, &guard);
-                if self.dlht_inserts.fetch_add(1, Ordering::Relaxed) > self.entries.load(Ordering::Relaxed) + 4096 {
+                if self.dlht_inserts.fetch_add(1, Ordering::Relaxed)
+                    > self.entries.load(Ordering::Relaxed) + 4096
+                {
                     self.dlht_inserts.store(0, Ordering::Relaxed);
                     self.sweep_dlht();
                 }
@@ -613,8 +687,17 @@ impl Cache {
         let dpath = self.path_of(dir)?;
         self.stats.backend.lookup.inc();
         match dir.sb.backend.lookup(&dpath, name) {
-            Ok(a) => Ok(self.insert_child(dir, name, gen0, ver0, NodeKind::Positive(a.kind()), Some(a))),
-            Err(Error::NotFound) => Ok(self.insert_child(dir, name, gen0, ver0, NodeKind::Negative(Error::NotFound), None)),
+            Ok(a) => {
+                Ok(self.insert_child(dir, name, gen0, ver0, NodeKind::Positive(a.kind()), Some(a)))
+            }
+            Err(Error::NotFound) => Ok(self.insert_child(
+                dir,
+                name,
+                gen0,
+                ver0,
+                NodeKind::Negative(Error::NotFound),
+                None,
+            )),
             Err(e) => Err(e),
         }
     }
@@ -687,13 +770,34 @@ impl Cache {
     /// miss in a complete directory).
     pub(crate) fn negative_child(&self, dir: &NodeRef, name: &[u8], err: Error) -> NodeRef {
         let gen0 = dir.inner.read().gen;
-        self.insert_child(dir, name, gen0, dir.version(), NodeKind::Negative(err), None)
+        self.insert_child(
+            dir,
+            name,
+            gen0,
+            dir.version(),
+            NodeKind::Negative(err),
+            None,
+        )
     }
 
-    pub(crate) fn new_dentry(&self, parent: &NodeRef, name: &[u8], kind: NodeKind, attr: Option<Attr>) -> NodeRef {
+    pub(crate) fn new_dentry(
+        &self,
+        parent: &NodeRef,
+        name: &[u8],
+        kind: NodeKind,
+        attr: Option<Attr>,
+    ) -> NodeRef {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let ver = self.seq.fetch_add(1, Ordering::AcqRel);
-        let n = Arc::new(Dentry::new(id, parent.sb.clone(), kind, Some(parent.clone()), name, ver, attr));
+        let n = Arc::new(Dentry::new(
+            id,
+            parent.sb.clone(),
+            kind,
+            Some(parent.clone()),
+            name,
+            ver,
+            attr,
+        ));
         if let Some(a) = attr {
             self.note_links(&n, &a);
         }
@@ -783,7 +887,15 @@ impl Cache {
 
     pub(crate) fn open_dir_handle(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<DirHandle> {
         let st = self.start(at);
-        let w = self.slow(&c.0, &st, path, LookupFlags { follow: true, directory: true })?;
+        let w = self.slow(
+            &c.0,
+            &st,
+            path,
+            LookupFlags {
+                follow: true,
+                directory: true,
+            },
+        )?;
         match w.node.kind {
             NodeKind::Negative(e) => return Err(e),
             NodeKind::Positive(FileType::Directory) => {}
@@ -847,7 +959,12 @@ impl Cache {
         Ok((parent, name))
     }
 
-    pub(crate) fn parent_for_remove<'p>(&self, c: &Creds, at: At<'_>, path: &'p [u8]) -> Result<(NodeRef, &'p [u8])> {
+    pub(crate) fn parent_for_remove<'p>(
+        &self,
+        c: &Creds,
+        at: At<'_>,
+        path: &'p [u8],
+    ) -> Result<(NodeRef, &'p [u8])> {
         let (dir, name) = path::split_last(path)?;
         let (parent, opts) = self.parent_dir(c, at, dir)?;
         if name.len() > NAME_MAX {
@@ -864,7 +981,16 @@ impl Cache {
             let st = self.start(at);
             return Ok((st.node.clone(), st.mnt.opts));
         }
-        self.resolve(c, at, dir, LookupFlags { follow: true, directory: true }, |n, o| (n.clone(), o))
+        self.resolve(
+            c,
+            at,
+            dir,
+            LookupFlags {
+                follow: true,
+                directory: true,
+            },
+            |n, o| (n.clone(), o),
+        )
     }
 }
 
@@ -889,4 +1015,3 @@ fn norm_lex(lex: &[u8], path: &[u8]) -> Vec<u8> {
     }
     out
 }
-
