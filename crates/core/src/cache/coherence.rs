@@ -272,7 +272,7 @@ impl Cache {
             if want_attrs && attr.is_none() {
                 return None;
             }
-            let ino = attr.map_or_else(|| d.ino.load(Ordering::Relaxed), |a| a.ino);
+            let ino = attr.map_or_else(|| d.attr.ino(), |a| a.ino);
             out.push(DirEntry {
                 name: name.to_vec(),
                 kind,
@@ -305,7 +305,7 @@ impl Cache {
                         if let Some(a) = e.attr {
                             d.set_attr(Some(a));
                         }
-                        d.ino.store(e.ino, Ordering::Relaxed);
+                        d.attr.set_ino(e.ino);
                         continue;
                     }
                     Some(d) => stale.push(d),
@@ -313,7 +313,7 @@ impl Cache {
                 }
                 let d = self.new_dentry(node, &e.name, NodeKind::Positive(e.kind), e.attr);
                 // A plain readdir gives no attributes: remember the inode number only.
-                d.ino.store(e.ino, Ordering::Relaxed);
+                d.attr.set_ino(e.ino);
                 inner
                     .children_mut()
                     .insert(e.name.clone().into_boxed_slice(), d.clone());

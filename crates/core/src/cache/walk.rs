@@ -212,7 +212,6 @@ impl Cache {
         node.touch();
         match node.kind {
             NodeKind::Negative(err) => {
-                self.stats.hits.inc();
                 self.stats.fastpath_hits.inc();
                 self.stats.negative_hits.inc();
                 Some(Err(err))
@@ -227,7 +226,6 @@ impl Cache {
                         return Some(Err(err));
                     }
                 }
-                self.stats.hits.inc();
                 self.stats.fastpath_hits.inc();
                 let f = f.take()?;
                 Some(Ok(f(node, e.mount)))
