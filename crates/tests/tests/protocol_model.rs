@@ -109,7 +109,7 @@ impl Model {
         let s2 = self.invalidation.load(SeqCst);
         let may_insert = match self.variant {
             Variant::NoPostWalkCheck => true,
-            _ => s1 == s2 && s1 % 2 == 0,
+            _ => s1 == s2 && s1 & 1 == 0,
         };
         if may_insert {
             self.dlht.lock().unwrap().insert(PATH, F);
