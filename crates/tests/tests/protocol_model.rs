@@ -236,3 +236,205 @@ fn broken_variant_without_version_bump_is_caught() {
         "shuttle should find the missing version bump"
     );
 }
+
+// ------------------------------------------------------------------------------------------
+// The protocol as the core implements it (crates/core/src/cache/{walk,fast,coherence}.rs):
+// two counters `inval_start`/`inval_end` (a writer opens a window with start += 1, makes the
+// change, bumps the versions of the subtree, closes it with end += 1); a slow walk reads end
+// then start, walks checking search permission, records the target's version *at the end of
+// the walk*, publishes (DLHT entry {node, ver, stamp} + PCC slot (sig, stamp)) if start == end
+// was seen and the node's version still equals the recorded one, then re-reads start and
+// retracts what it published if start moved. The fast path: DLHT entry valid (version
+// unchanged) and the credential's PCC holds the entry's stamp.
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum CoreVariant {
+    /// As implemented: publish, then retract if a window opened meanwhile.
+    PublishThenRetract,
+    /// Also check `inval_start` before publishing (after reading the version).
+    CheckBeforePublish,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    node: usize,
+    ver: u64,
+    stamp: u64,
+}
+
+struct CoreModel {
+    variant: CoreVariant,
+    nodes: Vec<Node>,
+    seq: AtomicU64,
+    start: AtomicU64,
+    end: AtomicU64,
+    dlht: Mutex<HashMap<&'static str, Entry>>,
+    pcc: [Mutex<HashMap<&'static str, u64>>; 2],
+    revoked: AtomicBool,
+}
+
+impl CoreModel {
+    fn new(variant: CoreVariant) -> CoreModel {
+        let seq = AtomicU64::new(2);
+        let nodes = (0..4)
+            .map(|_| Node {
+                mode: AtomicU32::new(0o755),
+                version: AtomicU64::new(seq.fetch_add(1, SeqCst)),
+            })
+            .collect();
+        CoreModel {
+            variant,
+            nodes,
+            seq,
+            start: AtomicU64::new(0),
+            end: AtomicU64::new(0),
+            dlht: Mutex::new(HashMap::new()),
+            pcc: [Mutex::new(HashMap::new()), Mutex::new(HashMap::new())],
+            revoked: AtomicBool::new(false),
+        }
+    }
+
+    fn lookup(&self, who: usize) -> Answer {
+        let bit = if who == 0 { 0o100 } else { 0o001 };
+        let e = self.dlht.lock().unwrap().get(PATH).copied();
+        if let Some(e) = e {
+            let valid = self.nodes[e.node].version.load(SeqCst) == e.ver;
+            if valid && self.pcc[who].lock().unwrap().get(PATH) == Some(&e.stamp) {
+                return Answer::FastGrant;
+            }
+        }
+        let e0 = self.end.load(SeqCst);
+        let s0 = self.start.load(SeqCst);
+        for dir in [ROOT, D, E] {
+            if self.nodes[dir].mode.load(SeqCst) & bit == 0 {
+                return Answer::Denied;
+            }
+        }
+        let ver = self.nodes[F].version.load(SeqCst);
+        if s0 == e0 {
+            if self.variant == CoreVariant::CheckBeforePublish && self.start.load(SeqCst) != s0 {
+                return Answer::SlowGrant;
+            }
+            let mut published = None;
+            if self.nodes[F].version.load(SeqCst) == ver {
+                let stamp = self.seq.fetch_add(1, SeqCst);
+                self.dlht.lock().unwrap().insert(
+                    PATH,
+                    Entry {
+                        node: F,
+                        ver,
+                        stamp,
+                    },
+                );
+                self.pcc[who].lock().unwrap().insert(PATH, stamp);
+                published = Some(stamp);
+            }
+            if self.start.load(SeqCst) != s0 {
+                if let Some(stamp) = published {
+                    let mut p = self.pcc[who].lock().unwrap();
+                    if p.get(PATH) == Some(&stamp) {
+                        p.remove(PATH);
+                    }
+                    drop(p);
+                    let mut d = self.dlht.lock().unwrap();
+                    if d.get(PATH).map(|e| e.stamp) == Some(stamp) {
+                        d.remove(PATH);
+                    }
+                }
+            }
+        }
+        Answer::SlowGrant
+    }
+
+    /// chmod d 0700 inside an invalidation window.
+    fn revoke(&self) {
+        self.start.fetch_add(1, SeqCst);
+        self.nodes[D].mode.store(0o700, SeqCst);
+        let v = self.seq.fetch_add(1, SeqCst);
+        for n in [D, E, F] {
+            self.nodes[n].version.store(v, SeqCst);
+        }
+        self.end.fetch_add(1, SeqCst);
+        self.revoked.store(true, SeqCst);
+    }
+}
+
+/// A writer revokes while two readers look up; `warm`: the readers' credential already has the
+/// path on the fast path (a cold start lets a slow walk race the chmod).
+fn core_scenario(variant: CoreVariant, warm: bool) {
+    let m = Arc::new(CoreModel::new(variant));
+    if warm {
+        assert_eq!(m.lookup(1), Answer::SlowGrant);
+        let hit = m.lookup(1);
+        assert_eq!(
+            hit,
+            Answer::FastGrant,
+            "warm-up must populate the fast path"
+        );
+    }
+    let w = {
+        let m = m.clone();
+        thread::spawn(move || m.revoke())
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let m = m.clone();
+            thread::spawn(move || {
+                for _ in 0..3 {
+                    let after = m.revoked.load(SeqCst);
+                    let a = m.lookup(1);
+                    assert!(
+                        !(after && a != Answer::Denied),
+                        "core protocol: lookup that started after the revoking chmod completed \
+                         was granted ({a:?})"
+                    );
+                }
+            })
+        })
+        .collect();
+    w.join().unwrap();
+    for r in readers {
+        r.join().unwrap();
+    }
+    assert_ne!(m.lookup(0), Answer::Denied);
+    let last = m.lookup(1);
+    assert_eq!(
+        last,
+        Answer::Denied,
+        "after the chmod the path must be denied"
+    );
+}
+
+/// The core's protocol as implemented. A slow walk that checked permissions before the chmod
+/// but read the target's version after the bump publishes a *valid* entry and retracts it only
+/// afterwards: a lookup starting after the chmod completed can hit it in between.
+#[test]
+fn core_protocol_never_grants_after_revocation() {
+    for warm in [false, true] {
+        shuttle::check_random(
+            move || core_scenario(CoreVariant::PublishThenRetract, warm),
+            5000,
+        );
+        shuttle::check_pct(
+            move || core_scenario(CoreVariant::PublishThenRetract, warm),
+            5000,
+            3,
+        );
+    }
+}
+
+/// The suggested fix: re-check `inval_start` after reading the version and before publishing.
+#[test]
+fn core_protocol_with_check_before_publish() {
+    for warm in [false, true] {
+        shuttle::check_random(
+            move || core_scenario(CoreVariant::CheckBeforePublish, warm),
+            5000,
+        );
+        shuttle::check_pct(
+            move || core_scenario(CoreVariant::CheckBeforePublish, warm),
+            5000,
+            3,
+        );
+    }
+}
