@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dircache_core::{At, Cache, Config, Cred, Creds, Error, LookupFlags, RenameMode, MAX_SYMLINKS};
 use dircache_tests::kernel::{self, c};
-use dircache_tests::{Jail, KernelBackend};
+use dircache_tests::Jail;
 
 struct Fixture {
     _tmp: tempfile::TempDir,
@@ -40,8 +40,11 @@ fn fixture(config: Config) -> Fixture {
     symlink("/a/b", root.join("a/abs")).unwrap();
     symlink("../..", root.join("a/b/up")).unwrap();
     let jail = Jail::new(&root);
-    let cache =
-        Cache::new(Arc::new(KernelBackend::new(&root).unwrap()), config).expect("Cache::new");
+    let cache = Cache::new(
+        Arc::new(dircache_local::LocalBackend::new(&root).expect("LocalBackend::new")),
+        config,
+    )
+    .expect("Cache::new");
     let users = [Cred::root(), Cred::new(1001, 1001, [3000])]
         .into_iter()
         .map(|cr| (cr.clone(), cache.credentials(cr)))

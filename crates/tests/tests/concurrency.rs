@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dircache_core::{At, Cache, Config, Cred, Error, LookupFlags, RenameMode, SetAttr};
-use dircache_tests::KernelBackend;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -63,7 +62,7 @@ fn run(config: Config, seed: u64, millis: u64) {
     let fa = std::fs::metadata(tmp.path().join("a/y/z/f")).unwrap().ino();
     let fb = std::fs::metadata(tmp.path().join("b/y/z/f")).unwrap().ino();
     let cache = Cache::new(
-        Arc::new(KernelBackend::new(tmp.path()).unwrap()),
+        Arc::new(dircache_local::LocalBackend::new(tmp.path()).expect("LocalBackend::new")),
         config.clone(),
     )
     .expect("Cache::new");
