@@ -101,10 +101,11 @@ fn secs(v: &str, opt: &str) -> Result<Duration, Usage> {
 }
 
 fn num(v: &str, opt: &str) -> Result<usize, Usage> {
-    v.parse::<usize>()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| Usage(format!("bad value for -o {opt}: {v:?} (positive number expected)")))
+    v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+        Usage(format!(
+            "bad value for -o {opt}: {v:?} (positive number expected)"
+        ))
+    })
 }
 
 /// Parse `-o` option lists.
@@ -154,9 +155,22 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                     }
                     _ => return Err(Usage(format!("bad value for -o cache: {v:?} (on or off)"))),
                 },
-                "allow_other" | "noallow_other" | "default_permissions" | "defaults" | "auto"
-                | "noauto" | "user" | "nouser" | "users" | "nofail" | "_netdev" | "relatime"
-                | "norelatime" | "strictatime" | "lazytime" | "comment" => {
+                "allow_other"
+                | "noallow_other"
+                | "default_permissions"
+                | "defaults"
+                | "auto"
+                | "noauto"
+                | "user"
+                | "nouser"
+                | "users"
+                | "nofail"
+                | "_netdev"
+                | "relatime"
+                | "norelatime"
+                | "strictatime"
+                | "lazytime"
+                | "comment" => {
                     match k {
                         "allow_other" => o.allow_other = true,
                         "noallow_other" => o.allow_other = false,
@@ -166,7 +180,10 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 }
                 k if k.starts_with("x-") => None,
                 "fsname" => {
-                    o.fsname = Some(v.ok_or_else(|| Usage("-o fsname needs a value".into()))?.to_string());
+                    o.fsname = Some(
+                        v.ok_or_else(|| Usage("-o fsname needs a value".into()))?
+                            .to_string(),
+                    );
                     None
                 }
                 "max_entries" => {
@@ -174,13 +191,15 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                     None
                 }
                 "socket" => {
-                    o.socket = Some(PathBuf::from(v.ok_or_else(|| Usage("-o socket needs a path".into()))?));
+                    o.socket = Some(PathBuf::from(
+                        v.ok_or_else(|| Usage("-o socket needs a path".into()))?,
+                    ));
                     None
                 }
-                "threads" | "entry_timeout" | "attr_timeout" | "negative_timeout" | "readdirplus"
-                | "noreaddirplus" | "cache_dir" | "nocache_dir" | "opendir" | "noopendir"
-                | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough" | "acl"
-                | "noacl" | "security_xattrs" | "nosecurity_xattrs" => {
+                "threads" | "entry_timeout" | "attr_timeout" | "negative_timeout"
+                | "readdirplus" | "noreaddirplus" | "cache_dir" | "nocache_dir" | "opendir"
+                | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
+                | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                     None
                 }
@@ -237,14 +256,21 @@ pub fn check_input(src: &Path, mnt: &Path) -> Result<(), Usage> {
     }
     match std::fs::metadata(mnt) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(Usage(format!("{}: mount point is not a directory", mnt.display()))),
+        Ok(_) => {
+            return Err(Usage(format!(
+                "{}: mount point is not a directory",
+                mnt.display()
+            )))
+        }
         Err(e) => return Err(Usage(format!("{}: {e}", mnt.display()))),
     }
     if dircache_fuse::is_mount_point(mnt) {
         return Err(Usage(format!("{}: already a mount point", mnt.display())));
     }
     if !Path::new("/dev/fuse").exists() {
-        return Err(Usage("/dev/fuse does not exist (is the fuse module loaded?)".into()));
+        return Err(Usage(
+            "/dev/fuse does not exist (is the fuse module loaded?)".into(),
+        ));
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -254,7 +280,11 @@ pub fn check_input(src: &Path, mnt: &Path) -> Result<(), Usage> {
                 .into(),
         ));
     }
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
         return Err(Usage(format!("/dev/fuse: {e}")));
     }
     Ok(())
@@ -278,7 +308,8 @@ fn report(w: &mut Option<std::fs::File>, code: i32, msg: &str) {
 }
 
 pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
-    let opts = match parse_options(&a.options).and_then(|o| check_input(&a.src, &a.mnt).map(|()| o)) {
+    let opts = match parse_options(&a.options).and_then(|o| check_input(&a.src, &a.mnt).map(|()| o))
+    {
         Ok(o) => o,
         Err(Usage(m)) => {
             eprintln!("dircache: {m}");
@@ -319,7 +350,11 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
     match serve(&a, opts, &mut status_pipe) {
         Ok(()) => Ok(0),
         Err(e) => {
-            let code = if e.downcast_ref::<Usage>().is_some() { 2 } else { 1 };
+            let code = if e.downcast_ref::<Usage>().is_some() {
+                2
+            } else {
+                1
+            };
             if status_pipe.is_some() {
                 report(&mut status_pipe, code, &format!("{e:#}"));
                 Ok(code)
@@ -353,8 +388,14 @@ fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> an
     // Files are created with the mode the kernel computed (it applied the caller's umask).
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
-    let src = a.src.canonicalize().with_context(|| a.src.display().to_string())?;
-    let mnt = a.mnt.canonicalize().with_context(|| a.mnt.display().to_string())?;
+    let src = a
+        .src
+        .canonicalize()
+        .with_context(|| a.src.display().to_string())?;
+    let mnt = a
+        .mnt
+        .canonicalize()
+        .with_context(|| a.mnt.display().to_string())?;
     let backend = dircache_local::LocalBackend::new(&src)
         .map_err(|e| anyhow::anyhow!("{}: {e}", src.display()))?;
     let mut config = dircache_core::Config::default();
@@ -371,7 +412,8 @@ fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> an
     cfg.policy = opts.policy.clone();
     cfg.mount_options = opts.mount_options.clone();
     if let Some(n) = &opts.fsname {
-        cfg.mount_options.push(fuser::MountOption::FSName(n.clone()));
+        cfg.mount_options
+            .push(fuser::MountOption::FSName(n.clone()));
     }
     cfg.allow_other = opts.allow_other;
     cfg.socket_path = Some(socket);
@@ -379,21 +421,27 @@ fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> an
     tracing::info!("mounted {} on {}", src.display(), mnt.display());
 
     let mnt2 = mnt.clone();
-    std::thread::Builder::new().name("dircache-signals".into()).spawn(move || {
-        let mut sig: libc::c_int = 0;
-        // SAFETY: set is an initialized sigset_t and sig a valid out pointer.
-        while unsafe { libc::sigwait(&set, &mut sig) } == 0 {
-            tracing::info!("signal {sig}: unmounting {}", mnt2.display());
-            if let Err(e) = dircache_fuse::unmount(&mnt2) {
-                tracing::warn!("unmount {}: {e}", mnt2.display());
+    std::thread::Builder::new()
+        .name("dircache-signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: set is an initialized sigset_t and sig a valid out pointer.
+            while unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                tracing::info!("signal {sig}: unmounting {}", mnt2.display());
+                if let Err(e) = dircache_fuse::unmount(&mnt2) {
+                    tracing::warn!("unmount {}: {e}", mnt2.display());
+                }
             }
-        }
-    })?;
+        })?;
 
     if status.is_some() {
         report(status, 0, "ready");
         // The parent has exited: detach from its terminal's stdio.
-        if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        if let Ok(null) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+        {
             for fd in 0..3 {
                 // SAFETY: dup2 onto the standard descriptors, which this process owns.
                 unsafe { libc::dup2(null.as_raw_fd(), fd) };
@@ -416,7 +464,12 @@ pub fn run_stats(a: StatsArgs) -> anyhow::Result<i32> {
     let resp = dircache_fuse::stats::query(&socket, &serde_json::json!({"op": "stats"}))
         .with_context(|| format!("stats socket {}", socket.display()))?;
     if resp.get("ok").and_then(|v| v.as_bool()) != Some(true) {
-        anyhow::bail!("daemon: {}", resp.get("error").and_then(|v| v.as_str()).unwrap_or("error"));
+        anyhow::bail!(
+            "daemon: {}",
+            resp.get("error")
+                .and_then(|v| v.as_str())
+                .unwrap_or("error")
+        );
     }
     let stats = resp.get("stats").cloned().unwrap_or_default();
     if a.json {
@@ -442,18 +495,45 @@ fn human(s: &serde_json::Value) -> String {
     let core = s.get("core").cloned().unwrap_or_default();
     let hits = g(&core, "hits");
     let misses = g(&core, "misses");
-    let rate = if hits + misses > 0 { 100.0 * hits as f64 / (hits + misses) as f64 } else { 0.0 };
+    let rate = if hits + misses > 0 {
+        100.0 * hits as f64 / (hits + misses) as f64
+    } else {
+        0.0
+    };
     let _ = writeln!(out, "core cache:   {hits} hits, {misses} misses ({rate:.1}% hit rate), {} negative hits, {} fast-path hits",
         g(&core, "negative_hits"), g(&core, "fastpath_hits"));
-    let _ = writeln!(out, "  entries:    {} dentries, {} fast-table entries, {} bytes, {} evictions",
-        g(&core, "entries"), g(&core, "fast_entries"), g(&core, "bytes"), g(&core, "evictions"));
-    let _ = writeln!(out, "  backend:    lookup {} walk {} getattr {} readdir {} readlink {} mutation {}",
-        g(&core, "backend_lookup"), g(&core, "backend_walk"), g(&core, "backend_getattr"),
-        g(&core, "backend_readdir"), g(&core, "backend_readlink"), g(&core, "backend_mutation"));
-    let _ = writeln!(out, "  invalidations: {} ({} entries)", g(&core, "invalidations"), g(&core, "invalidated_entries"));
+    let _ = writeln!(
+        out,
+        "  entries:    {} dentries, {} fast-table entries, {} bytes, {} evictions",
+        g(&core, "entries"),
+        g(&core, "fast_entries"),
+        g(&core, "bytes"),
+        g(&core, "evictions")
+    );
+    let _ = writeln!(
+        out,
+        "  backend:    lookup {} walk {} getattr {} readdir {} readlink {} mutation {}",
+        g(&core, "backend_lookup"),
+        g(&core, "backend_walk"),
+        g(&core, "backend_getattr"),
+        g(&core, "backend_readdir"),
+        g(&core, "backend_readlink"),
+        g(&core, "backend_mutation")
+    );
+    let _ = writeln!(
+        out,
+        "  invalidations: {} ({} entries)",
+        g(&core, "invalidations"),
+        g(&core, "invalidated_entries")
+    );
     let kr = s.get("kernel_requests").cloned().unwrap_or_default();
-    let _ = writeln!(out, "kernel requests: {} total, {} negative lookups, {} passthrough opens",
-        g(&kr, "total"), g(&kr, "negative_lookups"), g(&kr, "passthrough_opens"));
+    let _ = writeln!(
+        out,
+        "kernel requests: {} total, {} negative lookups, {} passthrough opens",
+        g(&kr, "total"),
+        g(&kr, "negative_lookups"),
+        g(&kr, "passthrough_opens")
+    );
     if let Some(m) = kr.get("by_kind").and_then(|v| v.as_object()) {
         let mut kinds: Vec<_> = m.iter().collect();
         kinds.sort_by_key(|(_, v)| std::cmp::Reverse(v.as_u64().unwrap_or(0)));
@@ -463,8 +543,14 @@ fn human(s: &serde_json::Value) -> String {
     }
     let _ = writeln!(out, "kernel inodes:  {}", g(s, "kernel_inodes"));
     let n = s.get("notifier").cloned().unwrap_or_default();
-    let _ = writeln!(out, "notifier:     {} changes, {} inval_entry, {} inval_inode, {} errors",
-        g(&n, "changes"), g(&n, "inval_entry"), g(&n, "inval_inode"), g(&n, "errors"));
+    let _ = writeln!(
+        out,
+        "notifier:     {} changes, {} inval_entry, {} inval_inode, {} errors",
+        g(&n, "changes"),
+        g(&n, "inval_entry"),
+        g(&n, "inval_inode"),
+        g(&n, "errors")
+    );
     let m = s.get("memory").cloned().unwrap_or_default();
     let _ = writeln!(out, "memory:       {} bytes resident", g(&m, "rss_bytes"));
     out
@@ -489,12 +575,19 @@ mod tests {
     #[test]
     fn kernel_flags_and_ignored() {
         let o = p("ro,nosuid,defaults,noauto,x-systemd.automount,_netdev,nofail").unwrap();
-        assert_eq!(o.mount_options, vec![fuser::MountOption::RO, fuser::MountOption::NoSuid]);
+        assert_eq!(
+            o.mount_options,
+            vec![fuser::MountOption::RO, fuser::MountOption::NoSuid]
+        );
     }
 
     #[test]
     fn policy_options() {
-        let o = parse_options(&["threads=2,entry_timeout=1.5".into(), "nopassthrough,noacl,opendir".into()]).unwrap();
+        let o = parse_options(&[
+            "threads=2,entry_timeout=1.5".into(),
+            "nopassthrough,noacl,opendir".into(),
+        ])
+        .unwrap();
         assert_eq!(o.policy.threads, 2);
         assert_eq!(o.policy.entry_ttl, Duration::from_millis(1500));
         assert!(!o.policy.passthrough);
@@ -528,10 +621,19 @@ mod tests {
         let d = tempfile_dir();
         let f = d.join("file");
         std::fs::write(&f, b"x").unwrap();
-        assert!(check_input(&d.join("missing"), &d).unwrap_err().0.contains("missing"));
-        assert!(check_input(&f, &d).unwrap_err().0.contains("not a directory"));
+        assert!(check_input(&d.join("missing"), &d)
+            .unwrap_err()
+            .0
+            .contains("missing"));
+        assert!(check_input(&f, &d)
+            .unwrap_err()
+            .0
+            .contains("not a directory"));
         assert!(check_input(&d, &d.join("missing")).is_err());
-        assert!(check_input(&d, Path::new("/proc")).unwrap_err().0.contains("mount point"));
+        assert!(check_input(&d, Path::new("/proc"))
+            .unwrap_err()
+            .0
+            .contains("mount point"));
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -12,9 +12,12 @@ const GROUPS_TTL: Duration = Duration::from_secs(1);
 /// Entries kept before the cache is swept.
 const MAX_PIDS: usize = 4096;
 
+/// Per pid: when read, uid, gid, supplementary groups.
+type GroupsEntry = (Instant, u32, u32, Vec<u32>);
+
 #[derive(Default)]
 pub struct GroupsCache {
-    map: Mutex<HashMap<u32, (Instant, u32, u32, Vec<u32>)>>,
+    map: Mutex<HashMap<u32, GroupsEntry>>,
 }
 
 /// Parse the `Groups:` line of a `/proc/PID/status` file.

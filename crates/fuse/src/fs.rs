@@ -1062,10 +1062,8 @@ impl fuser::Filesystem for DircacheFs {
                 Ok(a) => a,
                 Err(e) => return reply.error(errno(e)),
             };
-            if off == 0 {
-                if reply.add(ino, 1, ".", &ttl, &fuse_attr(ino.0, &dattr), Generation(0)) {
-                    return reply.ok();
-                }
+            if off == 0 && reply.add(ino, 1, ".", &ttl, &fuse_attr(ino.0, &dattr), Generation(0)) {
+                return reply.ok();
             }
             let p = self.parent_nodeid(&dir);
             if reply.add(
@@ -1088,7 +1086,7 @@ impl fuser::Filesystem for DircacheFs {
                 continue;
             };
             let a = match e.attr {
-                Some(a) if !(a.nlink > 1 && !a.is_dir()) => a,
+                Some(a) if a.nlink <= 1 || a.is_dir() => a,
                 _ => match self.attr_of(&node, false) {
                     Ok(a) => a,
                     Err(_) => continue,

@@ -319,7 +319,7 @@ mod tests {
         let mut buf = Vec::new();
         write_frame(&mut buf, &json!({"op": "stats"})).unwrap();
         write_frame(&mut buf, &json!({"op": "ping", "x": [1, 2]})).unwrap();
-        assert_eq!(&buf[..4], &(15u32).to_be_bytes());
+        assert_eq!(&buf[..4], &(14u32).to_be_bytes());
         let mut r = &buf[..];
         assert_eq!(read_frame(&mut r).unwrap(), Some(json!({"op": "stats"})));
         assert_eq!(
