@@ -173,10 +173,12 @@ pub struct DircacheFs {
     notify: Sender<NotifyMsg>,
     passthrough: bool,
     socket_path: Option<PathBuf>,
+    own: Arc<crate::notifier::OwnChanges>,
 }
 
 /// What the front end needs besides the cache.
 pub struct FsParts {
+    pub own: Arc<crate::notifier::OwnChanges>,
     pub inodes: Arc<Inodes>,
     pub counters: Arc<RequestCounters>,
 }
@@ -195,6 +197,7 @@ impl DircacheFs {
         let root_attr = cache.getattr(&root).ok();
         let inodes = Arc::new(Inodes::new(root, root_attr.as_ref()));
         let counters = Arc::new(RequestCounters::default());
+        let own = Arc::new(crate::notifier::OwnChanges::default());
         let src_fd = rustix::fs::open(
             src,
             rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
@@ -215,8 +218,29 @@ impl DircacheFs {
             notify,
             passthrough: false,
             socket_path,
+            own: own.clone(),
         };
-        (fs, FsParts { inodes, counters })
+        (
+            fs,
+            FsParts {
+                own,
+                inodes,
+                counters,
+            },
+        )
+    }
+
+    /// Remember that the mount itself changed `dir/name` (or `dir` when `name` is empty).
+    fn own(&self, dir: &NodeRef, name: &[u8]) {
+        if let Ok(mut p) = self.cache.node_path(dir) {
+            if !name.is_empty() {
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(name);
+            }
+            self.own.note(p);
+        }
     }
 
     fn count(&self, op: Op) {
@@ -236,8 +260,57 @@ impl DircacheFs {
             .kernel_checked(self.groups.cred(req.pid(), req.uid(), req.gid()))
     }
 
+    /// The live dentry of a nodeid. When the core dropped the dentry the kernel knows (a
+    /// change learned from the feed invalidated it), find the name again from the parent and
+    /// rebind the nodeid if it is still the same inode.
     fn node(&self, nodeid: INodeNo) -> Result<NodeRef, Errno> {
-        self.inodes.get(nodeid.0).ok_or(Errno::ESTALE)
+        self.node_depth(nodeid.0, 0)
+    }
+
+    /// Run `f` on the dentry of `id`; if it failed because the notifier thread invalidated
+    /// that dentry meanwhile, find it again and retry once.
+    fn with_node<T>(
+        &self,
+        id: INodeNo,
+        f: impl Fn(&NodeRef) -> Result<T, CoreError>,
+    ) -> Result<T, Errno> {
+        let n = self.node(id)?;
+        match f(&n) {
+            Err(CoreError::NotFound | CoreError::Stale) if n.is_dead() => {
+                let n = self.node(id)?;
+                f(&n).map_err(errno)
+            }
+            r => r.map_err(errno),
+        }
+    }
+
+    fn node_depth(&self, id: u64, depth: u32) -> Result<NodeRef, Errno> {
+        let (n, parent, name, key) = self.inodes.locate(id).ok_or(Errno::ESTALE)?;
+        if !n.is_dead() {
+            return Ok(n);
+        }
+        if id == ROOT {
+            let r = self.cache.root();
+            self.inodes.add_alias(ROOT, &r, 0);
+            return Ok(r);
+        }
+        if depth > 4096 || parent == 0 {
+            return Ok(n);
+        }
+        let p = self.node_depth(parent, depth + 1)?;
+        let c = self.cache.kernel_checked(Cred::root());
+        match self.cache.lookup_child(&c, &p, &name) {
+            Ok(fresh) if matches!(fresh.kind(), NodeKind::Positive(_)) => {
+                match self.cache.getattr(&fresh) {
+                    Ok(a) if (a.dev, a.ino) == key => {
+                        self.inodes.add_alias(id, &fresh, parent);
+                        Ok(fresh)
+                    }
+                    _ => Ok(n),
+                }
+            }
+            _ => Ok(n),
+        }
     }
 
     fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>, Errno> {
@@ -259,10 +332,10 @@ impl DircacheFs {
         Ok(a)
     }
 
-    fn entry_reply(&self, node: &NodeRef, reply: ReplyEntry) {
+    fn entry_reply(&self, parent: INodeNo, node: &NodeRef, reply: ReplyEntry) {
         match self.attr_of(node, false) {
             Ok(a) => {
-                let id = self.inodes.register(node, &a);
+                let id = self.inodes.register(node, &a, parent.0);
                 let ttl = self.policy.entry_ttl;
                 reply.entry_with_ttls(
                     &self.policy.attr_ttl,
@@ -453,7 +526,13 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.read_creds(req);
-        let r = self.cache.lookup_child(&c, &dir, name.as_bytes());
+        let r = match self.cache.lookup_child(&c, &dir, name.as_bytes()) {
+            Err(CoreError::NotFound | CoreError::Stale) if dir.is_dead() => self
+                .node(parent)
+                .and_then(|d| Ok(self.cache.lookup_child(&c, &d, name.as_bytes())))
+                .unwrap_or(Err(CoreError::Stale)),
+            r => r,
+        };
         let r = match r {
             Ok(n) => match n.kind() {
                 NodeKind::Negative(e) => Err(e),
@@ -462,7 +541,7 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => Err(e),
         };
         match r {
-            Ok(node) => self.entry_reply(&node, reply),
+            Ok(node) => self.entry_reply(parent, &node, reply),
             Err(CoreError::NotFound) if !self.policy.negative_ttl.is_zero() => {
                 self.counters
                     .negative_lookups
@@ -565,14 +644,15 @@ impl fuser::Filesystem for DircacheFs {
             mtime: time_set(mtime),
         };
         let c = self.creds(req);
-        match self.cache.setattr_node(&c, &node, &set) {
+        self.own(&node, b"");
+        match self.with_node(ino, |n| self.cache.setattr_node(&c, n, &set)) {
             Ok(a) => {
                 if a.nlink > 1 {
                     self.attrs_changed(&node);
                 }
                 reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a))
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -609,7 +689,7 @@ impl fuser::Filesystem for DircacheFs {
         {
             Ok(n) => {
                 self.dir_changed(&dir);
-                self.entry_reply(&n, reply)
+                self.entry_reply(parent, &n, reply)
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -636,7 +716,7 @@ impl fuser::Filesystem for DircacheFs {
         {
             Ok(n) => {
                 self.dir_changed(&dir);
-                self.entry_reply(&n, reply)
+                self.entry_reply(parent, &n, reply)
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -650,7 +730,9 @@ impl fuser::Filesystem for DircacheFs {
         };
         let c = self.creds(req);
         let victim = self.child(&c, &dir, name);
-        match self.cache.unlink_at(&c, &dir, name.as_bytes()) {
+        self.own(&dir, name.as_bytes());
+        self.own(&dir, b"");
+        match self.with_node(parent, |d| self.cache.unlink_at(&c, d, name.as_bytes())) {
             Ok(()) => {
                 self.dir_changed(&dir);
                 if let Some(v) = victim {
@@ -658,7 +740,7 @@ impl fuser::Filesystem for DircacheFs {
                 }
                 reply.ok()
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -669,12 +751,14 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
-        match self.cache.rmdir_at(&c, &dir, name.as_bytes()) {
+        self.own(&dir, name.as_bytes());
+        self.own(&dir, b"");
+        match self.with_node(parent, |d| self.cache.rmdir_at(&c, d, name.as_bytes())) {
             Ok(()) => {
                 self.dir_changed(&dir);
                 reply.ok()
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -692,6 +776,8 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
+        self.own(&dir, link_name.as_bytes());
+        self.own(&dir, b"");
         match self.cache.symlink_at(
             &c,
             &dir,
@@ -700,7 +786,7 @@ impl fuser::Filesystem for DircacheFs {
         ) {
             Ok(n) => {
                 self.dir_changed(&dir);
-                self.entry_reply(&n, reply)
+                self.entry_reply(parent, &n, reply)
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -728,6 +814,10 @@ impl fuser::Filesystem for DircacheFs {
         let c = self.creds(req);
         let moved = self.child(&c, &dir, name);
         let victim = self.child(&c, &newdir, newname);
+        self.own(&dir, name.as_bytes());
+        self.own(&newdir, newname.as_bytes());
+        self.own(&dir, b"");
+        self.own(&newdir, b"");
         let moved_id = moved.as_ref().and_then(|m| self.inodes.nodeid_of(m));
         let victim_id = victim.as_ref().and_then(|v| self.inodes.nodeid_of(v));
         match self
@@ -745,11 +835,11 @@ impl fuser::Filesystem for DircacheFs {
                 }
                 // Keep the kernel's nodeids pointing at live dentries after the move.
                 if let (Some(id), Some(n)) = (moved_id, self.child(&c, &newdir, newname)) {
-                    self.inodes.add_alias(id, &n);
+                    self.inodes.add_alias(id, &n, newparent.0);
                 }
                 if mode == RenameMode::Exchange {
                     if let (Some(id), Some(n)) = (victim_id, self.child(&c, &dir, name)) {
-                        self.inodes.add_alias(id, &n);
+                        self.inodes.add_alias(id, &n, parent.0);
                     }
                 }
                 reply.ok()
@@ -772,6 +862,9 @@ impl fuser::Filesystem for DircacheFs {
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
         let c = self.creds(req);
+        self.own(&newdir, newname.as_bytes());
+        self.own(&newdir, b"");
+        self.own(&node, b"");
         match self.cache.link_at(&c, &node, &newdir, newname.as_bytes()) {
             Ok(n) => {
                 self.dir_changed(&newdir);
@@ -779,7 +872,7 @@ impl fuser::Filesystem for DircacheFs {
                 self.inodes.set_stale(ino.0, false);
                 match self.attr_of(&n, true) {
                     Ok(a) => {
-                        let id = self.inodes.register(&n, &a);
+                        let id = self.inodes.register(&n, &a, newparent.0);
                         if id != ino.0 {
                             self.queue_inval_inode(ino.0);
                         }
@@ -805,11 +898,14 @@ impl fuser::Filesystem for DircacheFs {
         };
         let c = self.creds(req);
         let oflags = Self::open_flags(flags.0);
-        let fd = match self.cache.open_node(&c, &node, oflags) {
+        let fd = match self.with_node(ino, |n| self.cache.open_node(&c, n, oflags)) {
             Ok(fd) => fd,
-            Err(e) => return reply.error(errno(e)),
+            Err(e) => return reply.error(e),
         };
         let writable = is_writable(flags.0);
+        if writable {
+            self.own(&node, b"");
+        }
         if flags.0 & libc::O_TRUNC != 0 {
             self.attrs_changed(&node);
         }
@@ -932,6 +1028,7 @@ impl fuser::Filesystem for DircacheFs {
         let of = self.files.lock().remove(&fh.0);
         if let Some(of) = of {
             if of.writable {
+                self.own(&of.node, b"");
                 self.inodes.add_writer(of.nodeid, -1);
                 self.cache.forget_attr(&of.node);
             }
@@ -1092,7 +1189,7 @@ impl fuser::Filesystem for DircacheFs {
                     Err(_) => continue,
                 },
             };
-            let id = self.inodes.register(&node, &a);
+            let id = self.inodes.register(&node, &a, ino.0);
             if reply.add(
                 INodeNo(id),
                 (i + 3) as u64,
@@ -1355,6 +1452,8 @@ impl fuser::Filesystem for DircacheFs {
         };
         let c = self.creds(req);
         let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
+        self.own(&dir, name.as_bytes());
+        self.own(&dir, b"");
         let (node, fd) =
             match self
                 .cache
@@ -1371,7 +1470,7 @@ impl fuser::Filesystem for DircacheFs {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        let id = self.inodes.register(&node, &a);
+        let id = self.inodes.register(&node, &a, parent.0);
         let fattr = fuse_attr(id, &a);
         let writable = is_writable(flags);
         if self.passthrough {

@@ -24,6 +24,10 @@ struct Inode {
     /// Dentries (hard-link names) known to stand for this inode; never empty.
     aliases: Vec<NodeRef>,
     key: (u64, u64),
+    /// Where the kernel last saw it: parent nodeid and name (to find it again when the core
+    /// invalidated its dentry).
+    parent: u64,
+    name: Vec<u8>,
     lookups: u64,
     /// Attributes may have changed through another name (link/unlink/rename): refresh from
     /// the backend before answering.
@@ -82,6 +86,8 @@ impl Inodes {
             Inode {
                 aliases: vec![root],
                 key,
+                parent: 0,
+                name: Vec::new(),
                 lookups: 1,
                 stale: false,
                 writers: 0,
@@ -97,6 +103,14 @@ impl Inodes {
         t.inodes.get_mut(&nodeid).map(|i| i.live_alias())
     }
 
+    /// The dentry for `nodeid` with where the kernel last saw it and its (dev, ino) key.
+    pub fn locate(&self, nodeid: u64) -> Option<(NodeRef, u64, Vec<u8>, (u64, u64))> {
+        let mut t = self.t.lock();
+        t.inodes
+            .get_mut(&nodeid)
+            .map(|i| (i.live_alias(), i.parent, i.name.clone(), i.key))
+    }
+
     pub fn info(&self, nodeid: u64) -> Option<InodeInfo> {
         let mut t = self.t.lock();
         t.inodes.get_mut(&nodeid).map(|i| InodeInfo {
@@ -107,14 +121,19 @@ impl Inodes {
     }
 
     /// Record one more kernel reference to `node` (with attributes `attr`); returns its nodeid.
-    pub fn register(&self, node: &NodeRef, attr: &Attr) -> u64 {
+    pub fn register(&self, node: &NodeRef, attr: &Attr, parent: u64) -> u64 {
         let key = (attr.dev, attr.ino);
+        let name = node.name();
         let mut t = self.t.lock();
         let t = &mut *t;
         if let Some(&id) = t.by_dentry.get(&node.id()) {
             if let Some(i) = t.inodes.get_mut(&id) {
                 if i.key == key || id == ROOT {
                     i.lookups += 1;
+                    if id != ROOT {
+                        i.parent = parent;
+                        i.name = name;
+                    }
                     return id;
                 }
             }
@@ -128,6 +147,10 @@ impl Inodes {
                         i.aliases.push(node.clone());
                     }
                     i.lookups += 1;
+                    if id != ROOT {
+                        i.parent = parent;
+                        i.name = name;
+                    }
                     t.by_dentry.insert(node.id(), id);
                     return id;
                 }
@@ -142,6 +165,8 @@ impl Inodes {
             Inode {
                 aliases: vec![node.clone()],
                 key,
+                parent,
+                name,
                 lookups: 1,
                 stale: false,
                 writers: 0,
@@ -152,10 +177,12 @@ impl Inodes {
     }
 
     /// Add `node` as a name of `nodeid` (after a rename moved the dentry the kernel knows).
-    pub fn add_alias(&self, nodeid: u64, node: &NodeRef) {
+    pub fn add_alias(&self, nodeid: u64, node: &NodeRef, parent: u64) {
         let mut t = self.t.lock();
         let t = &mut *t;
         if let Some(i) = t.inodes.get_mut(&nodeid) {
+            i.parent = parent;
+            i.name = node.name();
             if !i.aliases.iter().any(|n| Arc::ptr_eq(n, node)) {
                 i.aliases.insert(0, node.clone());
             }
