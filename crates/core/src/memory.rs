@@ -265,10 +265,11 @@ impl Tree {
         data: Data,
     ) -> Result<Attr> {
         check_name(name)?;
-        self.may_write_dir(cred, dir)?;
+        // EEXIST before EACCES, as Linux (filename_create, then may_create).
         if self.children(dir)?.contains_key(name) {
             return Err(Error::Exists);
         }
+        self.may_write_dir(cred, dir)?;
         let parent = self.get(dir)?.attr;
         let is_dir = mode & S_IFMT == libc::S_IFDIR;
         let mut mode = mode;
@@ -363,6 +364,8 @@ impl Tree {
         false
     }
 
+    /// rename(2)/renameat2(2), with the checks in the order Linux makes them
+    /// (do_renameat2, then vfs_rename with may_delete/may_create, then the file system).
     fn rename(&mut self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
         let (od, oname) = self.parent(old, Some(cred))?;
         let (nd, nname) = self.parent(new, Some(cred))?;
@@ -372,49 +375,75 @@ impl Tree {
             Err(Error::NotFound) => None,
             Err(e) => return Err(e),
         };
-        self.may_write_dir(cred, od)?;
-        self.may_write_dir(cred, nd)?;
-        let sa = self.attr(src)?;
-        let src_dir = sa.kind() == FileType::Directory;
         match mode {
             RenameMode::NoReplace if dst.is_some() => return Err(Error::Exists),
             RenameMode::Exchange if dst.is_none() => return Err(Error::NotFound),
             _ => {}
         }
+        let sa = self.attr(src)?;
+        let src_dir = sa.kind() == FileType::Directory;
+        // lock_rename's "trap": the source may not be an ancestor of the new parent, the
+        // target not an ancestor of the old parent.
+        if od != nd {
+            if src_dir && self.is_ancestor(src, nd) {
+                return Err(Error::Invalid);
+            }
+            if let Some(d) = dst {
+                if self.is_ancestor(d, od) {
+                    return Err(if mode == RenameMode::Exchange {
+                        Error::Invalid
+                    } else {
+                        Error::NotEmpty
+                    });
+                }
+            }
+        }
         if dst == Some(src) {
             return Ok(()); // same inode: nothing to do (rename(2) semantics)
         }
-        // A directory may not move below itself.
-        if src_dir && self.is_ancestor(src, nd) {
-            return Err(Error::Invalid);
-        }
-        if let Some(d) = dst {
-            let da = self.attr(d)?;
-            let dst_dir = da.kind() == FileType::Directory;
-            if mode == RenameMode::Exchange {
-                if dst_dir && self.is_ancestor(d, od) {
-                    return Err(Error::Invalid);
-                }
-            } else {
-                if self.is_ancestor(d, od) {
-                    return Err(Error::NotEmpty);
-                }
-                match (src_dir, dst_dir) {
-                    (true, false) => return Err(Error::NotDir),
-                    (false, true) => return Err(Error::IsDir),
-                    (true, true) if !self.children(d)?.is_empty() => return Err(Error::NotEmpty),
-                    _ => {}
-                }
+        // may_delete(old_dir, source)
+        self.may_write_dir(cred, od)?;
+        self.sticky_ok(cred, od, src)?;
+        let dst_dir = match dst {
+            None => {
+                // may_create(new_dir)
+                self.may_write_dir(cred, nd)?;
+                false
             }
-            self.sticky_ok(cred, nd, d)?;
-            // Moving a directory to a new parent rewrites its "..": write permission needed.
-            if mode == RenameMode::Exchange && dst_dir && od != nd && !permitted(cred, &da, 2) {
+            Some(d) => {
+                let dst_dir = self.attr(d)?.kind() == FileType::Directory;
+                // may_delete(new_dir, target, is_dir)
+                self.may_write_dir(cred, nd)?;
+                self.sticky_ok(cred, nd, d)?;
+                let is_dir = if mode == RenameMode::Exchange {
+                    dst_dir
+                } else {
+                    src_dir
+                };
+                if is_dir && !dst_dir {
+                    return Err(Error::NotDir);
+                }
+                if !is_dir && dst_dir {
+                    return Err(Error::IsDir);
+                }
+                dst_dir
+            }
+        };
+        // A directory that changes parent gets a new "..": write permission on it needed.
+        if od != nd {
+            if src_dir && !permitted(cred, &sa, 2) {
                 return Err(Error::Access);
             }
+            if let (RenameMode::Exchange, Some(d), true) = (mode, dst, dst_dir) {
+                if !permitted(cred, &self.attr(d)?, 2) {
+                    return Err(Error::Access);
+                }
+            }
         }
-        self.sticky_ok(cred, od, src)?;
-        if src_dir && od != nd && !permitted(cred, &sa, 2) {
-            return Err(Error::Access);
+        if let (RenameMode::Replace | RenameMode::NoReplace, Some(d), true) = (mode, dst, dst_dir) {
+            if !self.children(d)?.is_empty() {
+                return Err(Error::NotEmpty);
+            }
         }
         // All checks passed: apply.
         match (mode, dst) {
@@ -482,14 +511,16 @@ impl Tree {
                 return Err(Error::Access);
             }
         }
-        let explicit =
-            matches!(set.atime, Some(TimeSet::At(_))) || matches!(set.mtime, Some(TimeSet::At(_)));
-        if explicit && !owner_or_root(cred, &a) {
-            return Err(Error::Perm);
-        }
+        // utimensat: both UTIME_NOW is a "touch" (owner, or write permission: EACCES);
+        // anything else that sets a time (explicit, or NOW next to OMIT) needs ownership
+        // (EPERM), as Linux's vfs_utimes/setattr_prepare.
         let touch = set.atime == Some(TimeSet::Now) && set.mtime == Some(TimeSet::Now);
-        if touch && !owner_or_root(cred, &a) && !permitted(cred, &a, 2) {
-            return Err(Error::Access);
+        if touch {
+            if !owner_or_root(cred, &a) && !permitted(cred, &a, 2) {
+                return Err(Error::Access);
+            }
+        } else if (set.atime.is_some() || set.mtime.is_some()) && !owner_or_root(cred, &a) {
+            return Err(Error::Perm);
         }
         let t = self.now();
         let na = &mut self.get_mut(ino)?.attr;
@@ -511,6 +542,14 @@ impl Tree {
             na.mode = (na.mode & S_IFMT) | m;
         }
         if let Some(size) = set.size {
+            // Truncation by someone without CAP_FSETID drops set-user-ID and (group-executable)
+            // set-group-ID, as Linux's file_remove_privs.
+            if !cred.is_root() {
+                na.mode &= !S_ISUID;
+                if na.mode & 0o010 != 0 {
+                    na.mode &= !S_ISGID;
+                }
+            }
             na.size = size;
             na.blocks = size.div_ceil(512);
             na.mtime = t;
@@ -786,7 +825,7 @@ impl Backend for MemoryBackend {
                 cred,
                 d,
                 name,
-                libc::S_IFDIR | (mode & 0o7777),
+                libc::S_IFDIR | (mode & 0o1777),
                 0,
                 Data::Dir(BTreeMap::new()),
             )?
@@ -849,13 +888,11 @@ impl Backend for MemoryBackend {
                 }
             })?;
             let sa = t.attr(src)?;
-            if sa.kind() == FileType::Directory {
-                return Err(Error::Perm);
-            }
+            // The kernel's order: EEXIST, protected_hardlinks (EPERM), may_create (EACCES),
+            // then EPERM for a directory.
             if t.children(nd)?.contains_key(nname) {
                 return Err(Error::Exists);
             }
-            t.may_write_dir(cred, nd)?;
             // fs.protected_hardlinks: the owner, or a regular non-set-id file one may read and
             // write.
             if !owner_or_root(cred, &sa) {
@@ -864,6 +901,10 @@ impl Backend for MemoryBackend {
                 if sa.kind() != FileType::Regular || setid || !permitted(cred, &sa, 6) {
                     return Err(Error::Perm);
                 }
+            }
+            t.may_write_dir(cred, nd)?;
+            if sa.kind() == FileType::Directory {
+                return Err(Error::Perm);
             }
             t.children_mut(nd)?.insert(nname.to_vec(), src);
             t.get_mut(src)?.attr.nlink += 1;
@@ -887,11 +928,12 @@ impl Backend for MemoryBackend {
                 }
             })?;
             let i = t.lookup_in(d, name)?;
+            // may_delete's order: EACCES, sticky EPERM, then the type.
+            t.may_write_dir(cred, d)?;
+            t.sticky_ok(cred, d, i)?;
             if t.attr(i)?.kind() == FileType::Directory {
                 return Err(Error::IsDir);
             }
-            t.may_write_dir(cred, d)?;
-            t.sticky_ok(cred, d, i)?;
             t.children_mut(d)?.remove(name);
             t.drop_link(i)?;
             t.touch_dir(d)?;
@@ -906,11 +948,11 @@ impl Backend for MemoryBackend {
             let mut t = self.tree.lock();
             let (d, name) = t.parent(path, Some(cred))?;
             let i = t.lookup_in(d, name)?;
+            t.may_write_dir(cred, d)?;
+            t.sticky_ok(cred, d, i)?;
             if t.attr(i)?.kind() != FileType::Directory {
                 return Err(Error::NotDir);
             }
-            t.may_write_dir(cred, d)?;
-            t.sticky_ok(cred, d, i)?;
             if !t.children(i)?.is_empty() {
                 return Err(Error::NotEmpty);
             }
