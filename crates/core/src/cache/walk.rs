@@ -212,7 +212,6 @@ impl Cache {
         node.touch();
         match node.kind {
             NodeKind::Negative(err) => {
-                self.stats.hits.inc();
                 self.stats.fastpath_hits.inc();
                 self.stats.negative_hits.inc();
                 Some(Err(err))
@@ -227,7 +226,6 @@ impl Cache {
                         return Some(Err(err));
                     }
                 }
-                self.stats.hits.inc();
                 self.stats.fastpath_hits.inc();
                 let f = f.take()?;
                 Some(Ok(f(node, e.mount)))
@@ -756,7 +754,7 @@ impl Cache {
         let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD);
         let node = self.new_dentry(dir, name, kind, attr);
         if cacheable && fresh {
-            inner.children_mut().insert(name.into(), node.clone());
+            inner.children_mut().insert(node.clone());
             dir.set(HAS_CHILDREN);
             drop(inner);
             self.account_new(&node);
@@ -874,14 +872,14 @@ impl Cache {
     }
 
     fn link_target_counted(&self, node: &NodeRef, missed: &mut bool) -> Result<Vec<u8>> {
-        if let Some(t) = &node.inner.read().target {
+        if let Some(t) = node.inner.read().target() {
             return Ok(t.to_vec());
         }
         *missed = true;
         let p = self.path_of(node)?;
         self.stats.backend.readlink.inc();
         let t = node.sb.backend.readlink(&p)?;
-        node.inner.write().target = Some(t.clone().into_boxed_slice());
+        node.inner.write().set_target(&t);
         Ok(t)
     }
 
