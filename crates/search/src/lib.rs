@@ -317,9 +317,12 @@ struct Queue {
     done: bool,
 }
 
+/// A root as given, and its opened handle (or why it could not be opened).
+type OpenedRoot<S> = (Vec<u8>, Result<<S as Source>::Root, Error>);
+
 struct Shared<S: Source> {
     source: Arc<S>,
-    roots: Vec<(Vec<u8>, Result<S::Root, Error>)>,
+    roots: Vec<OpenedRoot<S>>,
     top: Arc<Sub>,
     flags: Flags,
     opts: SearchOptions,
@@ -556,17 +559,28 @@ fn process<S: Source>(
     let mut comps = split_comps(local);
     let plus = sh.flags.contains(Flags::METADATA);
     entries.clear();
+    let mut listed = false;
     if let Some(names) = pat.literal_children(&comps) {
+        listed = true;
         for n in names {
             match sh.source.lookup(&dir, n) {
                 Ok(Some(e)) => entries.push(e),
                 Ok(None) | Err(Error::NotDir) => {}
-                Err(e) => out.push(err(&join_path(&job.rel, n), ErrorSource::Stat, e)),
+                Err(_) => {
+                    // e.g. a directory we may list but not search: fall back to the listing
+                    // so that the answer is the same as without the shortcut.
+                    entries.clear();
+                    listed = false;
+                    break;
+                }
             }
         }
-    } else if let Err(e) = sh.source.read_dir(&mut dir, plus, entries) {
-        // Keep what was read before the error.
-        out.push(err(&job.rel, ErrorSource::Readdir, e));
+    }
+    if !listed {
+        if let Err(e) = sh.source.read_dir(&mut dir, plus, entries) {
+            // Keep what was read before the error.
+            out.push(err(&job.rel, ErrorSource::Readdir, e));
+        }
     }
     let mask = sh.flags.access_mask();
     let stop_first = sh.flags.contains(Flags::STOPATFIRST);

@@ -363,7 +363,7 @@ mod tests {
         assert!(!m("*.c", "a.h"));
         assert!(m("f*/b*", "foo/bar"));
         assert!(!m("/f*/b*", "foo/xyz/bar"));
-        assert!(m("f*/b*", "foo/xyz/bar") == false || m("f*/b*", "xyz/foo/bar"));
+        assert!(!m("f*/b*", "foo/xyz/bar"));
         assert!(m("f*/b*", "xyz/foo/bar"));
         assert!(m("a?c", "ac"));
         assert!(m("a?c", "abc"));
