@@ -53,6 +53,7 @@ use dircache_core::{Attr, Error, FileType};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
+pub use dircache_core::Attr as SearchAttr;
 pub use pattern::Pattern;
 pub use source::{CacheSource, DirectSource, RawEntry, Source};
 
