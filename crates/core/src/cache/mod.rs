@@ -194,13 +194,7 @@ impl Cache {
 
     /// Resolve `path` to a dentry. Errors as path_resolution(7): ENOENT, ENOTDIR, EACCES,
     /// ELOOP, ENAMETOOLONG, EINVAL (empty path or embedded NUL).
-    pub fn lookup(
-        &self,
-        c: &Creds,
-        at: At<'_>,
-        path: &[u8],
-        flags: LookupFlags,
-    ) -> Result<NodeRef> {
+    pub fn lookup(&self, c: &Creds, at: At<'_>, path: &[u8], flags: LookupFlags) -> Result<NodeRef> {
         todo!()
     }
 
@@ -261,14 +255,7 @@ impl Cache {
         todo!()
     }
 
-    pub fn rename(
-        &self,
-        c: &Creds,
-        at: At<'_>,
-        old: &[u8],
-        new: &[u8],
-        mode: RenameMode,
-    ) -> Result<()> {
+    pub fn rename(&self, c: &Creds, at: At<'_>, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
         todo!()
     }
 
@@ -298,12 +285,7 @@ impl Cache {
     }
 
     /// List directory `node`; `want_attrs` asks for attributes of every entry (readdirplus).
-    pub fn readdir_node(
-        &self,
-        c: &Creds,
-        node: &NodeRef,
-        want_attrs: bool,
-    ) -> Result<Vec<DirEntry>> {
+    pub fn readdir_node(&self, c: &Creds, node: &NodeRef, want_attrs: bool) -> Result<Vec<DirEntry>> {
         todo!()
     }
 
@@ -331,24 +313,12 @@ impl Cache {
         todo!()
     }
 
-    pub fn symlink_at(
-        &self,
-        c: &Creds,
-        parent: &NodeRef,
-        name: &[u8],
-        target: &[u8],
-    ) -> Result<NodeRef> {
+    pub fn symlink_at(&self, c: &Creds, parent: &NodeRef, name: &[u8], target: &[u8]) -> Result<NodeRef> {
         todo!()
     }
 
     /// Hard link `node` as `newparent/newname`.
-    pub fn link_at(
-        &self,
-        c: &Creds,
-        node: &NodeRef,
-        newparent: &NodeRef,
-        newname: &[u8],
-    ) -> Result<NodeRef> {
+    pub fn link_at(&self, c: &Creds, node: &NodeRef, newparent: &NodeRef, newname: &[u8]) -> Result<NodeRef> {
         todo!()
     }
 
@@ -410,9 +380,7 @@ impl Cache {
     /// Forget everything cached at and below backend path `path` of the root file system,
     /// and the listing of its parent.
     pub fn invalidate(&self, path: &[u8]) -> Vec<Invalidation> {
-        self.apply_change(&Change::Entry {
-            path: path.to_vec(),
-        })
+        self.apply_change(&Change::Entry { path: path.to_vec() })
     }
 
     // ------------------------------------------------------------------------------------
