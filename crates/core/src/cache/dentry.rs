@@ -1,0 +1,265 @@
+//! Dentries: the nodes of the cached tree.
+//!
+//! Locking (see docs/core.md):
+//! - `link` (parent + name) changes only under the cache's rename lock and the parents'
+//!   `inner` write locks; readers load it lock-free (arc-swap).
+//! - `inner` (children map, symlink target) is a per-dentry reader-writer lock, taken only on
+//!   the slow path and by writers, never by the fast path.
+//! - `version` is bumped (never decreased) by invalidations; the fast path compares it with
+//!   the version recorded in a direct-lookup entry.
+//! - `attr` is replaced wholesale (arc-swap); readers copy it out.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use arc_swap::ArcSwap;
+use hashbrown::HashMap;
+use parking_lot::RwLock;
+
+use super::{NodeKind, NodeRef, Super};
+use crate::{Attr, FileType};
+
+pub(crate) const DEAD: u32 = 1;
+pub(crate) const COMPLETE: u32 = 2;
+pub(crate) const REFERENCED: u32 = 4;
+pub(crate) const MOUNTED: u32 = 8;
+pub(crate) const HAS_CHILDREN: u32 = 16;
+
+pub(crate) struct Link {
+    /// Weak, so the tree has no reference cycles; a dentry in the tree always has a live
+    /// parent because eviction only removes leaves.
+    pub(crate) parent: Option<Weak<Dentry>>,
+    pub(crate) name: Box<[u8]>,
+}
+
+#[derive(Default)]
+pub(crate) struct Inner {
+    /// Children by name: positive entries, negative entries and deep negatives.
+    pub(crate) children: Option<Box<HashMap<Box<[u8]>, NodeRef>>>,
+    /// Target of a symbolic link, once read.
+    pub(crate) target: Option<Box<[u8]>>,
+    /// Bumped whenever `children` changes; lets a backend call made without the lock detect
+    /// that the directory changed meanwhile.
+    pub(crate) gen: u64,
+}
+
+impl Inner {
+    pub(crate) fn child(&self, name: &[u8]) -> Option<&NodeRef> {
+        self.children.as_ref().and_then(|c| c.get(name))
+    }
+    pub(crate) fn children_mut(&mut self) -> &mut HashMap<Box<[u8]>, NodeRef> {
+        self.children.get_or_insert_with(Default::default)
+    }
+}
+
+pub struct Dentry {
+    pub(crate) id: u64,
+    pub(crate) sb: Arc<Super>,
+    pub(crate) kind: NodeKind,
+    pub(crate) link: ArcSwap<Link>,
+    pub(crate) version: AtomicU64,
+    pub(crate) flags: AtomicU32,
+    /// Front-end pins (e.g. inodes the kernel holds): pinned dentries are never evicted.
+    pub(crate) pins: AtomicU32,
+    pub(crate) attr: AttrCell,
+    pub(crate) inner: RwLock<Inner>,
+}
+
+impl Dentry {
+    pub(crate) fn new(
+        id: u64,
+        sb: Arc<Super>,
+        kind: NodeKind,
+        parent: Option<NodeRef>,
+        name: &[u8],
+        version: u64,
+        attr: Option<Attr>,
+    ) -> Dentry {
+        Dentry {
+            id,
+            sb,
+            kind,
+            link: ArcSwap::from_pointee(Link {
+                parent: parent.as_ref().map(Arc::downgrade),
+                name: name.into(),
+            }),
+            version: AtomicU64::new(version),
+            flags: AtomicU32::new(0),
+            pins: AtomicU32::new(0),
+            attr: AttrCell::new(attr, attr.map_or(0, |a| a.ino)),
+            inner: RwLock::new(Inner::default()),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn has(&self, flag: u32) -> bool {
+        self.flags.load(Ordering::Acquire) & flag != 0
+    }
+    #[inline]
+    pub(crate) fn set(&self, flag: u32) {
+        self.flags.fetch_or(flag, Ordering::AcqRel);
+    }
+    #[inline]
+    pub(crate) fn clear(&self, flag: u32) {
+        self.flags.fetch_and(!flag, Ordering::AcqRel);
+    }
+    /// Lazy LRU: mark used without writing when already marked.
+    #[inline]
+    pub(crate) fn touch(&self) {
+        if self.flags.load(Ordering::Relaxed) & REFERENCED == 0 {
+            self.flags.fetch_or(REFERENCED, Ordering::Relaxed);
+        }
+    }
+    pub(crate) fn is_dir(&self) -> bool {
+        self.kind == NodeKind::Positive(FileType::Directory)
+    }
+    #[inline]
+    pub(crate) fn attr_copy(&self) -> Option<Attr> {
+        self.attr.load()
+    }
+    pub(crate) fn set_attr(&self, a: Option<Attr>) {
+        self.attr.store(a);
+    }
+    pub(crate) fn parent_ref(&self) -> Option<NodeRef> {
+        self.link.load().parent.as_ref().and_then(Weak::upgrade)
+    }
+}
+
+impl Drop for Dentry {
+    fn drop(&mut self) {
+        // Tear down long child chains iteratively so dropping a deep tree cannot overflow the
+        // stack.
+        let mut stack: Vec<NodeRef> = Vec::new();
+        if let Some(c) = self.inner.get_mut().children.take() {
+            stack.extend(c.into_values());
+        }
+        while let Some(n) = stack.pop() {
+            if let Ok(mut n) = Arc::try_unwrap(n) {
+                if let Some(c) = n.inner.get_mut().children.take() {
+                    stack.extend(c.into_values());
+                }
+            }
+        }
+    }
+}
+
+/// Attributes stored inline under a sequence lock: readers copy them out with plain atomic
+/// loads and retry if a writer was active, so `stat` on the fast path never takes a lock or
+/// touches a reference count. A mode of 0 means "no attributes cached" (every real file has
+/// type bits); the inode number (word 0) is kept even then, for listings from the cache.
+pub(crate) struct AttrCell {
+    seq: AtomicU64,
+    w: [AtomicU64; 12],
+}
+
+impl AttrCell {
+    pub(crate) fn new(a: Option<Attr>, ino: u64) -> AttrCell {
+        let c = AttrCell {
+            seq: AtomicU64::new(0),
+            w: std::array::from_fn(|_| AtomicU64::new(0)),
+        };
+        c.w[0].store(ino, Ordering::Relaxed);
+        if let Some(a) = a {
+            c.store_words(&a);
+        }
+        c
+    }
+
+    fn store_words(&self, a: &Attr) {
+        let w = [
+            a.ino,
+            a.dev,
+            u64::from(a.mode) | (u64::from(a.nlink) << 32),
+            u64::from(a.uid) | (u64::from(a.gid) << 32),
+            a.rdev,
+            a.size,
+            a.blocks,
+            u64::from(a.blksize) | (u64::from(a.atime.nsec) << 32),
+            a.atime.sec as u64,
+            a.mtime.sec as u64,
+            u64::from(a.mtime.nsec) | (u64::from(a.ctime.nsec) << 32),
+            a.ctime.sec as u64,
+        ];
+        for (slot, v) in self.w.iter().zip(w) {
+            slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn load(&self) -> Option<Attr> {
+        loop {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let w: [u64; 12] = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
+            std::sync::atomic::fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) != s1 {
+                continue;
+            }
+            let mode = w[2] as u32;
+            if mode == 0 {
+                return None;
+            }
+            use crate::Timespec;
+            return Some(Attr {
+                ino: w[0],
+                dev: w[1],
+                mode,
+                nlink: (w[2] >> 32) as u32,
+                uid: w[3] as u32,
+                gid: (w[3] >> 32) as u32,
+                rdev: w[4],
+                size: w[5],
+                blocks: w[6],
+                blksize: w[7] as u32,
+                atime: Timespec {
+                    sec: w[8] as i64,
+                    nsec: (w[7] >> 32) as u32,
+                },
+                mtime: Timespec {
+                    sec: w[9] as i64,
+                    nsec: w[10] as u32,
+                },
+                ctime: Timespec {
+                    sec: w[11] as i64,
+                    nsec: (w[10] >> 32) as u32,
+                },
+            });
+        }
+    }
+
+    fn write(&self, f: impl FnOnce()) {
+        loop {
+            let s = self.seq.load(Ordering::Relaxed);
+            if s & 1 == 0
+                && self
+                    .seq
+                    .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                std::sync::atomic::fence(Ordering::Release);
+                f();
+                self.seq.store(s + 2, Ordering::Release);
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    pub(crate) fn store(&self, a: Option<Attr>) {
+        self.write(|| match a {
+            Some(a) => self.store_words(&a),
+            None => self.w[2].store(0, Ordering::Relaxed),
+        });
+    }
+
+    pub(crate) fn set_ino(&self, ino: u64) {
+        self.write(|| self.w[0].store(ino, Ordering::Relaxed));
+    }
+
+    pub(crate) fn ino(&self) -> u64 {
+        self.w[0].load(Ordering::Relaxed)
+    }
+}
