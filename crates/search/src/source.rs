@@ -351,6 +351,9 @@ impl Source for CacheSource {
         } else {
             join(&root.path, rel)
         };
+        // Opening a directory for reading needs read permission, as open(2) in the direct
+        // source does, so that both report the same error from the same step.
+        self.cache.access(&self.creds, At::Root, &path, 4)?;
         Ok(CacheDir { node, path })
     }
 
