@@ -240,6 +240,9 @@ pub struct SearchStream {
     buf: std::vec::IntoIter<SearchResult>,
     cancel: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    /// Run when the stream is dropped, before joining the threads (closes a delegated
+    /// search's connection).
+    pub(crate) on_drop: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl SearchStream {
@@ -258,6 +261,7 @@ impl SearchStream {
             buf: Vec::new().into_iter(),
             cancel,
             threads,
+            on_drop: None,
         }
     }
 }
@@ -285,6 +289,9 @@ impl Drop for SearchStream {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::SeqCst);
         self.rx = None; // unblocks workers waiting to send
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

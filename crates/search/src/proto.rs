@@ -1,9 +1,12 @@
 //! The search wire protocol and delegation to a mount's daemon.
 //!
-//! **Framing**: every message is a frame: a 4-byte little-endian length, then that many bytes
-//! of JSON (at most [`MAX_FRAME`]). The client sends one [`Request`]; the server answers with
-//! any number of [`Response::Results`] frames, then exactly one [`Response::End`] or
-//! [`Response::Error`]. The client may close the connection at any time to cancel.
+//! **Framing** (the FUSE daemon's control-socket protocol): every message is a frame: a 4-byte
+//! big-endian length, then that many bytes of JSON (at most [`MAX_FRAME`]). The client sends
+//! one request object tagged by `"op"`: `{"op":"search","paths":..,"pattern":..,"flags":N}`.
+//! The server answers with any number of `{"ok":true,"results":[..]}` frames, then exactly one
+//! `{"ok":true,"end":true}`, or `{"ok":false,"error":".."}` (a daemon that does not know the
+//! `search` op answers that way, and the client then searches locally). The client may close
+//! the connection at any time to cancel.
 //!
 //! **Paths** in a delegated request are absolute *within the served file system*: `/` is the
 //! mount root (the daemon's SRC). The client sends the request without INCLUDEROOT and puts the
@@ -61,13 +64,65 @@ pub enum Request {
     Search(SearchRequest),
 }
 
-/// A response frame.
+/// A response frame: `{"ok":true,"results":[..]}`, `{"ok":true,"end":true}` or
+/// `{"ok":false,"error":".."}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(from = "WireResponse", into = "WireResponse")]
 pub enum Response {
     Results { results: Vec<SearchResult> },
     End,
     Error { message: String },
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireResponse {
+    ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    results: Option<Vec<SearchResult>>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    end: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+impl From<Response> for WireResponse {
+    fn from(r: Response) -> WireResponse {
+        match r {
+            Response::Results { results } => WireResponse {
+                ok: true,
+                results: Some(results),
+                end: false,
+                error: None,
+            },
+            Response::End => WireResponse {
+                ok: true,
+                results: None,
+                end: true,
+                error: None,
+            },
+            Response::Error { message } => WireResponse {
+                ok: false,
+                results: None,
+                end: false,
+                error: Some(message),
+            },
+        }
+    }
+}
+
+impl From<WireResponse> for Response {
+    fn from(w: WireResponse) -> Response {
+        match (w.ok, w.results, w.end, w.error) {
+            (false, _, _, e) => Response::Error {
+                message: e.unwrap_or_else(|| "unknown error".into()),
+            },
+            (true, Some(results), _, _) => Response::Results { results },
+            (true, None, true, _) => Response::End,
+            (true, None, false, _) => Response::Error {
+                message: "response without results or end".into(),
+            },
+        }
+    }
 }
 
 pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), ProtoError> {
@@ -76,7 +131,7 @@ pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), Pro
         return Err(ProtoError::TooLarge(body.len()));
     }
     let len = u32::try_from(body.len()).map_err(|_| ProtoError::TooLarge(body.len()))?;
-    w.write_all(&len.to_le_bytes())?;
+    w.write_all(&len.to_be_bytes())?;
     w.write_all(&body)?;
     Ok(())
 }
@@ -94,7 +149,7 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> Result<Option<T>, 
             Err(e) => return Err(e.into()),
         }
     }
-    let n = u32::from_le_bytes(len) as usize;
+    let n = u32::from_be_bytes(len) as usize;
     if n > MAX_FRAME {
         return Err(ProtoError::TooLarge(n));
     }
@@ -330,33 +385,47 @@ pub fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, SearchError
     if write_request(&mut w, &wire).is_err() {
         return Ok(None);
     }
+    // The first answer decides: results (or the end) mean the daemon took the search; an error
+    // (e.g. a daemon that does not know the `search` op) means: search locally.
+    let mut r = BufReader::new(stream);
+    let first = match read_frame::<_, Response>(&mut r) {
+        Ok(Some(Response::Results { results })) => Some(results),
+        Ok(Some(Response::End)) => None,
+        _ => return Ok(None),
+    };
     let include_root = req.flags.contains(Flags::INCLUDEROOT);
     let orig: Vec<Vec<u8>> = roots.iter().map(|r| r.as_bytes().to_vec()).collect();
+    let fix = move |mut r: SearchResult| {
+        if include_root {
+            let root = orig.get(r.root as usize).map(Vec::as_slice).unwrap_or(b"");
+            r.path = join_path(root, &r.path);
+        }
+        r
+    };
     let (tx, rx) = crossbeam_channel::bounded::<Vec<SearchResult>>(64);
     let cancel = Arc::new(AtomicBool::new(false));
     let c2 = cancel.clone();
+    let shutdown = r.get_ref().try_clone().ok();
     let reader = std::thread::Builder::new()
         .name("search-delegate".into())
         .spawn(move || {
-            let shutdown = stream.try_clone().ok();
-            for item in read_results(BufReader::new(stream)) {
+            let Some(first) = first else { return };
+            if tx.send(first.into_iter().map(&fix).collect()).is_err() {
+                return;
+            }
+            let mut batch = Vec::new();
+            for item in read_results(r) {
                 if c2.load(Ordering::Relaxed) {
                     break;
                 }
-                let batch = match item {
-                    Ok(mut r) => {
-                        if include_root {
-                            let root = orig.get(r.root as usize).map(Vec::as_slice).unwrap_or(b"");
-                            r.path = join_path(root, &r.path);
-                        }
-                        vec![r]
-                    }
+                match item {
+                    Ok(x) => batch.push(fix(x)),
                     Err(e) => {
                         let errno = match e {
                             ProtoError::Io(ref io) => io.raw_os_error().unwrap_or(libc::EIO),
                             _ => libc::EIO,
                         };
-                        vec![SearchResult {
+                        batch.push(SearchResult {
                             root: 0,
                             path: Vec::new(),
                             stat: None,
@@ -364,19 +433,28 @@ pub fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, SearchError
                                 source: ErrorSource::Delegate,
                                 errno,
                             }),
-                        }]
+                        });
                     }
-                };
-                if tx.send(batch).is_err() {
-                    break;
+                }
+                if batch.len() >= RESULTS_PER_FRAME && tx.send(std::mem::take(&mut batch)).is_err()
+                {
+                    return;
                 }
             }
-            if let Some(s) = shutdown {
-                let _ = s.shutdown(std::net::Shutdown::Both);
+            if !batch.is_empty() {
+                let _ = tx.send(batch);
             }
         })
         .map_err(|e| SearchError::Spawn(e.to_string()))?;
-    Ok(Some(SearchStream::from_parts(rx, cancel, vec![reader])))
+    let mut s = SearchStream::from_parts(rx, cancel, vec![reader]);
+    if let Some(sock) = shutdown {
+        // Dropping the stream closes the connection, which cancels the search at the daemon
+        // and wakes the reader.
+        s.on_drop = Some(Box::new(move || {
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+        }));
+    }
+    Ok(Some(s))
 }
 
 /// What the CLI and the C API call: delegate to a mount's daemon when the roots lie in a
