@@ -109,12 +109,14 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
         eprintln!("dircache search: {e}");
         return Ok(2);
     }
+    let no_delegate = a.no_delegate || std::env::var_os("DIRCACHE_NO_DELEGATE").is_some();
     let opts = SearchOptions {
         threads: a.threads,
+        delegate_mounts: !no_delegate,
         ..Default::default()
     };
     let local = || search_with(&req, std::sync::Arc::new(DirectSource::new()), &opts);
-    let started = if a.no_delegate || std::env::var_os("DIRCACHE_NO_DELEGATE").is_some() {
+    let started = if no_delegate {
         local()
     } else {
         match delegate(&req) {

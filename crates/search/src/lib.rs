@@ -212,6 +212,11 @@ pub struct SearchOptions {
     pub split_at_mounts: bool,
     /// Capacity of the result channel, in batches (one batch per directory).
     pub channel_batches: usize,
+    /// Hand the part of the search below a dircache mount met on the way (a mount point under
+    /// a root whose root directory names a daemon socket, [`proto::SOCKET_XATTR`]) to that
+    /// mount's daemon, with the decomposed pattern (paper §4). Found once per search from
+    /// /proc/self/mountinfo; costs nothing per directory. Meant for [`DirectSource`].
+    pub delegate_mounts: bool,
 }
 
 impl Default for SearchOptions {
@@ -219,6 +224,7 @@ impl Default for SearchOptions {
         SearchOptions {
             threads: 0,
             split_at_mounts: false,
+            delegate_mounts: false,
             channel_batches: 64,
         }
     }
@@ -330,6 +336,8 @@ type OpenedRoot<S> = (Vec<u8>, Result<<S as Source>::Root, Error>);
 
 struct Shared<S: Source> {
     source: Arc<S>,
+    /// (root index, path below the root) of dircache mounts to delegate to -> their socket.
+    mounts: std::collections::HashMap<(usize, Vec<u8>), std::path::PathBuf>,
     roots: Vec<OpenedRoot<S>>,
     top: Arc<Sub>,
     flags: Flags,
@@ -367,8 +375,14 @@ pub fn search_with<S: Source>(
     };
     let (tx, rx) = crossbeam_channel::bounded(opts.channel_batches.max(1));
     let cancel = Arc::new(AtomicBool::new(false));
+    let mounts = if opts.delegate_mounts {
+        proto::dircache_mounts_below(&req.roots())
+    } else {
+        Default::default()
+    };
     let shared = Arc::new(Shared {
         source,
+        mounts,
         roots,
         top: Arc::new(Sub {
             pattern,
@@ -536,6 +550,14 @@ fn process<S: Source>(
             return;
         }
     };
+    if !sh.mounts.is_empty() {
+        if let Some(sock) = sh.mounts.get(&(job.root, job.rel.clone())) {
+            if delegate_child(sh, job, sock, out) {
+                return;
+            }
+            // No daemon answered: search the mount locally.
+        }
+    }
     let mut dir = match sh.source.open_dir(root, &job.rel) {
         Ok(d) => d,
         Err(e) => {
@@ -652,4 +674,45 @@ fn process<S: Source>(
     }
     // Depth-first: the queue pops from the end, so reverse to visit in listing order.
     subs.reverse();
+}
+
+/// Run the part of the search below mount point `job.rel` as a child search at the mount's
+/// daemon with the decomposed pattern. `false` if no daemon took it.
+fn delegate_child<S: Source>(
+    sh: &Shared<S>,
+    job: &Job,
+    sock: &std::path::Path,
+    out: &mut Vec<SearchResult>,
+) -> bool {
+    let local = job.rel.get(job.sub.base_len..).unwrap_or(&[]);
+    let p = job.sub.pattern.decompose(&split_comps(local));
+    if p.is_empty() {
+        return true; // nothing below can match
+    }
+    let (root_path, _) = &sh.roots[job.root];
+    let ridx = job.root as u32;
+    let stop_first = sh.flags.contains(Flags::STOPATFIRST);
+    proto::child_search(sock, &p.to_string(), sh.flags, |mut r| {
+        if sh.cancel.load(Ordering::Relaxed) {
+            return false;
+        }
+        let full = join_path(&job.rel, &r.path);
+        r.path = out_path(root_path, &full, sh.flags);
+        r.root = ridx;
+        if stop_first && r.error.is_none() {
+            if !sh.found.swap(true, Ordering::SeqCst) {
+                out.push(r);
+            }
+            sh.cancel.store(true, Ordering::SeqCst);
+            return false;
+        }
+        out.push(r);
+        if out.len() >= proto::RESULTS_PER_FRAME {
+            if sh.tx.send(std::mem::take(out)).is_err() {
+                sh.cancel.store(true, Ordering::SeqCst);
+                return false;
+            }
+        }
+        true
+    })
 }

@@ -457,6 +457,126 @@ pub fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, SearchError
     Ok(Some(s))
 }
 
+/// Send a child search (paper §4) for the whole file system behind `sock` (paths `/`),
+/// feeding every result to `each` until it returns `false`. `false` if the daemon did not
+/// take the search (no daemon, or it does not know the op).
+pub(crate) fn child_search(
+    sock: &Path,
+    pattern: &str,
+    flags: Flags,
+    mut each: impl FnMut(SearchResult) -> bool,
+) -> bool {
+    let Ok(stream) = UnixStream::connect(sock) else {
+        return false;
+    };
+    let wire = SearchRequest {
+        paths: "/".into(),
+        pattern: pattern.into(),
+        flags: Flags(flags.0 & !Flags::INCLUDEROOT.0),
+    };
+    let Ok(ws) = stream.try_clone() else {
+        return false;
+    };
+    if write_request(&mut BufWriter::new(ws), &wire).is_err() {
+        return false;
+    }
+    let mut r = BufReader::new(stream);
+    let first = match read_frame::<_, Response>(&mut r) {
+        Ok(Some(Response::Results { results })) => results,
+        Ok(Some(Response::End)) => return true,
+        _ => return false,
+    };
+    for x in first {
+        if !each(x) {
+            return true;
+        }
+    }
+    for item in read_results(r) {
+        let x = match item {
+            Ok(x) => x,
+            Err(e) => SearchResult {
+                root: 0,
+                path: Vec::new(),
+                stat: None,
+                error: Some(ResultError {
+                    source: ErrorSource::Delegate,
+                    errno: match e {
+                        ProtoError::Io(ref io) => io.raw_os_error().unwrap_or(libc::EIO),
+                        _ => libc::EIO,
+                    },
+                }),
+            },
+        };
+        if !each(x) {
+            break;
+        }
+    }
+    true
+}
+
+/// Decode the octal escapes of /proc/self/mountinfo (`\040` for a space).
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        let val = oct.map(|d| d.iter().fold(0u32, |a, &c| a * 8 + u32::from(c - b'0')));
+        if let (b'\\', Some(v)) = (b[i], val.and_then(|v| u8::try_from(v).ok())) {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Mount points strictly below the given roots whose root directory names a dircache daemon
+/// socket: `(root index, path below that root) -> socket`.
+pub(crate) fn dircache_mounts_below(
+    roots: &[&str],
+) -> std::collections::HashMap<(usize, Vec<u8>), PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut map = std::collections::HashMap::new();
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return map;
+    };
+    let canon: Vec<Option<PathBuf>> = roots
+        .iter()
+        .map(|r| std::fs::canonicalize(r).ok())
+        .collect();
+    for line in info.lines() {
+        let Some(mp) = line.split(' ').nth(4) else {
+            continue;
+        };
+        let mp = PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(mp)));
+        for (i, c) in canon.iter().enumerate() {
+            let Some(c) = c else { continue };
+            let Ok(rel) = mp.strip_prefix(c) else {
+                continue;
+            };
+            if rel.as_os_str().is_empty() {
+                continue;
+            }
+            let mut buf = vec![0u8; 4096];
+            let Ok(n) = rustix::fs::getxattr(&mp, SOCKET_XATTR, &mut buf[..]) else {
+                continue;
+            };
+            buf.truncate(n);
+            while buf.last() == Some(&0) {
+                buf.pop();
+            }
+            let sock = PathBuf::from(std::ffi::OsStr::from_bytes(&buf));
+            map.insert((i, rel.as_os_str().as_bytes().to_vec()), sock);
+        }
+    }
+    map
+}
+
 /// What the CLI and the C API call: delegate to a mount's daemon when the roots lie in a
 /// dircache mount (unless `DIRCACHE_NO_DELEGATE` is set), otherwise search the file system
 /// directly.
@@ -466,7 +586,11 @@ pub fn search_auto(req: &SearchRequest) -> Result<SearchStream, SearchError> {
             return Ok(s);
         }
     }
-    search(req, Arc::new(DirectSource::new()))
+    let opts = crate::SearchOptions {
+        delegate_mounts: true,
+        ..Default::default()
+    };
+    crate::search_with(req, Arc::new(DirectSource::new()), &opts)
 }
 
 #[cfg(test)]

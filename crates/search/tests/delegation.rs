@@ -161,3 +161,66 @@ fn old_daemon_without_search_falls_back_to_local() {
         .collect();
     assert_eq!(got, vec!["x.c".to_string()]);
 }
+
+/// A local search that meets a dircache mount on the way hands the part below it to the
+/// mount's daemon with the decomposed pattern (paper §4), and the results are unchanged.
+#[test]
+fn crossing_into_a_dircache_mount_delegates_the_subtree() {
+    let t = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let top = t.path().join("top");
+    let mnt = top.join("var").join("tmp");
+    std::fs::create_dir_all(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    let Some(_m) = mount_tmpfs(&mnt) else { return };
+    let mut rng = StdRng::seed_from_u64(17);
+    for d in [&top, &mnt] {
+        let mut budget = 300;
+        random_tree(&mut rng, d, 4, &mut budget);
+        let _ = std::fs::write(d.join("foo"), b"");
+        let _ = std::fs::create_dir(d.join("tmp"));
+        let _ = std::fs::write(d.join("tmp").join("foo"), b"");
+    }
+    let sock = t.path().join("inner.sock");
+    rustix::fs::setxattr(
+        &mnt,
+        SOCKET_XATTR,
+        sock.to_string_lossy().as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap_or_else(|e| panic!("setxattr: {e}"));
+    let conns = Arc::new(AtomicUsize::new(0));
+    daemon(
+        &sock,
+        std::fs::canonicalize(&mnt).unwrap_or_else(|e| panic!("{e}")),
+        conns.clone(),
+        true,
+    );
+    let mut pats: Vec<String> = vec![
+        "tmp/foo".into(),
+        "var/tmp/foo".into(),
+        "/var/tmp/*".into(),
+        "*".into(),
+        "/x".into(),
+    ];
+    for _ in 0..30 {
+        pats.push(random_pattern(&mut rng));
+    }
+    let mut delegated = 0;
+    for pat in &pats {
+        for flags in [Flags::INCLUDEROOT, Flags::METADATA] {
+            let req = SearchRequest::new(top.to_string_lossy(), pat.as_str(), flags);
+            let want = local(&req);
+            let before = conns.load(Ordering::SeqCst);
+            let got: BTreeSet<String> = proto::search_auto(&req)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .map(|r| key(&r))
+                .collect();
+            delegated += conns.load(Ordering::SeqCst) - before;
+            assert!(conns.load(Ordering::SeqCst) - before <= 1);
+            assert_eq!(got, want, "{pat} {flags:?}");
+        }
+    }
+    assert!(
+        delegated > 10,
+        "the mount was delegated only {delegated} times"
+    );
+}
