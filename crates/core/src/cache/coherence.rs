@@ -76,11 +76,9 @@ impl Cache {
         }
         self.bump_subtree(node);
         // Its cached children can no longer be reached; free them now.
-        let children = node.inner.write().children.take();
-        if let Some(ch) = children {
-            for c in ch.values() {
-                self.kill(c);
-            }
+        let children = node.inner.write().take_children();
+        for c in &children {
+            self.kill(c);
         }
     }
 
@@ -136,12 +134,12 @@ impl Cache {
             {
                 let mut pi = parent.inner.write();
                 let name = n.link.load().name.clone();
-                let ours = pi.child(&name).is_some_and(|c| Arc::ptr_eq(c, &n));
-                if !ours {
+                if !pi
+                    .children
+                    .as_mut()
+                    .is_some_and(|ch| ch.remove_node(&name, &n))
+                {
                     continue;
-                }
-                if let Some(ch) = pi.children.as_mut() {
-                    ch.remove(&name);
                 }
                 if matches!(n.kind, NodeKind::Positive(_)) {
                     // The listing is no longer all here (SOSP'15 §5.1).
@@ -264,10 +262,11 @@ impl Cache {
             return Some(Vec::new());
         };
         let mut out = Vec::with_capacity(ch.len());
-        for (name, d) in ch.iter() {
+        for d in ch.values() {
             let NodeKind::Positive(kind) = d.kind else {
                 continue;
             };
+            let name = d.link.load().name.clone();
             let attr = d.attr_copy();
             if want_attrs && attr.is_none() {
                 return None;
@@ -314,22 +313,19 @@ impl Cache {
                 let d = self.new_dentry(node, &e.name, NodeKind::Positive(e.kind), e.attr);
                 // A plain readdir gives no attributes: remember the inode number only.
                 d.attr.set_ino(e.ino);
-                inner
-                    .children_mut()
-                    .insert(e.name.clone().into_boxed_slice(), d.clone());
+                inner.children_mut().insert(d.clone());
                 added.push(d);
             }
             if let Some(ch) = inner.children.as_mut() {
-                for (name, d) in ch.iter() {
-                    if matches!(d.kind, NodeKind::Positive(_)) && !seen.contains(&name[..]) {
+                for d in ch.values() {
+                    let keep = seen.contains(&d.link.load().name[..]);
+                    if matches!(d.kind, NodeKind::Positive(_)) && !keep {
                         stale.push(d.clone());
                     }
                 }
                 for d in &stale {
                     let name = d.link.load().name.clone();
-                    if ch.get(&name).is_some_and(|c| Arc::ptr_eq(c, d)) {
-                        ch.remove(&name);
-                    }
+                    ch.remove_node(&name, d);
                 }
             }
             if !added.is_empty() {
@@ -364,14 +360,12 @@ impl Cache {
                 let children = {
                     let mut inner = root.inner.write();
                     inner.gen += 1;
-                    inner.children.take()
+                    inner.take_children()
                 };
                 root.clear(COMPLETE);
                 root.set_attr(None);
-                if let Some(ch) = children {
-                    for c in ch.values() {
-                        self.kill(c);
-                    }
+                for c in &children {
+                    self.kill(c);
                 }
                 self.bump_subtree(&root);
                 return vec![Invalidation {

@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use arc_swap::ArcSwap;
-use hashbrown::HashMap;
+use std::hash::BuildHasher;
+use std::sync::LazyLock;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 use parking_lot::RwLock;
 
 use super::{NodeKind, NodeRef, Super};
@@ -32,12 +35,85 @@ pub(crate) struct Link {
     pub(crate) name: Box<[u8]>,
 }
 
+static NAME_HASH: LazyLock<DefaultHashBuilder> = LazyLock::new(DefaultHashBuilder::default);
+
+#[inline]
+fn name_hash(name: &[u8]) -> u64 {
+    NAME_HASH.hash_one(name)
+}
+
+/// A directory's children, keyed by each child's own current name (not stored twice).
+/// A child's `link` is only changed while its parent's `inner` is write-locked and the child is
+/// out of the table, so a child in the table always hashes by the name in its link.
+#[derive(Default)]
+pub(crate) struct ChildMap {
+    t: HashTable<NodeRef>,
+    /// Target of a symbolic link (symlinks have no children; they share this box).
+    pub(crate) target: Option<Box<[u8]>>,
+}
+
+impl ChildMap {
+    pub(crate) fn get(&self, name: &[u8]) -> Option<&NodeRef> {
+        self.t
+            .find(name_hash(name), |n| *n.link.load().name == *name)
+    }
+
+    /// Insert `node` under its current name; returns the child it displaced.
+    pub(crate) fn insert(&mut self, node: NodeRef) -> Option<NodeRef> {
+        let name = node.link.load().name.clone();
+        let h = name_hash(&name);
+        match self.t.find_entry(h, |n| *n.link.load().name == *name) {
+            Ok(mut e) => Some(std::mem::replace(e.get_mut(), node)),
+            Err(_) => {
+                self.t
+                    .insert_unique(h, node, |n| name_hash(&n.link.load().name));
+                None
+            }
+        }
+    }
+
+    pub(crate) fn remove(&mut self, name: &[u8]) -> Option<NodeRef> {
+        match self
+            .t
+            .find_entry(name_hash(name), |n| *n.link.load().name == *name)
+        {
+            Ok(e) => Some(e.remove().0),
+            Err(_) => None,
+        }
+    }
+
+    /// Remove `node` (by identity) that is filed under `name`.
+    pub(crate) fn remove_node(&mut self, name: &[u8], node: &NodeRef) -> bool {
+        match self.t.find_entry(name_hash(name), |n| Arc::ptr_eq(n, node)) {
+            Ok(e) => {
+                e.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &NodeRef> {
+        self.t.iter()
+    }
+
+    pub(crate) fn drain(&mut self) -> Vec<NodeRef> {
+        self.t.drain().collect()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.t.is_empty()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.t.len()
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Inner {
-    /// Children by name: positive entries, negative entries and deep negatives.
-    pub(crate) children: Option<Box<HashMap<Box<[u8]>, NodeRef>>>,
-    /// Target of a symbolic link, once read.
-    pub(crate) target: Option<Box<[u8]>>,
+    /// Children (positive entries, negative entries, deep negatives) and a symlink's target.
+    pub(crate) children: Option<Box<ChildMap>>,
     /// Bumped whenever `children` changes; lets a backend call made without the lock detect
     /// that the directory changed meanwhile.
     pub(crate) gen: u64,
@@ -47,8 +123,21 @@ impl Inner {
     pub(crate) fn child(&self, name: &[u8]) -> Option<&NodeRef> {
         self.children.as_ref().and_then(|c| c.get(name))
     }
-    pub(crate) fn children_mut(&mut self) -> &mut HashMap<Box<[u8]>, NodeRef> {
+    pub(crate) fn children_mut(&mut self) -> &mut ChildMap {
         self.children.get_or_insert_with(Default::default)
+    }
+    pub(crate) fn target(&self) -> Option<&[u8]> {
+        self.children.as_ref().and_then(|c| c.target.as_deref())
+    }
+    pub(crate) fn set_target(&mut self, t: &[u8]) {
+        self.children_mut().target = Some(t.into());
+    }
+    /// Detach every child (they are being killed or dropped).
+    pub(crate) fn take_children(&mut self) -> Vec<NodeRef> {
+        self.children
+            .as_mut()
+            .map(|c| c.drain())
+            .unwrap_or_default()
     }
 }
 
@@ -129,15 +218,10 @@ impl Drop for Dentry {
     fn drop(&mut self) {
         // Tear down long child chains iteratively so dropping a deep tree cannot overflow the
         // stack.
-        let mut stack: Vec<NodeRef> = Vec::new();
-        if let Some(c) = self.inner.get_mut().children.take() {
-            stack.extend(c.into_values());
-        }
+        let mut stack: Vec<NodeRef> = self.inner.get_mut().take_children();
         while let Some(n) = stack.pop() {
             if let Ok(mut n) = Arc::try_unwrap(n) {
-                if let Some(c) = n.inner.get_mut().children.take() {
-                    stack.extend(c.into_values());
-                }
+                stack.extend(n.inner.get_mut().take_children());
             }
         }
     }

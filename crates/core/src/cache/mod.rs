@@ -675,3 +675,18 @@ impl Cache {
         s
     }
 }
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn print_sizes() {
+        eprintln!(
+            "Dentry {} Link {} Inner {} FastEntry {} NodeKind {}",
+            std::mem::size_of::<super::Dentry>(),
+            std::mem::size_of::<super::dentry::Link>(),
+            std::mem::size_of::<super::dentry::Inner>(),
+            std::mem::size_of::<super::fast::FastEntry>(),
+            std::mem::size_of::<super::NodeKind>()
+        );
+    }
+}

@@ -71,7 +71,7 @@ impl Cache {
             let mut inner = parent.inner.write();
             inner.gen += 1;
             parent.set(HAS_CHILDREN);
-            inner.children_mut().insert(name.into(), node.clone())
+            inner.children_mut().insert(node.clone())
         };
         self.account_new(&node);
         if let Some(old) = old {
@@ -141,7 +141,7 @@ impl Cache {
         }
         let b = parent.sb.backend.clone();
         let n = self.create_with(c, parent, name, |p| b.symlink(&c.0.cred, target, p))?;
-        n.inner.write().target = Some(target.into());
+        n.inner.write().set_target(target);
         Ok(n)
     }
 
@@ -168,8 +168,9 @@ impl Cache {
         self.stats.backend.mutation.inc();
         let attr = newparent.sb.backend.link(&c.0.cred, &old, &new)?;
         let n = self.install(newparent, newname, attr, false);
-        if let Some(t) = node.inner.read().target.clone() {
-            n.inner.write().target = Some(t);
+        let t = node.inner.read().target().map(<[u8]>::to_vec);
+        if let Some(t) = t {
+            n.inner.write().set_target(&t);
         }
         // Same inode: nlink and ctime changed for every name of it.
         node.set_attr(Some(attr));
@@ -191,7 +192,7 @@ impl Cache {
             let ch = inner.children_mut();
             match &neg {
                 Some(n) => {
-                    ch.insert(name.into(), n.clone());
+                    ch.insert(n.clone());
                 }
                 None => {
                     ch.remove(name);
@@ -354,49 +355,47 @@ impl Cache {
                 (Some(g2), true) => (&mut *g1, Some(&mut **g2)),
                 (Some(g2), false) => (&mut **g2, Some(&mut *g1)),
             };
+            // Take the moving dentries out of their maps, relink them, file them again: a
+            // dentry is always filed under the name in its link.
+            let exchange = mode == RenameMode::Exchange;
+            let new_link = |p: &NodeRef, n: &[u8]| {
+                Arc::new(super::dentry::Link {
+                    parent: Some(Arc::downgrade(p)),
+                    name: n.into(),
+                })
+            };
             pi.gen += 1;
-            if mode == RenameMode::Exchange {
-                pi.children_mut().insert(name.into(), dst.clone());
-                match ni {
-                    Some(ni) => {
-                        ni.gen += 1;
-                        ni.children_mut().insert(newname.into(), src.clone());
+            pi.children_mut().remove_node(name, &src);
+            match ni {
+                Some(ni) => {
+                    ni.gen += 1;
+                    if exchange {
+                        ni.children_mut().remove_node(newname, &dst);
                     }
-                    None => {
-                        pi.children_mut().insert(newname.into(), src.clone());
+                    src.link.store(new_link(newparent, newname));
+                    if exchange {
+                        dst.link.store(new_link(parent, name));
+                        pi.children_mut().insert(dst.clone());
                     }
+                    ni.children_mut().insert(src.clone());
                 }
-            } else {
-                match &neg {
-                    Some(n) => {
-                        pi.children_mut().insert(name.into(), n.clone());
+                None => {
+                    if exchange {
+                        pi.children_mut().remove_node(newname, &dst);
                     }
-                    None => {
-                        pi.children_mut().remove(name);
+                    src.link.store(new_link(newparent, newname));
+                    if exchange {
+                        dst.link.store(new_link(parent, name));
+                        pi.children_mut().insert(dst.clone());
                     }
+                    pi.children_mut().insert(src.clone());
                 }
-                match ni {
-                    Some(ni) => {
-                        ni.gen += 1;
-                        ni.children_mut().insert(newname.into(), src.clone());
-                    }
-                    None => {
-                        pi.children_mut().insert(newname.into(), src.clone());
-                    }
-                }
+            }
+            if let Some(n) = &neg {
+                pi.children_mut().insert(n.clone());
             }
             parent.set(HAS_CHILDREN);
             newparent.set(HAS_CHILDREN);
-            src.link.store(Arc::new(super::dentry::Link {
-                parent: Some(Arc::downgrade(newparent)),
-                name: newname.into(),
-            }));
-            if mode == RenameMode::Exchange {
-                dst.link.store(Arc::new(super::dentry::Link {
-                    parent: Some(Arc::downgrade(parent)),
-                    name: name.into(),
-                }));
-            }
         }
         if let Some(n) = &neg {
             self.account_new(n);

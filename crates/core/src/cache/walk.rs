@@ -754,7 +754,7 @@ impl Cache {
         let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD);
         let node = self.new_dentry(dir, name, kind, attr);
         if cacheable && fresh {
-            inner.children_mut().insert(name.into(), node.clone());
+            inner.children_mut().insert(node.clone());
             dir.set(HAS_CHILDREN);
             drop(inner);
             self.account_new(&node);
@@ -872,14 +872,14 @@ impl Cache {
     }
 
     fn link_target_counted(&self, node: &NodeRef, missed: &mut bool) -> Result<Vec<u8>> {
-        if let Some(t) = &node.inner.read().target {
+        if let Some(t) = node.inner.read().target() {
             return Ok(t.to_vec());
         }
         *missed = true;
         let p = self.path_of(node)?;
         self.stats.backend.readlink.inc();
         let t = node.sb.backend.readlink(&p)?;
-        node.inner.write().target = Some(t.clone().into_boxed_slice());
+        node.inner.write().set_target(&t);
         Ok(t)
     }
 
