@@ -707,11 +707,9 @@ fn delegate_child<S: Source>(
             return false;
         }
         out.push(r);
-        if out.len() >= proto::RESULTS_PER_FRAME {
-            if sh.tx.send(std::mem::take(out)).is_err() {
-                sh.cancel.store(true, Ordering::SeqCst);
-                return false;
-            }
+        if out.len() >= proto::RESULTS_PER_FRAME && sh.tx.send(std::mem::take(out)).is_err() {
+            sh.cancel.store(true, Ordering::SeqCst);
+            return false;
         }
         true
     })
