@@ -190,6 +190,8 @@ pub struct SearchResult {
     /// Index of the root (in `paths`) this result belongs to.
     pub root: u32,
     /// The path (module docs: relative to the root, or prefixed with it for INCLUDEROOT).
+    /// On the wire: a JSON string when it is UTF-8, else an array of bytes.
+    #[serde(with = "path_bytes")]
     pub path: Vec<u8>,
     pub stat: Option<Attr>,
     pub error: Option<ResultError>,
@@ -713,4 +715,42 @@ fn delegate_child<S: Source>(
         }
         true
     })
+}
+
+/// Serde for file names: a string when UTF-8 (compact JSON), an array of bytes otherwise.
+mod path_bytes {
+    use serde::de::{Deserializer, SeqAccess, Visitor};
+    use serde::Serializer;
+
+    pub fn serialize<S: Serializer>(p: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(p) {
+            Ok(t) => s.serialize_str(t),
+            Err(_) => s.collect_seq(p.iter()),
+        }
+    }
+
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<u8>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string or an array of bytes")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Vec<u8>, E> {
+            Ok(v.as_bytes().to_vec())
+        }
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Vec<u8>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(b) = a.next_element::<u8>()? {
+                out.push(b);
+            }
+            Ok(out)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_any(V)
+    }
 }

@@ -54,6 +54,8 @@ struct Row {
     system: String,
     times: Vec<f64>,
     syscalls: Option<u64>,
+    /// Requests that reached a FUSE daemon (perf tracepoint fuse:fuse_request_send).
+    fuse_requests: Option<u64>,
     results: Option<usize>,
 }
 
@@ -163,6 +165,37 @@ fn strace_count(argv: &[String]) -> Option<u64> {
         .rev()
         .find(|l| l.trim_end().ends_with("total"))?;
     line.split_whitespace().nth(3)?.parse().ok()
+}
+
+fn perf_fuse_requests(argv: &[String]) -> Option<u64> {
+    let out = Command::new("perf")
+        .args(["stat", "-x", ",", "-e", "fuse:fuse_request_send", "--"])
+        .args(argv)
+        .stdout(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    let line = text
+        .lines()
+        .find(|l| l.contains("fuse:fuse_request_send"))?;
+    line.split(',').next()?.trim().parse().ok()
+}
+
+/// Mount `src` at `mnt` with this binary's `dircache mount` (it returns once the mount is up).
+fn mount(me: &str, src: &Path, mnt: &Path) -> bool {
+    let _ = std::fs::create_dir_all(mnt);
+    let _ = Command::new("umount")
+        .arg(mnt)
+        .stderr(Stdio::null())
+        .status();
+    Command::new(me)
+        .arg("mount")
+        .arg(src)
+        .arg(mnt)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn stats(v: &[f64]) -> (f64, f64, f64) {
@@ -396,7 +429,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if !a.no_cold && !cold_ok {
         notes.push("cold runs need root (drop_caches): skipped".to_string());
     }
-    notes.push("mount rows (find on a dircache mount vs delegated search) not run: the FUSE daemon does not answer the search op yet".to_string());
 
     // In-process: a warm dircache Cache over the local backend, rooted at `/`.
     let backend = Arc::new(
@@ -468,6 +500,71 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             }
         }
     }
+    // Mount phase: the same queries on a dircache mount of the tree: the peers walk the mount
+    // (FUSE), `dircache` sends the whole search to the mount's daemon in one request.
+    let mnt = root.with_file_name(format!(
+        "{}-mnt",
+        root.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    let mut mount_queries: Vec<(String, Vec<(String, Vec<String>)>)> = Vec::new();
+    if mount(&me, &root, &mnt) {
+        let rs = root.to_string_lossy().to_string();
+        let ms = mnt.to_string_lossy().to_string();
+        for q in &queries {
+            let probe = SearchRequest::new(q.paths.replace(&rs, &ms), q.pattern.clone(), q.flags);
+            let delegated = matches!(dircache_search::proto::delegate(&probe), Ok(Some(_)));
+            let mut peers = Vec::new();
+            for (sys, argv) in &q.peers {
+                let argv: Vec<String> = argv.iter().map(|x| x.replace(&rs, &ms)).collect();
+                if *sys == "dircache" {
+                    let deleg: Vec<String> = argv
+                        .iter()
+                        .filter(|x| *x != "--no-delegate")
+                        .cloned()
+                        .collect();
+                    let label = if delegated {
+                        "dircache (delegated)"
+                    } else {
+                        "dircache (daemon lacks search op: local)"
+                    };
+                    peers.push((label.to_string(), deleg));
+                    peers.push(("dircache --no-delegate".to_string(), argv));
+                } else {
+                    peers.push((sys.to_string(), argv));
+                }
+            }
+            mount_queries.push((format!("{} [mount]", q.name), peers));
+        }
+        for run in 0..a.runs + 1 {
+            for (qn, peers) in &mount_queries {
+                for (sys, argv) in peers {
+                    let (dt, n) = time_cmd(argv)?;
+                    let i = row_idx(&mut rows, qn, sys);
+                    rows[i].results = Some(n);
+                    if run > 0 {
+                        rows[i].times.push(dt);
+                    }
+                }
+            }
+        }
+        if have("perf") {
+            for (qn, peers) in &mount_queries {
+                for (sys, argv) in peers {
+                    let c = perf_fuse_requests(argv);
+                    let i = row_idx(&mut rows, qn, sys);
+                    rows[i].fuse_requests = c;
+                }
+            }
+        }
+    } else {
+        notes.push(format!(
+            "could not mount {} at {} (needs root and FUSE): no mount rows",
+            root.display(),
+            mnt.display()
+        ));
+    }
     if !a.no_strace && have("strace") {
         for q in &queries {
             for (sys, argv) in &q.peers {
@@ -476,27 +573,37 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 rows[i].syscalls = c;
             }
         }
+        for (qn, peers) in &mount_queries {
+            for (sys, argv) in peers {
+                let c = strace_count(argv);
+                let i = row_idx(&mut rows, qn, sys);
+                rows[i].syscalls = c;
+            }
+        }
     } else if !a.no_strace {
         notes.push("strace not installed: no syscall counts".to_string());
     }
 
+    if !mount_queries.is_empty() {
+        let _ = Command::new("umount").arg(&mnt).status();
+    }
     if a.json {
         for r in &rows {
             let (med, min, max) = stats(&r.times);
             println!(
                 "{}",
-                serde_json::json!({"query": r.query, "system": r.system, "median_s": med, "min_s": min, "max_s": max, "syscalls": r.syscalls})
+                serde_json::json!({"query": r.query, "system": r.system, "median_s": med, "min_s": min, "max_s": max, "syscalls": r.syscalls, "fuse_requests": r.fuse_requests})
             );
         }
     } else {
         println!(
-            "{:<22} {:<24} {:>10} {:>10} {:>10} {:>9} {:>8}",
-            "query", "system", "median_ms", "min_ms", "max_ms", "syscalls", "results"
+            "{:<30} {:<26} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8}",
+            "query", "system", "median_ms", "min_ms", "max_ms", "syscalls", "fuse_reqs", "results"
         );
         for r in &rows {
             let (med, min, max) = stats(&r.times);
             println!(
-                "{:<22} {:<24} {:>10.2} {:>10.2} {:>10.2} {:>9} {:>8}",
+                "{:<30} {:<26} {:>10.2} {:>10.2} {:>10.2} {:>9} {:>9} {:>8}",
                 r.query,
                 r.system,
                 med * 1e3,
@@ -505,13 +612,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 r.syscalls
                     .map(|c| c.to_string())
                     .unwrap_or_else(|| "-".into()),
+                r.fuse_requests
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 r.results
                     .map(|c| c.to_string())
                     .unwrap_or_else(|| "-".into()),
             );
         }
         println!(
-            "({} timed runs each, interleaved; results = lines printed / results returned)",
+            "({} timed runs each, interleaved; fuse_reqs = requests reaching a FUSE daemon; results = lines printed / results returned)",
             a.runs
         );
     }
