@@ -135,7 +135,6 @@ fn time_cmd(argv: &[String]) -> anyhow::Result<(f64, usize)> {
     let t0 = Instant::now();
     let out = Command::new(&argv[0])
         .args(&argv[1..])
-        .env("DIRCACHE_NO_DELEGATE", "1")
         .stderr(Stdio::null())
         .output()
         .with_context(|| format!("running {}", argv[0]))?;
@@ -150,7 +149,6 @@ fn strace_count(argv: &[String]) -> Option<u64> {
         .arg(&out)
         .arg("--")
         .args(argv)
-        .env("DIRCACHE_NO_DELEGATE", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -549,12 +547,32 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 }
             }
         }
+        // Kernel cold, daemon warm: drop_caches also makes the kernel forget the inodes it
+        // looked up from the daemon, while the daemon's cache keeps its complete listings.
+        if cold_ok {
+            for _ in 0..a.runs {
+                for (qn, peers) in &mount_queries {
+                    for (sys, argv) in peers {
+                        drop_caches();
+                        let (dt, _) = time_cmd(argv)?;
+                        let i = row_idx(&mut rows, &format!("{qn} kernel-cold"), sys);
+                        rows[i].times.push(dt);
+                    }
+                }
+            }
+        }
         if have("perf") {
             for (qn, peers) in &mount_queries {
                 for (sys, argv) in peers {
                     let c = perf_fuse_requests(argv);
                     let i = row_idx(&mut rows, qn, sys);
                     rows[i].fuse_requests = c;
+                    if cold_ok {
+                        drop_caches();
+                        let c = perf_fuse_requests(argv);
+                        let i = row_idx(&mut rows, &format!("{qn} kernel-cold"), sys);
+                        rows[i].fuse_requests = c;
+                    }
                 }
             }
         }
