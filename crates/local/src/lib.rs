@@ -157,6 +157,11 @@ pub struct LocalBackend {
     /// Whether the process is root, so mutations can switch fs credentials.
     switch_creds: bool,
     watch_mode: WatchMode,
+    /// Whether the change feed reports changes made through this backend (default: no).
+    pub(crate) report_own_changes: std::sync::atomic::AtomicBool,
+    /// Threads that made changes through this backend: the change feed skips their events
+    /// (the cache applied those changes already).
+    pub(crate) mutators: Arc<Mutex<std::collections::HashSet<i32>>>,
     watchers: Mutex<Vec<watch::Watcher>>,
 }
 
@@ -295,6 +300,15 @@ fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {
 }
 
 impl LocalBackend {
+    /// Whether watchers started from now on report changes made through this backend
+    /// (default: no, since the cache above applied them already). Changes are attributed by
+    /// thread: events of threads that ever mutated through this backend are skipped, other
+    /// threads' (and other processes') are reported. fanotify only: inotify cannot tell who
+    /// made a change.
+    pub fn set_report_own_changes(&self, on: bool) {
+        self.report_own_changes.store(on, Ordering::Relaxed);
+    }
+
     /// A backend over directory `root`, with the default descriptor cache.
     pub fn new(root: &Path) -> Result<LocalBackend> {
         Self::with_options(root, DEFAULT_FD_CACHE, WatchMode::Auto)
@@ -325,6 +339,8 @@ impl LocalBackend {
             fds: Arc::new(FdCache::new(fd_cache)),
             switch_creds,
             watch_mode,
+            report_own_changes: std::sync::atomic::AtomicBool::new(false),
+            mutators: Arc::default(),
             watchers: Mutex::new(Vec::new()),
         })
     }
@@ -389,8 +405,17 @@ impl LocalBackend {
         Ok(DirFd::Owned(self.open_path_dir(&p)?))
     }
 
+    fn note_mutator(&self) {
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        let mut m = self.mutators.lock();
+        if !m.contains(&tid) {
+            m.insert(tid);
+        }
+    }
+
     /// Run mutation `f` as `cred`, then invalidate the descriptor cache.
     fn as_cred<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.note_mutator();
         let r = {
             let _g = CredGuard::switch(cred, self.switch_creds)?;
             f()
@@ -717,8 +742,28 @@ impl Backend for LocalBackend {
     fn open(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
         check_path(path)?;
         let p: &[u8] = if path.is_empty() { b"." } else { path };
-        let oflags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        // openat2 rejects unknown flag bits with EINVAL, and FUSE passes on kernel-internal
+        // ones (e.g. __FMODE_EXEC for execve): keep only the open(2) flags that mean something
+        // for a regular file here.
+        let known = libc::O_ACCMODE
+            | libc::O_APPEND
+            | libc::O_TRUNC
+            | libc::O_CREAT
+            | libc::O_EXCL
+            | libc::O_NONBLOCK
+            | libc::O_DSYNC
+            | libc::O_SYNC
+            | libc::O_DIRECT
+            | libc::O_NOATIME
+            | libc::O_LARGEFILE
+            | libc::O_DIRECTORY;
+        let oflags =
+            OFlags::from_bits_retain((flags & known) as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
         let creates = oflags.contains(OFlags::CREATE);
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || creates {
+            // Writes through this descriptor are this thread's changes.
+            self.note_mutator();
+        }
         let r = {
             let _g = CredGuard::switch(cred, self.switch_creds)?;
             rustix::fs::openat2(

@@ -175,6 +175,10 @@ struct Fan {
     /// handle bytes -> path relative to the root (None: outside the root).
     handles: HashMap<Vec<u8>, Option<Vec<u8>>>,
     buf: Vec<u64>,
+    /// Events caused by threads that mutate through the backend are skipped: they are the
+    /// cache's own changes, applied already. Re-reporting them would make the cache drop
+    /// entries a front end (a kernel) is still using. `None`: report everything.
+    mutators: Option<Arc<parking_lot::Mutex<std::collections::HashSet<i32>>>>,
 }
 
 const FAN_MASK: u64 = libc::FAN_CREATE
@@ -196,7 +200,8 @@ impl Fan {
                     | libc::FAN_CLOEXEC
                     | libc::FAN_NONBLOCK
                     | libc::FAN_REPORT_DFID_NAME
-                    | libc::FAN_REPORT_FID,
+                    | libc::FAN_REPORT_FID
+                    | libc::FAN_REPORT_TID,
                 (libc::O_RDONLY | libc::O_CLOEXEC) as libc::c_uint,
             )
         };
@@ -238,6 +243,10 @@ impl Fan {
             root,
             handles: HashMap::new(),
             buf: vec![0u64; 8192],
+            mutators: (!b
+                .report_own_changes
+                .load(std::sync::atomic::Ordering::Relaxed))
+            .then(|| b.mutators.clone()),
         })
     }
 
@@ -328,6 +337,12 @@ impl Fan {
                 out.push(Change::Overflow);
                 structural = true;
                 continue;
+            }
+            if let Some(tids) = &self.mutators {
+                // With FAN_REPORT_TID, `pid` is the thread that caused the event.
+                if tids.lock().contains(&m.pid) {
+                    continue;
+                }
             }
             let is_dir = m.mask & libc::FAN_ONDIR != 0;
             let entry_ev = m.mask
