@@ -45,6 +45,9 @@ pub struct Args {
     pub no_strace: bool,
 }
 
+/// (system, argv) pairs.
+type Peers = Vec<(String, Vec<String>)>;
+
 struct Query {
     name: &'static str,
     /// `dircache search` paths and pattern and flags.
@@ -513,7 +516,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default()
     ));
-    let mut mount_queries: Vec<(String, Vec<(String, Vec<String>)>)> = Vec::new();
+    let mut mount_queries: Vec<(String, Peers)> = Vec::new();
     if mount(&me, &root, &mnt) {
         let rs = root.to_string_lossy().to_string();
         let ms = mnt.to_string_lossy().to_string();
