@@ -341,33 +341,43 @@ pub fn find_daemon(path: &Path) -> Option<(PathBuf, PathBuf)> {
 pub fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, SearchError> {
     req.validate()?;
     let roots = req.roots();
-    let mut mount: Option<(PathBuf, PathBuf)> = None;
+    // The daemon is looked up once (one getxattr, a FUSE round trip); the other roots only
+    // have to lie in the same file system below the same mount root.
+    use std::os::unix::fs::MetadataExt;
+    let mut mount: Option<(PathBuf, PathBuf, u64)> = None;
     let mut translated = Vec::new();
     for r in &roots {
-        if let Ok(m) = std::fs::metadata(r) {
-            if !m.is_dir() {
-                return Err(SearchError::NotADirectory((*r).to_string()));
-            }
-        }
-        let Some((root, sock)) = find_daemon(Path::new(r)) else {
+        let Ok(m) = std::fs::metadata(r) else {
             return Ok(None);
         };
-        if mount
-            .as_ref()
-            .is_some_and(|(m, s)| *m != root || *s != sock)
-        {
-            return Ok(None);
+        if !m.is_dir() {
+            return Err(SearchError::NotADirectory((*r).to_string()));
         }
         let Ok(canon) = std::fs::canonicalize(r) else {
             return Ok(None);
         };
-        let Ok(rel) = canon.strip_prefix(&root) else {
+        match &mount {
+            None => {
+                let Some((root, sock)) = find_daemon(&canon) else {
+                    return Ok(None);
+                };
+                mount = Some((root, sock, m.dev()));
+            }
+            Some((root, _, dev)) => {
+                if !canon.starts_with(root) || m.dev() != *dev {
+                    return Ok(None);
+                }
+            }
+        }
+        let Some((root, _, _)) = &mount else {
+            return Ok(None);
+        };
+        let Ok(rel) = canon.strip_prefix(root) else {
             return Ok(None);
         };
         translated.push(format!("/{}", rel.to_string_lossy()));
-        mount = Some((root, sock));
     }
-    let Some((_, sock)) = mount else {
+    let Some((_, sock, _)) = mount else {
         return Ok(None);
     };
     let Ok(stream) = UnixStream::connect(&sock) else {

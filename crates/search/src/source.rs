@@ -298,6 +298,9 @@ impl CacheSource {
 pub struct CacheDir {
     node: NodeRef,
     path: Vec<u8>,
+    /// The listing, read when the directory is opened (so that a directory we may not read
+    /// fails at open, as with open(2) in the direct source).
+    entries: Option<Vec<dircache_core::DirEntry>>,
 }
 
 fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
@@ -331,7 +334,11 @@ impl Source for CacheSource {
                 directory: true,
             },
         )?;
-        Ok(CacheDir { node, path: abs })
+        Ok(CacheDir {
+            node,
+            path: abs,
+            entries: None,
+        })
     }
 
     fn open_dir(&self, root: &CacheDir, rel: &[u8]) -> Result<CacheDir, Error> {
@@ -352,9 +359,14 @@ impl Source for CacheSource {
             join(&root.path, rel)
         };
         // Opening a directory for reading needs read permission, as open(2) in the direct
-        // source does, so that both report the same error from the same step.
-        self.cache.access(&self.creds, At::Root, &path, 4)?;
-        Ok(CacheDir { node, path })
+        // source does, so that both report the same error from the same step: list it now
+        // (readdir_node checks read permission itself).
+        let entries = self.cache.readdir_node(&self.creds, &node, false)?;
+        Ok(CacheDir {
+            node,
+            path,
+            entries: Some(entries),
+        })
     }
 
     fn dev(&self, dir: &CacheDir) -> Result<u64, Error> {
@@ -367,7 +379,11 @@ impl Source for CacheSource {
         plus: bool,
         out: &mut Vec<RawEntry>,
     ) -> Result<(), Error> {
-        for e in self.cache.readdir_node(&self.creds, &dir.node, plus)? {
+        let entries = match dir.entries.take() {
+            Some(e) if !plus => e,
+            _ => self.cache.readdir_node(&self.creds, &dir.node, plus)?,
+        };
+        for e in entries {
             out.push(RawEntry {
                 name: e.name,
                 kind: Some(e.kind),

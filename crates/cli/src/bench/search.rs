@@ -1,12 +1,19 @@
-//! `dircache bench search`: search queries on a generated tree, side by side with GNU find,
-//! bfs and fd, interleaved in one run.
+//! `dircache bench search`: search queries on a generated tree (~50k files), side by side with
+//! GNU find, bfs and fd, interleaved in one run.
 //!
+//! Queries: `*.c` recursive (find -name), a PATH search (`/chmod`, STOPATFIRST|X_OK over 12
+//! directories) and a library search (`/libfoo.so.1` over 6 directories).
 //! Systems (each a separate process, so process start-up is included for everyone):
-//! `find`, `bfs`, `fd` (`fdfind`), `dircache` (this binary's `search`, direct file-system
-//! search, never delegated) - warm, and cold (after `echo 3 > /proc/sys/vm/drop_caches`, root
-//! only). In-process rows (no process start-up): `dircache-direct-inproc` and
-//! `dircache-cache-inproc` (a warm dircache `Cache` over the local backend). Syscalls are
-//! counted with `strace -f -c` in a separate, untimed run.
+//! `find`, `bfs`, `fd` (`fdfind`), `sh command -v` (PATH only), `dircache` (this binary's
+//! `search`, never delegated) - warm, then cold (each run after `echo 3 >
+//! /proc/sys/vm/drop_caches`, root only). In-process rows (no process start-up):
+//! `dircache-direct-inproc` and `dircache-cache-inproc` (a warm dircache `Cache` over the
+//! local backend). Mount rows (root + /dev/fuse): the same queries on a `dircache mount` of
+//! the tree: the peers walk the mount, `dircache (delegated)` sends one request to the
+//! daemon (when the daemon serves the `search` op; otherwise the row says it searched
+//! locally), warm and kernel-cold (drop_caches empties the kernel's caches, not the daemon's).
+//! Syscalls: `strace -f -c` in a separate untimed run; FUSE requests: `perf stat -e
+//! fuse:fuse_request_send`. A missing peer is skipped with a note.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -37,6 +44,9 @@ pub struct Args {
     #[arg(long)]
     pub no_strace: bool,
 }
+
+/// (system, argv) pairs.
+type Peers = Vec<(String, Vec<String>)>;
 
 struct Query {
     name: &'static str,
@@ -506,7 +516,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default()
     ));
-    let mut mount_queries: Vec<(String, Vec<(String, Vec<String>)>)> = Vec::new();
+    let mut mount_queries: Vec<(String, Peers)> = Vec::new();
     if mount(&me, &root, &mnt) {
         let rs = root.to_string_lossy().to_string();
         let ms = mnt.to_string_lossy().to_string();
@@ -615,13 +625,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
     } else {
         println!(
-            "{:<30} {:<26} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8}",
+            "{:<40} {:<26} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8}",
             "query", "system", "median_ms", "min_ms", "max_ms", "syscalls", "fuse_reqs", "results"
         );
         for r in &rows {
             let (med, min, max) = stats(&r.times);
             println!(
-                "{:<30} {:<26} {:>10.2} {:>10.2} {:>10.2} {:>9} {:>9} {:>8}",
+                "{:<40} {:<26} {:>10.2} {:>10.2} {:>10.2} {:>9} {:>9} {:>8}",
                 r.query,
                 r.system,
                 med * 1e3,
