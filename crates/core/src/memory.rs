@@ -701,6 +701,9 @@ impl Backend for MemoryBackend {
         self.count();
         let t = self.tree.lock();
         let mut out = Walked::default();
+        if names.is_empty() {
+            return out; // as the trait's default walk
+        }
         let mut cur = match t.resolve_dir(dir, None) {
             Ok(d) => d,
             Err(e) => {
@@ -716,11 +719,8 @@ impl Backend for MemoryBackend {
                 Ok(a) => {
                     out.attrs.push(a);
                     if i + 1 < names.len() && !a.is_dir() {
-                        out.error = Some(if a.kind() == FileType::Symlink {
-                            Error::Loop
-                        } else {
-                            Error::NotDir
-                        });
+                        // As the trait's default walk: a symlink is not followed either.
+                        out.error = Some(Error::NotDir);
                         break;
                     }
                     cur = a.ino;
@@ -1085,6 +1085,10 @@ mod tests {
         assert_eq!((w.attrs.len(), w.error), (2, Some(Error::NotDir)));
         let w = m.walk(b"", &[b"d", b"nope"]);
         assert_eq!((w.attrs.len(), w.error), (1, Some(Error::NotFound)));
+        let w = m.walk(b"", &[b"d", b"l", b"x"]);
+        assert_eq!((w.attrs.len(), w.error), (2, Some(Error::NotDir)));
+        let w = m.walk(b"d/l", &[b"x"]);
+        assert_eq!((w.attrs.len(), w.error), (0, Some(Error::Loop)));
     }
 
     #[test]

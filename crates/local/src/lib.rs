@@ -10,10 +10,15 @@
 //!   names are checked to be single components (no `/`, not `.`/`..`, no NUL).
 //! * **Descriptors.** A process may hold only 20,000 descriptors here, so the backend never keeps
 //!   one per inode. It keeps a small bounded cache of directory `O_PATH` descriptors keyed by
-//!   backend path (default 256 entries, 0 disables it). Any mutation made through the backend
-//!   empties it (a generation counter keeps a racing resolution from inserting a stale
-//!   descriptor), the change feed empties it on every `Change::Entry`/`Overflow`, and
-//!   [`LocalBackend::forget_cached_fds`] empties it for changes learned elsewhere.
+//!   backend path (default 256 entries, 0 disables it). Every rename or rmdir made through the
+//!   backend empties it (a generation counter keeps a racing resolution from inserting a stale
+//!   descriptor; mutations that only add names or change attributes cannot make a directory
+//!   descriptor wrong), the change feed empties it on every directory create/delete/move and on
+//!   overflow, and [`LocalBackend::forget_cached_fds`] empties it for changes learned elsewhere.
+//!   Without a change feed, a directory renamed or removed *outside* the backend may be answered
+//!   for by its old descriptor until `forget_cached_fds` (never outside the root, though).
+//! * **umask.** Creation modes are subject to the process umask, as with any syscall: run the
+//!   daemon with umask 0 and pass modes with the caller's umask applied.
 //! * **Queries** (lookup, getattr, readdir, readlink, statfs) run with the daemon's own
 //!   credentials: the cache checks permissions itself through its access policy.
 //! * **Mutations and `open`** run as the caller: parents are resolved and the syscall is made
@@ -389,12 +394,20 @@ impl LocalBackend {
         Ok(DirFd::Owned(self.open_path_dir(&p)?))
     }
 
-    /// Run mutation `f` as `cred`, then invalidate the descriptor cache.
+    /// Run mutation `f` as `cred`.
     fn as_cred<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let r = {
-            let _g = CredGuard::switch(cred, self.switch_creds)?;
-            f()
-        };
+        let _g = CredGuard::switch(cred, self.switch_creds)?;
+        f()
+    }
+
+    /// Run a mutation that may move or remove a directory (rename, rmdir) as `cred`, then
+    /// empty the descriptor cache: a cached descriptor must never answer for a path that now
+    /// names another directory or none. Mutations that only add names, or change attributes,
+    /// cannot make a cached directory descriptor wrong and leave the cache alone.
+    fn as_cred_structural<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let r = self.as_cred(cred, f);
+        // Cleared after the syscall: a resolution racing with it either started after the
+        // clear (and sees the new tree) or is refused by the generation check.
         self.fds.clear();
         r
     }
@@ -569,10 +582,8 @@ impl Backend for LocalBackend {
     fn mknod(&self, cred: &Cred, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
         let (dir, name) =
             split(path).map_err(|e| if e == Error::Busy { Error::Exists } else { e })?;
-        let kind = FileType::from_mode(mode);
-        if kind == FileType::Directory || kind == FileType::Symlink {
-            return Err(Error::Invalid);
-        }
+        // The kernel decides which types mknod may create (EPERM for S_IFDIR, EINVAL for
+        // S_IFLNK or garbage), and that devices need CAP_MKNOD.
         let cname = Self::cpath(name)?;
         self.as_cred(cred, || {
             let d = self.dir_uncached(dir)?;
@@ -652,7 +663,7 @@ impl Backend for LocalBackend {
 
     fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
         let (dir, name) = split(path)?;
-        self.as_cred(cred, || {
+        self.as_cred_structural(cred, || {
             let d = self.dir_uncached(dir)?;
             rustix::fs::unlinkat(d.as_fd(), name, AtFlags::REMOVEDIR).map_err(errno)
         })
@@ -666,7 +677,7 @@ impl Backend for LocalBackend {
             RenameMode::NoReplace => RenameFlags::NOREPLACE,
             RenameMode::Exchange => RenameFlags::EXCHANGE,
         };
-        self.as_cred(cred, || {
+        self.as_cred_structural(cred, || {
             let od = self.dir_uncached(odir)?;
             let nd = self.dir_uncached(ndir)?;
             rustix::fs::renameat_with(od.as_fd(), oname, nd.as_fd(), nname, flags).map_err(errno)
@@ -718,22 +729,10 @@ impl Backend for LocalBackend {
         check_path(path)?;
         let p: &[u8] = if path.is_empty() { b"." } else { path };
         let oflags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-        let creates = oflags.contains(OFlags::CREATE);
-        let r = {
-            let _g = CredGuard::switch(cred, self.switch_creds)?;
-            rustix::fs::openat2(
-                &self.root,
-                p,
-                oflags,
-                Mode::from_raw_mode(mode & 0o7777),
-                RESOLVE,
-            )
-            .map_err(errno)
-        };
-        if creates {
-            self.fds.clear();
-        }
-        r
+        self.as_cred(cred, || {
+            let m = Mode::from_raw_mode(mode & 0o7777);
+            rustix::fs::openat2(&self.root, p, oflags, m, RESOLVE).map_err(errno)
+        })
     }
 
     fn watch(&self) -> Result<Option<ChangeFeed>> {
