@@ -43,7 +43,7 @@ use dircache_core::{
     Attr, Backend, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode, Result, SetAttr,
     StatFs, TimeSet, Timespec, NAME_MAX, PATH_MAX,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
 
 use creds::CredGuard;
@@ -65,17 +65,20 @@ fn last_err() -> Error {
 }
 
 /// A bounded cache of directory O_PATH descriptors, keyed by backend path.
+///
+/// Hits take a read lock and mark the entry with an atomic tick (no writer needed); inserts
+/// take the write lock and evict the least recently marked entry.
 pub(crate) struct FdCache {
     cap: usize,
-    /// Bumped after every mutation; a resolution that started before a bump does not insert.
+    /// Bumped on every clear; a resolution that started before a clear does not insert.
     generation: AtomicU64,
-    inner: Mutex<FdCacheInner>,
+    tick: AtomicU64,
+    map: RwLock<std::collections::HashMap<Vec<u8>, FdEntry>>,
 }
 
-#[derive(Default)]
-struct FdCacheInner {
-    map: std::collections::HashMap<Vec<u8>, (Arc<OwnedFd>, u64)>,
-    tick: u64,
+struct FdEntry {
+    fd: Arc<OwnedFd>,
+    used: AtomicU64,
 }
 
 impl FdCache {
@@ -83,7 +86,8 @@ impl FdCache {
         FdCache {
             cap,
             generation: AtomicU64::new(0),
-            inner: Mutex::new(FdCacheInner::default()),
+            tick: AtomicU64::new(0),
+            map: RwLock::new(std::collections::HashMap::new()),
         }
     }
 
@@ -91,48 +95,46 @@ impl FdCache {
         if self.cap == 0 {
             return None;
         }
-        let mut g = self.inner.lock();
-        g.tick += 1;
-        let t = g.tick;
-        let e = g.map.get_mut(path)?;
-        e.1 = t;
-        Some(e.0.clone())
+        let g = self.map.read();
+        let e = g.get(path)?;
+        e.used
+            .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        Some(e.fd.clone())
     }
 
     fn insert(&self, path: &[u8], fd: Arc<OwnedFd>, generation: u64) {
         if self.cap == 0 {
             return;
         }
-        let mut g = self.inner.lock();
+        let mut g = self.map.write();
+        // Checked under the write lock: clear() bumps the generation under it too.
         if self.generation.load(Ordering::Acquire) != generation {
             return;
         }
-        if g.map.len() >= self.cap && !g.map.contains_key(path) {
+        if g.len() >= self.cap && !g.contains_key(path) {
             // Evict the least recently used entry (a linear scan of <= cap entries is cheap
             // next to the syscall that just happened).
-            if let Some(k) = g
-                .map
+            let victim = g
                 .iter()
-                .min_by_key(|(_, v)| v.1)
-                .map(|(k, _)| k.clone())
-            {
-                g.map.remove(&k);
+                .min_by_key(|(_, e)| e.used.load(Ordering::Relaxed))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = victim {
+                g.remove(&k);
             }
         }
-        g.tick += 1;
-        let t = g.tick;
-        g.map.insert(path.to_vec(), (fd, t));
+        let used = AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed));
+        g.insert(path.to_vec(), FdEntry { fd, used });
     }
 
     /// Forget every descriptor (they close once no caller holds them).
     pub(crate) fn clear(&self) {
-        let mut g = self.inner.lock();
+        let mut g = self.map.write();
         self.generation.fetch_add(1, Ordering::AcqRel);
-        g.map.clear();
+        g.clear();
     }
 
     fn len(&self) -> usize {
-        self.inner.lock().map.len()
+        self.map.read().len()
     }
 }
 

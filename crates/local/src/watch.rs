@@ -192,7 +192,11 @@ impl Fan {
         // SAFETY: fanotify_init takes two flag words and returns a descriptor or -1.
         let fd = unsafe {
             libc::fanotify_init(
+                // The mark covers the whole file system, so a busy build elsewhere could fill a
+                // bounded queue and force an Overflow (a full cache flush) although nothing
+                // under the root changed: the queue is unlimited instead (root only).
                 libc::FAN_CLASS_NOTIF
+                    | libc::FAN_UNLIMITED_QUEUE
                     | libc::FAN_CLOEXEC
                     | libc::FAN_NONBLOCK
                     | libc::FAN_REPORT_DFID_NAME

@@ -117,3 +117,46 @@ fn measure_local_backend() {
     });
     println!("readdir+ std::fs::read_dir + metadata       {x:>10.0}");
 }
+
+/// Latency from a change made outside to its report on the change feed.
+///
+/// cargo test --release -p dircache-local --test measure -- --ignored --nocapture
+#[test]
+#[ignore]
+fn measure_watch_latency() {
+    use dircache_core::Change;
+    let modes: &[WatchMode] = if common::is_root() {
+        &[WatchMode::Fanotify, WatchMode::Inotify]
+    } else {
+        &[WatchMode::Inotify]
+    };
+    for &mode in modes {
+        let t = common::tmp();
+        let b = LocalBackend::with_options(t.path(), 16, mode).unwrap();
+        let rx = b.watch().unwrap().unwrap();
+        let mut lat = Vec::new();
+        for i in 0..300 {
+            let name = format!("f{i}");
+            let want = Change::Entry {
+                path: name.as_bytes().to_vec(),
+            };
+            let start = Instant::now();
+            fs::write(t.path().join(&name), b"").unwrap();
+            loop {
+                let c = rx.recv_timeout(std::time::Duration::from_secs(1)).unwrap();
+                if c == want {
+                    break;
+                }
+            }
+            lat.push(start.elapsed().as_micros() as u64);
+            while rx.try_recv().is_ok() {}
+        }
+        lat.sort_unstable();
+        println!(
+            "watch {mode:?}: create -> Change::Entry latency median {} us, p99 {} us, max {} us",
+            lat[lat.len() / 2],
+            lat[lat.len() * 99 / 100],
+            lat[lat.len() - 1]
+        );
+    }
+}
