@@ -52,7 +52,7 @@ pub use watch::WatchMode;
 /// Default number of directory descriptors kept open.
 pub const DEFAULT_FD_CACHE: usize = 256;
 
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+pub(crate) const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 

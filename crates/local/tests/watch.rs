@@ -74,13 +74,23 @@ fn exercise(mode: WatchMode) {
     expect(&rx, &attr("a/renamed/y"), "write");
     fs::remove_dir_all(r.join("a/renamed")).unwrap();
     expect(&rx, &entry("a/renamed"), "rmdir");
-    // Changes outside the root are not reported.
+    // Changes outside the root are not reported, even below a symlink inside the root.
     let other = tmp();
+    std::os::unix::fs::symlink(other.path(), r.join("link")).unwrap();
+    expect(&rx, &entry("link"), "symlink");
     drain(&rx);
     fs::write(other.path().join("outside"), b"").unwrap();
+    fs::create_dir(other.path().join("outdir")).unwrap();
     fs::write(r.join("marker"), b"").unwrap();
     let first = rx.recv_timeout(LIMIT).unwrap();
     assert_eq!(first, entry("marker"));
+    // A tree made in one go: every level is reported (inotify adds watches as it goes).
+    fs::create_dir_all(r.join("x/y/z")).unwrap();
+    fs::write(r.join("x/y/z/deep"), b"").unwrap();
+    expect(&rx, &entry("x"), "mkdir -p");
+    expect(&rx, &entry("x/y/z/deep"), "create deep in a new tree");
+    fs::write(r.join("x/y/z/deep"), b"more").unwrap();
+    expect(&rx, &attr("x/y/z/deep"), "write deep in a new tree");
     // A directory swapped behind the backend's back: the feed empties the fd cache.
     fs::write(r.join("a/b/z"), b"").unwrap();
     b.lookup(b"a/b", b"z").unwrap();
