@@ -164,6 +164,8 @@ pub struct LocalBackend {
     /// Whether the process is root, so mutations can switch fs credentials.
     switch_creds: bool,
     watch_mode: WatchMode,
+    /// Whether the change feed reports changes made by this process (default: no).
+    pub(crate) report_own_changes: std::sync::atomic::AtomicBool,
     watchers: Mutex<Vec<watch::Watcher>>,
 }
 
@@ -302,6 +304,13 @@ fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {
 }
 
 impl LocalBackend {
+    /// Whether watchers started from now on report changes made by this process itself
+    /// (default: no, since a cache in this process applied them already; fanotify only —
+    /// inotify cannot tell who made a change).
+    pub fn set_report_own_changes(&self, on: bool) {
+        self.report_own_changes.store(on, Ordering::Relaxed);
+    }
+
     /// A backend over directory `root`, with the default descriptor cache.
     pub fn new(root: &Path) -> Result<LocalBackend> {
         Self::with_options(root, DEFAULT_FD_CACHE, WatchMode::Auto)
@@ -332,6 +341,7 @@ impl LocalBackend {
             fds: Arc::new(FdCache::new(fd_cache)),
             switch_creds,
             watch_mode,
+            report_own_changes: std::sync::atomic::AtomicBool::new(false),
             watchers: Mutex::new(Vec::new()),
         })
     }

@@ -10,6 +10,18 @@ use super::path::{check_name, join};
 use super::{Cache, Creds, NodeKind, NodeRef};
 use crate::{Attr, Error, FileType, RenameMode, Result, SetAttr, TimeSet, R_OK, W_OK, X_OK};
 
+/// Whether `a` is `b` or one of its ancestors.
+fn is_ancestor(a: &NodeRef, b: &NodeRef) -> bool {
+    let mut cur = Some(b.clone());
+    while let Some(n) = cur {
+        if Arc::ptr_eq(&n, a) {
+            return true;
+        }
+        cur = n.parent_ref();
+    }
+    false
+}
+
 fn want_dir(n: &NodeRef) -> Result<()> {
     match n.kind {
         NodeKind::Positive(FileType::Directory) if !n.has(DEAD) => Ok(()),
@@ -153,16 +165,36 @@ impl Cache {
         newparent: &NodeRef,
         newname: &[u8],
     ) -> Result<NodeRef> {
-        match node.kind {
-            NodeKind::Positive(FileType::Directory) => return Err(Error::Perm),
-            NodeKind::Positive(_) => {}
-            NodeKind::Negative(e) => return Err(e),
+        if let NodeKind::Negative(e) = node.kind {
+            return Err(e);
+        }
+        want_dir(newparent)?;
+        check_name(newname)?;
+        let _t = self.tree_lock.read();
+        // Order as Linux's do_linkat: the new name must not exist, same mount, the
+        // protected_hardlinks rule (may_linkat), write permission (may_create), no directories.
+        let existing = self.child_checked(c, newparent, newname)?;
+        if let NodeKind::Positive(_) = existing.kind {
+            return Err(Error::Exists);
         }
         if !Arc::ptr_eq(&node.sb, &newparent.sb) {
             return Err(Error::CrossDevice);
         }
-        let _t = self.tree_lock.read();
-        self.prepare_create(c, newparent, newname)?;
+        if c.0.check && self.config.protected_hardlinks {
+            let a = self.attr_of(node)?;
+            let cred = &c.0.cred;
+            let safe = a.kind() == FileType::Regular
+                && a.mode & libc::S_ISUID == 0
+                && !(a.mode & libc::S_ISGID != 0 && a.mode & 0o010 != 0)
+                && self.policy.permission(cred, &a, R_OK | W_OK).is_ok();
+            if !(self.policy.owner_or_capable(cred, &a) || safe) {
+                return Err(Error::Perm);
+            }
+        }
+        self.check(c, newparent, W_OK | X_OK)?;
+        if node.is_dir() {
+            return Err(Error::Perm);
+        }
         let old = self.path_of(node)?;
         let new = join(&self.path_of(newparent)?, newname);
         self.stats.backend.mutation.inc();
@@ -213,13 +245,15 @@ impl Cache {
         want_dir(parent)?;
         let _t = self.tree_lock.read();
         let victim = self.child_checked(c, parent, name)?;
-        match victim.kind {
-            NodeKind::Negative(e) => return Err(e),
-            NodeKind::Positive(FileType::Directory) => return Err(Error::IsDir),
-            NodeKind::Positive(_) => {}
+        if let NodeKind::Negative(e) = victim.kind {
+            return Err(e);
         }
+        // Linux's may_delete: permission, sticky bit, then the victim's type.
         self.check(c, parent, W_OK | X_OK)?;
         self.check_sticky(c, parent, &victim)?;
+        if victim.is_dir() {
+            return Err(Error::IsDir);
+        }
         let path = join(&self.path_of(parent)?, name);
         self.stats.backend.mutation.inc();
         parent.sb.backend.unlink(&c.0.cred, &path)?;
@@ -242,13 +276,14 @@ impl Cache {
         }
         let _t = self.tree_lock.read();
         let victim = self.child_checked(c, parent, name)?;
-        match victim.kind {
-            NodeKind::Negative(e) => return Err(e),
-            NodeKind::Positive(FileType::Directory) => {}
-            NodeKind::Positive(_) => return Err(Error::NotDir),
+        if let NodeKind::Negative(e) = victim.kind {
+            return Err(e);
         }
         self.check(c, parent, W_OK | X_OK)?;
         self.check_sticky(c, parent, &victim)?;
+        if !victim.is_dir() {
+            return Err(Error::NotDir);
+        }
         if victim.has(MOUNTED) {
             return Err(Error::Busy);
         }
@@ -291,16 +326,22 @@ impl Cache {
             _ => {}
         }
         let src_dir = src.is_dir();
-        if dst_pos && mode != RenameMode::Exchange {
-            if Arc::ptr_eq(&src, &dst) {
-                return Ok(());
-            }
-            if src_dir && !dst.is_dir() {
-                return Err(Error::NotDir);
-            }
-            if !src_dir && dst.is_dir() {
-                return Err(Error::IsDir);
-            }
+        if Arc::ptr_eq(&src, &dst) {
+            return Ok(());
+        }
+        // Linux's rename traps: a directory cannot move below itself (EINVAL), and a target
+        // that is an ancestor of the source is not empty (EINVAL for an exchange).
+        if src_dir && is_ancestor(&src, newparent) {
+            return Err(Error::Invalid);
+        }
+        if dst_pos && dst.is_dir() && is_ancestor(&dst, parent) {
+            return Err(if mode == RenameMode::Exchange {
+                Error::Invalid
+            } else {
+                Error::NotEmpty
+            });
+        }
+        if dst_pos {
             if let (Some(a), Some(b)) = (src.attr_copy(), dst.attr_copy()) {
                 if a.ino == b.ino && a.dev == b.dev {
                     // Two names of one file: rename(2) does nothing and succeeds.
@@ -308,16 +349,22 @@ impl Cache {
                 }
             }
         }
-        if src.has(MOUNTED) || dst.has(MOUNTED) {
-            return Err(Error::Busy);
-        }
-        // Permissions as Linux's may_delete / may_create, plus write permission on a
+        // Linux's vfs_rename: may_delete on the source, then may_create or may_delete on the
+        // target (permission and sticky bit before the types), then write permission on a
         // directory that moves to another parent (its `..` changes).
         self.check(c, parent, W_OK | X_OK)?;
         self.check_sticky(c, parent, &src)?;
         self.check(c, newparent, W_OK | X_OK)?;
         if dst_pos {
             self.check_sticky(c, newparent, &dst)?;
+            if mode != RenameMode::Exchange {
+                if src_dir && !dst.is_dir() {
+                    return Err(Error::NotDir);
+                }
+                if !src_dir && dst.is_dir() {
+                    return Err(Error::IsDir);
+                }
+            }
         }
         if !Arc::ptr_eq(parent, newparent) {
             if src_dir {
@@ -326,6 +373,9 @@ impl Cache {
             if mode == RenameMode::Exchange && dst.is_dir() {
                 self.check(c, &dst, W_OK)?;
             }
+        }
+        if src.has(MOUNTED) || dst.has(MOUNTED) {
+            return Err(Error::Busy);
         }
         let old = join(&self.path_of(parent)?, name);
         let new = join(&self.path_of(newparent)?, newname);
@@ -418,7 +468,9 @@ impl Cache {
         parent.set_attr(None);
         newparent.set_attr(None);
         src.set_attr(None);
-        dst.set_attr(None);
+        if mode == RenameMode::Exchange {
+            dst.set_attr(None);
+        }
         Ok(())
     }
 
