@@ -340,9 +340,6 @@ impl Fan {
                 structural = true;
                 continue;
             }
-            if self.own_pid == Some(m.pid) {
-                continue;
-            }
             let is_dir = m.mask & libc::FAN_ONDIR != 0;
             let entry_ev = m.mask
                 & (libc::FAN_CREATE | libc::FAN_DELETE | libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO)
@@ -352,6 +349,11 @@ impl Fan {
                 // (ours and the fd cache's) may be wrong now.
                 self.handles.clear();
                 structural = true;
+            }
+            // Skipped only now: our own directory moves must still empty the handle map, or
+            // later events from others would be reported under the directory's old path.
+            if self.own_pid == Some(m.pid) {
+                continue;
             }
             // Find the directory handle and name.
             let mut rec = m.metadata_len as usize;

@@ -233,3 +233,43 @@ fn unsafe_free_is_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+/// Our own (unreported) directory rename must not leave the feed reporting others' changes
+/// under the directory's old path.
+#[test]
+fn own_directory_rename_keeps_paths_right() {
+    if !is_root() {
+        return; // fanotify only
+    }
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tmp();
+    fs::create_dir(t.path().join("old")).unwrap();
+    let b = LocalBackend::with_options(t.path(), 16, WatchMode::Fanotify).unwrap();
+    let rx = b.watch().unwrap().unwrap();
+    // Someone else creates a file: resolves (and memoises) the directory's handle.
+    let touch = |p: &str| {
+        let st = std::process::Command::new("touch")
+            .arg(t.path().join(p))
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    touch("old/one");
+    expect(&rx, &entry("old/one"), "create by another process");
+    drain(&rx); // touch's attrib event
+    // We rename the directory (not reported), then someone else writes in it.
+    fs::rename(t.path().join("old"), t.path().join("new")).unwrap();
+    touch("new/two");
+    let start = Instant::now();
+    loop {
+        let c = rx
+            .recv_timeout(LIMIT.saturating_sub(start.elapsed()))
+            .expect("reported");
+        if let Change::Entry { path } | Change::Attr { path } = &c {
+            assert!(!path.starts_with(b"old/"), "stale path {c:?}");
+        }
+        if c == entry("new/two") {
+            break;
+        }
+    }
+}
