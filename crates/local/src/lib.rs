@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use dircache_core::{
     Attr, Backend, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode, Result, SetAttr,
-    StatFs, TimeSet, Timespec, NAME_MAX, PATH_MAX,
+    StatFs, TimeSet, Timespec, Walked, NAME_MAX, PATH_MAX,
 };
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
@@ -570,6 +570,72 @@ impl Backend for LocalBackend {
         check_name(name)?;
         let d = self.dir(dir)?;
         statx_at(d.as_fd(), name)
+    }
+
+    /// One statx per component, each directory opened relative to the previous one (or taken
+    /// from the descriptor cache), instead of the default's re-resolution from the root for
+    /// every component.
+    fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        let mut out = Walked::default();
+        if names.is_empty() {
+            return out;
+        }
+        let mut cur = match self.dir(dir) {
+            Ok(d) => d,
+            Err(e) => {
+                out.error = Some(e);
+                return out;
+            }
+        };
+        let mut path = dir.to_vec();
+        for (i, name) in names.iter().enumerate() {
+            let a = match check_name(name).and_then(|_| statx_at(cur.as_fd(), name)) {
+                Ok(a) => a,
+                Err(e) => {
+                    out.error = Some(e);
+                    break;
+                }
+            };
+            out.attrs.push(a);
+            if i + 1 == names.len() {
+                break;
+            }
+            if !a.is_dir() {
+                // As the trait's default: a symlink is not followed either.
+                out.error = Some(Error::NotDir);
+                break;
+            }
+            path = join(&path, name);
+            let next = match self.fds.get(&path) {
+                Some(fd) => Ok(DirFd::Shared(fd)),
+                None => {
+                    let generation = self.fds.generation.load(Ordering::Acquire);
+                    rustix::fs::openat2(
+                        cur.as_fd(),
+                        *name,
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        RESOLVE,
+                    )
+                    .map_err(errno)
+                    .map(|fd| {
+                        let fd = Arc::new(fd);
+                        self.fds.insert(&path, fd.clone(), generation);
+                        DirFd::Shared(fd)
+                    })
+                }
+            };
+            match next {
+                Ok(d) => cur = d,
+                Err(e) => {
+                    // Replaced since the statx: report the error for this component.
+                    out.attrs.pop();
+                    out.error = Some(e);
+                    break;
+                }
+            }
+        }
+        out
     }
 
     fn getattr(&self, path: &[u8]) -> Result<Attr> {

@@ -237,6 +237,7 @@ fn readlink_and_statfs() {
     assert_eq!(errno_of(b.readlink(b"top")), libc::EINVAL);
     assert_eq!(errno_of(b.readlink(b"nope")), libc::ENOENT);
     let s = b.statfs(b"").unwrap();
+    // SAFETY: statfs is plain data; all-zero is a valid value.
     let mut k: libc::statfs = unsafe { std::mem::zeroed() };
     let c = CString::new(r.as_os_str().as_bytes()).unwrap();
     // SAFETY: valid path and out-pointer.
@@ -744,4 +745,83 @@ fn permissions_of_root_dir_mode_bits() {
         b.getattr(b"").unwrap().uid,
         fs::metadata(t.path()).unwrap().uid()
     );
+}
+
+/// walk() against lstat of every prefix, for many component lists.
+#[test]
+fn walk_matches_lstat_of_each_prefix() {
+    let t = tmp();
+    let r = t.path();
+    populate(r);
+    let b = LocalBackend::with_options(r, 4, WatchMode::Off).unwrap();
+    let lists: &[(&str, &[&str])] = &[
+        ("", &["d", "e", "f"]),
+        ("", &["d", "file"]),
+        ("", &["d", "file", "x"]),
+        ("", &["lnk", "x"]),
+        ("", &["abs", "passwd"]),
+        ("", &["d", "missing", "x"]),
+        ("d", &["e", "f"]),
+        ("d/e", &["f"]),
+        ("", &["top"]),
+        ("", &[]),
+        ("missing", &["x"]),
+        ("top", &["x"]),
+        ("", &["d", "..", "top"]),
+    ];
+    for round in 0..3 {
+        if round == 2 {
+            b.forget_cached_fds();
+        }
+        for (dir, names) in lists {
+            let names_b: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
+            let got = b.walk(dir.as_bytes(), &names_b);
+            // expected, from the kernel
+            let mut attrs = Vec::new();
+            let mut error = None;
+            let mut path = p(r, dir);
+            if !names.is_empty() {
+                match fs::symlink_metadata(&path) {
+                    Ok(m) if !m.is_dir() => {
+                        error = Some(if m.is_symlink() {
+                            Error::Loop
+                        } else {
+                            Error::NotDir
+                        })
+                    }
+                    Ok(_) => {}
+                    Err(e) => error = Some(Error::from(e)),
+                }
+            }
+            if error.is_none() {
+                for (i, n) in names.iter().enumerate() {
+                    if *n == ".." {
+                        error = Some(Error::Invalid);
+                        break;
+                    }
+                    path = path.join(n);
+                    match kattr(&path) {
+                        Ok(a) => {
+                            attrs.push(a);
+                            if i + 1 < names.len() && !a.is_dir() {
+                                error = Some(Error::NotDir);
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            error = Some(Error::from(e));
+                            break;
+                        }
+                    }
+                }
+            }
+            let g: Vec<u64> = got.attrs.iter().map(|a| a.ino).collect();
+            let w: Vec<u64> = attrs.iter().map(|a| a.ino).collect();
+            assert_eq!(
+                (g, got.error),
+                (w, error),
+                "walk {dir} {names:?} round {round}"
+            );
+        }
+    }
 }

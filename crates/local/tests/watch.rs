@@ -257,7 +257,7 @@ fn own_directory_rename_keeps_paths_right() {
     touch("old/one");
     expect(&rx, &entry("old/one"), "create by another process");
     drain(&rx); // touch's attrib event
-    // We rename the directory (not reported), then someone else writes in it.
+                // We rename the directory (not reported), then someone else writes in it.
     fs::rename(t.path().join("old"), t.path().join("new")).unwrap();
     touch("new/two");
     let start = Instant::now();
