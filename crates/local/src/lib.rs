@@ -21,9 +21,14 @@
 //!   daemon with umask 0 and pass modes with the caller's umask applied.
 //! * **Queries** (lookup, getattr, readdir, readlink, statfs) run with the daemon's own
 //!   credentials: the cache checks permissions itself through its access policy.
-//! * **Mutations and `open`** run as the caller: parents are resolved and the syscall is made
-//!   with the calling thread's fs uid/gid and groups switched to the caller's (see
-//!   `creds.rs`), so the kernel enforces permissions and ownership exactly as for that user.
+//! * **Mutations and `open`** run as the caller: the parent directory is resolved as the
+//!   daemon (through the descriptor cache), then the final `*at` syscall relative to it is made
+//!   with the calling thread's fs uid/gid and groups switched to the caller's (see `creds.rs`).
+//!   The kernel thus checks exactly what it checks for that user holding the parent directory:
+//!   search on the parent, write on it, sticky bit, ownership, CAP_* rules, and new files
+//!   belong to the user. Search permission on the *ancestors* is the cache's job (its access
+//!   policy, with directory references: a process inside a directory keeps access after an
+//!   ancestor's mode changes), so the backend does not check it again.
 //! * **Changes** made behind the cache's back are reported by [`Backend::watch`] from a
 //!   background thread: fanotify (`FAN_REPORT_DFID_NAME`, filesystem mark) when running as
 //!   root, recursive inotify otherwise.
@@ -390,22 +395,6 @@ impl LocalBackend {
         .map_err(errno)
     }
 
-    /// Open directory `path` as O_PATH without the cache, for a mutation made under the
-    /// caller's credentials. The path opened is `path/.`, so the kernel checks search
-    /// permission on every directory of the path *including `path` itself*, in the same order
-    /// as the path walk of the real syscall (which needs search permission on the parent to
-    /// look up the final name): errors come out as Linux's would.
-    fn dir_uncached(&self, path: &[u8]) -> Result<DirFd<'_>> {
-        check_path(path)?;
-        let mut p = Vec::with_capacity(path.len() + 2);
-        p.extend_from_slice(path);
-        if !p.is_empty() {
-            p.push(b'/');
-        }
-        p.push(b'.');
-        Ok(DirFd::Owned(self.open_path_dir(&p)?))
-    }
-
     /// Run mutation `f` as `cred`.
     fn as_cred<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let _g = CredGuard::switch(cred, self.switch_creds)?;
@@ -434,10 +423,9 @@ impl LocalBackend {
         CString::new(name).map_err(|_| Error::Invalid)
     }
 
-    fn setattr_inner(&self, path: &[u8], set: &SetAttr) -> Result<()> {
-        let (dir, name) = split(path)?;
-        let d = self.dir_uncached(dir)?;
-        let dfd = d.as_fd();
+    /// chown, chmod, truncate, utimens of `dfd/name`, never following a final symlink. Runs
+    /// under the caller's credentials, so the kernel decides who may do what.
+    fn setattr_at(dfd: BorrowedFd<'_>, name: &[u8], set: &SetAttr) -> Result<()> {
         let cname = Self::cpath(name)?;
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.unwrap_or(u32::MAX);
@@ -663,8 +651,8 @@ impl Backend for LocalBackend {
         // The kernel decides which types mknod may create (EPERM for S_IFDIR, EINVAL for
         // S_IFLNK or garbage), and that devices need CAP_MKNOD.
         let cname = Self::cpath(name)?;
+        let d = self.dir(dir)?;
         self.as_cred(cred, || {
-            let d = self.dir_uncached(dir)?;
             // SAFETY: d is a live descriptor, cname is NUL-terminated, mode/rdev are integers.
             let r = unsafe {
                 libc::mknodat(
@@ -677,19 +665,19 @@ impl Backend for LocalBackend {
             if r < 0 {
                 return Err(last_err());
             }
-            statx_at(d.as_fd(), name)
-        })
+            Ok(())
+        })?;
+        statx_at(d.as_fd(), name)
     }
 
     fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
         let (dir, name) =
             split(path).map_err(|e| if e == Error::Busy { Error::Exists } else { e })?;
+        let d = self.dir(dir)?;
         self.as_cred(cred, || {
-            let d = self.dir_uncached(dir)?;
-            rustix::fs::mkdirat(d.as_fd(), name, Mode::from_raw_mode(mode & 0o7777))
-                .map_err(errno)?;
-            statx_at(d.as_fd(), name)
-        })
+            rustix::fs::mkdirat(d.as_fd(), name, Mode::from_raw_mode(mode & 0o7777)).map_err(errno)
+        })?;
+        statx_at(d.as_fd(), name)
     }
 
     fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
@@ -701,11 +689,11 @@ impl Backend for LocalBackend {
         if target.len() >= PATH_MAX {
             return Err(Error::NameTooLong);
         }
+        let d = self.dir(dir)?;
         self.as_cred(cred, || {
-            let d = self.dir_uncached(dir)?;
-            rustix::fs::symlinkat(target, d.as_fd(), name).map_err(errno)?;
-            statx_at(d.as_fd(), name)
-        })
+            rustix::fs::symlinkat(target, d.as_fd(), name).map_err(errno)
+        })?;
+        statx_at(d.as_fd(), name)
     }
 
     fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr> {
@@ -713,36 +701,36 @@ impl Backend for LocalBackend {
             split(old).map_err(|e| if e == Error::Busy { Error::Perm } else { e })?;
         let (ndir, nname) =
             split(new).map_err(|e| if e == Error::Busy { Error::Exists } else { e })?;
+        let od = self.dir(odir)?;
+        let nd = match self.dir(ndir) {
+            Ok(nd) => nd,
+            Err(e) => {
+                // link(2) looks the old name up completely before the new parent: its error
+                // (search permission on the old parent, a missing old name) comes first.
+                self.as_cred(cred, || statx_at(od.as_fd(), oname))?;
+                return Err(e);
+            }
+        };
         self.as_cred(cred, || {
-            let od = self.dir_uncached(odir)?;
-            // link(2) resolves the old path completely before the new one: report its error
-            // first, as the kernel does (only checked when the new parent fails).
-            let nd = match self.dir_uncached(ndir) {
-                Ok(nd) => nd,
-                Err(e) => {
-                    statx_at(od.as_fd(), oname)?;
-                    return Err(e);
-                }
-            };
             rustix::fs::linkat(od.as_fd(), oname, nd.as_fd(), nname, AtFlags::empty())
-                .map_err(errno)?;
-            statx_at(nd.as_fd(), nname)
-        })
+                .map_err(errno)
+        })?;
+        statx_at(nd.as_fd(), nname)
     }
 
     fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
         let (dir, name) =
             split(path).map_err(|e| if e == Error::Busy { Error::IsDir } else { e })?;
+        let d = self.dir(dir)?;
         self.as_cred(cred, || {
-            let d = self.dir_uncached(dir)?;
             rustix::fs::unlinkat(d.as_fd(), name, AtFlags::empty()).map_err(errno)
         })
     }
 
     fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
         let (dir, name) = split(path)?;
+        let d = self.dir(dir)?;
         self.as_cred_structural(cred, || {
-            let d = self.dir_uncached(dir)?;
             rustix::fs::unlinkat(d.as_fd(), name, AtFlags::REMOVEDIR).map_err(errno)
         })
     }
@@ -755,22 +743,31 @@ impl Backend for LocalBackend {
             RenameMode::NoReplace => RenameFlags::NOREPLACE,
             RenameMode::Exchange => RenameFlags::EXCHANGE,
         };
+        let od = self.dir(odir)?;
+        let nd = match self.dir(ndir) {
+            Ok(nd) => nd,
+            Err(e) => {
+                // rename(2) walks the old parent (search permission on it included) first.
+                self.as_cred(cred, || statx_at(od.as_fd(), b"."))?;
+                return Err(e);
+            }
+        };
         self.as_cred_structural(cred, || {
-            let od = self.dir_uncached(odir)?;
-            let nd = self.dir_uncached(ndir)?;
             rustix::fs::renameat_with(od.as_fd(), oname, nd.as_fd(), nname, flags).map_err(errno)
         })
     }
 
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
         if path.is_empty() {
-            // The root: operate on it through its parent is impossible (it may be "/"), so
-            // use the root descriptor itself via /proc-free *at calls with AT_EMPTY_PATH.
+            // The root has no parent here (it may be "/"): use its descriptor itself with
+            // AT_EMPTY_PATH.
             self.as_cred(cred, || self.setattr_root(set))?;
             return statx_fd(self.root.as_fd());
         }
-        self.as_cred(cred, || self.setattr_inner(path, set))?;
-        self.attr_of(path)
+        let (dir, name) = split(path)?;
+        let d = self.dir(dir)?;
+        self.as_cred(cred, || Self::setattr_at(d.as_fd(), name, set))?;
+        statx_at(d.as_fd(), name)
     }
 
     fn statfs(&self, path: &[u8]) -> Result<StatFs> {
@@ -805,11 +802,17 @@ impl Backend for LocalBackend {
 
     fn open(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
         check_path(path)?;
-        let p: &[u8] = if path.is_empty() { b"." } else { path };
         let oflags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let m = Mode::from_raw_mode(mode & 0o7777);
+        if path.is_empty() {
+            return self.as_cred(cred, || {
+                rustix::fs::openat2(&self.root, c".", oflags, m, RESOLVE).map_err(errno)
+            });
+        }
+        let (dir, name) = split(path)?;
+        let d = self.dir(dir)?;
         self.as_cred(cred, || {
-            let m = Mode::from_raw_mode(mode & 0o7777);
-            rustix::fs::openat2(&self.root, p, oflags, m, RESOLVE).map_err(errno)
+            rustix::fs::openat2(d.as_fd(), name, oflags, m, RESOLVE).map_err(errno)
         })
     }
 
