@@ -169,8 +169,11 @@ pub struct LocalBackend {
     /// Whether the process is root, so mutations can switch fs credentials.
     switch_creds: bool,
     watch_mode: WatchMode,
-    /// Whether the change feed reports changes made by this process (default: no).
+    /// Whether the change feed reports changes made through this backend (default: no).
     pub(crate) report_own_changes: std::sync::atomic::AtomicBool,
+    /// Threads that made changes through this backend: the change feed skips their events
+    /// (the cache applied those changes already).
+    pub(crate) mutators: Arc<Mutex<std::collections::HashSet<i32>>>,
     watchers: Mutex<Vec<watch::Watcher>>,
 }
 
@@ -309,9 +312,11 @@ fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {
 }
 
 impl LocalBackend {
-    /// Whether watchers started from now on report changes made by this process itself
-    /// (default: no, since a cache in this process applied them already; fanotify only —
-    /// inotify cannot tell who made a change).
+    /// Whether watchers started from now on report changes made through this backend
+    /// (default: no, since the cache above applied them already). Changes are attributed by
+    /// thread: events of threads that ever mutated through this backend are skipped, other
+    /// threads' (and other processes') are reported. fanotify only: inotify cannot tell who
+    /// made a change.
     pub fn set_report_own_changes(&self, on: bool) {
         self.report_own_changes.store(on, Ordering::Relaxed);
     }
@@ -347,6 +352,7 @@ impl LocalBackend {
             switch_creds,
             watch_mode,
             report_own_changes: std::sync::atomic::AtomicBool::new(false),
+            mutators: Arc::default(),
             watchers: Mutex::new(Vec::new()),
         })
     }
@@ -395,8 +401,19 @@ impl LocalBackend {
         .map_err(errno)
     }
 
+    /// Remember that this thread mutates through the backend: the change feed skips its
+    /// events (the cache applied those changes already), unless `set_report_own_changes`.
+    fn note_mutator(&self) {
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        let mut m = self.mutators.lock();
+        if !m.contains(&tid) {
+            m.insert(tid);
+        }
+    }
+
     /// Run mutation `f` as `cred`.
     fn as_cred<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.note_mutator();
         let _g = CredGuard::switch(cred, self.switch_creds)?;
         f()
     }
@@ -802,18 +819,42 @@ impl Backend for LocalBackend {
 
     fn open(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
         check_path(path)?;
-        let oflags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        // openat2 rejects unknown flag bits with EINVAL, and FUSE passes on kernel-internal
+        // ones (e.g. __FMODE_EXEC for execve): keep only the open(2) flags that mean something
+        // for a regular file here.
+        let known = libc::O_ACCMODE
+            | libc::O_APPEND
+            | libc::O_TRUNC
+            | libc::O_CREAT
+            | libc::O_EXCL
+            | libc::O_NONBLOCK
+            | libc::O_DSYNC
+            | libc::O_SYNC
+            | libc::O_DIRECT
+            | libc::O_NOATIME
+            | libc::O_LARGEFILE
+            | libc::O_DIRECTORY;
+        let oflags =
+            OFlags::from_bits_retain((flags & known) as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
         let m = Mode::from_raw_mode(mode & 0o7777);
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || oflags.contains(OFlags::CREATE);
+        // Only a descriptor that may write makes this thread a mutator (as_cred marks it).
+        let run = |f: &dyn Fn() -> Result<OwnedFd>| -> Result<OwnedFd> {
+            if writes {
+                self.as_cred(cred, f)
+            } else {
+                let _g = CredGuard::switch(cred, self.switch_creds)?;
+                f()
+            }
+        };
         if path.is_empty() {
-            return self.as_cred(cred, || {
+            return run(&|| {
                 rustix::fs::openat2(&self.root, c".", oflags, m, RESOLVE).map_err(errno)
             });
         }
         let (dir, name) = split(path)?;
         let d = self.dir(dir)?;
-        self.as_cred(cred, || {
-            rustix::fs::openat2(d.as_fd(), name, oflags, m, RESOLVE).map_err(errno)
-        })
+        run(&|| rustix::fs::openat2(d.as_fd(), name, oflags, m, RESOLVE).map_err(errno))
     }
 
     fn watch(&self) -> Result<Option<ChangeFeed>> {

@@ -174,10 +174,10 @@ struct Fan {
     /// handle bytes -> path relative to the root (None: outside the root).
     handles: HashMap<Vec<u8>, Option<Vec<u8>>>,
     buf: Vec<u64>,
-    /// Events caused by this process (pid) are skipped: they are the cache's own mutations,
-    /// which it applied already. Re-reporting them would make the cache drop entries a
-    /// front end (a kernel) is still using.
-    own_pid: Option<i32>,
+    /// Events caused by threads that mutate through the backend are skipped: they are the
+    /// cache's own changes, applied already. Re-reporting them would make the cache drop
+    /// entries a front end (a kernel) is still using. `None`: report everything.
+    mutators: Option<Arc<parking_lot::Mutex<std::collections::HashSet<i32>>>>,
 }
 
 const FAN_MASK: u64 = libc::FAN_CREATE
@@ -203,7 +203,8 @@ impl Fan {
                     | libc::FAN_CLOEXEC
                     | libc::FAN_NONBLOCK
                     | libc::FAN_REPORT_DFID_NAME
-                    | libc::FAN_REPORT_FID,
+                    | libc::FAN_REPORT_FID
+                    | libc::FAN_REPORT_TID,
                 (libc::O_RDONLY | libc::O_CLOEXEC) as libc::c_uint,
             )
         };
@@ -244,11 +245,10 @@ impl Fan {
             root,
             handles: HashMap::new(),
             buf: vec![0u64; 8192],
-            own_pid: (!b
+            mutators: (!b
                 .report_own_changes
                 .load(std::sync::atomic::Ordering::Relaxed))
-            .then(std::process::id)
-            .and_then(|p| i32::try_from(p).ok()),
+            .then(|| b.mutators.clone()),
         })
     }
 
@@ -352,8 +352,11 @@ impl Fan {
             }
             // Skipped only now: our own directory moves must still empty the handle map, or
             // later events from others would be reported under the directory's old path.
-            if self.own_pid == Some(m.pid) {
-                continue;
+            if let Some(tids) = &self.mutators {
+                // With FAN_REPORT_TID, `pid` is the thread that caused the event.
+                if tids.lock().contains(&m.pid) {
+                    continue;
+                }
             }
             // Find the directory handle and name.
             let mut rec = m.metadata_len as usize;

@@ -187,15 +187,22 @@ fn no_descriptor_leak_across_watchers() {
     assert!(n1 <= n0 + 4, "fds before {n0}, after {n1}");
 }
 
-/// By default the feed does not report this process's own changes (the cache applied them
-/// already), but does report another process's.
+/// By default the feed does not report changes made through the backend (the cache applied
+/// them already), but does report everyone else's.
 #[test]
 fn own_changes_are_not_reported_by_default() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let t = tempfile::tempdir().unwrap();
     let b = LocalBackend::new(t.path()).unwrap();
     let rx = b.watch().unwrap().expect("a change feed");
-    std::fs::write(t.path().join("mine"), b"x").unwrap();
+    // A change made through the backend (as the cache would) versus one made directly.
+    b.mknod(
+        &dircache_core::Cred::root(),
+        b"mine",
+        libc::S_IFREG | 0o644,
+        0,
+    )
+    .unwrap();
     let st = std::process::Command::new("touch")
         .arg(t.path().join("theirs"))
         .status()
@@ -257,8 +264,15 @@ fn own_directory_rename_keeps_paths_right() {
     touch("old/one");
     expect(&rx, &entry("old/one"), "create by another process");
     drain(&rx); // touch's attrib event
-                // We rename the directory (not reported), then someone else writes in it.
-    fs::rename(t.path().join("old"), t.path().join("new")).unwrap();
+                // We rename the directory through the backend (an own change: not reported), then
+                // someone else writes in it.
+    b.rename(
+        &dircache_core::Cred::root(),
+        b"old",
+        b"new",
+        dircache_core::RenameMode::Replace,
+    )
+    .unwrap();
     touch("new/two");
     let start = Instant::now();
     loop {
