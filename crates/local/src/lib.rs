@@ -10,13 +10,15 @@
 //!   names are checked to be single components (no `/`, not `.`/`..`, no NUL).
 //! * **Descriptors.** A process may hold only 20,000 descriptors here, so the backend never keeps
 //!   one per inode. It keeps a small bounded cache of directory `O_PATH` descriptors keyed by
-//!   backend path (default 256 entries, 0 disables it). Every rename or rmdir made through the
-//!   backend empties it (a generation counter keeps a racing resolution from inserting a stale
-//!   descriptor; mutations that only add names or change attributes cannot make a directory
-//!   descriptor wrong), the change feed empties it on every directory create/delete/move and on
-//!   overflow, and [`LocalBackend::forget_cached_fds`] empties it for changes learned elsewhere.
-//!   Without a change feed, a directory renamed or removed *outside* the backend may be answered
-//!   for by its old descriptor until `forget_cached_fds` (never outside the root, though).
+//!   backend path (LRU, 256 entries by default). [`LocalBackend::new`] uses it only while a
+//!   change feed runs: the feed thread empties it on every directory create/delete/move made
+//!   outside (before it reports the change) and on overflow, and rename/rmdir through the
+//!   backend empty it synchronously (a generation counter keeps a racing resolution from
+//!   inserting an old descriptor). Without a feed every call resolves afresh, so an explicit
+//!   invalidation in the cache above always sees the current tree.
+//!   [`LocalBackend::with_options`] with `fd_cache > 0` uses the cache always; its owner calls
+//!   [`LocalBackend::forget_cached_fds`] after changing directories outside. A stale
+//!   descriptor can answer for a moved directory, never for anything outside the root.
 //! * **umask.** Creation modes are subject to the process umask, as with any syscall: run the
 //!   daemon with umask 0 and pass modes with the caller's umask applied.
 //! * **Queries** (lookup, getattr, readdir, readlink, statfs) run with the daemon's own
@@ -75,6 +77,11 @@ fn last_err() -> Error {
 /// take the write lock and evict the least recently marked entry.
 pub(crate) struct FdCache {
     cap: usize,
+    /// Used even without a change feed (the owner calls `forget_cached_fds` after changes made
+    /// outside); otherwise only while at least one feed runs (`feeds`), since the feed is what
+    /// keeps cached descriptors coherent with changes made outside.
+    always: bool,
+    pub(crate) feeds: std::sync::atomic::AtomicUsize,
     /// Bumped on every clear; a resolution that started before a clear does not insert.
     generation: AtomicU64,
     tick: AtomicU64,
@@ -87,17 +94,23 @@ struct FdEntry {
 }
 
 impl FdCache {
-    fn new(cap: usize) -> FdCache {
+    fn new(cap: usize, always: bool) -> FdCache {
         FdCache {
             cap,
+            always,
+            feeds: std::sync::atomic::AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             tick: AtomicU64::new(0),
             map: RwLock::new(std::collections::HashMap::new()),
         }
     }
 
+    fn enabled(&self) -> bool {
+        self.cap > 0 && (self.always || self.feeds.load(Ordering::Acquire) > 0)
+    }
+
     fn get(&self, path: &[u8]) -> Option<Arc<OwnedFd>> {
-        if self.cap == 0 {
+        if !self.enabled() {
             return None;
         }
         let g = self.map.read();
@@ -108,7 +121,7 @@ impl FdCache {
     }
 
     fn insert(&self, path: &[u8], fd: Arc<OwnedFd>, generation: u64) {
-        if self.cap == 0 {
+        if !self.enabled() {
             return;
         }
         let mut g = self.map.write();
@@ -321,16 +334,29 @@ impl LocalBackend {
         self.report_own_changes.store(on, Ordering::Relaxed);
     }
 
-    /// A backend over directory `root`, with the default descriptor cache.
+    /// A backend over directory `root`. Its descriptor cache (256 directories) is used only
+    /// while a change feed ([`Backend::watch`]) runs, because the feed is what empties it when
+    /// directories are renamed or removed outside; without a feed every call resolves afresh,
+    /// so an explicit invalidation in the cache above always sees the current tree.
     pub fn new(root: &Path) -> Result<LocalBackend> {
-        Self::with_options(root, DEFAULT_FD_CACHE, WatchMode::Auto)
+        Self::build(root, DEFAULT_FD_CACHE, false, WatchMode::Auto)
     }
 
-    /// A backend over `root` keeping at most `fd_cache` directory descriptors (0: none),
-    /// reporting changes with `watch_mode`.
+    /// A backend over `root` that always keeps up to `fd_cache` directory descriptors (0:
+    /// none), feed or not: the caller must call [`LocalBackend::forget_cached_fds`] after
+    /// changing directories outside the backend. Changes are reported with `watch_mode`.
     pub fn with_options(
         root: &Path,
         fd_cache: usize,
+        watch_mode: WatchMode,
+    ) -> Result<LocalBackend> {
+        Self::build(root, fd_cache, true, watch_mode)
+    }
+
+    fn build(
+        root: &Path,
+        fd_cache: usize,
+        always: bool,
         watch_mode: WatchMode,
     ) -> Result<LocalBackend> {
         let root_path = std::fs::canonicalize(root).map_err(|e| {
@@ -348,7 +374,7 @@ impl LocalBackend {
         Ok(LocalBackend {
             root: fd,
             root_path,
-            fds: Arc::new(FdCache::new(fd_cache)),
+            fds: Arc::new(FdCache::new(fd_cache, always)),
             switch_creds,
             watch_mode,
             report_own_changes: std::sync::atomic::AtomicBool::new(false),
@@ -958,7 +984,7 @@ mod tests {
 
     #[test]
     fn fd_cache_is_bounded_and_generation_checked() {
-        let c = FdCache::new(2);
+        let c = FdCache::new(2, true);
         let fd = || Arc::new(rustix::fs::open("/", OFlags::PATH, Mode::empty()).unwrap());
         c.insert(b"a", fd(), 0);
         c.insert(b"b", fd(), 0);

@@ -75,10 +75,20 @@ impl Watcher {
         let stop2 = stop.try_clone().map_err(Error::from)?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let fds = b.fds.clone();
-        let thread = std::thread::Builder::new()
+        // While this feed runs, the descriptor cache may be used (the thread empties it on
+        // every directory change from outside); `run` undoes this when it ends.
+        fds.feeds.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let fds2 = fds.clone();
+        let thread = match std::thread::Builder::new()
             .name("dircache-watch".into())
-            .spawn(move || run(source, stop2, tx, fds))
-            .map_err(Error::from)?;
+            .spawn(move || run(source, stop2, tx, fds2))
+        {
+            Ok(t) => t,
+            Err(e) => {
+                fds.feeds.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                return Err(Error::from(e));
+            }
+        };
         Ok((
             Watcher {
                 stop,
@@ -119,7 +129,14 @@ impl Source {
     }
 }
 
-fn run(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: Arc<FdCache>) {
+fn run(source: Source, stop: OwnedFd, tx: Sender<Change>, fds: Arc<FdCache>) {
+    run_loop(source, stop, tx, &fds);
+    // No feed keeps the descriptor cache coherent any more (unless another one runs).
+    fds.feeds.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    fds.clear();
+}
+
+fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache) {
     let mut out = Vec::new();
     loop {
         let mut pfd = [

@@ -50,7 +50,7 @@ fn attrs_equal_lstat() {
     let t = tmp();
     let r = t.path();
     populate(r);
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     for rel in [
         "", "d", "d/e", "d/e/f", "d/file", "top", "lnk", "abs", "d/hard", "fifo", "sock",
     ] {
@@ -82,7 +82,7 @@ fn lookup_errors_match_kernel() {
     let t = tmp();
     let r = t.path();
     populate(r);
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     let k = |rel: &str| kerrno(fs::symlink_metadata(r.join(rel)));
     assert_eq!(errno_of(b.lookup(b"d", b"missing")), k("d/missing"));
     assert_eq!(errno_of(b.lookup(b"d", b"missing")), libc::ENOENT);
@@ -106,7 +106,7 @@ fn symlinks_are_never_followed_and_never_escape() {
     let r = t.path();
     populate(r);
     std::os::unix::fs::symlink("../../../../../../", r.join("up")).unwrap();
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     // A symlink in a non-final component: ELOOP (RESOLVE_NO_SYMLINKS), never the target.
     for dir in [&b"abs"[..], b"up", b"lnk"] {
         let e = b.lookup(dir, b"passwd").unwrap_err();
@@ -144,7 +144,7 @@ fn symlinks_are_never_followed_and_never_escape() {
     let t2 = tmp();
     let r2 = t2.path();
     fs::create_dir_all(r2.join("a/b")).unwrap();
-    let b2 = LocalBackend::new(r2).unwrap();
+    let b2 = cached(r2);
     b2.readdir(b"a/b", false).unwrap();
     fs::rename(r2.join("a/b"), r2.join("moved")).unwrap();
     std::os::unix::fs::symlink("/", r2.join("a/b")).unwrap();
@@ -161,7 +161,7 @@ fn readdir_equals_kernel_listing() {
         fs::write(r.join(format!("big/f{i:04}")), b"x").unwrap();
     }
     fs::create_dir(r.join("empty")).unwrap();
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     for dir in ["", "d", "big", "empty", "d/e/f"] {
         let mut want: Vec<(Vec<u8>, u64, bool, bool)> = fs::read_dir(p(r, dir))
             .unwrap()
@@ -223,7 +223,7 @@ fn readlink_and_statfs() {
     let t = tmp();
     let r = t.path();
     populate(r);
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     for l in ["lnk", "abs"] {
         assert_eq!(
             b.readlink(l.as_bytes()).unwrap(),
@@ -253,7 +253,7 @@ fn readlink_and_statfs() {
 fn creation_mutations_match_kernel() {
     let t = tmp();
     let r = t.path();
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     let c = root();
     // SAFETY: umask only changes the process mask; set 022 so kernel oracle agrees.
     let a = b.mknod(&c, b"reg", libc::S_IFREG | 0o640, 0).unwrap();
@@ -317,7 +317,7 @@ fn removal_mutations_match_kernel() {
     let t = tmp();
     let r = t.path();
     populate(r);
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     let c = root();
     // unlink a directory: EISDIR (Linux); rmdir a file: ENOTDIR; rmdir non-empty: ENOTEMPTY
     assert_eq!(errno_of(b.unlink(&c, b"d")), libc::EISDIR);
@@ -349,7 +349,7 @@ fn removal_mutations_match_kernel() {
 fn rename_modes_match_kernel() {
     let t = tmp();
     let r = t.path();
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     let c = root();
     fs::write(r.join("a"), b"A").unwrap();
     fs::write(r.join("b"), b"B").unwrap();
@@ -442,7 +442,7 @@ fn setattr_matches_kernel() {
     let t = tmp();
     let r = t.path();
     populate(r);
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     let c = root();
     // chmod
     let a = b
@@ -664,7 +664,7 @@ fn open_reads_writes_and_creates() {
     let t = tmp();
     let r = t.path();
     populate(r);
-    let b = LocalBackend::new(r).unwrap();
+    let b = cached(r);
     let c = root();
     let fd = b.open(&c, b"d/file", libc::O_RDONLY, 0).unwrap();
     let mut s = String::new();
@@ -885,4 +885,10 @@ fn concurrent_lookups_and_renames() {
     let fds_after = fs::read_dir("/proc/self/fd").unwrap().count();
     // Other tests of this binary run at the same time: allow some noise.
     assert!(fds_after <= fds_before + 16, "{fds_before} -> {fds_after}");
+}
+
+/// A backend whose descriptor cache is always on (the stricter case for these tests: every
+/// answer after a mutation must still be right).
+fn cached(r: &Path) -> LocalBackend {
+    LocalBackend::with_options(r, 256, WatchMode::Off).unwrap()
 }

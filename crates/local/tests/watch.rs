@@ -287,3 +287,35 @@ fn own_directory_rename_keeps_paths_right() {
         }
     }
 }
+
+/// `LocalBackend::new` uses its descriptor cache only while a change feed keeps it coherent.
+#[test]
+fn fd_cache_only_while_a_feed_runs() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tmp();
+    fs::create_dir_all(t.path().join("a/b")).unwrap();
+    let b = LocalBackend::new(t.path()).unwrap();
+    b.lookup(b"a", b"b").unwrap();
+    assert_eq!(b.cached_fds(), 0, "no feed: every call resolves afresh");
+    // Without a feed, a directory swapped outside is seen at once.
+    fs::rename(t.path().join("a"), t.path().join("z")).unwrap();
+    fs::create_dir(t.path().join("a")).unwrap();
+    assert_eq!(b.lookup(b"a", b"b").unwrap_err(), Error::NotFound);
+    let rx = b.watch().unwrap().unwrap();
+    b.lookup(b"z", b"b").unwrap();
+    assert_eq!(b.cached_fds(), 1);
+    // The feed ends (receiver dropped, next event): the cache is emptied and unused again.
+    drop(rx);
+    let st = std::process::Command::new("touch")
+        .arg(t.path().join("poke"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let start = Instant::now();
+    while b.cached_fds() != 0 && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(b.cached_fds(), 0);
+    b.lookup(b"z", b"b").unwrap();
+    assert_eq!(b.cached_fds(), 0);
+}
