@@ -622,11 +622,24 @@ mod tests {
         let all: Vec<_> = read_results(out.as_slice()).collect();
         assert_eq!(all.len(), 2);
         // Non-UTF-8 names survive the trip.
-        let odd = SearchResult { root: 0, path: vec![b'a', 0xff, b'b'], stat: None, error: None };
+        let odd = SearchResult {
+            root: 0,
+            path: vec![b'a', 0xff, b'b'],
+            stat: None,
+            error: None,
+        };
         let mut buf = Vec::new();
-        write_frame(&mut buf, &Response::Results { results: vec![odd.clone()] }).unwrap_or_else(|e| panic!("{e}"));
+        write_frame(
+            &mut buf,
+            &Response::Results {
+                results: vec![odd.clone()],
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         write_frame(&mut buf, &Response::End).unwrap_or_else(|e| panic!("{e}"));
-        let back: Vec<SearchResult> = read_results(buf.as_slice()).filter_map(Result::ok).collect();
+        let back: Vec<SearchResult> = read_results(buf.as_slice())
+            .filter_map(Result::ok)
+            .collect();
         assert_eq!(back, vec![odd]);
         // A truncated stream is an error, not a silent end.
         let cut = &out[..out.len() - 3];
