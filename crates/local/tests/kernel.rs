@@ -892,3 +892,62 @@ fn concurrent_lookups_and_renames() {
 fn cached(r: &Path) -> LocalBackend {
     LocalBackend::with_options(r, 256, WatchMode::Off).unwrap()
 }
+
+/// A file system mounted inside the root: renames and links across it fail with EXDEV, as
+/// the kernel says; resolution crosses the mount point (RESOLVE_BENEATH allows it).
+#[test]
+fn cross_device_is_exdev() {
+    if !is_root() {
+        return;
+    }
+    let t = tmp();
+    let r = t.path();
+    fs::create_dir(r.join("mnt")).unwrap();
+    fs::write(r.join("f"), b"x").unwrap();
+    let target = CString::new(r.join("mnt").as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid NUL-terminated strings; a private tmpfs on our own temp directory.
+    let m = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            c"size=1m".as_ptr().cast(),
+        )
+    };
+    if m != 0 {
+        eprintln!("cannot mount tmpfs: {}", std::io::Error::last_os_error());
+        return;
+    }
+    struct Unmount(CString);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            // SAFETY: valid NUL-terminated path.
+            unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+    let _u = Unmount(target);
+    let b = cached(r);
+    let c = Cred::root();
+    b.mkdir(&c, b"mnt/d", 0o755).unwrap();
+    assert_eq!(
+        b.getattr(b"mnt/d").unwrap(),
+        kattr(&r.join("mnt/d")).unwrap()
+    );
+    assert_ne!(
+        b.getattr(b"mnt/d").unwrap().dev,
+        b.getattr(b"f").unwrap().dev
+    );
+    let k = kerrno(fs::rename(r.join("f"), r.join("mnt/f")));
+    assert_eq!(k, libc::EXDEV);
+    assert_eq!(
+        errno_of(b.rename(&c, b"f", b"mnt/f", RenameMode::Replace)),
+        k
+    );
+    assert_eq!(errno_of(b.link(&c, b"f", b"mnt/f")), libc::EXDEV);
+    assert_eq!(
+        b.rename(&c, b"f", b"mnt/d", RenameMode::Exchange)
+            .unwrap_err(),
+        Error::CrossDevice
+    );
+}
