@@ -595,6 +595,15 @@ impl Ino {
                 if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
                     out.push(Change::Overflow);
                     structural = true;
+                    // Directories made or moved while events were lost have no watch, and
+                    // mapped paths may be stale: map every directory again (adding a watch
+                    // to a watched directory returns its existing descriptor). Watches of
+                    // directories that left the root stay unmapped, so they are ignored.
+                    self.wds.clear();
+                    self.moves.clear();
+                    if let Err(e) = self.add_tree(Vec::new(), &mut Vec::new()) {
+                        tracing::warn!("dircache-local: inotify rescan failed: {e}");
+                    }
                     continue;
                 }
                 if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
