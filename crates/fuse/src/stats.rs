@@ -96,6 +96,8 @@ pub struct RequestCounters {
     pub changes: AtomicU64,
     /// Opens answered with FUSE passthrough.
     pub passthrough_opens: AtomicU64,
+    /// POSIX ACL fetches answered from the daemon's memo of known absences (no syscall).
+    pub acl_memo_hits: AtomicU64,
 }
 
 impl Default for RequestCounters {
@@ -108,6 +110,7 @@ impl Default for RequestCounters {
             notify_errors: AtomicU64::new(0),
             changes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
+            acl_memo_hits: AtomicU64::new(0),
         }
     }
 }
@@ -169,6 +172,7 @@ impl StatsSource {
                 "by_kind": r.to_json(),
                 "negative_lookups": r.negative_lookups.load(Ordering::Relaxed),
                 "passthrough_opens": r.passthrough_opens.load(Ordering::Relaxed),
+                "acl_memo_hits": r.acl_memo_hits.load(Ordering::Relaxed),
             },
             "kernel_inodes": (self.kernel_inodes)(),
             "notifier": {
