@@ -7,7 +7,11 @@ mod search;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "dircache", version, about = "A user-level directory cache for Linux file systems")]
+#[command(
+    name = "dircache",
+    version,
+    about = "A user-level directory cache for Linux file systems"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

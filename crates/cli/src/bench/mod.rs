@@ -1,15 +1,27 @@
 //! `dircache bench ...`: each benchmark in its own module.
 
+mod alloc;
+mod apps;
 mod lookup;
+mod sampler;
+mod stats;
+mod tree;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
     /// Core cache lookups vs the kernel, on a generated tree.
     Lookup(lookup::Args),
+    /// Real programs on native, bindfs and dircache mounts, warm and cold.
+    Apps(apps::Args),
+    /// (internal) A stat/open loop over paths, timed by `bench apps`.
+    #[command(hide = true)]
+    StatLoop(apps::StatLoopArgs),
 }
 
 pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     match cmd {
         BenchCmd::Lookup(a) => lookup::run(a),
+        BenchCmd::Apps(a) => apps::run(a),
+        BenchCmd::StatLoop(a) => apps::stat_loop(a),
     }
 }
