@@ -16,7 +16,11 @@ impl Cred {
         let mut g: Vec<u32> = groups.into_iter().collect();
         g.sort_unstable();
         g.dedup();
-        Cred { uid, gid, groups: g.into_boxed_slice() }
+        Cred {
+            uid,
+            gid,
+            groups: g.into_boxed_slice(),
+        }
     }
 
     /// uid 0, gid 0, no supplementary groups.

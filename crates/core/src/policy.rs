@@ -34,7 +34,11 @@ impl AccessPolicy for PosixPolicy {
         let mask = mask & (R_OK | W_OK | X_OK);
         if cred.is_root() {
             let exec_ok = attr.kind() == FileType::Directory || attr.mode & 0o111 != 0;
-            return if mask & X_OK == 0 || exec_ok { Ok(()) } else { Err(Error::Access) };
+            return if mask & X_OK == 0 || exec_ok {
+                Ok(())
+            } else {
+                Err(Error::Access)
+            };
         }
         let bits = if cred.uid == attr.uid {
             (attr.mode >> 6) & 7
@@ -56,16 +60,27 @@ mod tests {
     use super::*;
 
     fn attr(mode: u32, uid: u32, gid: u32) -> Attr {
-        Attr { mode, uid, gid, ..Default::default() }
+        Attr {
+            mode,
+            uid,
+            gid,
+            ..Default::default()
+        }
     }
 
     #[test]
     fn owner_class_does_not_fall_through() {
         let p = PosixPolicy;
         let a = attr(libc::S_IFREG | 0o077, 1000, 1000);
-        assert_eq!(p.permission(&Cred::new(1000, 1000, []), &a, R_OK), Err(Error::Access));
+        assert_eq!(
+            p.permission(&Cred::new(1000, 1000, []), &a, R_OK),
+            Err(Error::Access)
+        );
         assert_eq!(p.permission(&Cred::new(1001, 1000, []), &a, R_OK), Ok(()));
-        assert_eq!(p.permission(&Cred::new(1001, 5, [1000]), &a, R_OK | W_OK | X_OK), Ok(()));
+        assert_eq!(
+            p.permission(&Cred::new(1001, 5, [1000]), &a, R_OK | W_OK | X_OK),
+            Ok(())
+        );
         assert_eq!(p.permission(&Cred::new(1001, 5, []), &a, R_OK), Ok(()));
     }
 
@@ -73,8 +88,17 @@ mod tests {
     fn root_overrides_except_exec_of_plain_files() {
         let p = PosixPolicy;
         let root = Cred::root();
-        assert_eq!(p.permission(&root, &attr(libc::S_IFDIR, 1, 1), R_OK | W_OK | X_OK), Ok(()));
-        assert_eq!(p.permission(&root, &attr(libc::S_IFREG, 1, 1), X_OK), Err(Error::Access));
-        assert_eq!(p.permission(&root, &attr(libc::S_IFREG | 0o001, 1, 1), X_OK), Ok(()));
+        assert_eq!(
+            p.permission(&root, &attr(libc::S_IFDIR, 1, 1), R_OK | W_OK | X_OK),
+            Ok(())
+        );
+        assert_eq!(
+            p.permission(&root, &attr(libc::S_IFREG, 1, 1), X_OK),
+            Err(Error::Access)
+        );
+        assert_eq!(
+            p.permission(&root, &attr(libc::S_IFREG | 0o001, 1, 1), X_OK),
+            Ok(())
+        );
     }
 }

@@ -15,7 +15,9 @@ pub struct Counter {
 
 impl Default for Counter {
     fn default() -> Self {
-        Counter { shards: Box::new(std::array::from_fn(|_| CachePadded::new(AtomicU64::new(0)))) }
+        Counter {
+            shards: Box::new(std::array::from_fn(|_| CachePadded::new(AtomicU64::new(0)))),
+        }
     }
 }
 

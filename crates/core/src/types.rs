@@ -10,7 +10,9 @@ pub const PATH_MAX: usize = 4096;
 pub const MAX_SYMLINKS: u32 = 40;
 
 /// A point in time as the kernel stores it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub struct Timespec {
     pub sec: i64,
     pub nsec: u32,
@@ -160,8 +162,14 @@ pub struct LookupFlags {
 }
 
 impl LookupFlags {
-    pub const FOLLOW: LookupFlags = LookupFlags { follow: true, directory: false };
-    pub const NOFOLLOW: LookupFlags = LookupFlags { follow: false, directory: false };
+    pub const FOLLOW: LookupFlags = LookupFlags {
+        follow: true,
+        directory: false,
+    };
+    pub const NOFOLLOW: LookupFlags = LookupFlags {
+        follow: false,
+        directory: false,
+    };
 }
 
 /// Access mask bits, as access(2).

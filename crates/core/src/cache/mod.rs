@@ -1,19 +1,35 @@
-//! The cache proper. Public API first; the machinery lives in the submodules.
-#![allow(unused_variables, dead_code)]
+//! The cache proper: public API here, machinery in the submodules.
+//!
+//! - [`dentry`]: the nodes and their locks;
+//! - [`fast`]: signatures, the direct-lookup table and the prefix-check cache;
+//! - [`walk`]: the fast path and the component-at-a-time slow path;
+//! - [`mutate`]: mutations that keep the cache coherent;
+//! - [`coherence`]: version bumps, kills, eviction, readdir/completeness, outside changes.
+//!
+//! The invariants are written down in `docs/core.md`.
 
-use std::os::fd::OwnedFd;
-use std::sync::Arc;
+mod coherence;
+mod dentry;
+mod fast;
+mod mutate;
+mod path;
+mod walk;
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
+use siphasher::sip128::SipHasher13;
+
+pub use dentry::Dentry;
+use fast::{new_dlht, Dlht, Pcc, SigKey};
+
+use crate::stats::Stats;
 use crate::{
     AccessPolicy, Attr, Backend, Change, Config, Cred, DirEntry, Error, FileType, LookupFlags,
-    RenameMode, Result, SetAttr, StatsSnapshot,
+    PosixPolicy, RenameMode, Result, SetAttr, StatsSnapshot, X_OK,
 };
-
-/// A cached name: a positive entry (a file of some type) or a negative one (a remembered
-/// ENOENT, or ENOTDIR under a non-directory).
-pub struct Dentry {
-    _private: (),
-}
 
 /// Shared reference to a dentry. Front ends may hold these as long as they like; a dentry that
 /// was unlinked, replaced or evicted stays valid as an object but reports [`Dentry::is_dead`].
@@ -29,66 +45,100 @@ pub enum NodeKind {
 impl Dentry {
     /// Unique id of this dentry for the lifetime of the cache (never reused).
     pub fn id(&self) -> u64 {
-        todo!()
+        self.id
     }
     pub fn kind(&self) -> NodeKind {
-        todo!()
+        self.kind
     }
     /// The file type, or `None` for a negative entry.
     pub fn file_type(&self) -> Option<FileType> {
-        todo!()
+        match self.kind {
+            NodeKind::Positive(t) => Some(t),
+            NodeKind::Negative(_) => None,
+        }
     }
     /// The attributes the cache holds, if any (entries learned from readdir have none).
     pub fn cached_attr(&self) -> Option<Attr> {
-        todo!()
+        self.attr_copy()
     }
     /// The current name (changes on rename).
     pub fn name(&self) -> Vec<u8> {
-        todo!()
+        self.link.load().name.to_vec()
     }
     /// The current parent; `None` for the root of a file system or a dead dentry.
     pub fn parent(&self) -> Option<NodeRef> {
-        todo!()
+        self.parent_ref()
     }
     /// Whether the dentry was unlinked, replaced, or evicted from the tree.
     pub fn is_dead(&self) -> bool {
-        todo!()
+        self.has(dentry::DEAD)
     }
     /// Whether this directory's listing is complete in the cache.
     pub fn is_complete(&self) -> bool {
-        todo!()
+        self.has(dentry::COMPLETE)
     }
     /// The version counter (changes whenever this entry or an ancestor is invalidated).
     pub fn version(&self) -> u64 {
-        todo!()
+        self.version.load(Ordering::Acquire)
     }
+    /// Keep this dentry from being evicted (e.g. while a kernel holds its inode).
+    pub fn pin(&self) {
+        self.pins.fetch_add(1, Ordering::AcqRel);
+    }
+    /// Undo one [`Dentry::pin`].
+    pub fn unpin(&self) {
+        let _ = self
+            .pins
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
+    }
+}
+
+/// A file system instance: one backend.
+pub(crate) struct Super {
+    pub(crate) backend: Arc<dyn Backend>,
+}
+
+/// Per-credential state: the credential and its prefix-check cache.
+pub(crate) struct CredState {
+    pub(crate) cred: Cred,
+    /// Whether the cache applies its access policy (false: the caller checked already).
+    pub(crate) check: bool,
+    pub(crate) pcc: Pcc,
 }
 
 /// Interned credentials with their prefix-check cache. Cheap to clone; equal credentials
 /// share one state.
 #[derive(Clone)]
-pub struct Creds {
-    _private: Arc<()>,
-}
+pub struct Creds(pub(crate) Arc<CredState>);
 
 impl Creds {
     pub fn cred(&self) -> &Cred {
-        todo!()
+        &self.0.cred
     }
 }
 
 /// An open directory: the start of relative lookups, like a working directory or an `O_PATH`
 /// descriptor. It keeps access to its directory after an ancestor's permissions change.
 pub struct DirHandle {
-    _private: (),
+    pub(crate) ns: Arc<Namespace>,
+    pub(crate) mnt: Arc<Mount>,
+    pub(crate) node: NodeRef,
+    /// Version of `node` when the handle was opened; while unchanged, the handle's lexical
+    /// path still names it and the opener's prefix checks still hold.
+    pub(crate) ver: u64,
+    /// Lexical path from the namespace root (no leading slash), if known exactly (the path
+    /// that opened it went through no symlink).
+    pub(crate) lex: Option<Box<[u8]>>,
+    /// Signature state after hashing `lex` and a separating slash.
+    pub(crate) hasher: SipHasher13,
 }
 
 impl DirHandle {
     pub fn node(&self) -> &NodeRef {
-        todo!()
+        &self.node
     }
     pub fn namespace(&self) -> &Arc<Namespace> {
-        todo!()
+        &self.ns
     }
 }
 
@@ -101,9 +151,33 @@ pub enum At<'a> {
     Dir(&'a DirHandle),
 }
 
+/// A mount: a file system (or a bound directory) attached at a mount point.
+pub(crate) struct Mount {
+    pub(crate) root: NodeRef,
+    /// The mount and dentry this mount covers; `None` for a namespace root.
+    pub(crate) parent: Option<(Arc<Mount>, NodeRef)>,
+    pub(crate) opts: MountOptions,
+}
+
 /// A mount namespace: a mount table and its own direct-lookup table.
 pub struct Namespace {
-    _private: (),
+    pub(crate) base: SipHasher13,
+    pub(crate) dlht: Dlht,
+    pub(crate) root: Arc<Mount>,
+    /// Mount point dentry id -> what is mounted there.
+    pub(crate) mounts: RwLock<hashbrown::HashMap<u64, Arc<Mount>>>,
+}
+
+impl Namespace {
+    fn new(root: Arc<Mount>, mounts: hashbrown::HashMap<u64, Arc<Mount>>) -> Namespace {
+        let key = SigKey::random();
+        Namespace {
+            base: key.hasher(),
+            dlht: new_dlht(),
+            root,
+            mounts: RwLock::new(mounts),
+        }
+    }
 }
 
 /// Per-mount options (§4.3).
@@ -140,13 +214,35 @@ pub struct Invalidation {
 
 /// The directory cache.
 pub struct Cache {
-    _private: (),
+    pub(crate) config: Config,
+    pub(crate) policy: Arc<dyn AccessPolicy>,
+    pub(crate) root_sb: Arc<Super>,
+    pub(crate) ns: Arc<Namespace>,
+    pub(crate) namespaces: Mutex<Vec<Weak<Namespace>>>,
+    /// Source of dentry versions and DLHT stamps: unique, increasing, never 0.
+    pub(crate) seq: AtomicU64,
+    pub(crate) next_id: AtomicU64,
+    /// Invalidations started / finished (SOSP'15's global invalidation counter, split in two
+    /// so that overlapping invalidations are detected).
+    pub(crate) inval_start: AtomicU64,
+    pub(crate) inval_end: AtomicU64,
+    /// Renames take this exclusively, other mutations shared: a mutation's backend paths
+    /// cannot be changed under it by a rename of an ancestor. Lookups never take it.
+    pub(crate) tree_lock: RwLock<()>,
+    pub(crate) creds: Mutex<hashbrown::HashMap<(Cred, bool), Weak<CredState>>>,
+    pub(crate) stats: Stats,
+    pub(crate) entries: AtomicU64,
+    pub(crate) lru: Mutex<VecDeque<Weak<Dentry>>>,
+    pub(crate) dlht_inserts: AtomicU64,
+    /// Cached non-directories with more than one link, by (dev, ino): their attributes change
+    /// together.
+    pub(crate) hardlinks: Mutex<hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>>,
 }
 
 impl Cache {
     /// A cache over `backend` with the POSIX mode-bit policy.
     pub fn new(backend: Arc<dyn Backend>, config: Config) -> Result<Arc<Cache>> {
-        todo!()
+        Cache::with_policy(backend, config, Arc::new(PosixPolicy))
     }
 
     /// A cache with another access policy.
@@ -155,108 +251,281 @@ impl Cache {
         config: Config,
         policy: Arc<dyn AccessPolicy>,
     ) -> Result<Arc<Cache>> {
-        todo!()
+        let attr = backend.getattr(b"")?;
+        if !attr.is_dir() {
+            return Err(Error::NotDir);
+        }
+        let sb = Arc::new(Super { backend });
+        let root = Arc::new(Dentry::new(
+            1,
+            sb.clone(),
+            NodeKind::Positive(FileType::Directory),
+            None,
+            b"",
+            1,
+            Some(attr),
+        ));
+        let mount = Arc::new(Mount {
+            root,
+            parent: None,
+            opts: MountOptions::default(),
+        });
+        let ns = Arc::new(Namespace::new(mount, Default::default()));
+        Ok(Arc::new(Cache {
+            config,
+            policy,
+            root_sb: sb,
+            namespaces: Mutex::new(vec![Arc::downgrade(&ns)]),
+            ns,
+            seq: AtomicU64::new(2),
+            next_id: AtomicU64::new(2),
+            inval_start: AtomicU64::new(0),
+            inval_end: AtomicU64::new(0),
+            tree_lock: RwLock::new(()),
+            creds: Mutex::new(Default::default()),
+            stats: Stats::default(),
+            entries: AtomicU64::new(1),
+            lru: Mutex::new(VecDeque::new()),
+            dlht_inserts: AtomicU64::new(0),
+            hardlinks: Mutex::new(Default::default()),
+        }))
     }
 
     pub fn config(&self) -> &Config {
-        todo!()
+        &self.config
     }
 
     /// The backend of the root file system.
     pub fn backend(&self) -> &Arc<dyn Backend> {
-        todo!()
+        &self.root_sb.backend
     }
 
     /// The root dentry of the root file system.
     pub fn root(&self) -> NodeRef {
-        todo!()
+        self.ns.root.root.clone()
     }
 
     /// The initial namespace.
     pub fn namespace(&self) -> &Arc<Namespace> {
-        todo!()
+        &self.ns
     }
 
     /// Interned credentials checked by the cache's access policy.
     pub fn credentials(&self, cred: Cred) -> Creds {
-        todo!()
+        self.intern(cred, true)
     }
 
     /// Credentials for callers whose permissions were already checked (the kernel, with FUSE
     /// `default_permissions`): the cache skips its own policy checks but still passes `cred`
     /// to the backend so files are created as the caller.
     pub fn kernel_checked(&self, cred: Cred) -> Creds {
-        todo!()
+        self.intern(cred, false)
+    }
+
+    fn intern(&self, cred: Cred, check: bool) -> Creds {
+        let mut m = self.creds.lock();
+        let key = (cred, check);
+        if let Some(s) = m.get(&key).and_then(Weak::upgrade) {
+            return Creds(s);
+        }
+        if m.len() > 1024 {
+            m.retain(|_, w| w.strong_count() > 0);
+        }
+        let pcc = Pcc::new(if check { self.config.pcc_slots } else { 2 });
+        let s = Arc::new(CredState {
+            cred: key.0.clone(),
+            check,
+            pcc,
+        });
+        m.insert(key, Arc::downgrade(&s));
+        Creds(s)
     }
 
     // ------------------------------------------------------------------------------------
     // Path API: what a library user or a server calls.
 
-    /// Resolve `path` to a dentry. Errors as path_resolution(7): ENOENT, ENOTDIR, EACCES,
-    /// ELOOP, ENAMETOOLONG, EINVAL (empty path or embedded NUL).
-    pub fn lookup(&self, c: &Creds, at: At<'_>, path: &[u8], flags: LookupFlags) -> Result<NodeRef> {
-        todo!()
+    /// Resolve `path` to a dentry. Errors as path_resolution(7): ENOENT (also for an empty
+    /// path), ENOTDIR, EACCES, ELOOP, ENAMETOOLONG, EINVAL (embedded NUL).
+    pub fn lookup(
+        &self,
+        c: &Creds,
+        at: At<'_>,
+        path: &[u8],
+        flags: LookupFlags,
+    ) -> Result<NodeRef> {
+        self.resolve(c, at, path, flags, |n, _| n.clone())
     }
 
     /// stat (`flags.follow`) or lstat.
     pub fn stat(&self, c: &Creds, at: At<'_>, path: &[u8], flags: LookupFlags) -> Result<Attr> {
-        todo!()
+        match self.resolve(c, at, path, flags, |n, _| n.attr_copy()) {
+            Ok(Some(a)) => Ok(a),
+            Ok(None) => {
+                let n = self.lookup(c, at, path, flags)?;
+                self.attr_of(&n)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// access(2) (follows symlinks): `mask` of R_OK/W_OK/X_OK, 0 for existence.
     pub fn access(&self, c: &Creds, at: At<'_>, path: &[u8], mask: u32) -> Result<()> {
-        todo!()
+        let (node, opts) = self.resolve(c, at, path, LookupFlags::FOLLOW, |n, o| (n.clone(), o))?;
+        if mask == 0 {
+            return Ok(());
+        }
+        let attr = self.attr_of(&node)?;
+        if mask & crate::W_OK != 0 && opts.read_only {
+            return Err(Error::ReadOnly);
+        }
+        if mask & X_OK != 0 && opts.noexec && !attr.is_dir() {
+            return Err(Error::Access);
+        }
+        if c.0.check {
+            self.policy.permission(&c.0.cred, &attr, mask)?;
+        }
+        Ok(())
     }
 
     /// Open a directory handle (needs search permission on the path to it).
     pub fn opendir(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<DirHandle> {
-        todo!()
+        self.open_dir_handle(c, at, path)
     }
 
     /// A handle on the root of a namespace.
     pub fn root_handle(&self, ns: &Arc<Namespace>) -> DirHandle {
-        todo!()
+        let node = ns.root.root.clone();
+        DirHandle {
+            ns: ns.clone(),
+            mnt: ns.root.clone(),
+            ver: node.version(),
+            node,
+            lex: Some(Box::new([])),
+            hasher: ns.base,
+        }
     }
 
     /// List a directory (needs read permission on it). No `.` or `..`.
     pub fn readdir(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<Vec<DirEntry>> {
-        todo!()
+        let node = self.lookup(c, at, path, LookupFlags::FOLLOW)?;
+        self.readdir_node(c, &node, false)
     }
 
     pub fn readlink(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<Vec<u8>> {
-        todo!()
+        let node = self.lookup(c, at, path, LookupFlags::NOFOLLOW)?;
+        self.readlink_node(&node)
     }
 
     pub fn mkdir(&self, c: &Creds, at: At<'_>, path: &[u8], mode: u32) -> Result<Attr> {
-        todo!()
+        let (parent, name) = self.parent_for_create(c, at, path, Error::Exists)?;
+        let n = self.mkdir_at(c, &parent, name, mode)?;
+        self.attr_of(&n)
     }
 
     /// Create a non-directory (`mode` holds the type bits; plain permission bits mean a
     /// regular file).
     pub fn mknod(&self, c: &Creds, at: At<'_>, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
-        todo!()
+        if path::wants_dir(path) {
+            // mknod("x/") on a missing x: Linux says ENOENT... unless x exists (EEXIST).
+            let (parent, name) = self.parent_for_create(c, at, path, Error::Exists)?;
+            let child = self.lookup_child(c, &parent, name)?;
+            return Err(match child.kind {
+                NodeKind::Positive(_) => Error::Exists,
+                NodeKind::Negative(_) => Error::NotFound,
+            });
+        }
+        let (parent, name) = self.parent_for_create(c, at, path, Error::Exists)?;
+        let n = self.mknod_at(c, &parent, name, mode, rdev)?;
+        self.attr_of(&n)
     }
 
     /// Create `path` as a symbolic link to `target`.
     pub fn symlink(&self, c: &Creds, target: &[u8], at: At<'_>, path: &[u8]) -> Result<Attr> {
-        todo!()
+        let (parent, name) = self.parent_for_create(c, at, path, Error::Exists)?;
+        if path::wants_dir(path) {
+            let child = self.lookup_child(c, &parent, name)?;
+            return Err(match child.kind {
+                NodeKind::Positive(_) => Error::Exists,
+                NodeKind::Negative(_) => Error::NotFound,
+            });
+        }
+        let n = self.symlink_at(c, &parent, name, target)?;
+        self.attr_of(&n)
     }
 
     /// Hard link `new` to `old` (neither followed if a symlink).
     pub fn link(&self, c: &Creds, at: At<'_>, old: &[u8], new: &[u8]) -> Result<Attr> {
-        todo!()
+        let src = self.lookup(
+            c,
+            at,
+            old,
+            LookupFlags {
+                follow: false,
+                directory: path::wants_dir(old),
+            },
+        )?;
+        let (parent, name) = self.parent_for_create(c, at, new, Error::Exists)?;
+        if path::wants_dir(new) {
+            let child = self.lookup_child(c, &parent, name)?;
+            return Err(match child.kind {
+                NodeKind::Positive(_) => Error::Exists,
+                NodeKind::Negative(_) => Error::NotFound,
+            });
+        }
+        let n = self.link_at(c, &src, &parent, name)?;
+        self.attr_of(&n)
     }
 
     pub fn unlink(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<()> {
-        todo!()
+        let (parent, name) = self.parent_for_remove(c, at, path)?;
+        match name {
+            b"." | b".." => return Err(Error::IsDir),
+            _ => {}
+        }
+        if path::wants_dir(path) {
+            let child = self.lookup_child(c, &parent, name)?;
+            return Err(match child.kind {
+                NodeKind::Positive(FileType::Directory) => Error::IsDir,
+                NodeKind::Positive(_) => Error::NotDir,
+                NodeKind::Negative(e) => e,
+            });
+        }
+        self.unlink_at(c, &parent, name)
     }
 
     pub fn rmdir(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<()> {
-        todo!()
+        let (parent, name) = self.parent_for_remove(c, at, path)?;
+        match name {
+            b"." => return Err(Error::Invalid),
+            b".." => return Err(Error::NotEmpty),
+            _ => {}
+        }
+        self.rmdir_at(c, &parent, name)
     }
 
-    pub fn rename(&self, c: &Creds, at: At<'_>, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
-        todo!()
+    pub fn rename(
+        &self,
+        c: &Creds,
+        at: At<'_>,
+        old: &[u8],
+        new: &[u8],
+        mode: RenameMode,
+    ) -> Result<()> {
+        let (op, on) = self.parent_for_remove(c, at, old)?;
+        let (np, nn) = self.parent_for_remove(c, at, new)?;
+        if matches!(on, b"." | b"..") || matches!(nn, b"." | b"..") {
+            return Err(Error::Busy);
+        }
+        if path::wants_dir(old) || path::wants_dir(new) {
+            // A trailing slash demands directories: the source must be one.
+            let s = self.lookup_child(c, &op, on)?;
+            match s.kind {
+                NodeKind::Negative(e) => return Err(e),
+                NodeKind::Positive(FileType::Directory) => {}
+                NodeKind::Positive(_) => return Err(Error::NotDir),
+            }
+        }
+        self.rename_at(c, &op, on, &np, nn, mode)
     }
 
     /// chmod / chown / truncate / utimens of `path`.
@@ -268,104 +537,66 @@ impl Cache {
         set: &SetAttr,
         flags: LookupFlags,
     ) -> Result<Attr> {
-        todo!()
+        let (node, opts) = self.resolve(c, at, path, flags, |n, o| (n.clone(), o))?;
+        if opts.read_only {
+            return Err(Error::ReadOnly);
+        }
+        self.setattr_node(c, &node, set)
     }
 
     // ------------------------------------------------------------------------------------
     // Node API: for front ends that walk one component at a time themselves (FUSE).
 
-    /// Look up one component `name` in directory `parent` (no symlink following; `..` allowed).
+    /// Look up one component `name` in directory `parent` (no symlink following; `.` and `..`
+    /// allowed). Returns negative dentries as errors.
     pub fn lookup_child(&self, c: &Creds, parent: &NodeRef, name: &[u8]) -> Result<NodeRef> {
-        todo!()
+        let n = self.child_checked(c, parent, name)?;
+        match n.kind {
+            NodeKind::Negative(e) => {
+                self.stats.negative_hits.inc();
+                Err(e)
+            }
+            NodeKind::Positive(_) => Ok(n),
+        }
     }
 
     /// Attributes of a dentry, from the cache or the backend.
     pub fn getattr(&self, node: &NodeRef) -> Result<Attr> {
-        todo!()
+        self.attr_of(node)
     }
 
     /// List directory `node`; `want_attrs` asks for attributes of every entry (readdirplus).
-    pub fn readdir_node(&self, c: &Creds, node: &NodeRef, want_attrs: bool) -> Result<Vec<DirEntry>> {
-        todo!()
+    pub fn readdir_node(
+        &self,
+        c: &Creds,
+        node: &NodeRef,
+        want_attrs: bool,
+    ) -> Result<Vec<DirEntry>> {
+        self.list(c, node, want_attrs)
     }
 
     pub fn readlink_node(&self, node: &NodeRef) -> Result<Vec<u8>> {
-        todo!()
+        match node.kind {
+            NodeKind::Positive(FileType::Symlink) => self.link_target(node).map(|t| t.to_vec()),
+            NodeKind::Positive(_) => Err(Error::Invalid),
+            NodeKind::Negative(e) => Err(e),
+        }
     }
 
     /// The backend path of a dentry (relative to its file system's root).
     pub fn node_path(&self, node: &NodeRef) -> Result<Vec<u8>> {
-        todo!()
+        self.path_of(node)
     }
 
-    pub fn mkdir_at(&self, c: &Creds, parent: &NodeRef, name: &[u8], mode: u32) -> Result<NodeRef> {
-        todo!()
-    }
-
-    pub fn mknod_at(
-        &self,
-        c: &Creds,
-        parent: &NodeRef,
-        name: &[u8],
-        mode: u32,
-        rdev: u64,
-    ) -> Result<NodeRef> {
-        todo!()
-    }
-
-    pub fn symlink_at(&self, c: &Creds, parent: &NodeRef, name: &[u8], target: &[u8]) -> Result<NodeRef> {
-        todo!()
-    }
-
-    /// Hard link `node` as `newparent/newname`.
-    pub fn link_at(&self, c: &Creds, node: &NodeRef, newparent: &NodeRef, newname: &[u8]) -> Result<NodeRef> {
-        todo!()
-    }
-
-    pub fn unlink_at(&self, c: &Creds, parent: &NodeRef, name: &[u8]) -> Result<()> {
-        todo!()
-    }
-
-    pub fn rmdir_at(&self, c: &Creds, parent: &NodeRef, name: &[u8]) -> Result<()> {
-        todo!()
-    }
-
-    pub fn rename_at(
-        &self,
-        c: &Creds,
-        parent: &NodeRef,
-        name: &[u8],
-        newparent: &NodeRef,
-        newname: &[u8],
-        mode: RenameMode,
-    ) -> Result<()> {
-        todo!()
-    }
-
-    pub fn setattr_node(&self, c: &Creds, node: &NodeRef, set: &SetAttr) -> Result<Attr> {
-        todo!()
-    }
-
-    /// Open a file for data with open(2) `flags` (permission checked unless kernel-checked).
-    pub fn open_node(&self, c: &Creds, node: &NodeRef, flags: i32) -> Result<OwnedFd> {
-        todo!()
-    }
-
-    /// Create and open regular file `parent/name` (O_CREAT; O_EXCL in `flags` honoured).
-    pub fn create_at(
-        &self,
-        c: &Creds,
-        parent: &NodeRef,
-        name: &[u8],
-        mode: u32,
-        flags: i32,
-    ) -> Result<(NodeRef, OwnedFd)> {
-        todo!()
+    /// The backend serving a dentry's file system.
+    pub fn node_backend(&self, node: &NodeRef) -> Arc<dyn Backend> {
+        node.sb.backend.clone()
     }
 
     /// Forget the cached attributes of `node` (after data was written through a descriptor).
     pub fn forget_attr(&self, node: &NodeRef) {
-        todo!()
+        node.set_attr(None);
+        self.forget_link_attrs(node);
     }
 
     // ------------------------------------------------------------------------------------
@@ -374,13 +605,15 @@ impl Cache {
     /// Apply a change reported by a backend's change feed (or by anyone who knows the tree
     /// changed). Returns what was dropped, for front ends with caches of their own.
     pub fn apply_change(&self, change: &Change) -> Vec<Invalidation> {
-        todo!()
+        self.external_change(change)
     }
 
     /// Forget everything cached at and below backend path `path` of the root file system,
     /// and the listing of its parent.
     pub fn invalidate(&self, path: &[u8]) -> Vec<Invalidation> {
-        self.apply_change(&Change::Entry { path: path.to_vec() })
+        self.apply_change(&Change::Entry {
+            path: path.to_vec(),
+        })
     }
 
     // ------------------------------------------------------------------------------------
@@ -394,26 +627,51 @@ impl Cache {
         source: MountSource,
         options: MountOptions,
     ) -> Result<()> {
-        todo!()
+        self.do_mount(ns, path, source, options)
     }
 
     /// Unmount whatever is mounted on `path` in `ns`.
     pub fn umount(&self, ns: &Arc<Namespace>, path: &[u8]) -> Result<()> {
-        todo!()
+        self.do_umount(ns, path)
     }
 
     /// The options of the mount that `path` lies in.
     pub fn mount_options(&self, ns: &Arc<Namespace>, path: &[u8]) -> Result<MountOptions> {
-        todo!()
+        let h = self.root_handle(ns);
+        let root = self.kernel_checked(Cred::root());
+        self.resolve(&root, At::Dir(&h), path, LookupFlags::FOLLOW, |_, o| o)
     }
 
     /// A private copy of `ns`'s mount table with its own direct-lookup table.
     pub fn clone_namespace(&self, ns: &Arc<Namespace>) -> Arc<Namespace> {
-        todo!()
+        let mounts = ns.mounts.read().clone();
+        let new = Arc::new(Namespace::new(ns.root.clone(), mounts));
+        let mut all = self.namespaces.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&new));
+        new
     }
 
     /// Counters and sizes.
     pub fn stats(&self) -> StatsSnapshot {
-        todo!()
+        let mut s = self.stats.snapshot();
+        s.entries = self.entries.load(Ordering::Relaxed);
+        let mut fast = 0u64;
+        for ns in self.namespaces.lock().iter().filter_map(Weak::upgrade) {
+            fast += ns.dlht.len() as u64;
+        }
+        s.fast_entries = fast;
+        let pcc: usize = self
+            .creds
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .map(|c| c.pcc.bytes())
+            .sum();
+        // Dentry + link + attr + a children-map slot, and a DLHT entry each.
+        let per_dentry = std::mem::size_of::<Dentry>() as u64 + 16 + 48 + 128 + 32;
+        let per_fast = std::mem::size_of::<fast::FastEntry>() as u64 + 32;
+        s.bytes = s.entries * per_dentry + fast * per_fast + pcc as u64;
+        s
     }
 }

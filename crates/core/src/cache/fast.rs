@@ -1,0 +1,236 @@
+//! The fast path's two tables: the direct-lookup hash table (DLHT) and the per-credential
+//! prefix-check cache (PCC), SOSP'15 §3.1.
+//!
+//! **Signatures.** A path is keyed by SipHash-1-3-128 of its lexical form (components joined
+//! by single `/`, no `.`, relative to the namespace root) under a random key per namespace.
+//! SipHash is a keyed PRF: without the key, nobody can construct colliding paths.
+//! The hasher is streaming, so the state after hashing a directory's path plus `/` can be
+//! stored in a directory handle and resumed for relative lookups.
+//!
+//! **DLHT entries are self-validating.** An entry records the version of its target dentry
+//! (and of every symlink the path went through) when it was inserted; it is valid only while
+//! all those versions are unchanged. Invalidation therefore only bumps versions; dead entries
+//! are swept lazily (bounded by [`super::Cache`]'s sweep).
+//!
+//! **PCC.** Per credential, a direct-mapped array of `(signature, stamp)` slots. A slot says
+//! "this credential passed every permission check along this path when it resolved to the
+//! DLHT entry with this stamp". Stamps are unique per DLHT entry (global counter), so a PCC slot
+//! can only confirm the exact entry its walk produced. Keying the PCC by path rather than by
+//! dentry (the paper keys by dentry) makes aliases through symlinks and bind mounts need no
+//! special alias dentries: each lexical path carries its own prefix-check result.
+
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+use super::{MountOptions, NodeRef};
+use crate::cache::dentry::DEAD;
+
+pub(crate) type Sig = u128;
+
+/// Marker byte hashed after a path to form the key of "this path with its final symlink
+/// followed". NUL cannot occur in a path, so the key cannot collide with a real path's.
+pub(crate) const FOLLOW_MARK: &[u8] = b"\0";
+
+#[derive(Clone, Copy)]
+pub(crate) struct SigKey(pub u64, pub u64);
+
+impl SigKey {
+    pub(crate) fn random() -> SigKey {
+        let mut b = [0u8; 16];
+        // A key that cannot be drawn falls back to a fixed one: signatures stay correct (the
+        // table still verifies versions and the PCC), only collision resistance is weaker.
+        if getrandom::getrandom(&mut b).is_err() {
+            tracing::warn!("getrandom failed; using a fixed signature key");
+            b = *b"dircache-sigkey!";
+        }
+        let k0 = u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
+        let k1 = u64::from_le_bytes(b[8..].try_into().unwrap_or([0; 8]));
+        SigKey(k0, k1)
+    }
+    #[inline]
+    pub(crate) fn hasher(&self) -> SipHasher13 {
+        SipHasher13::new_with_keys(self.0, self.1)
+    }
+}
+
+#[inline]
+pub(crate) fn finish(h: &SipHasher13) -> Sig {
+    h.finish128().as_u128()
+}
+
+/// Signature of `path` hashed after `h`.
+#[inline]
+pub(crate) fn sig_of(h: &SipHasher13, path: &[u8]) -> Sig {
+    let mut h = *h;
+    h.write(path);
+    finish(&h)
+}
+
+/// One DLHT entry.
+pub(crate) struct FastEntry {
+    pub(crate) node: NodeRef,
+    pub(crate) ver: u64,
+    /// Unique id of this entry; PCC slots name the entry they confirm.
+    pub(crate) stamp: u64,
+    /// Symlinks the path went through, with their versions at insertion.
+    pub(crate) deps: Box<[(NodeRef, u64)]>,
+    pub(crate) mount: MountOptions,
+    /// The full lexical path, kept only when `Config::verify_path` is on.
+    pub(crate) path: Option<Box<[u8]>>,
+}
+
+impl FastEntry {
+    #[inline]
+    pub(crate) fn valid(&self) -> bool {
+        self.node.version.load(Ordering::Acquire) == self.ver
+            && self.node.flags.load(Ordering::Acquire) & DEAD == 0
+            && self
+                .deps
+                .iter()
+                .all(|(n, v)| n.version.load(Ordering::Acquire) == *v)
+    }
+}
+
+/// Signatures are already uniformly random: hash tables index by their low bits as they are.
+#[derive(Default)]
+pub(crate) struct SigHasher(u64);
+
+impl Hasher for SigHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+pub(crate) type Dlht = papaya::HashMap<Sig, FastEntry, BuildHasherDefault<SigHasher>>;
+
+pub(crate) fn new_dlht() -> Dlht {
+    papaya::HashMap::builder()
+        .hasher(BuildHasherDefault::default())
+        .build()
+}
+
+const EMPTY: u64 = 0;
+const LOCKED: u64 = u64::MAX;
+
+struct Slot {
+    lo: AtomicU64,
+    hi: AtomicU64,
+    stamp: AtomicU64,
+}
+
+/// A bounded, lock-free prefix-check cache: readers never write; writers claim a slot with a
+/// compare-and-swap and give up if another writer holds it (it is only a cache).
+pub(crate) struct Pcc {
+    slots: Box<[Slot]>,
+    mask: usize,
+}
+
+impl Pcc {
+    pub(crate) fn new(slots: usize) -> Pcc {
+        let n = slots.max(2).next_power_of_two();
+        let slots = (0..n)
+            .map(|_| Slot {
+                lo: AtomicU64::new(0),
+                hi: AtomicU64::new(0),
+                stamp: AtomicU64::new(EMPTY),
+            })
+            .collect();
+        Pcc { slots, mask: n - 1 }
+    }
+
+    #[inline]
+    fn slot(&self, sig: Sig) -> &Slot {
+        // The DLHT indexes by the low half; use the high half here.
+        &self.slots[((sig >> 64) as usize) & self.mask]
+    }
+
+    /// Whether this credential's walk of `sig` produced the DLHT entry `stamp`.
+    #[inline]
+    pub(crate) fn check(&self, sig: Sig, stamp: u64) -> bool {
+        let s = self.slot(sig);
+        let v1 = s.stamp.load(Ordering::Acquire);
+        if v1 != stamp {
+            return false;
+        }
+        let lo = s.lo.load(Ordering::Relaxed);
+        let hi = s.hi.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        let v2 = s.stamp.load(Ordering::Relaxed);
+        v1 == v2 && lo == sig as u64 && hi == (sig >> 64) as u64
+    }
+
+    pub(crate) fn insert(&self, sig: Sig, stamp: u64) {
+        debug_assert!(stamp != EMPTY && stamp != LOCKED);
+        let s = self.slot(sig);
+        let cur = s.stamp.load(Ordering::Relaxed);
+        if cur == LOCKED
+            || s.stamp
+                .compare_exchange(cur, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        s.lo.store(sig as u64, Ordering::Relaxed);
+        s.hi.store((sig >> 64) as u64, Ordering::Relaxed);
+        s.stamp.store(stamp, Ordering::Release);
+    }
+
+    /// Drop the slot for (`sig`, `stamp`) if it still holds exactly that.
+    pub(crate) fn remove(&self, sig: Sig, stamp: u64) {
+        let s = self.slot(sig);
+        if self.check(sig, stamp) {
+            let _ = s
+                .stamp
+                .compare_exchange(stamp, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<Slot>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_hash_resumes_from_a_prefix() {
+        let k = SigKey::random();
+        let whole = sig_of(&k.hasher(), b"usr/include/linux/fs.h");
+        let mut h = k.hasher();
+        h.write(b"usr/include/");
+        assert_eq!(sig_of(&h, b"linux/fs.h"), whole);
+        assert_ne!(sig_of(&k.hasher(), b"usr/include/linux/fs.g"), whole);
+    }
+
+    #[test]
+    fn keys_differ_per_instance() {
+        let (a, b) = (SigKey::random(), SigKey::random());
+        assert_ne!(sig_of(&a.hasher(), b"x"), sig_of(&b.hasher(), b"x"));
+    }
+
+    #[test]
+    fn pcc_confirms_only_the_exact_entry() {
+        let p = Pcc::new(8);
+        p.insert(42, 7);
+        assert!(p.check(42, 7));
+        assert!(!p.check(42, 8));
+        assert!(!p.check(43 | (42 << 64), 7));
+        p.remove(42, 7);
+        assert!(!p.check(42, 7));
+    }
+}

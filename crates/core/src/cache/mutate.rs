@@ -1,0 +1,544 @@
+//! Mutations through the cache. Each one checks permissions as Linux's VFS does (unless the
+//! caller already did), asks the backend, then updates the cached tree so that it stays
+//! exactly what the backend now holds.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::dentry::{COMPLETE, DEAD, HAS_CHILDREN, MOUNTED};
+use super::path::{check_name, join};
+use super::{Cache, Creds, NodeKind, NodeRef};
+use crate::{Attr, Error, FileType, RenameMode, Result, SetAttr, TimeSet, R_OK, W_OK, X_OK};
+
+fn want_dir(n: &NodeRef) -> Result<()> {
+    match n.kind {
+        NodeKind::Positive(FileType::Directory) if !n.has(DEAD) => Ok(()),
+        NodeKind::Positive(FileType::Directory) => Err(Error::NotFound),
+        NodeKind::Positive(_) => Err(Error::NotDir),
+        NodeKind::Negative(e) => Err(e),
+    }
+}
+
+impl Cache {
+    fn check(&self, c: &Creds, node: &NodeRef, mask: u32) -> Result<()> {
+        if c.0.check {
+            let a = self.attr_of(node)?;
+            self.policy.permission(&c.0.cred, &a, mask)?;
+        }
+        Ok(())
+    }
+
+    /// Linux's `may_delete` sticky rule: in a sticky directory only the owner of the file,
+    /// the owner of the directory, or a privileged caller may remove or rename an entry.
+    fn check_sticky(&self, c: &Creds, dir: &NodeRef, victim: &NodeRef) -> Result<()> {
+        if !c.0.check {
+            return Ok(());
+        }
+        let d = self.attr_of(dir)?;
+        if d.mode & libc::S_ISVTX == 0 {
+            return Ok(());
+        }
+        let v = self.attr_of(victim)?;
+        let cred = &c.0.cred;
+        if cred.uid == d.uid || cred.uid == v.uid || self.policy.owner_or_capable(cred, &v) {
+            Ok(())
+        } else {
+            Err(Error::Perm)
+        }
+    }
+
+    /// The checks before creating `parent/name`: search permission, EEXIST, then write.
+    fn prepare_create(&self, c: &Creds, parent: &NodeRef, name: &[u8]) -> Result<()> {
+        want_dir(parent)?;
+        check_name(name)?;
+        if name == b"." || name == b".." {
+            return Err(Error::Exists);
+        }
+        let existing = self.child_checked(c, parent, name)?;
+        if let NodeKind::Positive(_) = existing.kind {
+            return Err(Error::Exists);
+        }
+        self.check(c, parent, W_OK | X_OK)
+    }
+
+    /// Put a new positive dentry at `parent/name`, replacing whatever negative was there.
+    fn install(&self, parent: &NodeRef, name: &[u8], attr: Attr, complete: bool) -> NodeRef {
+        let node = self.new_dentry(parent, name, NodeKind::Positive(attr.kind()), Some(attr));
+        if complete && self.config.completeness {
+            node.set(COMPLETE);
+        }
+        let old = {
+            let mut inner = parent.inner.write();
+            inner.gen += 1;
+            parent.set(HAS_CHILDREN);
+            inner.children_mut().insert(name.into(), node.clone())
+        };
+        self.account_new(&node);
+        if let Some(old) = old {
+            self.kill(&old);
+        }
+        // The parent's mtime, ctime (and nlink for directories) changed.
+        parent.set_attr(None);
+        node
+    }
+
+    fn create_with(
+        &self,
+        c: &Creds,
+        parent: &NodeRef,
+        name: &[u8],
+        op: impl FnOnce(&[u8]) -> Result<Attr>,
+    ) -> Result<NodeRef> {
+        let _t = self.tree_lock.read();
+        self.prepare_create(c, parent, name)?;
+        let path = join(&self.path_of(parent)?, name);
+        self.stats.backend.mutation.inc();
+        let attr = op(&path)?;
+        Ok(self.install(parent, name, attr, attr.is_dir()))
+    }
+
+    pub fn mkdir_at(&self, c: &Creds, parent: &NodeRef, name: &[u8], mode: u32) -> Result<NodeRef> {
+        let b = parent.sb.backend.clone();
+        // A new directory is complete and empty (SOSP'15 §5.1).
+        self.create_with(c, parent, name, |p| b.mkdir(&c.0.cred, p, mode & 0o7777))
+    }
+
+    pub fn mknod_at(
+        &self,
+        c: &Creds,
+        parent: &NodeRef,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+    ) -> Result<NodeRef> {
+        let mode = if mode & libc::S_IFMT == 0 {
+            mode | libc::S_IFREG
+        } else {
+            mode
+        };
+        if mode & libc::S_IFMT == libc::S_IFDIR {
+            return Err(Error::Perm);
+        }
+        let b = parent.sb.backend.clone();
+        self.create_with(c, parent, name, |p| b.mknod(&c.0.cred, p, mode, rdev))
+    }
+
+    pub fn symlink_at(
+        &self,
+        c: &Creds,
+        parent: &NodeRef,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<NodeRef> {
+        if target.is_empty() {
+            return Err(Error::NotFound);
+        }
+        if target.len() >= crate::PATH_MAX {
+            return Err(Error::NameTooLong);
+        }
+        if target.contains(&0) {
+            return Err(Error::Invalid);
+        }
+        let b = parent.sb.backend.clone();
+        let n = self.create_with(c, parent, name, |p| b.symlink(&c.0.cred, target, p))?;
+        n.inner.write().target = Some(target.into());
+        Ok(n)
+    }
+
+    /// Hard link `node` as `newparent/newname`.
+    pub fn link_at(
+        &self,
+        c: &Creds,
+        node: &NodeRef,
+        newparent: &NodeRef,
+        newname: &[u8],
+    ) -> Result<NodeRef> {
+        match node.kind {
+            NodeKind::Positive(FileType::Directory) => return Err(Error::Perm),
+            NodeKind::Positive(_) => {}
+            NodeKind::Negative(e) => return Err(e),
+        }
+        if !Arc::ptr_eq(&node.sb, &newparent.sb) {
+            return Err(Error::CrossDevice);
+        }
+        let _t = self.tree_lock.read();
+        self.prepare_create(c, newparent, newname)?;
+        let old = self.path_of(node)?;
+        let new = join(&self.path_of(newparent)?, newname);
+        self.stats.backend.mutation.inc();
+        let attr = newparent.sb.backend.link(&c.0.cred, &old, &new)?;
+        let n = self.install(newparent, newname, attr, false);
+        if let Some(t) = node.inner.read().target.clone() {
+            n.inner.write().target = Some(t);
+        }
+        // Same inode: nlink and ctime changed for every name of it.
+        node.set_attr(Some(attr));
+        self.note_links(node, &attr);
+        self.update_links(node, &attr, Some(attr));
+        Ok(n)
+    }
+
+    /// Remove `parent/name` from the tree after the backend removed it: a negative entry
+    /// takes its place (SOSP'15 §5.2).
+    fn uninstall(&self, parent: &NodeRef, name: &[u8], victim: &NodeRef) {
+        let neg = self
+            .config
+            .negatives
+            .then(|| self.new_dentry(parent, name, NodeKind::Negative(Error::NotFound), None));
+        {
+            let mut inner = parent.inner.write();
+            inner.gen += 1;
+            let ch = inner.children_mut();
+            match &neg {
+                Some(n) => {
+                    ch.insert(name.into(), n.clone());
+                }
+                None => {
+                    ch.remove(name);
+                }
+            }
+        }
+        if let Some(n) = &neg {
+            self.account_new(n);
+        }
+        {
+            let _w = self.inval_window();
+            self.kill(victim);
+        }
+        parent.set_attr(None);
+    }
+
+    pub fn unlink_at(&self, c: &Creds, parent: &NodeRef, name: &[u8]) -> Result<()> {
+        want_dir(parent)?;
+        let _t = self.tree_lock.read();
+        let victim = self.child_checked(c, parent, name)?;
+        match victim.kind {
+            NodeKind::Negative(e) => return Err(e),
+            NodeKind::Positive(FileType::Directory) => return Err(Error::IsDir),
+            NodeKind::Positive(_) => {}
+        }
+        self.check(c, parent, W_OK | X_OK)?;
+        self.check_sticky(c, parent, &victim)?;
+        let path = join(&self.path_of(parent)?, name);
+        self.stats.backend.mutation.inc();
+        parent.sb.backend.unlink(&c.0.cred, &path)?;
+        let a = victim.attr_copy();
+        self.uninstall(parent, name, &victim);
+        // The other names of the inode lost a link.
+        match a {
+            Some(a) => self.update_links(&victim, &a, None),
+            None => self.forget_link_attrs(&victim),
+        }
+        Ok(())
+    }
+
+    pub fn rmdir_at(&self, c: &Creds, parent: &NodeRef, name: &[u8]) -> Result<()> {
+        want_dir(parent)?;
+        match name {
+            b"." => return Err(Error::Invalid),
+            b".." => return Err(Error::NotEmpty),
+            _ => {}
+        }
+        let _t = self.tree_lock.read();
+        let victim = self.child_checked(c, parent, name)?;
+        match victim.kind {
+            NodeKind::Negative(e) => return Err(e),
+            NodeKind::Positive(FileType::Directory) => {}
+            NodeKind::Positive(_) => return Err(Error::NotDir),
+        }
+        self.check(c, parent, W_OK | X_OK)?;
+        self.check_sticky(c, parent, &victim)?;
+        if victim.has(MOUNTED) {
+            return Err(Error::Busy);
+        }
+        let path = join(&self.path_of(parent)?, name);
+        self.stats.backend.mutation.inc();
+        parent.sb.backend.rmdir(&c.0.cred, &path)?;
+        self.uninstall(parent, name, &victim);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename_at(
+        &self,
+        c: &Creds,
+        parent: &NodeRef,
+        name: &[u8],
+        newparent: &NodeRef,
+        newname: &[u8],
+        mode: RenameMode,
+    ) -> Result<()> {
+        want_dir(parent)?;
+        want_dir(newparent)?;
+        if matches!(name, b"." | b"..") || matches!(newname, b"." | b"..") {
+            return Err(Error::Busy);
+        }
+        check_name(newname)?;
+        let _t = self.tree_lock.write();
+        let src = self.child_checked(c, parent, name)?;
+        if let NodeKind::Negative(e) = src.kind {
+            return Err(e);
+        }
+        let dst = self.child_checked(c, newparent, newname)?;
+        let dst_pos = matches!(dst.kind, NodeKind::Positive(_));
+        if !Arc::ptr_eq(&parent.sb, &newparent.sb) {
+            return Err(Error::CrossDevice);
+        }
+        match mode {
+            RenameMode::Exchange if !dst_pos => return Err(Error::NotFound),
+            RenameMode::NoReplace if dst_pos => return Err(Error::Exists),
+            _ => {}
+        }
+        let src_dir = src.is_dir();
+        if dst_pos && mode != RenameMode::Exchange {
+            if Arc::ptr_eq(&src, &dst) {
+                return Ok(());
+            }
+            if src_dir && !dst.is_dir() {
+                return Err(Error::NotDir);
+            }
+            if !src_dir && dst.is_dir() {
+                return Err(Error::IsDir);
+            }
+            if let (Some(a), Some(b)) = (src.attr_copy(), dst.attr_copy()) {
+                if a.ino == b.ino && a.dev == b.dev {
+                    // Two names of one file: rename(2) does nothing and succeeds.
+                    return Ok(());
+                }
+            }
+        }
+        if src.has(MOUNTED) || dst.has(MOUNTED) {
+            return Err(Error::Busy);
+        }
+        // Permissions as Linux's may_delete / may_create, plus write permission on a
+        // directory that moves to another parent (its `..` changes).
+        self.check(c, parent, W_OK | X_OK)?;
+        self.check_sticky(c, parent, &src)?;
+        self.check(c, newparent, W_OK | X_OK)?;
+        if dst_pos {
+            self.check_sticky(c, newparent, &dst)?;
+        }
+        if !Arc::ptr_eq(parent, newparent) {
+            if src_dir {
+                self.check(c, &src, W_OK)?;
+            }
+            if mode == RenameMode::Exchange && dst.is_dir() {
+                self.check(c, &dst, W_OK)?;
+            }
+        }
+        let old = join(&self.path_of(parent)?, name);
+        let new = join(&self.path_of(newparent)?, newname);
+        self.stats.backend.mutation.inc();
+        parent.sb.backend.rename(&c.0.cred, &old, &new, mode)?;
+
+        // Update the tree inside an invalidation window: the paths of both subtrees change.
+        let _w = self.inval_window();
+        let neg = (mode != RenameMode::Exchange && self.config.negatives)
+            .then(|| self.new_dentry(parent, name, NodeKind::Negative(Error::NotFound), None));
+        {
+            // Lock both parents' maps in id order.
+            let same = Arc::ptr_eq(parent, newparent);
+            let (first, second) = if parent.id <= newparent.id {
+                (parent, newparent)
+            } else {
+                (newparent, parent)
+            };
+            let mut g1 = first.inner.write();
+            let mut g2 = if same {
+                None
+            } else {
+                Some(second.inner.write())
+            };
+            let (pi, ni) = match (&mut g2, parent.id <= newparent.id) {
+                (None, _) => (&mut *g1, None),
+                (Some(g2), true) => (&mut *g1, Some(&mut **g2)),
+                (Some(g2), false) => (&mut **g2, Some(&mut *g1)),
+            };
+            pi.gen += 1;
+            if mode == RenameMode::Exchange {
+                pi.children_mut().insert(name.into(), dst.clone());
+                match ni {
+                    Some(ni) => {
+                        ni.gen += 1;
+                        ni.children_mut().insert(newname.into(), src.clone());
+                    }
+                    None => {
+                        pi.children_mut().insert(newname.into(), src.clone());
+                    }
+                }
+            } else {
+                match &neg {
+                    Some(n) => {
+                        pi.children_mut().insert(name.into(), n.clone());
+                    }
+                    None => {
+                        pi.children_mut().remove(name);
+                    }
+                }
+                match ni {
+                    Some(ni) => {
+                        ni.gen += 1;
+                        ni.children_mut().insert(newname.into(), src.clone());
+                    }
+                    None => {
+                        pi.children_mut().insert(newname.into(), src.clone());
+                    }
+                }
+            }
+            parent.set(HAS_CHILDREN);
+            newparent.set(HAS_CHILDREN);
+            src.link.store(Arc::new(super::dentry::Link {
+                parent: Some(Arc::downgrade(newparent)),
+                name: newname.into(),
+            }));
+            if mode == RenameMode::Exchange {
+                dst.link.store(Arc::new(super::dentry::Link {
+                    parent: Some(Arc::downgrade(parent)),
+                    name: name.into(),
+                }));
+            }
+        }
+        if let Some(n) = &neg {
+            self.account_new(n);
+        }
+        self.bump_subtree(&src);
+        if mode == RenameMode::Exchange {
+            self.bump_subtree(&dst);
+        } else {
+            let a = dst.attr_copy();
+            self.kill(&dst);
+            if dst_pos {
+                match a {
+                    Some(a) => self.update_links(&dst, &a, None),
+                    None => self.forget_link_attrs(&dst),
+                }
+            }
+        }
+        // mtime/ctime of both parents, ctime of the moved inodes, nlink of parents of a
+        // moved directory.
+        parent.set_attr(None);
+        newparent.set_attr(None);
+        src.set_attr(None);
+        dst.set_attr(None);
+        Ok(())
+    }
+
+    pub fn setattr_node(&self, c: &Creds, node: &NodeRef, set: &SetAttr) -> Result<Attr> {
+        if let NodeKind::Negative(e) = node.kind {
+            return Err(e);
+        }
+        let _t = self.tree_lock.read();
+        if c.0.check {
+            let a = self.attr_of(node)?;
+            let cred = &c.0.cred;
+            let owner = self.policy.owner_or_capable(cred, &a);
+            if set.mode.is_some() && !owner {
+                return Err(Error::Perm);
+            }
+            if let Some(uid) = set.uid {
+                if uid != a.uid && !cred.is_root() {
+                    return Err(Error::Perm);
+                }
+            }
+            if let Some(gid) = set.gid {
+                if gid != a.gid && !(cred.is_root() || (cred.uid == a.uid && cred.in_group(gid))) {
+                    return Err(Error::Perm);
+                }
+            }
+            if set.size.is_some() {
+                if a.is_dir() {
+                    return Err(Error::IsDir);
+                }
+                self.policy.permission(cred, &a, W_OK)?;
+            }
+            let explicit = matches!(set.atime, Some(TimeSet::At(_)))
+                || matches!(set.mtime, Some(TimeSet::At(_)));
+            let now =
+                matches!(set.atime, Some(TimeSet::Now)) || matches!(set.mtime, Some(TimeSet::Now));
+            if explicit && !owner {
+                return Err(Error::Perm);
+            }
+            if now && !explicit && !owner {
+                self.policy.permission(cred, &a, W_OK)?;
+            }
+        }
+        let path = self.path_of(node)?;
+        self.stats.backend.mutation.inc();
+        let attr = node.sb.backend.setattr(&c.0.cred, &path, set)?;
+        if set.changes_permissions() && node.is_dir() {
+            // Who may search below this directory may have changed: new attributes and
+            // version bumps inside one invalidation window (SOSP'15 §3.2).
+            let _w = self.inval_window();
+            node.set_attr(Some(attr));
+            self.bump_subtree(node);
+        } else {
+            node.set_attr(Some(attr));
+        }
+        self.note_links(node, &attr);
+        self.update_links(node, &attr, Some(attr));
+        Ok(attr)
+    }
+
+    /// Open a file for data with open(2) `flags` (permission checked unless kernel-checked).
+    pub fn open_node(&self, c: &Creds, node: &NodeRef, flags: i32) -> Result<OwnedFd> {
+        let mask = match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => R_OK,
+            libc::O_WRONLY => W_OK,
+            _ => R_OK | W_OK,
+        } | if flags & libc::O_TRUNC != 0 { W_OK } else { 0 };
+        match node.kind {
+            NodeKind::Negative(e) => return Err(e),
+            NodeKind::Positive(FileType::Directory) if mask & W_OK != 0 => {
+                return Err(Error::IsDir)
+            }
+            _ => {}
+        }
+        self.check(c, node, mask)?;
+        let path = self.path_of(node)?;
+        let fd =
+            node.sb
+                .backend
+                .open(&c.0.cred, &path, flags & !(libc::O_CREAT | libc::O_EXCL), 0)?;
+        if flags & libc::O_TRUNC != 0 {
+            self.forget_attr(node);
+        }
+        Ok(fd)
+    }
+
+    /// Create and open regular file `parent/name` (O_CREAT; O_EXCL in `flags` honoured).
+    pub fn create_at(
+        &self,
+        c: &Creds,
+        parent: &NodeRef,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+    ) -> Result<(NodeRef, OwnedFd)> {
+        want_dir(parent)?;
+        check_name(name)?;
+        let _t = self.tree_lock.read();
+        let existing = self.child_checked(c, parent, name)?;
+        if let NodeKind::Positive(_) = existing.kind {
+            if flags & libc::O_EXCL != 0 {
+                return Err(Error::Exists);
+            }
+            drop(_t);
+            let fd = self.open_node(c, &existing, flags)?;
+            return Ok((existing, fd));
+        }
+        self.check(c, parent, W_OK | X_OK)?;
+        let path = join(&self.path_of(parent)?, name);
+        self.stats.backend.mutation.inc();
+        let b = &parent.sb.backend;
+        let fd = b.open(
+            &c.0.cred,
+            &path,
+            flags | libc::O_CREAT | libc::O_EXCL,
+            mode & 0o7777,
+        )?;
+        self.stats.backend.getattr.inc();
+        let attr = b.getattr(&path)?;
+        let node = self.install(parent, name, attr, false);
+        Ok((node, fd))
+    }
+}

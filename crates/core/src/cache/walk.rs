@@ -1,0 +1,1017 @@
+//! Path resolution: the fast path (one DLHT probe + one PCC probe) and the slow path
+//! (component at a time, permission check at every directory, backend on misses).
+
+use std::borrow::Cow;
+use std::hash::Hasher;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use siphasher::sip128::SipHasher13;
+
+use super::dentry::{Dentry, COMPLETE, DEAD, HAS_CHILDREN, MOUNTED};
+use super::fast::{finish, sig_of, FastEntry, FOLLOW_MARK};
+use super::path::{self, check_path, shape, Shape};
+use super::{
+    At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
+};
+use crate::{Attr, DotDot, Error, FileType, LookupFlags, Result, MAX_SYMLINKS, NAME_MAX, X_OK};
+
+/// Where a walk starts.
+pub(crate) struct Start<'a> {
+    pub(crate) ns: &'a Arc<Namespace>,
+    pub(crate) mnt: &'a Arc<Mount>,
+    pub(crate) node: &'a NodeRef,
+    /// The handle, for relative walks from one.
+    pub(crate) handle: Option<&'a DirHandle>,
+}
+
+/// What a slow-path walk found.
+pub(crate) struct Walk {
+    pub(crate) mnt: Arc<Mount>,
+    /// The final dentry; may be negative.
+    pub(crate) node: NodeRef,
+    /// Version of `node` when the walk reached it.
+    pub(crate) ver: u64,
+    /// Symlinks followed, with their versions when followed.
+    pub(crate) deps: Vec<(NodeRef, u64)>,
+    /// Index in `deps` of the symlink that was the path's own final component, when it was
+    /// followed.
+    pub(crate) final_link: Option<usize>,
+    /// Nodes reached right before a `..` in the original path while no symlink had been
+    /// followed yet: (byte offset of the `..`, node, version), published as prefixes so the
+    /// fast path can check `..` later.
+    pub(crate) dotdot: Vec<(usize, Arc<Mount>, NodeRef, u64)>,
+}
+
+enum Next {
+    Done,
+    Comp {
+        comp: Vec<u8>,
+        last: bool,
+        at: usize,
+        depth: usize,
+    },
+}
+
+fn next_component(stack: &mut Vec<(Cow<'_, [u8]>, usize)>) -> Next {
+    loop {
+        let Some((buf, pos)) = stack.last_mut() else {
+            return Next::Done;
+        };
+        let mut i = *pos;
+        while i < buf.len() && buf[i] == b'/' {
+            i += 1;
+        }
+        if i == buf.len() {
+            stack.pop();
+            continue;
+        }
+        let s = i;
+        while i < buf.len() && buf[i] != b'/' {
+            i += 1;
+        }
+        *pos = i;
+        let comp = buf[s..i].to_vec();
+        let depth = stack.len();
+        let last = !stack
+            .iter()
+            .any(|(b, p)| b[*p..].iter().any(|&c| c != b'/'));
+        return Next::Comp {
+            comp,
+            last,
+            at: s,
+            depth,
+        };
+    }
+}
+
+impl Cache {
+    pub(crate) fn start<'a>(&'a self, at: At<'a>) -> Start<'a> {
+        match at {
+            At::Root => Start {
+                ns: &self.ns,
+                mnt: &self.ns.root,
+                node: &self.ns.root.root,
+                handle: None,
+            },
+            At::Dir(h) => Start {
+                ns: &h.ns,
+                mnt: &h.mnt,
+                node: &h.node,
+                handle: Some(h),
+            },
+        }
+    }
+
+    /// Resolve a path and hand the final dentry (positive) and its mount's options to `f`.
+    /// Negative results come back as their errors.
+    pub(crate) fn resolve<R>(
+        &self,
+        c: &Creds,
+        at: At<'_>,
+        path: &[u8],
+        flags: LookupFlags,
+        f: impl FnOnce(&NodeRef, MountOptions) -> R,
+    ) -> Result<R> {
+        let st = self.start(at);
+        let mut f = Some(f);
+        if let Some(r) = self.fast(&c.0, &st, path, flags, &mut f) {
+            return r;
+        }
+        let w = self.slow(&c.0, &st, path, flags)?;
+        match w.node.kind {
+            NodeKind::Negative(e) => {
+                self.stats.negative_hits.inc();
+                Err(e)
+            }
+            NodeKind::Positive(_) => match f.take() {
+                Some(f) => Ok(f(&w.node, w.mnt.opts)),
+                None => Err(Error::Invalid),
+            },
+        }
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Fast path.
+
+    /// One DLHT probe and one PCC probe; `None` sends the caller to the slow path.
+    #[inline]
+    fn fast<R>(
+        &self,
+        cs: &CredState,
+        st: &Start<'_>,
+        path: &[u8],
+        flags: LookupFlags,
+        f: &mut Option<impl FnOnce(&NodeRef, MountOptions) -> R>,
+    ) -> Option<Result<R>> {
+        if !self.config.fastpath {
+            return None;
+        }
+        let ns = st.ns;
+        let abs = path.first() == Some(&b'/');
+        let rel = if abs {
+            let i = path.iter().position(|&b| b != b'/')?;
+            &path[i..]
+        } else {
+            path
+        };
+        // The base: namespace root, or a handle whose lexical path still names it.
+        let (base, lex): (&SipHasher13, &[u8]) = match (abs, st.handle) {
+            (true, _) | (false, None) => (&ns.base, b""),
+            (false, Some(h)) => {
+                let lex = h.lex.as_deref()?;
+                if h.node.version.load(Ordering::Acquire) != h.ver {
+                    return None;
+                }
+                (&h.hasher, lex)
+            }
+        };
+        let mut must_dir = flags.directory;
+        let mut follow = flags.follow;
+        let mut x_final = false;
+        let normalized;
+        let (h, full): (SipHasher13, Option<Vec<u8>>) = match shape(rel) {
+            Shape::Clean => {
+                let mut h = *base;
+                h.write(rel);
+                (h, None)
+            }
+            Shape::Other => {
+                normalized = self.fast_normalize(cs, ns, lex, rel)?;
+                let (buf, md, xf) = normalized;
+                if md {
+                    must_dir = true;
+                    follow = true;
+                }
+                x_final = xf;
+                let mut h = ns.base;
+                h.write(&buf);
+                (h, Some(buf))
+            }
+        };
+        let sig = finish(&h);
+        let guard = ns.dlht.guard();
+        let e = ns.dlht.get(&sig, &guard)?;
+        if !self.fast_entry_ok(cs, e, sig, lex, rel, full.as_deref()) {
+            return None;
+        }
+        let mut e = e;
+        if let NodeKind::Positive(FileType::Symlink) = e.node.kind {
+            if follow || must_dir {
+                let mut hf = h;
+                hf.write(FOLLOW_MARK);
+                let sigf = finish(&hf);
+                let ef = ns.dlht.get(&sigf, &guard)?;
+                if !self.fast_entry_ok(cs, ef, sigf, lex, rel, full.as_deref()) {
+                    return None;
+                }
+                e = ef;
+            }
+        }
+        let node = &e.node;
+        node.touch();
+        match node.kind {
+            NodeKind::Negative(err) => {
+                self.stats.hits.inc();
+                self.stats.fastpath_hits.inc();
+                self.stats.negative_hits.inc();
+                Some(Err(err))
+            }
+            NodeKind::Positive(t) => {
+                if must_dir && t != FileType::Directory {
+                    return Some(Err(Error::NotDir));
+                }
+                if x_final && cs.check {
+                    let a = node.attr_copy()?;
+                    if let Err(err) = self.policy.permission(&cs.cred, &a, X_OK) {
+                        return Some(Err(err));
+                    }
+                }
+                self.stats.hits.inc();
+                self.stats.fastpath_hits.inc();
+                let f = f.take()?;
+                Some(Ok(f(node, e.mount)))
+            }
+        }
+    }
+
+    #[inline]
+    fn fast_entry_ok(
+        &self,
+        cs: &CredState,
+        e: &FastEntry,
+        sig: u128,
+        lex: &[u8],
+        rel: &[u8],
+        full: Option<&[u8]>,
+    ) -> bool {
+        if !e.valid() {
+            return false;
+        }
+        if let Some(p) = &e.path {
+            let same = match full {
+                Some(full) => **p == *full,
+                None if lex.is_empty() => **p == *rel,
+                None => {
+                    p.len() == lex.len() + 1 + rel.len()
+                        && p.starts_with(lex)
+                        && p[lex.len()] == b'/'
+                        && p.ends_with(rel)
+                }
+            };
+            if !same {
+                return false;
+            }
+        }
+        if cs.check && !cs.pcc.check(sig, e.stamp) {
+            self.stats.pcc_misses.inc();
+            return false;
+        }
+        true
+    }
+
+    /// Normalize `lex/rel` for the fast path: drop empty and `.` components, resolve `..`
+    /// against prefixes the fast path can vouch for. Returns (path, must be a directory,
+    /// needs search permission on the final directory), or `None` for the slow path.
+    fn fast_normalize(
+        &self,
+        cs: &CredState,
+        ns: &Namespace,
+        lex: &[u8],
+        rel: &[u8],
+    ) -> Option<(Vec<u8>, bool, bool)> {
+        check_path(rel).ok()?;
+        let mut buf = Vec::with_capacity(lex.len() + 1 + rel.len());
+        buf.extend_from_slice(lex);
+        let mut last_dot = false;
+        for c in path::components(rel) {
+            last_dot = false;
+            match c {
+                b"." => last_dot = true,
+                b".." => {
+                    last_dot = true;
+                    if self.config.dotdot == DotDot::Posix && !buf.is_empty() {
+                        // `prefix/..` needs prefix to be a searchable directory reached
+                        // without symlinks; then it is lexically the parent.
+                        let sig = sig_of(&ns.base, &buf);
+                        let guard = ns.dlht.guard();
+                        let e = ns.dlht.get(&sig, &guard)?;
+                        if !e.valid() || !e.deps.is_empty() || !e.node.is_dir() {
+                            return None;
+                        }
+                        if cs.check {
+                            if !cs.pcc.check(sig, e.stamp) {
+                                return None;
+                            }
+                            let a = e.node.attr_copy()?;
+                            self.policy.permission(&cs.cred, &a, X_OK).ok()?;
+                        }
+                    }
+                    match buf.iter().rposition(|&b| b == b'/') {
+                        Some(i) => buf.truncate(i),
+                        None => buf.clear(),
+                    }
+                }
+                c => {
+                    if c.len() > NAME_MAX {
+                        return None;
+                    }
+                    if !buf.is_empty() {
+                        buf.push(b'/');
+                    }
+                    buf.extend_from_slice(c);
+                }
+            }
+        }
+        if buf.is_empty() {
+            // The namespace root itself: no DLHT entry; the slow path answers at once.
+            return None;
+        }
+        let must_dir = last_dot || rel.last() == Some(&b'/');
+        Some((buf, must_dir, last_dot))
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Slow path.
+
+    /// Walk component by component and publish the result for the fast path.
+    pub(crate) fn slow(
+        &self,
+        cs: &CredState,
+        st: &Start<'_>,
+        path: &[u8],
+        flags: LookupFlags,
+    ) -> Result<Walk> {
+        // Read the invalidation counters before anything else (SOSP'15 §3.2).
+        let e0 = self.inval_end.load(Ordering::SeqCst);
+        let s0 = self.inval_start.load(Ordering::SeqCst);
+        let lexical;
+        let p = if self.config.dotdot == DotDot::Lexical {
+            check_path(path)?;
+            lexical = path::lexical(path, true);
+            &lexical[..]
+        } else {
+            path
+        };
+        let w = self.walk(cs, st, p, flags)?;
+        if self.config.fastpath && s0 == e0 {
+            self.publish(cs, st, p, &w, s0);
+        }
+        Ok(w)
+    }
+
+    pub(crate) fn walk(
+        &self,
+        cs: &CredState,
+        st: &Start<'_>,
+        path: &[u8],
+        flags: LookupFlags,
+    ) -> Result<Walk> {
+        self.stats.slowpath_walks.inc();
+        check_path(path)?;
+        let ns = st.ns;
+        let (mut mnt, mut cur) = if path[0] == b'/' {
+            (ns.root.clone(), ns.root.root.clone())
+        } else {
+            (st.mnt.clone(), st.node.clone())
+        };
+        let mut follow_final = flags.follow;
+        let mut must_dir = flags.directory;
+        if path::wants_dir(path) {
+            follow_final = true;
+            must_dir = true;
+        }
+        let mut stack: Vec<(Cow<'_, [u8]>, usize)> = vec![(Cow::Borrowed(path), 0)];
+        let mut links = 0u32;
+        let mut w = Walk {
+            mnt: mnt.clone(),
+            ver: cur.version(),
+            node: cur.clone(),
+            deps: Vec::new(),
+            final_link: None,
+            dotdot: Vec::new(),
+        };
+        let mut missed = false;
+        loop {
+            let (comp, last, at, depth) = match next_component(&mut stack) {
+                Next::Done => break,
+                Next::Comp {
+                    comp,
+                    last,
+                    at,
+                    depth,
+                } => (comp, last, at, depth),
+            };
+            // The current node must be a directory we may search.
+            match cur.kind {
+                NodeKind::Positive(FileType::Directory) => {}
+                k => {
+                    let err = match k {
+                        NodeKind::Negative(e) => e,
+                        _ => Error::NotDir,
+                    };
+                    if !self.config.deep_negatives
+                        || comp == b"."
+                        || comp == b".."
+                        || comp.len() > NAME_MAX
+                    {
+                        return Err(err);
+                    }
+                    // Deep negative: remember `cur/comp` fails the same way.
+                    cur = self.negative_child(&cur, &comp, err);
+                    continue;
+                }
+            }
+            if cs.check {
+                let a = self.attr_of_counted(&cur, &mut missed)?;
+                self.policy.permission(&cs.cred, &a, X_OK)?;
+            }
+            if comp == b"." {
+                continue;
+            }
+            if comp == b".." {
+                if depth == 1 && w.deps.is_empty() {
+                    w.dotdot.push((at, mnt.clone(), cur.clone(), cur.version()));
+                }
+                let (m, n) = self.dotdot(ns, &mnt, &cur);
+                mnt = m;
+                cur = n;
+                continue;
+            }
+            if comp.len() > NAME_MAX {
+                return Err(Error::NameTooLong);
+            }
+            let child = self.child(&cur, &comp, &mut missed)?;
+            let (cmnt, child) = self.cross(ns, &mnt, child);
+            if child.kind == NodeKind::Positive(FileType::Symlink) && (!last || follow_final) {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return Err(Error::Loop);
+                }
+                let ver = child.version();
+                let target = self.link_target_counted(&child, &mut missed)?;
+                if last && depth == 1 {
+                    w.final_link = Some(w.deps.len());
+                }
+                w.deps.push((child.clone(), ver));
+                if target.is_empty() {
+                    return Err(Error::NotFound);
+                }
+                if target[0] == b'/' {
+                    mnt = ns.root.clone();
+                    cur = ns.root.root.clone();
+                }
+                stack.push((Cow::Owned(target), 0));
+                continue;
+            }
+            mnt = cmnt;
+            cur = child;
+        }
+        if must_dir {
+            match cur.kind {
+                NodeKind::Positive(FileType::Directory) | NodeKind::Negative(_) => {}
+                _ => return Err(Error::NotDir),
+            }
+        }
+        if missed {
+            self.stats.misses.inc();
+        } else {
+            self.stats.hits.inc();
+        }
+        w.ver = cur.version();
+        w.node = cur;
+        w.mnt = mnt;
+        Ok(w)
+    }
+
+    /// `..` of (mnt, cur): the parent, climbing out of mounts; the namespace root is its own
+    /// parent.
+    pub(crate) fn dotdot(
+        &self,
+        ns: &Namespace,
+        mnt: &Arc<Mount>,
+        cur: &NodeRef,
+    ) -> (Arc<Mount>, NodeRef) {
+        let mut mnt = mnt.clone();
+        let mut cur = cur.clone();
+        loop {
+            if Arc::ptr_eq(&cur, &mnt.root) {
+                match &mnt.parent {
+                    Some((pm, mp)) if !Arc::ptr_eq(&mnt, &ns.root) => {
+                        let (pm, mp) = (pm.clone(), mp.clone());
+                        mnt = pm;
+                        cur = mp;
+                        continue;
+                    }
+                    _ => return (mnt, cur),
+                }
+            }
+            return match cur.parent_ref() {
+                Some(p) => (mnt, p),
+                None => (mnt.clone(), cur),
+            };
+        }
+    }
+
+    /// Follow mounts stacked on `node` in `ns`.
+    pub(crate) fn cross(
+        &self,
+        ns: &Namespace,
+        mnt: &Arc<Mount>,
+        node: NodeRef,
+    ) -> (Arc<Mount>, NodeRef) {
+        let mut mnt = mnt.clone();
+        let mut node = node;
+        while node.has(MOUNTED) {
+            let m = ns.mounts.read().get(&node.id).cloned();
+            match m {
+                Some(m) => {
+                    node = m.root.clone();
+                    mnt = m;
+                }
+                None => break,
+            }
+        }
+        (mnt, node)
+    }
+
+    /// Publish a slow-path result in the DLHT and this credential's PCC, then undo it if an
+    /// invalidation started meanwhile (SOSP'15 §3.2's global counter protocol).
+    fn publish(&self, cs: &CredState, st: &Start<'_>, path: &[u8], w: &Walk, s0: u64) {
+        let ns = st.ns;
+        let abs = path.first() == Some(&b'/');
+        let lex: &[u8] = match (abs, st.handle) {
+            (true, _) | (false, None) => b"",
+            (false, Some(h)) => match h.lex.as_deref() {
+                Some(l) if h.node.version() == h.ver => l,
+                _ => return,
+            },
+        };
+        let mut published: Vec<(u128, u64)> = Vec::new();
+        // Prefixes before `..` components.
+        for (at, mnt, node, ver) in &w.dotdot {
+            let full = norm_lex(lex, &path[..*at]);
+            if full.is_empty() {
+                continue;
+            }
+            if let Some(p) = self.publish_one(cs, ns, &full, false, node, *ver, &[], mnt.opts) {
+                published.push(p);
+            }
+        }
+        // The path itself, when its lexical form names what the walk found.
+        let has_dotdot = path::components(path).any(|c| c == b"..");
+        if !(has_dotdot && !w.deps.is_empty()) {
+            let full = norm_lex(lex, path);
+            if !full.is_empty() && (w.node.kind != NodeKind::Negative(Error::Loop)) {
+                let (deps, link) = match w.final_link {
+                    Some(i) => (&w.deps[..i], w.deps.get(i)),
+                    None => (&w.deps[..], None),
+                };
+                match link {
+                    Some((l, lver)) => {
+                        // path -> the link itself; path + FOLLOW_MARK -> the target.
+                        if let Some(p) =
+                            self.publish_one(cs, ns, &full, false, l, *lver, deps, w.mnt.opts)
+                        {
+                            published.push(p);
+                        }
+                        if let Some(p) = self
+                            .publish_one(cs, ns, &full, true, &w.node, w.ver, &w.deps, w.mnt.opts)
+                        {
+                            published.push(p);
+                        }
+                    }
+                    None => {
+                        if let Some(p) =
+                            self.publish_one(cs, ns, &full, false, &w.node, w.ver, deps, w.mnt.opts)
+                        {
+                            published.push(p);
+                        }
+                    }
+                }
+            }
+        }
+        fence(Ordering::SeqCst);
+        if self.inval_start.load(Ordering::SeqCst) != s0 {
+            for (sig, stamp) in published {
+                cs.pcc.remove(sig, stamp);
+                let guard = ns.dlht.guard();
+                let _ = ns.dlht.remove_if(&sig, |_, e| e.stamp == stamp, &guard);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn publish_one(
+        &self,
+        cs: &CredState,
+        ns: &Namespace,
+        full: &[u8],
+        follow_key: bool,
+        node: &NodeRef,
+        ver: u64,
+        deps: &[(NodeRef, u64)],
+        mount: MountOptions,
+    ) -> Option<(u128, u64)> {
+        if node.has(DEAD) || node.version() != ver {
+            return None;
+        }
+        let mut h = ns.base;
+        h.write(full);
+        if follow_key {
+            h.write(FOLLOW_MARK);
+        }
+        let sig = finish(&h);
+        let guard = ns.dlht.guard();
+        let reuse = ns.dlht.get(&sig, &guard).and_then(|e| {
+            let same = Arc::ptr_eq(&e.node, node)
+                && e.ver == ver
+                && e.deps.len() == deps.len()
+                && e.deps
+                    .iter()
+                    .zip(deps)
+                    .all(|(a, b)| Arc::ptr_eq(&a.0, &b.0) && a.1 == b.1)
+                && e.valid();
+            same.then_some(e.stamp)
+        });
+        let stamp = match reuse {
+            Some(s) => s,
+            None => {
+                let stamp = self.seq.fetch_add(1, Ordering::AcqRel);
+                let e = FastEntry {
+                    node: node.clone(),
+                    ver,
+                    stamp,
+                    deps: deps.to_vec().into_boxed_slice(),
+                    mount,
+                    path: self.config.verify_path.then(|| full.into()),
+                };
+                ns.dlht.insert(sig, e, &guard);
+                if self.dlht_inserts.fetch_add(1, Ordering::Relaxed)
+                    > self.entries.load(Ordering::Relaxed) + 4096
+                {
+                    self.dlht_inserts.store(0, Ordering::Relaxed);
+                    self.sweep_dlht();
+                }
+                stamp
+            }
+        };
+        if cs.check {
+            cs.pcc.insert(sig, stamp);
+        }
+        Some((sig, stamp))
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Dentry-level helpers shared by the walk, mutations and front ends.
+
+    /// Child `name` of directory `dir`, from the cache or the backend. Negative dentries are
+    /// returned as such (not as errors).
+    pub(crate) fn child(&self, dir: &NodeRef, name: &[u8], missed: &mut bool) -> Result<NodeRef> {
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let (gen0, ver0) = {
+            let inner = dir.inner.read();
+            if let Some(c) = inner.child(name) {
+                c.touch();
+                return Ok(c.clone());
+            }
+            if self.config.completeness && dir.has(COMPLETE) {
+                drop(inner);
+                return Ok(self.negative_child(dir, name, Error::NotFound));
+            }
+            (inner.gen, dir.version())
+        };
+        *missed = true;
+        let dpath = self.path_of(dir)?;
+        self.stats.backend.lookup.inc();
+        match dir.sb.backend.lookup(&dpath, name) {
+            Ok(a) => {
+                Ok(self.insert_child(dir, name, gen0, ver0, NodeKind::Positive(a.kind()), Some(a)))
+            }
+            Err(Error::NotFound) => Ok(self.insert_child(
+                dir,
+                name,
+                gen0,
+                ver0,
+                NodeKind::Negative(Error::NotFound),
+                None,
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `child` with the search-permission check on `dir` and `.`/`..` handling, for the node
+    /// API.
+    pub(crate) fn child_checked(&self, c: &Creds, dir: &NodeRef, name: &[u8]) -> Result<NodeRef> {
+        match dir.kind {
+            NodeKind::Positive(FileType::Directory) => {}
+            NodeKind::Positive(_) => return Err(Error::NotDir),
+            NodeKind::Negative(e) => return Err(e),
+        }
+        if dir.has(DEAD) {
+            return Err(Error::NotFound);
+        }
+        if c.0.check {
+            let a = self.attr_of(dir)?;
+            self.policy.permission(&c.0.cred, &a, X_OK)?;
+        }
+        match name {
+            b"" => Err(Error::NotFound),
+            b"." => Ok(dir.clone()),
+            b".." => Ok(dir.parent_ref().unwrap_or_else(|| dir.clone())),
+            _ => {
+                let mut missed = false;
+                let n = self.child(dir, name, &mut missed)?;
+                if missed {
+                    self.stats.misses.inc();
+                } else {
+                    self.stats.hits.inc();
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// Insert a child learned from the backend, unless `dir` changed since the backend was
+    /// asked (then the answer is returned but not cached).
+    pub(crate) fn insert_child(
+        &self,
+        dir: &NodeRef,
+        name: &[u8],
+        gen0: u64,
+        ver0: u64,
+        kind: NodeKind,
+        attr: Option<Attr>,
+    ) -> NodeRef {
+        let cacheable = match kind {
+            NodeKind::Negative(_) => self.config.negatives,
+            NodeKind::Positive(_) => true,
+        };
+        let mut inner = dir.inner.write();
+        if let Some(c) = inner.child(name) {
+            return c.clone();
+        }
+        let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD);
+        let node = self.new_dentry(dir, name, kind, attr);
+        if cacheable && fresh {
+            inner.children_mut().insert(name.into(), node.clone());
+            dir.set(HAS_CHILDREN);
+            drop(inner);
+            self.account_new(&node);
+        } else {
+            node.set(DEAD);
+        }
+        node
+    }
+
+    /// A negative child of `dir` (deep negatives under negatives and non-directories, or a
+    /// miss in a complete directory).
+    pub(crate) fn negative_child(&self, dir: &NodeRef, name: &[u8], err: Error) -> NodeRef {
+        let gen0 = dir.inner.read().gen;
+        self.insert_child(
+            dir,
+            name,
+            gen0,
+            dir.version(),
+            NodeKind::Negative(err),
+            None,
+        )
+    }
+
+    pub(crate) fn new_dentry(
+        &self,
+        parent: &NodeRef,
+        name: &[u8],
+        kind: NodeKind,
+        attr: Option<Attr>,
+    ) -> NodeRef {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let ver = self.seq.fetch_add(1, Ordering::AcqRel);
+        let n = Arc::new(Dentry::new(
+            id,
+            parent.sb.clone(),
+            kind,
+            Some(parent.clone()),
+            name,
+            ver,
+            attr,
+        ));
+        if let Some(a) = attr {
+            self.note_links(&n, &a);
+        }
+        n
+    }
+
+    /// Attributes of a dentry, from the cache or the backend.
+    pub(crate) fn attr_of(&self, node: &NodeRef) -> Result<Attr> {
+        let mut missed = false;
+        self.attr_of_counted(node, &mut missed)
+    }
+
+    pub(crate) fn attr_of_counted(&self, node: &NodeRef, missed: &mut bool) -> Result<Attr> {
+        if let NodeKind::Negative(e) = node.kind {
+            return Err(e);
+        }
+        if let Some(a) = node.attr_copy() {
+            return Ok(a);
+        }
+        *missed = true;
+        loop {
+            let v0 = node.version();
+            let p = self.path_of(node)?;
+            self.stats.backend.getattr.inc();
+            let a = node.sb.backend.getattr(&p)?;
+            if node.version() == v0 {
+                if node.file_type() == Some(a.kind()) {
+                    node.set_attr(Some(a));
+                    self.note_links(node, &a);
+                }
+                return Ok(a);
+            }
+        }
+    }
+
+    /// The backend path of a dentry.
+    pub(crate) fn path_of(&self, node: &Dentry) -> Result<Vec<u8>> {
+        let mut names: Vec<Box<[u8]>> = Vec::new();
+        if node.has(DEAD) {
+            return Err(Error::NotFound);
+        }
+        let first = node.link.load();
+        let mut parent = first.parent.as_ref().map(|w| w.upgrade());
+        if parent.is_some() {
+            names.push(first.name.clone());
+        }
+        while let Some(p) = parent {
+            let p = p.ok_or(Error::NotFound)?;
+            if p.has(DEAD) {
+                return Err(Error::NotFound);
+            }
+            let l = p.link.load();
+            match &l.parent {
+                Some(pp) => {
+                    names.push(l.name.clone());
+                    parent = Some(pp.upgrade());
+                }
+                None => parent = None,
+            }
+        }
+        let mut out = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+        for (i, n) in names.iter().rev().enumerate() {
+            if i > 0 {
+                out.push(b'/');
+            }
+            out.extend_from_slice(n);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn link_target(&self, node: &NodeRef) -> Result<Vec<u8>> {
+        let mut missed = false;
+        self.link_target_counted(node, &mut missed)
+    }
+
+    fn link_target_counted(&self, node: &NodeRef, missed: &mut bool) -> Result<Vec<u8>> {
+        if let Some(t) = &node.inner.read().target {
+            return Ok(t.to_vec());
+        }
+        *missed = true;
+        let p = self.path_of(node)?;
+        self.stats.backend.readlink.inc();
+        let t = node.sb.backend.readlink(&p)?;
+        node.inner.write().target = Some(t.clone().into_boxed_slice());
+        Ok(t)
+    }
+
+    pub(crate) fn open_dir_handle(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<DirHandle> {
+        let st = self.start(at);
+        let w = self.slow(
+            &c.0,
+            &st,
+            path,
+            LookupFlags {
+                follow: true,
+                directory: true,
+            },
+        )?;
+        match w.node.kind {
+            NodeKind::Negative(e) => return Err(e),
+            NodeKind::Positive(FileType::Directory) => {}
+            NodeKind::Positive(_) => return Err(Error::NotDir),
+        }
+        let abs = path.first() == Some(&b'/');
+        let base_lex: Option<&[u8]> = match (abs, st.handle) {
+            (true, _) | (false, None) => Some(b""),
+            (false, Some(h)) if h.node.version() == h.ver => h.lex.as_deref(),
+            _ => None,
+        };
+        // The handle keeps a lexical path for fast relative lookups only when the path that
+        // opened it went through no symlink (otherwise the link could change under it).
+        let lex = match base_lex {
+            Some(l) if w.deps.is_empty() => Some(norm_lex(l, path)),
+            _ => None,
+        };
+        let mut hasher = st.ns.base;
+        if let Some(l) = &lex {
+            if !l.is_empty() {
+                hasher.write(l);
+                hasher.write(b"/");
+            }
+        }
+        Ok(DirHandle {
+            ns: st.ns.clone(),
+            mnt: w.mnt,
+            ver: w.ver,
+            node: w.node,
+            lex: lex.map(Vec::into_boxed_slice),
+            hasher,
+        })
+    }
+
+    /// Resolve the directory a new name will be created in; returns it and the final name.
+    /// `dot_err` is the error for a final `.` or `..`.
+    pub(crate) fn parent_for_create<'p>(
+        &self,
+        c: &Creds,
+        at: At<'_>,
+        path: &'p [u8],
+        dot_err: Error,
+    ) -> Result<(NodeRef, &'p [u8])> {
+        let (dir, name) = path::split_last(path)?;
+        let (parent, opts) = self.parent_dir(c, at, dir)?;
+        if name == b"." || name == b".." {
+            return Err(dot_err);
+        }
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        if opts.read_only {
+            // EEXIST wins over EROFS, as in Linux's filename_create.
+            if let Ok(n) = self.child_checked(c, &parent, name) {
+                if matches!(n.kind, NodeKind::Positive(_)) {
+                    return Err(Error::Exists);
+                }
+            }
+            return Err(Error::ReadOnly);
+        }
+        Ok((parent, name))
+    }
+
+    pub(crate) fn parent_for_remove<'p>(
+        &self,
+        c: &Creds,
+        at: At<'_>,
+        path: &'p [u8],
+    ) -> Result<(NodeRef, &'p [u8])> {
+        let (dir, name) = path::split_last(path)?;
+        let (parent, opts) = self.parent_dir(c, at, dir)?;
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        if opts.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok((parent, name))
+    }
+
+    fn parent_dir(&self, c: &Creds, at: At<'_>, dir: &[u8]) -> Result<(NodeRef, MountOptions)> {
+        if dir.is_empty() {
+            let st = self.start(at);
+            return Ok((st.node.clone(), st.mnt.opts));
+        }
+        self.resolve(
+            c,
+            at,
+            dir,
+            LookupFlags {
+                follow: true,
+                directory: true,
+            },
+            |n, o| (n.clone(), o),
+        )
+    }
+}
+
+/// `lex` joined with the lexical form of `path` (no `.`, no empty components; `..` kept).
+fn norm_lex(lex: &[u8], path: &[u8]) -> Vec<u8> {
+    let abs = path.first() == Some(&b'/');
+    let mut out: Vec<u8> = if abs { Vec::new() } else { lex.to_vec() };
+    for c in path::components(path) {
+        match c {
+            b"." => {}
+            b".." => match out.iter().rposition(|&b| b == b'/') {
+                Some(i) => out.truncate(i),
+                None => out.clear(),
+            },
+            c => {
+                if !out.is_empty() {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(c);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,584 @@
+//! The change feed: reports changes made to the tree behind the cache's back.
+//!
+//! Two sources, chosen by [`WatchMode`]:
+//!
+//! * **fanotify** (root only): one group with `FAN_REPORT_DFID_NAME | FAN_REPORT_FID` and a
+//!   filesystem mark on the root's file system. Each event names a directory by file handle and
+//!   a name; the handle is resolved with `open_by_handle_at` (on the root's descriptor) and
+//!   `readlink("/proc/self/fd/N")`, then events outside the root are dropped. Resolutions are
+//!   memoised in a bounded map (positive and negative), emptied whenever a directory is created,
+//!   moved or deleted anywhere on the file system. No descriptor is kept per directory.
+//! * **inotify** (fallback, or when asked): one watch per directory under the root, added
+//!   recursively at start and for every directory created or moved in later. Watches cost no
+//!   descriptors (they count against `fs.inotify.max_user_watches`).
+//!
+//! The thread sends `Change::Entry` for create/delete/move (old and new names), `Change::Attr`
+//! for attrib/modify and `Change::Overflow` when the kernel lost events. It empties the
+//! backend's directory-descriptor cache on every directory create/delete/move and on overflow.
+//! It stops when the backend is dropped (an eventfd wakes it) or, when the receiver is dropped,
+//! at the next event it tries to send; its descriptors close when it returns.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Sender;
+use dircache_core::{Change, ChangeFeed, Error, Result};
+
+use crate::{path_bytes, FdCache, LocalBackend};
+
+/// Which kernel interface the change feed uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WatchMode {
+    /// fanotify when possible (root, kernel support), else inotify.
+    #[default]
+    Auto,
+    /// fanotify only; `watch()` fails if it is unavailable.
+    Fanotify,
+    /// recursive inotify only.
+    Inotify,
+    /// no change feed: `watch()` returns `None`.
+    Off,
+}
+
+pub(crate) struct Watcher {
+    stop: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn last_err() -> Error {
+    Error::from(std::io::Error::last_os_error())
+}
+
+impl Watcher {
+    pub(crate) fn start(b: &LocalBackend, mode: WatchMode) -> Result<(Watcher, ChangeFeed)> {
+        let source = match mode {
+            WatchMode::Off => return Err(Error::NotSupported),
+            WatchMode::Fanotify => Source::Fan(Fan::new(b)?),
+            WatchMode::Inotify => Source::Ino(Ino::new(b)?),
+            WatchMode::Auto => match Fan::new(b) {
+                Ok(f) => Source::Fan(f),
+                Err(e) => {
+                    tracing::info!("dircache-local: fanotify unavailable ({e}), using inotify");
+                    Source::Ino(Ino::new(b)?)
+                }
+            },
+        };
+        // SAFETY: eventfd takes two integers and returns a new descriptor or -1.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(last_err());
+        }
+        // SAFETY: efd is a freshly created descriptor that nothing else owns.
+        let stop = unsafe { OwnedFd::from_raw_fd(efd) };
+        let stop2 = stop.try_clone().map_err(Error::from)?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let fds = b.fds.clone();
+        let thread = std::thread::Builder::new()
+            .name("dircache-watch".into())
+            .spawn(move || run(source, stop2, tx, fds))
+            .map_err(Error::from)?;
+        Ok((
+            Watcher {
+                stop,
+                thread: Some(thread),
+            },
+            rx,
+        ))
+    }
+
+    pub(crate) fn stop(mut self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+enum Source {
+    Fan(Fan),
+    Ino(Ino),
+}
+
+impl Source {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Source::Fan(f) => f.fd.as_fd(),
+            Source::Ino(i) => i.ino.as_fd(),
+        }
+    }
+    /// Read what is pending; push changes; return whether directory structure changed.
+    fn read(&mut self, out: &mut Vec<Change>) -> bool {
+        match self {
+            Source::Fan(f) => f.read(out),
+            Source::Ino(i) => i.read(out),
+        }
+    }
+}
+
+fn run(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: Arc<FdCache>) {
+    let mut out = Vec::new();
+    loop {
+        let mut pfd = [
+            libc::pollfd {
+                fd: source.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: pfd is a live array of two pollfd structures.
+        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            tracing::error!("dircache-local: watcher poll failed: {}", last_err());
+            let _ = tx.send(Change::Overflow);
+            return;
+        }
+        if pfd[1].revents != 0 {
+            return;
+        }
+        if pfd[0].revents == 0 {
+            continue;
+        }
+        out.clear();
+        let structural = source.read(&mut out);
+        if structural {
+            fds.clear();
+        }
+        for c in out.drain(..) {
+            if tx.send(c).is_err() {
+                return; // receiver dropped
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fanotify
+
+struct Fan {
+    fd: OwnedFd,
+    /// Descriptor on the watched file system for open_by_handle_at (the root, O_RDONLY).
+    mount: OwnedFd,
+    root: Vec<u8>,
+    /// handle bytes -> path relative to the root (None: outside the root).
+    handles: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    buf: Vec<u64>,
+}
+
+const FAN_MASK: u64 = libc::FAN_CREATE
+    | libc::FAN_DELETE
+    | libc::FAN_MOVED_FROM
+    | libc::FAN_MOVED_TO
+    | libc::FAN_ATTRIB
+    | libc::FAN_MODIFY
+    | libc::FAN_ONDIR;
+
+const HANDLE_CACHE: usize = 4096;
+
+impl Fan {
+    fn new(b: &LocalBackend) -> Result<Fan> {
+        // SAFETY: fanotify_init takes two flag words and returns a descriptor or -1.
+        let fd = unsafe {
+            libc::fanotify_init(
+                libc::FAN_CLASS_NOTIF
+                    | libc::FAN_CLOEXEC
+                    | libc::FAN_NONBLOCK
+                    | libc::FAN_REPORT_DFID_NAME
+                    | libc::FAN_REPORT_FID,
+                (libc::O_RDONLY | libc::O_CLOEXEC) as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(last_err());
+        }
+        // SAFETY: fd is a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: fd and the root descriptor are live; "" is ignored for a filesystem mark
+        // placed with a dirfd, we give the canonical path instead.
+        let root = path_bytes(&b.root_path).to_vec();
+        let cpath = std::ffi::CString::new(root.clone()).map_err(|_| Error::Invalid)?;
+        // SAFETY: fd is live and cpath is NUL-terminated.
+        let r = unsafe {
+            libc::fanotify_mark(
+                fd.as_raw_fd(),
+                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+                FAN_MASK,
+                libc::AT_FDCWD,
+                cpath.as_ptr(),
+            )
+        };
+        if r < 0 {
+            return Err(last_err());
+        }
+        // open_by_handle_at needs a real (not O_PATH) descriptor on the file system.
+        let mount = rustix::fs::openat(
+            &b.root,
+            c".",
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Error::from_errno(e.raw_os_error()))?;
+        Ok(Fan {
+            fd,
+            mount,
+            root,
+            handles: HashMap::new(),
+            buf: vec![0u64; 8192],
+        })
+    }
+
+    /// Path relative to the root of the directory with this handle, or None if outside.
+    fn resolve(&mut self, key: &[u8]) -> Option<Vec<u8>> {
+        if let Some(v) = self.handles.get(key) {
+            return v.clone();
+        }
+        let v = self.resolve_uncached(key);
+        if self.handles.len() >= HANDLE_CACHE {
+            self.handles.clear();
+        }
+        self.handles.insert(key.to_vec(), v.clone());
+        v
+    }
+
+    fn resolve_uncached(&self, key: &[u8]) -> Option<Vec<u8>> {
+        // `key` is a struct file_handle: u32 handle_bytes, i32 handle_type, bytes. Copy it into
+        // 8-byte-aligned storage for the kernel.
+        let mut h = vec![0u64; key.len().div_ceil(8)];
+        // SAFETY: `h` has at least key.len() bytes; the regions do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(key.as_ptr(), h.as_mut_ptr().cast::<u8>(), key.len())
+        };
+        // SAFETY: `h` holds a complete file_handle (its size was checked by the parser);
+        // the mount descriptor is live.
+        let fd = unsafe {
+            libc::open_by_handle_at(
+                self.mount.as_raw_fd(),
+                h.as_mut_ptr().cast::<libc::file_handle>(),
+                libc::O_PATH | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fresh descriptor owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+        let p = path_bytes(&link);
+        if p == self.root.as_slice() {
+            return Some(Vec::new());
+        }
+        if self.root == b"/" {
+            return p.strip_prefix(b"/").map(<[u8]>::to_vec);
+        }
+        let rest = p.strip_prefix(self.root.as_slice())?;
+        rest.strip_prefix(b"/").map(<[u8]>::to_vec)
+    }
+
+    fn read(&mut self, out: &mut Vec<Change>) -> bool {
+        let mut structural = false;
+        loop {
+            let cap = self.buf.len() * 8;
+            // SAFETY: reads at most `cap` bytes into our live buffer.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), self.buf.as_mut_ptr().cast(), cap) };
+            if n <= 0 {
+                return structural;
+            }
+            let n = n as usize;
+            // SAFETY: the buffer is a Vec<u64> of `cap` bytes; we view its first n as bytes.
+            let bytes: Vec<u8> =
+                unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), n) }.to_vec();
+            structural |= self.parse(&bytes, out);
+        }
+    }
+
+    fn parse(&mut self, bytes: &[u8], out: &mut Vec<Change>) -> bool {
+        let meta_size = std::mem::size_of::<libc::fanotify_event_metadata>();
+        let mut structural = false;
+        let mut off = 0;
+        while off + meta_size <= bytes.len() {
+            // SAFETY: at least meta_size bytes remain; read_unaligned copes with alignment.
+            let m: libc::fanotify_event_metadata =
+                unsafe { std::ptr::read_unaligned(bytes[off..].as_ptr().cast()) };
+            let len = m.event_len as usize;
+            if len < meta_size || off + len > bytes.len() {
+                break;
+            }
+            let ev = &bytes[off..off + len];
+            off += len;
+            if m.fd >= 0 {
+                // Not expected in FID mode; never leak it.
+                // SAFETY: the kernel gave us this descriptor; we own it.
+                drop(unsafe { OwnedFd::from_raw_fd(m.fd) });
+            }
+            if m.mask & libc::FAN_Q_OVERFLOW != 0 {
+                out.push(Change::Overflow);
+                structural = true;
+                continue;
+            }
+            let is_dir = m.mask & libc::FAN_ONDIR != 0;
+            let entry_ev = m.mask
+                & (libc::FAN_CREATE | libc::FAN_DELETE | libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO)
+                != 0;
+            if is_dir && entry_ev {
+                // A directory appeared/disappeared/moved somewhere: memoised handle paths
+                // (ours and the fd cache's) may be wrong now.
+                self.handles.clear();
+                structural = true;
+            }
+            // Find the directory handle and name.
+            let mut rec = m.metadata_len as usize;
+            let mut target: Option<(Vec<u8>, Option<Vec<u8>>)> = None;
+            while rec + 4 <= ev.len() {
+                let info_type = ev[rec];
+                let rlen = u16::from_ne_bytes([ev[rec + 2], ev[rec + 3]]) as usize;
+                if rlen < 4 || rec + rlen > ev.len() {
+                    break;
+                }
+                let r = &ev[rec..rec + rlen];
+                rec += rlen;
+                // header (4) + fsid (8) + file_handle (8 + handle_bytes) [+ name NUL]
+                if r.len() < 20 {
+                    continue;
+                }
+                let hb = u32::from_ne_bytes([r[12], r[13], r[14], r[15]]) as usize;
+                if 20 + hb > r.len() {
+                    continue;
+                }
+                let handle = r[12..20 + hb].to_vec();
+                match info_type {
+                    libc::FAN_EVENT_INFO_TYPE_DFID_NAME => {
+                        let name_bytes = &r[20 + hb..];
+                        let end = name_bytes
+                            .iter()
+                            .position(|&c| c == 0)
+                            .unwrap_or(name_bytes.len());
+                        let name = name_bytes[..end].to_vec();
+                        let name = if name.is_empty() || name == b"." {
+                            None
+                        } else {
+                            Some(name)
+                        };
+                        target = Some((handle, name));
+                    }
+                    libc::FAN_EVENT_INFO_TYPE_DFID if target.is_none() => {
+                        target = Some((handle, None));
+                    }
+                    _ => {}
+                }
+            }
+            let Some((handle, name)) = target else {
+                continue;
+            };
+            let Some(dir) = self.resolve(&handle) else {
+                continue;
+            };
+            let path = match name {
+                Some(n) => {
+                    let mut p = dir;
+                    if !p.is_empty() {
+                        p.push(b'/');
+                    }
+                    p.extend_from_slice(&n);
+                    p
+                }
+                None => dir,
+            };
+            if entry_ev {
+                out.push(Change::Entry { path });
+            } else {
+                out.push(Change::Attr { path });
+            }
+        }
+        structural
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// inotify
+
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+
+struct Ino {
+    ino: Inotify,
+    root: PathBuf,
+    /// watch -> directory path relative to the root.
+    wds: HashMap<WatchDescriptor, Vec<u8>>,
+    /// MOVED_FROM of a directory waiting for its MOVED_TO: cookie -> old path.
+    moves: HashMap<u32, Vec<u8>>,
+}
+
+fn ino_mask() -> AddWatchFlags {
+    AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_MODIFY
+        | AddWatchFlags::IN_ONLYDIR
+        | AddWatchFlags::IN_DONT_FOLLOW
+}
+
+fn jn(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    crate::join(dir, name)
+}
+
+impl Ino {
+    fn new(b: &LocalBackend) -> Result<Ino> {
+        let ino = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
+            .map_err(|e| Error::from_errno(e as i32))?;
+        let mut me = Ino {
+            ino,
+            root: b.root_path.clone(),
+            wds: HashMap::new(),
+            moves: HashMap::new(),
+        };
+        me.add_tree(Vec::new(), &mut Vec::new())?;
+        Ok(me)
+    }
+
+    fn abs(&self, rel: &[u8]) -> PathBuf {
+        use std::os::unix::ffi::OsStrExt;
+        if rel.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(std::ffi::OsStr::from_bytes(rel))
+        }
+    }
+
+    /// Watch `rel` and every directory below it. Entries found below a directory that
+    /// appeared after the fact are reported in `found` (they may predate the watch).
+    fn add_tree(&mut self, rel: Vec<u8>, found: &mut Vec<Change>) -> Result<()> {
+        let mut stack = vec![rel];
+        let top = stack[0].clone();
+        while let Some(dir) = stack.pop() {
+            let abs = self.abs(&dir);
+            let wd = match self.ino.add_watch(&abs, ino_mask()) {
+                Ok(wd) => wd,
+                Err(e) if dir == top && top.is_empty() => return Err(Error::from_errno(e as i32)),
+                Err(_) => continue, // vanished or not a directory any more
+            };
+            self.wds.insert(wd, dir.clone());
+            let Ok(rd) = std::fs::read_dir(&abs) else {
+                continue;
+            };
+            for ent in rd.flatten() {
+                use std::os::unix::ffi::OsStrExt;
+                let child = jn(&dir, ent.file_name().as_bytes());
+                if !top.is_empty() {
+                    found.push(Change::Entry {
+                        path: child.clone(),
+                    });
+                }
+                if ent.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    stack.push(child);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_tree(&mut self, rel: &[u8]) {
+        let gone: Vec<WatchDescriptor> = self
+            .wds
+            .iter()
+            .filter(|(_, p)| under(p, rel))
+            .map(|(wd, _)| *wd)
+            .collect();
+        for wd in gone {
+            self.wds.remove(&wd);
+            let _ = self.ino.rm_watch(wd);
+        }
+    }
+
+    fn rename_tree(&mut self, old: &[u8], new: &[u8]) {
+        for p in self.wds.values_mut() {
+            if under(p, old) {
+                let mut n = new.to_vec();
+                n.extend_from_slice(&p[old.len()..]);
+                *p = n;
+            }
+        }
+    }
+
+    fn read(&mut self, out: &mut Vec<Change>) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let mut structural = false;
+        loop {
+            let evs = match self.ino.read_events() {
+                Ok(e) if !e.is_empty() => e,
+                _ => break,
+            };
+            for ev in evs {
+                if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    out.push(Change::Overflow);
+                    structural = true;
+                    continue;
+                }
+                if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
+                    self.wds.remove(&ev.wd);
+                    continue;
+                }
+                let Some(dir) = self.wds.get(&ev.wd).cloned() else {
+                    continue;
+                };
+                let path = match &ev.name {
+                    Some(n) => jn(&dir, n.as_bytes()),
+                    None => dir.clone(),
+                };
+                let is_dir = ev.mask.contains(AddWatchFlags::IN_ISDIR);
+                let m = ev.mask;
+                if m.intersects(AddWatchFlags::IN_ATTRIB | AddWatchFlags::IN_MODIFY) {
+                    out.push(Change::Attr { path });
+                    continue;
+                }
+                out.push(Change::Entry { path: path.clone() });
+                if !is_dir {
+                    continue;
+                }
+                structural = true;
+                if m.contains(AddWatchFlags::IN_CREATE) {
+                    let mut found = Vec::new();
+                    let _ = self.add_tree(path, &mut found);
+                    out.extend(found);
+                } else if m.contains(AddWatchFlags::IN_DELETE) {
+                    self.remove_tree(&path);
+                } else if m.contains(AddWatchFlags::IN_MOVED_FROM) {
+                    self.moves.insert(ev.cookie, path);
+                } else if m.contains(AddWatchFlags::IN_MOVED_TO) {
+                    match self.moves.remove(&ev.cookie) {
+                        Some(old) => self.rename_tree(&old, &path),
+                        None => {
+                            let mut found = Vec::new();
+                            let _ = self.add_tree(path, &mut found);
+                            out.extend(found);
+                        }
+                    }
+                }
+            }
+            // A MOVED_FROM whose MOVED_TO did not arrive in the same batch left the root.
+            let left: Vec<Vec<u8>> = self.moves.drain().map(|(_, p)| p).collect();
+            for p in left {
+                self.remove_tree(&p);
+            }
+        }
+        structural
+    }
+}
+
+fn under(p: &[u8], dir: &[u8]) -> bool {
+    p == dir || (p.len() > dir.len() && p.starts_with(dir) && p[dir.len()] == b'/')
+}

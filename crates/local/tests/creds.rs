@@ -1,0 +1,347 @@
+//! Mutations run as the caller: ownership and permission decisions must equal what the kernel
+//! decides for a real process of that user (the oracle runs std::fs on a thread whose
+//! real/effective ids were switched with setresuid/setresgid/setgroups).
+//! These tests need root (as in CI); they pass trivially otherwise.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use common::*;
+use dircache_core::{Backend, Cred, RenameMode, SetAttr};
+use dircache_local::LocalBackend;
+
+const NOBODY: u32 = 65534;
+const U: u32 = 12345;
+const G: u32 = 23456;
+const SHARED: u32 = 4242;
+
+fn chmod(p: &Path, mode: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
+}
+
+/// A tree with directories of various owners and modes. The tempdir itself is 0755 root.
+fn setup() -> (tempfile::TempDir, PathBuf) {
+    let t = tmp();
+    let r = t.path().to_path_buf();
+    chmod(&r, 0o755);
+    for d in [
+        "open",
+        "closed",
+        "group",
+        "sticky",
+        "setgid",
+        "priv",
+        "priv/open",
+        "mine",
+    ] {
+        fs::create_dir(r.join(d)).unwrap();
+    }
+    chmod(&r.join("open"), 0o777);
+    chmod(&r.join("closed"), 0o755);
+    chown(&r.join("group"), 0, SHARED);
+    chmod(&r.join("group"), 0o770);
+    chmod(&r.join("sticky"), 0o1777);
+    chown(&r.join("setgid"), 0, SHARED);
+    chmod(&r.join("setgid"), 0o2777);
+    chmod(&r.join("priv"), 0o700);
+    chmod(&r.join("priv/open"), 0o777);
+    chown(&r.join("mine"), U, G);
+    chmod(&r.join("mine"), 0o755);
+    fs::write(r.join("sticky/nobodys"), b"").unwrap();
+    chown(&r.join("sticky/nobodys"), NOBODY, NOBODY);
+    fs::write(r.join("open/rootfile"), b"").unwrap();
+    chmod(&r.join("open/rootfile"), 0o644);
+    (t, r)
+}
+
+struct Who {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+impl Who {
+    fn cred(&self) -> Cred {
+        Cred::new(self.uid, self.gid, self.groups.iter().copied())
+    }
+    /// The kernel's errno for `f` run as this user (0 on success).
+    fn kernel(&self, f: impl FnOnce() -> std::io::Result<()> + Send + 'static) -> i32 {
+        kerrno(as_user(self.uid, self.gid, &self.groups, f))
+    }
+}
+
+fn users() -> Vec<Who> {
+    vec![
+        Who {
+            uid: NOBODY,
+            gid: NOBODY,
+            groups: vec![],
+        },
+        Who {
+            uid: U,
+            gid: G,
+            groups: vec![SHARED, 777],
+        },
+        Who {
+            uid: U,
+            gid: G,
+            groups: vec![],
+        },
+    ]
+}
+
+#[test]
+fn creation_as_user_matches_kernel() {
+    if !is_root() {
+        return;
+    }
+    for (i, w) in users().iter().enumerate() {
+        let (_t, r) = setup();
+        let b = LocalBackend::new(&r).unwrap();
+        let c = w.cred();
+        for dir in [
+            "open",
+            "closed",
+            "group",
+            "sticky",
+            "setgid",
+            "priv/open",
+            "mine",
+            "",
+        ] {
+            let name = |s: &str| {
+                if dir.is_empty() {
+                    format!("{s}{i}")
+                } else {
+                    format!("{dir}/{s}{i}")
+                }
+            };
+            // mkdir: backend first, then the kernel oracle on a different name
+            let bp = name("b");
+            let kp = r.join(name("k"));
+            let got = b.mkdir(&c, bp.as_bytes(), 0o775);
+            let want = w.kernel(move || fs::create_dir(&kp));
+            assert_eq!(errno_of(got), want, "mkdir {bp} as {}", w.uid);
+            if want == 0 {
+                let a = b.getattr(bp.as_bytes()).unwrap();
+                let k = kattr(&r.join(name("k"))).unwrap();
+                assert_eq!(
+                    (a.uid, a.gid, a.mode),
+                    (k.uid, k.gid, k.mode),
+                    "owner of {bp}"
+                );
+                assert_eq!(a.uid, w.uid);
+                if dir == "setgid" {
+                    assert_eq!(a.gid, SHARED);
+                    assert_ne!(a.mode & libc::S_ISGID, 0);
+                } else {
+                    assert_eq!(a.gid, w.gid);
+                }
+            }
+            // regular file via mknod
+            let bp = name("f");
+            let kp = r.join(name("kf"));
+            let got = b.mknod(&c, bp.as_bytes(), libc::S_IFREG | 0o664, 0);
+            let want = w.kernel(move || fs::File::create_new(&kp).map(drop));
+            assert_eq!(errno_of(got), want, "mknod {bp} as {}", w.uid);
+            if want == 0 {
+                let a = b.getattr(bp.as_bytes()).unwrap();
+                assert_eq!(a.uid, w.uid);
+                assert_eq!(a.gid, kattr(&r.join(name("kf"))).unwrap().gid);
+            }
+            // symlink
+            let bp = name("l");
+            let kp = r.join(name("kl"));
+            let got = b.symlink(&c, b"target", bp.as_bytes());
+            let want = w.kernel(move || std::os::unix::fs::symlink("target", &kp));
+            assert_eq!(errno_of(got), want, "symlink {bp} as {}", w.uid);
+            if want == 0 {
+                assert_eq!(b.getattr(bp.as_bytes()).unwrap().uid, w.uid);
+            }
+            // open(O_CREAT)
+            let bp = name("o");
+            let kp = r.join(name("ko"));
+            let got = b.open(
+                &c,
+                bp.as_bytes(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_EXCL,
+                0o600,
+            );
+            let want = w.kernel(move || fs::File::create_new(&kp).map(drop));
+            assert_eq!(errno_of(got), want, "open O_CREAT {bp} as {}", w.uid);
+            if want == 0 {
+                assert_eq!(b.getattr(bp.as_bytes()).unwrap().uid, w.uid);
+            }
+        }
+        // The daemon thread is root again afterwards.
+        let a = b.mkdir(&Cred::root(), b"after", 0o700).unwrap();
+        assert_eq!((a.uid, a.gid), (0, 0));
+        assert_eq!(fs::metadata(r.join("after")).unwrap().uid(), 0);
+    }
+}
+
+#[test]
+fn expected_denials() {
+    if !is_root() {
+        return;
+    }
+    let (_t, r) = setup();
+    let b = LocalBackend::new(&r).unwrap();
+    let nobody = Cred::new(NOBODY, NOBODY, []);
+    let member = Cred::new(U, G, [SHARED]);
+    let outsider = Cred::new(U, G, []);
+    // No write permission on a root-owned 0755 directory.
+    assert_eq!(errno_of(b.mkdir(&nobody, b"closed/x", 0o755)), libc::EACCES);
+    // Supplementary group grants access; without it, EACCES.
+    assert_eq!(errno_of(b.mkdir(&member, b"group/x", 0o755)), 0);
+    assert_eq!(
+        errno_of(b.mkdir(&outsider, b"group/y", 0o755)),
+        libc::EACCES
+    );
+    // No search permission on an ancestor (priv is 0700 root) although priv/open is 0777:
+    // resolution happens as the caller too.
+    assert_eq!(
+        errno_of(b.mkdir(&nobody, b"priv/open/x", 0o755)),
+        libc::EACCES
+    );
+    // Sticky directory: may not remove someone else's file.
+    assert_eq!(
+        errno_of(b.unlink(&outsider, b"sticky/nobodys")),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno_of(b.rename(
+            &outsider,
+            b"sticky/nobodys",
+            b"sticky/x",
+            RenameMode::Replace
+        )),
+        libc::EPERM
+    );
+    assert_eq!(errno_of(b.unlink(&nobody, b"sticky/nobodys")), 0);
+    // chmod / chown of a file one does not own: EPERM; chown to another uid: EPERM even for
+    // the owner.
+    let set_mode = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    assert_eq!(
+        errno_of(b.setattr(&nobody, b"open/rootfile", &set_mode)),
+        libc::EPERM
+    );
+    assert_eq!(errno_of(b.setattr(&outsider, b"mine", &set_mode)), 0);
+    let set_uid = SetAttr {
+        uid: Some(NOBODY),
+        ..Default::default()
+    };
+    assert_eq!(
+        errno_of(b.setattr(&outsider, b"mine", &set_uid)),
+        libc::EPERM
+    );
+    // The owner may give a file to a group he belongs to, not to another one.
+    let set_gid = SetAttr {
+        gid: Some(SHARED),
+        ..Default::default()
+    };
+    let member_owner = Cred::new(U, G, [SHARED]);
+    assert_eq!(
+        errno_of(b.setattr(&outsider, b"mine", &set_gid)),
+        libc::EPERM
+    );
+    assert_eq!(errno_of(b.setattr(&member_owner, b"mine", &set_gid)), 0);
+    assert_eq!(fs::metadata(r.join("mine")).unwrap().gid(), SHARED);
+    // truncate needs write permission on the file
+    let trunc = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    assert_eq!(
+        errno_of(b.setattr(&nobody, b"open/rootfile", &trunc)),
+        libc::EACCES
+    );
+    // utimes to an explicit time needs ownership; "now" needs write permission
+    let t = SetAttr {
+        mtime: Some(dircache_core::TimeSet::At(dircache_core::Timespec {
+            sec: 5,
+            nsec: 0,
+        })),
+        ..Default::default()
+    };
+    assert_eq!(
+        errno_of(b.setattr(&nobody, b"open/rootfile", &t)),
+        libc::EPERM
+    );
+    // open for writing a file one may only read
+    assert_eq!(
+        errno_of(b.open(&nobody, b"open/rootfile", libc::O_WRONLY, 0)),
+        libc::EACCES
+    );
+    assert_eq!(
+        errno_of(b.open(&nobody, b"open/rootfile", libc::O_RDONLY, 0)),
+        0
+    );
+    // device nodes need CAP_MKNOD, which the fs-uid switch drops
+    assert_eq!(
+        errno_of(b.mknod(
+            &nobody,
+            b"open/null",
+            libc::S_IFCHR | 0o666,
+            libc::makedev(1, 3)
+        )),
+        libc::EPERM
+    );
+    // hard link to a file one does not own, with protected_hardlinks: EPERM, like the kernel
+    let kernel = kerrno(as_user(NOBODY, NOBODY, &[], {
+        let r = r.clone();
+        move || fs::hard_link(r.join("open/rootfile"), r.join("open/klink"))
+    }));
+    assert_eq!(
+        errno_of(b.link(&nobody, b"open/rootfile", b"open/blink")),
+        kernel
+    );
+}
+
+#[test]
+fn mutations_on_other_threads_are_not_affected() {
+    if !is_root() {
+        return;
+    }
+    // Many threads mutating as different users at once: each file gets its own caller's owner.
+    let (_t, r) = setup();
+    let b = std::sync::Arc::new(LocalBackend::new(&r).unwrap());
+    let hs: Vec<_> = (0..8u32)
+        .map(|i| {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let uid = if i % 2 == 0 { 0 } else { 20000 + i };
+                let c = Cred::new(uid, uid, []);
+                for j in 0..200 {
+                    let p = format!("open/t{i}-{j}");
+                    let a = b.mknod(&c, p.as_bytes(), libc::S_IFREG | 0o644, 0).unwrap();
+                    assert_eq!(a.uid, uid);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    for i in 0..8u32 {
+        let uid = if i % 2 == 0 { 0 } else { 20000 + i };
+        for j in 0..200 {
+            assert_eq!(
+                fs::symlink_metadata(r.join(format!("open/t{i}-{j}")))
+                    .unwrap()
+                    .uid(),
+                uid
+            );
+        }
+    }
+}

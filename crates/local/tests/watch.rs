@@ -1,0 +1,170 @@
+//! The change feed reports changes made outside the backend within 100 ms, for both sources.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use common::*;
+use dircache_core::{Backend, Change, ChangeFeed, Error};
+use dircache_local::{LocalBackend, WatchMode};
+
+const LIMIT: Duration = Duration::from_millis(100);
+
+/// Wait until `want` arrives (other changes may come first); fail after LIMIT.
+fn expect(rx: &ChangeFeed, want: &Change, what: &str) {
+    let start = Instant::now();
+    loop {
+        let left = LIMIT.saturating_sub(start.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(c) if &c == want => return,
+            Ok(_) => {}
+            Err(_) => panic!("{what}: {want:?} not reported within {LIMIT:?}"),
+        }
+    }
+}
+
+fn drain(rx: &ChangeFeed) {
+    while rx.recv_timeout(Duration::from_millis(20)).is_ok() {}
+}
+
+fn entry(p: &str) -> Change {
+    Change::Entry {
+        path: p.as_bytes().to_vec(),
+    }
+}
+fn attr(p: &str) -> Change {
+    Change::Attr {
+        path: p.as_bytes().to_vec(),
+    }
+}
+
+fn exercise(mode: WatchMode) {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tmp();
+    let r = t.path();
+    fs::create_dir_all(r.join("a/b")).unwrap();
+    let b = LocalBackend::with_options(r, 16, mode).unwrap();
+    let rx = b.watch().unwrap().expect("a change feed");
+    fs::write(r.join("f"), b"x").unwrap();
+    expect(&rx, &entry("f"), "create at root");
+    fs::write(r.join("a/b/g"), b"x").unwrap();
+    expect(&rx, &entry("a/b/g"), "create deep");
+    fs::set_permissions(r.join("a/b/g"), fs::Permissions::from_mode(0o600)).unwrap();
+    expect(&rx, &attr("a/b/g"), "chmod");
+    fs::set_permissions(r.join("a/b"), fs::Permissions::from_mode(0o700)).unwrap();
+    expect(&rx, &attr("a/b"), "chmod dir");
+    fs::rename(r.join("a/b/g"), r.join("a/h")).unwrap();
+    expect(&rx, &entry("a/b/g"), "rename from");
+    expect(&rx, &entry("a/h"), "rename to");
+    fs::remove_file(r.join("a/h")).unwrap();
+    expect(&rx, &entry("a/h"), "unlink");
+    // New directories are watched too, and directory renames keep paths right.
+    fs::create_dir(r.join("new")).unwrap();
+    expect(&rx, &entry("new"), "mkdir");
+    fs::write(r.join("new/x"), b"").unwrap();
+    expect(&rx, &entry("new/x"), "create in new dir");
+    fs::rename(r.join("new"), r.join("a/renamed")).unwrap();
+    expect(&rx, &entry("new"), "dir rename from");
+    expect(&rx, &entry("a/renamed"), "dir rename to");
+    fs::write(r.join("a/renamed/y"), b"").unwrap();
+    expect(&rx, &entry("a/renamed/y"), "create in renamed dir");
+    fs::write(r.join("a/renamed/y"), b"more").unwrap();
+    expect(&rx, &attr("a/renamed/y"), "write");
+    fs::remove_dir_all(r.join("a/renamed")).unwrap();
+    expect(&rx, &entry("a/renamed"), "rmdir");
+    // Changes outside the root are not reported.
+    let other = tmp();
+    drain(&rx);
+    fs::write(other.path().join("outside"), b"").unwrap();
+    fs::write(r.join("marker"), b"").unwrap();
+    let first = rx.recv_timeout(LIMIT).unwrap();
+    assert_eq!(first, entry("marker"));
+    // A directory swapped behind the backend's back: the feed empties the fd cache.
+    fs::write(r.join("a/b/z"), b"").unwrap();
+    b.lookup(b"a/b", b"z").unwrap();
+    assert!(b.cached_fds() > 0);
+    fs::rename(r.join("a/b"), r.join("a/c")).unwrap();
+    expect(&rx, &entry("a/c"), "dir rename");
+    assert_eq!(b.cached_fds(), 0);
+    assert_eq!(b.lookup(b"a/b", b"z").unwrap_err(), Error::NotFound);
+}
+
+#[test]
+fn fanotify_reports_outside_changes() {
+    if !is_root() {
+        return;
+    }
+    exercise(WatchMode::Fanotify);
+}
+
+#[test]
+fn inotify_reports_outside_changes() {
+    exercise(WatchMode::Inotify);
+}
+
+fn watcher_threads() -> usize {
+    fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim() == "dircache-watch")
+        .count()
+}
+
+fn wait_threads(n: usize) {
+    let start = Instant::now();
+    while watcher_threads() != n && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(watcher_threads(), n);
+}
+
+fn fd_count() -> usize {
+    fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn watcher_stops_with_backend_or_receiver() {
+    // Every test of this file takes LOCK, so the thread counts are ours.
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for mode in [WatchMode::Auto, WatchMode::Inotify] {
+        let t = tmp();
+        let before = watcher_threads();
+        let b = LocalBackend::with_options(t.path(), 16, mode).unwrap();
+        let rx = b.watch().unwrap().unwrap();
+        wait_threads(before + 1); // the thread names itself once it runs
+        drop(b); // joins the thread
+        assert_eq!(watcher_threads(), before);
+        // the feed ends: the sender is gone
+        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+        assert!(rx.is_empty());
+
+        // Receiver dropped: the thread ends at the next event it would send.
+        let b = LocalBackend::with_options(t.path(), 16, mode).unwrap();
+        let rx = b.watch().unwrap().unwrap();
+        wait_threads(before + 1);
+        drop(rx);
+        fs::write(t.path().join("poke"), b"").unwrap();
+        wait_threads(before);
+        drop(b);
+    }
+}
+
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn no_descriptor_leak_across_watchers() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tmp();
+    fs::create_dir_all(t.path().join("x/y")).unwrap();
+    let n0 = fd_count();
+    for _ in 0..20 {
+        let b = LocalBackend::new(t.path()).unwrap();
+        let _rx = b.watch().unwrap().unwrap();
+        b.lookup(b"x", b"y").unwrap();
+    }
+    let n1 = fd_count();
+    // Allow a little noise (the test harness's own descriptors).
+    assert!(n1 <= n0 + 4, "fds before {n0}, after {n1}");
+}
