@@ -120,7 +120,7 @@ const SPECIALS: [Special; 4] = [
         key: "deep_negative",
         path: "dir01/dir02/nodir/sub/missing.h",
         expect: Some(Error::NotFound),
-        what: "under a missing directory, 5 components",
+        what: "under a missing dir, 5 components",
     },
     Special {
         key: "symlink",
@@ -190,11 +190,9 @@ fn open_dir(at: RawFd, p: &Path) -> Result<OwnedFd> {
 
 /// The local backend over `root` (the one the FUSE mount uses).
 pub fn local_backend(root: &Path) -> Result<Arc<dyn Backend>> {
-    // PENDING(local backend): dircache_local::LocalBackend::new(root) has not landed on main.
-    bail!(
-        "dircache_local::LocalBackend is not available yet (backend for {})",
-        root.display()
-    )
+    let b = dircache_local::LocalBackend::new(root)
+        .with_context(|| format!("local backend over {}", root.display()))?;
+    Ok(Arc::new(b))
 }
 
 /// A backend that forwards reads to another backend but performs `setattr` and `rename`
