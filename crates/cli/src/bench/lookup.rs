@@ -39,6 +39,10 @@ pub struct Args {
     /// A fast smoke run: small batches and few samples (numbers are noisy).
     #[arg(long)]
     pub quick: bool,
+    /// Run only these sections (comma-separated: lookups, readdir, invalidate, threads,
+    /// memory), e.g. for profiling one of them; the others report NaN / null.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 }
 
 /// Sizes of one run.
@@ -382,6 +386,7 @@ fn get(m: &BTreeMap<String, f64>, k: &str) -> f64 {
 
 pub fn run(a: Args) -> Result<i32> {
     let p = Params::new(a.quick);
+    let want = |s: &str| a.only.is_empty() || a.only.iter().any(|x| x == s);
     let note = |s: &str| {
         if !a.json {
             eprintln!("bench lookup: {s}");
@@ -439,80 +444,92 @@ pub fn run(a: Args) -> Result<i32> {
 
     // ---------------------------------------------------------------- single-path lookups
     note("lookups");
-    let mut s = Sampler::new();
-    for (key, path, _) in &cases {
-        let (fast, slow, fc, sc) = (&fast, &slow, &fc, &sc);
-        let pb = path.as_bytes().to_vec();
-        let cp = cstr(path)?;
-        let n = p.batch;
-        let pb2 = pb.clone();
-        s.add(format!("fast.{key}"), move || {
-            Ok(time_cache_stat(fast, fc, &pb, n))
-        });
-        s.add(format!("slow.{key}"), move || {
-            Ok(time_cache_stat(slow, sc, &pb2, n))
-        });
-        s.add(format!("kernel.{key}"), move || {
-            Ok(time_kernel_stat(rootfd, &cp, n))
-        });
-    }
-    {
-        let d8 = tree::depth_path(8).into_bytes();
-        let (fast, slow, fc, sc, n) = (&fast, &slow, &fc, &sc, p.batch);
-        let d8b = d8.clone();
-        s.add("fast_noderef.d8", move || {
-            Ok(time_cache_lookup(fast, fc, &d8, n))
-        });
-        s.add("slow_noderef.d8", move || {
-            Ok(time_cache_lookup(slow, sc, &d8b, n))
-        });
-    }
-    let lk = medians(&s.run(1, p.rounds)?);
+    let lk = if want("lookups") {
+        let mut s = Sampler::new();
+        for (key, path, _) in &cases {
+            let (fast, slow, fc, sc) = (&fast, &slow, &fc, &sc);
+            let pb = path.as_bytes().to_vec();
+            let cp = cstr(path)?;
+            let n = p.batch;
+            let pb2 = pb.clone();
+            s.add(format!("fast.{key}"), move || {
+                Ok(time_cache_stat(fast, fc, &pb, n))
+            });
+            s.add(format!("slow.{key}"), move || {
+                Ok(time_cache_stat(slow, sc, &pb2, n))
+            });
+            s.add(format!("kernel.{key}"), move || {
+                Ok(time_kernel_stat(rootfd, &cp, n))
+            });
+        }
+        {
+            let d8 = tree::depth_path(8).into_bytes();
+            let (fast, slow, fc, sc, n) = (&fast, &slow, &fc, &sc, p.batch);
+            let d8b = d8.clone();
+            s.add("fast_noderef.d8", move || {
+                Ok(time_cache_lookup(fast, fc, &d8, n))
+            });
+            s.add("slow_noderef.d8", move || {
+                Ok(time_cache_lookup(slow, sc, &d8b, n))
+            });
+        }
+        medians(&s.run(1, p.rounds)?)
+    } else {
+        BTreeMap::new()
+    };
 
     // ---------------------------------------------------------------- readdir
     note("readdir");
-    for n in READDIR_SIZES {
-        let path = format!("big/n{n}");
-        let l = fast
-            .readdir(&fc, At::Root, path.as_bytes())
-            .with_context(|| format!("readdir {path}"))?;
-        if l.len() != n {
-            bail!("cache readdir of {path}: {} entries, expected {n}", l.len());
-        }
-        let mut buf = vec![0u8; 64 * 1024];
-        let c = getdents_count(rootfd, &cstr(&path)?, &mut buf)?;
-        if c != n + 2 {
-            bail!("getdents of {path}: {c} entries, expected {}", n + 2);
-        }
-    }
-    let mut s = Sampler::new();
-    for n in READDIR_SIZES {
-        let reps = (p.readdir_work / n).max(1);
-        let path = format!("big/n{n}").into_bytes();
-        let (fast, fc) = (&fast, &fc);
-        s.add(format!("cache.{n}"), move || {
-            let t = Instant::now();
-            for _ in 0..reps {
-                let l = fast.readdir(fc, At::Root, &path)?;
-                black_box(l);
+    let rd = if want("readdir") {
+        for n in READDIR_SIZES {
+            let path = format!("big/n{n}");
+            let l = fast
+                .readdir(&fc, At::Root, path.as_bytes())
+                .with_context(|| format!("readdir {path}"))?;
+            if l.len() != n {
+                bail!("cache readdir of {path}: {} entries, expected {n}", l.len());
             }
-            Ok(t.elapsed().as_nanos() as f64 / 1000.0 / reps as f64)
-        });
-        let cp = cstr(&format!("big/n{n}"))?;
-        let mut buf = vec![0u8; 64 * 1024];
-        s.add(format!("getdents.{n}"), move || {
-            let t = Instant::now();
-            for _ in 0..reps {
-                black_box(getdents_count(rootfd, &cp, &mut buf)?);
+            let mut buf = vec![0u8; 64 * 1024];
+            let c = getdents_count(rootfd, &cstr(&path)?, &mut buf)?;
+            if c != n + 2 {
+                bail!("getdents of {path}: {c} entries, expected {}", n + 2);
             }
-            Ok(t.elapsed().as_nanos() as f64 / 1000.0 / reps as f64)
-        });
-    }
-    let rd = medians(&s.run(1, p.rounds.min(11))?);
+        }
+        let mut s = Sampler::new();
+        for n in READDIR_SIZES {
+            let reps = (p.readdir_work / n).max(1);
+            let path = format!("big/n{n}").into_bytes();
+            let (fast, fc) = (&fast, &fc);
+            s.add(format!("cache.{n}"), move || {
+                let t = Instant::now();
+                for _ in 0..reps {
+                    let l = fast.readdir(fc, At::Root, &path)?;
+                    black_box(l);
+                }
+                Ok(t.elapsed().as_nanos() as f64 / 1000.0 / reps as f64)
+            });
+            let cp = cstr(&format!("big/n{n}"))?;
+            let mut buf = vec![0u8; 64 * 1024];
+            s.add(format!("getdents.{n}"), move || {
+                let t = Instant::now();
+                for _ in 0..reps {
+                    black_box(getdents_count(rootfd, &cp, &mut buf)?);
+                }
+                Ok(t.elapsed().as_nanos() as f64 / 1000.0 / reps as f64)
+            });
+        }
+        medians(&s.run(1, p.rounds.min(11))?)
+    } else {
+        BTreeMap::new()
+    };
 
     // ---------------------------------------------------------------- invalidation
     note("invalidation (chmod, rename)");
-    let inv = bench_invalidate(&t, &p)?;
+    let inv = if want("invalidate") {
+        bench_invalidate(&t, &p)?
+    } else {
+        BTreeMap::new()
+    };
 
     // ---------------------------------------------------------------- threads
     note("throughput on 1 and 2 threads");
@@ -528,7 +545,8 @@ pub fn run(a: Args) -> Result<i32> {
         // SAFETY: NUL-terminated path; `st` is a writable stat buffer.
         black_box(unsafe { libc::fstatat(rootfd, cpaths[i].as_ptr(), st.as_mut_ptr(), 0) });
     };
-    for _ in 0..p.thread_rounds {
+    let st0 = fast.stats();
+    for _ in 0..if want("threads") { p.thread_rounds } else { 0 } {
         for n in [1usize, 2] {
             let (wall, cpu) = throughput(paths.len(), n, p.thread_time, &cache_op);
             tp.entry(n).or_default().push(wall);
@@ -540,6 +558,13 @@ pub fn run(a: Args) -> Result<i32> {
             tcpu.entry(format!("kernel.cpu.{n}")).or_default().push(cpu);
         }
     }
+    let st1 = fast.stats();
+    let thread_stats = json!({
+        "fastpath_hits": st1.fastpath_hits - st0.fastpath_hits,
+        "slowpath_walks": st1.slowpath_walks - st0.slowpath_walks,
+        "pcc_misses": st1.pcc_misses - st0.pcc_misses,
+        "misses": st1.misses - st0.misses,
+    });
     let tcpu = medians(&tcpu);
     let t1 = stats::median(tp.get(&1).map(Vec::as_slice).unwrap_or(&[]));
     let t2 = stats::median(tp.get(&2).map(Vec::as_slice).unwrap_or(&[]));
@@ -548,7 +573,19 @@ pub fn run(a: Args) -> Result<i32> {
 
     // ---------------------------------------------------------------- memory
     note("bytes per dentry");
-    let mem = bytes_per_dentry(&t, &user)?;
+    let mem = if want("memory") {
+        bytes_per_dentry(&t, &user)?
+    } else {
+        Mem {
+            per_dentry: f64::NAN,
+            marginal: f64::NAN,
+            bytes: 0,
+            after_new: 0,
+            entries_reported: 0,
+            entries_expected: 0,
+            stats_bytes: 0,
+        }
+    };
 
     // ---------------------------------------------------------------- report
     let kernel_keys: Map<String, Value> = SPECIALS
@@ -612,6 +649,7 @@ pub fn run(a: Args) -> Result<i32> {
             "threads_lookups_per_cpu_s": { "1": get(&tcpu, "cache.cpu.1").round(), "2": get(&tcpu, "cache.cpu.2").round() },
             "threads_kernel_stat_per_s": { "1": get(&tcpu, "kernel.wall.1").round(), "2": get(&tcpu, "kernel.wall.2").round() },
             "threads_kernel_stat_per_cpu_s": { "1": get(&tcpu, "kernel.cpu.1").round(), "2": get(&tcpu, "kernel.cpu.2").round() },
+            "threads_fast_cache_stats": thread_stats,
             "threads_samples": tp.iter().map(|(k, v)| (k.to_string(), json!(v.iter().map(|x| x.round()).collect::<Vec<_>>()))).collect::<Map<String, Value>>(),
             "memory": {
                 "live_bytes": mem.bytes,
