@@ -559,7 +559,17 @@ pub fn run(a: Args) -> Result<i32> {
         }
     }
     let st1 = fast.stats();
+    let fast_hit_rate = {
+        let f = (st1.fastpath_hits - st0.fastpath_hits) as f64;
+        let w = (st1.slowpath_walks - st0.slowpath_walks) as f64;
+        if f + w > 0.0 {
+            100.0 * f / (f + w)
+        } else {
+            f64::NAN
+        }
+    };
     let thread_stats = json!({
+        "fast_hit_percent": stats::round(fast_hit_rate, 2),
         "fastpath_hits": st1.fastpath_hits - st0.fastpath_hits,
         "slowpath_walks": st1.slowpath_walks - st0.slowpath_walks,
         "pcc_misses": st1.pcc_misses - st0.pcc_misses,
@@ -664,7 +674,7 @@ pub fn run(a: Args) -> Result<i32> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        print_human(&lk, &rd, &inv, (t1, t2), &tcpu, &mem, &p);
+        print_human(&lk, &rd, &inv, (t1, t2), &tcpu, fast_hit_rate, &mem, &p);
     }
     Ok(0)
 }
@@ -946,6 +956,7 @@ fn print_human(
     inv: &BTreeMap<String, f64>,
     (t1, t2): (f64, f64),
     tcpu: &BTreeMap<String, f64>,
+    fast_hit_rate: f64,
     mem: &Mem,
     p: &Params,
 ) {
@@ -954,7 +965,7 @@ fn print_human(
         p.rounds, p.batch
     );
     println!(
-        "{:<34} {:>9} {:>9} {:>9} {:>10} {:>11}",
+        "{:<36} {:>9} {:>9} {:>9} {:>10} {:>11}",
         "lookup (ns)", "fast", "slow", "kernel", "slow/fast", "kernel/fast"
     );
     let mut rows: Vec<(String, String)> = DEPTHS
@@ -974,19 +985,19 @@ fn print_human(
             get(lk, &format!("kernel.{key}")),
         );
         println!(
-            "{label:<34} {f:>9.1} {s:>9.1} {k:>9.1} {:>9.2}x {:>10.2}x",
+            "{label:<36} {f:>9.1} {s:>9.1} {k:>9.1} {:>9.2}x {:>10.2}x",
             s / f,
             k / f
         );
     }
     println!(
-        "{:<34} {:>9.1} {:>9.1}   (Cache::lookup, returns a dentry reference)",
+        "{:<36} {:>9.1} {:>9.1}   (Cache::lookup, returns a dentry reference)",
         "depth 8, NodeRef",
         get(lk, "fast_noderef.d8"),
         get(lk, "slow_noderef.d8")
     );
     println!(
-        "\n{:<34} {:>9} {:>9} {:>10}",
+        "\n{:<36} {:>9} {:>9} {:>10}",
         "readdir (us)", "cache", "getdents", "gd/cache"
     );
     for n in READDIR_SIZES {
@@ -995,20 +1006,20 @@ fn print_human(
             get(rd, &format!("getdents.{n}")),
         );
         println!(
-            "{:<34} {c:>9.2} {g:>9.2} {:>9.2}x",
+            "{:<36} {c:>9.2} {g:>9.2} {:>9.2}x",
             format!("{n} entries"),
             g / c
         );
     }
     println!(
-        "\n{:<34} {:>9} {:>9} {:>9} {:>9}",
+        "\n{:<36} {:>9} {:>9} {:>9} {:>9}",
         "invalidate (us)", "total", "cache", "syscall", "entries"
     );
-    println!("{:<34}", "  total = Cache op on the local backend; cache = same with mutations stubbed; syscall = bare fchmodat/renameat");
+    println!("{:<36}", "  total = Cache op on the local backend; cache = same with mutations stubbed; syscall = bare fchmodat/renameat");
     for op in ["chmod", "rename"] {
         for n in INV_SIZES {
             println!(
-                "{:<34} {:>9.2} {:>9.2} {:>9.2} {:>9.0}",
+                "{:<36} {:>9.2} {:>9.2} {:>9.2} {:>9.0}",
                 format!("{op}, {n} cached descendants"),
                 get(inv, &format!("{op}.cache.{n}")),
                 get(inv, &format!("{op}.stub.{n}")),
@@ -1020,6 +1031,9 @@ fn print_human(
     println!(
         "\nthroughput (lookups/s, source-tree paths round-robin): 1 thread {t1:.0}, 2 threads {t2:.0} ({:.2}x)",
         t2 / t1
+    );
+    println!(
+        "  {fast_hit_rate:.1}% of these lookups were fast-path hits (the rest: prefix-check cache misses, slow path)"
     );
     let (c1, c2) = (get(tcpu, "cache.cpu.1"), get(tcpu, "cache.cpu.2"));
     let (k1, k2) = (get(tcpu, "kernel.wall.1"), get(tcpu, "kernel.wall.2"));
