@@ -1,0 +1,257 @@
+//! Minimal reproductions of disagreements the oracle found (seed and op index in each doc
+//! comment). Each asserts what Linux does, checked against the kernel in a jail where it
+//! matters.
+
+use std::os::unix::fs::{chown, symlink, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+
+use dircache_core::{At, Cache, Config, Cred, Creds, Error, LookupFlags, RenameMode};
+use dircache_tests::kernel::{self, c};
+use dircache_tests::Jail;
+
+struct Fx {
+    _tmp: tempfile::TempDir,
+    root: std::path::PathBuf,
+    cache: Arc<Cache>,
+    jail: Jail,
+    root_c: Creds,
+    a: Creds,
+    b: Creds,
+}
+
+const A: u32 = 1001;
+const B: u32 = 1002;
+
+fn cred_a() -> Cred {
+    Cred::new(A, A, [3000])
+}
+
+fn cred_b() -> Cred {
+    Cred::new(B, B, [3000, 3001])
+}
+
+/// `dirs`: (path, mode, uid, gid); `files` likewise.
+fn fx(dirs: &[(&str, u32, u32, u32)], files: &[(&str, u32, u32, u32)]) -> Fx {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (p, mode, uid, gid) in dirs {
+        std::fs::create_dir(root.join(p)).unwrap();
+        std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(*mode)).unwrap();
+        chown(root.join(p), Some(*uid), Some(*gid)).unwrap();
+    }
+    for (p, mode, uid, gid) in files {
+        std::fs::write(root.join(p), b"x").unwrap();
+        std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(*mode)).unwrap();
+        chown(root.join(p), Some(*uid), Some(*gid)).unwrap();
+    }
+    let cache = Cache::new(
+        Arc::new(dircache_local::LocalBackend::new(&root).expect("LocalBackend::new")),
+        Config::default(),
+    )
+    .expect("Cache::new");
+    let jail = Jail::new(&root);
+    let root_c = cache.credentials(Cred::root());
+    let a = cache.credentials(cred_a());
+    let b = cache.credentials(cred_b());
+    Fx {
+        _tmp: tmp,
+        root,
+        cache,
+        jail,
+        root_c,
+        a,
+        b,
+    }
+}
+
+fn e<T>(r: Result<T, Error>) -> Option<i32> {
+    r.err().map(|e| e.errno())
+}
+
+fn kstat(j: &Jail, cred: Cred, p: &'static str) -> Option<i32> {
+    j.run_as(&cred, move || {
+        kernel::fstatat(libc::AT_FDCWD, &c(p.as_bytes()), true).err()
+    })
+}
+
+fn ino(root: &Path, p: &str) -> u64 {
+    std::fs::symlink_metadata(root.join(p)).unwrap().ino()
+}
+
+// ---------------------------------------------------------------------------------------
+// Directory handles after an outside change + invalidate.
+
+/// oracle seed 1 op#229 (reduced): a handle on `a/b` (owned by A) stays usable after the
+/// directory's mode is changed behind the cache's back and invalidated, as an fd does.
+#[test]
+fn handle_survives_invalidate_of_its_directory() {
+    let f = fx(&[("a", 0o755, 0, 0), ("a/b", 0o755, A, A)], &[]);
+    let h = f.cache.opendir(&f.root_c, At::Root, b"a/b").unwrap();
+    std::fs::set_permissions(f.root.join("a/b"), std::fs::Permissions::from_mode(0o770)).unwrap();
+    f.cache.invalidate(b"a/b");
+    let r = f.cache.mknod(&f.a, At::Dir(&h), b"x", 0o644, 0);
+    assert!(
+        r.is_ok(),
+        "mknod in a handle's directory after invalidate: {r:?}"
+    );
+    assert!(f.root.join("a/b/x").exists());
+    let st = f.cache.stat(&f.a, At::Dir(&h), b"x", LookupFlags::NOFOLLOW);
+    assert_eq!(st.map(|a| a.ino), Ok(ino(&f.root, "a/b/x")));
+}
+
+/// A handle on a directory that is renamed through the cache keeps naming that directory.
+#[test]
+fn handle_follows_rename_of_its_directory() {
+    let f = fx(
+        &[("a", 0o755, 0, 0), ("a/b", 0o755, 0, 0)],
+        &[("a/b/f", 0o644, 0, 0)],
+    );
+    let h = f.cache.opendir(&f.a, At::Root, b"a/b").unwrap();
+    f.cache
+        .rename(&f.root_c, At::Root, b"a", b"z", RenameMode::Replace)
+        .unwrap();
+    let st = f.cache.stat(&f.a, At::Dir(&h), b"f", LookupFlags::NOFOLLOW);
+    assert_eq!(st.map(|a| a.ino), Ok(ino(&f.root, "z/b/f")));
+    let up = f
+        .cache
+        .stat(&f.a, At::Dir(&h), b"..", LookupFlags::NOFOLLOW);
+    assert_eq!(up.map(|a| a.ino), Ok(ino(&f.root, "z")));
+    let missing = f
+        .cache
+        .stat(&f.a, At::Root, b"a/b/f", LookupFlags::NOFOLLOW);
+    assert_eq!(e(missing), Some(libc::ENOENT));
+}
+
+// ---------------------------------------------------------------------------------------
+// Error precedence: Linux checks search permission on every directory of a path, including
+// the parent of the last component, before anything about the last component; and for
+// unlink/rmdir/link it checks write permission on the parent before the victim's type.
+
+/// oracle seed 3 op#4: rename("c/d/g", "zz/f") as A, where A may not search c/d: Linux EACCES
+/// (parent of the source resolved first); the cache said ENOENT (missing `zz`).
+#[test]
+fn rename_checks_source_parent_search_before_target_parent() {
+    let f = fx(
+        &[("c", 0o711, 0, 3001), ("c/d", 0o770, 0, 3001)],
+        &[("c/d/g", 0o644, 0, 0)],
+    );
+    let k = f.jail.run_as(&cred_a(), || {
+        kernel::renameat2(
+            libc::AT_FDCWD,
+            c"c/d/g",
+            libc::AT_FDCWD,
+            c"zz/f",
+            RenameMode::Replace,
+        )
+        .err()
+    });
+    assert_eq!(k, Some(libc::EACCES));
+    let r = f
+        .cache
+        .rename(&f.a, At::Root, b"c/d/g", b"zz/f", RenameMode::Replace);
+    assert_eq!(e(r), k);
+}
+
+/// oracle seeds 6, 10: unlink of a directory by a user who may not write its parent: Linux
+/// EACCES (may_delete checks permission before the type), the cache said EISDIR.
+#[test]
+fn unlink_of_directory_without_write_permission_is_eacces() {
+    let f = fx(&[("c", 0o755, 0, 0), ("c/d", 0o755, 0, 0)], &[]);
+    let k = f.jail.run_as(&cred_b(), || {
+        kernel::unlinkat(libc::AT_FDCWD, c"c/d", false).err()
+    });
+    assert_eq!(k, Some(libc::EACCES));
+    assert_eq!(e(f.cache.unlink(&f.b, At::Root, b"c/d")), k);
+}
+
+/// oracle seeds 5, 7, 8: rmdir of a symlink by a user who may not write its parent: Linux
+/// EACCES, the cache said ENOTDIR.
+#[test]
+fn rmdir_of_symlink_without_write_permission_is_eacces() {
+    let f = fx(&[("a", 0o755, 0, 0)], &[]);
+    symlink("a", f.root.join("l1")).unwrap();
+    let k = f.jail.run_as(&cred_b(), || {
+        kernel::unlinkat(libc::AT_FDCWD, c"l1", true).err()
+    });
+    assert_eq!(k, Some(libc::EACCES));
+    assert_eq!(e(f.cache.rmdir(&f.b, At::Root, b"l1")), k);
+}
+
+/// oracle seeds 4, 9: symlink at "c/d/.." where A may not search c/d: Linux EACCES (search
+/// checked before the `..` last component gives EEXIST), the cache said EEXIST.
+#[test]
+fn create_at_dotdot_checks_search_first() {
+    let f = fx(&[("c", 0o755, 0, 0), ("c/d", 0o700, B, B)], &[]);
+    let k = f.jail.run_as(&cred_a(), || {
+        kernel::symlinkat(c"x", libc::AT_FDCWD, c"c/d/..").err()
+    });
+    assert_eq!(k, Some(libc::EACCES));
+    assert_eq!(e(f.cache.symlink(&f.a, b"x", At::Root, b"c/d/..")), k);
+    let k = f.jail.run_as(&cred_a(), || {
+        kernel::mkdirat(libc::AT_FDCWD, c"c/d/..", 0o755).err()
+    });
+    assert_eq!(e(f.cache.mkdir(&f.a, At::Root, b"c/d/..", 0o755)), k);
+}
+
+/// oracle seeds 11, 12: link of a directory onto an existing name: Linux EEXIST (the new name
+/// is created before the source's type is looked at), the cache said EPERM.
+#[test]
+fn link_to_existing_name_is_eexist_even_for_a_directory_source() {
+    let f = fx(&[("b", 0o755, 0, 0)], &[("f", 0o644, 0, 0)]);
+    let k = f
+        .jail
+        .run(|| kernel::linkat(libc::AT_FDCWD, c"b", c"f").err());
+    assert_eq!(k, Some(libc::EEXIST));
+    assert_eq!(e(f.cache.link(&f.root_c, At::Root, b"b", b"f")), k);
+}
+
+/// oracle seed 2 op#102: link of a file B does not own (fs.protected_hardlinks=1) into a
+/// directory B may not write: Linux EPERM (may_linkat before may_create), the cache EACCES.
+#[test]
+fn link_protected_hardlinks_before_write_permission() {
+    let f = fx(&[("a", 0o755, 0, 0)], &[("a/f", 0o600, 0, 0)]);
+    let k = f.jail.run_as(&cred_b(), || {
+        kernel::linkat(libc::AT_FDCWD, c"a/f", c"d").err()
+    });
+    let sysctl = std::fs::read_to_string("/proc/sys/fs/protected_hardlinks").unwrap_or_default();
+    if sysctl.trim() == "1" {
+        assert_eq!(k, Some(libc::EPERM));
+    }
+    assert_eq!(e(f.cache.link(&f.b, At::Root, b"a/f", b"d")), k);
+}
+
+// ---------------------------------------------------------------------------------------
+// PATH_MAX on the fast path.
+
+/// bad_input: a path of 4096 bytes made of leading slashes resolves on the fast path (the
+/// slow path says ENAMETOOLONG): `stat("a")` then `stat("/" x 4095 + "a")`.
+#[test]
+fn fast_path_enforces_path_max() {
+    let f = fx(&[("a", 0o755, 0, 0)], &[]);
+    assert!(f
+        .cache
+        .stat(&f.root_c, At::Root, b"a", LookupFlags::FOLLOW)
+        .is_ok());
+    let mut p = b"/".repeat(4095);
+    p.push(b'a');
+    let k = f.jail.run(|| {
+        kernel::fstatat(
+            libc::AT_FDCWD,
+            &c(&{
+                let mut p = b"/".repeat(4095);
+                p.push(b'a');
+                p
+            }),
+            true,
+        )
+        .err()
+    });
+    assert_eq!(k, Some(libc::ENAMETOOLONG));
+    assert_eq!(
+        e(f.cache.stat(&f.root_c, At::Root, &p, LookupFlags::FOLLOW)),
+        k
+    );
+    let _ = kstat(&f.jail, Cred::root(), "a");
+}
