@@ -639,6 +639,7 @@ pub fn run(a: Args) -> Result<i32> {
         "details": {
             "method": "medians over interleaved rounds; lookups as uid 1000 via Cache::stat (follow) at At::Root; kernel = fstatat(rootfd, relpath, 0)",
             "rounds": p.rounds,
+            "loadavg_at_end": loadavg(),
             "lookups_per_sample": p.batch,
             "paths": cases.iter().map(|(k, p, _)| (k.clone(), json!(p))).collect::<Map<String, Value>>(),
             "lookup_ns_slow_special": slow_keys,
@@ -674,7 +675,19 @@ pub fn run(a: Args) -> Result<i32> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        print_human(&lk, &rd, &inv, (t1, t2), &tcpu, fast_hit_rate, &mem, &p);
+        print_human(
+            &lk,
+            &rd,
+            &inv,
+            &Threads {
+                t1,
+                t2,
+                tcpu: &tcpu,
+                fast_hit_rate,
+            },
+            &mem,
+            &p,
+        );
     }
     Ok(0)
 }
@@ -942,6 +955,13 @@ fn bytes_per_dentry(t: &Tree, user: &Cred) -> Result<Mem> {
     })
 }
 
+/// The first three fields of /proc/loadavg (the machine may be busy: say so).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok {
         "PASS"
@@ -950,19 +970,28 @@ fn verdict(ok: bool) -> &'static str {
     }
 }
 
+/// Results of the throughput section.
+struct Threads<'a> {
+    t1: f64,
+    t2: f64,
+    tcpu: &'a BTreeMap<String, f64>,
+    fast_hit_rate: f64,
+}
+
 fn print_human(
     lk: &BTreeMap<String, f64>,
     rd: &BTreeMap<String, f64>,
     inv: &BTreeMap<String, f64>,
-    (t1, t2): (f64, f64),
-    tcpu: &BTreeMap<String, f64>,
-    fast_hit_rate: f64,
+    th: &Threads<'_>,
     mem: &Mem,
     p: &Params,
 ) {
+    let (t1, t2, tcpu, fast_hit_rate) = (th.t1, th.t2, th.tcpu, th.fast_hit_rate);
     println!(
-        "dircache bench lookup: medians of {} rounds x {} lookups, uid 1000, Cache::stat vs fstatat(2)\n",
-        p.rounds, p.batch
+        "dircache bench lookup: medians of {} rounds x {} lookups, uid 1000, Cache::stat vs fstatat(2); load average {}\n",
+        p.rounds,
+        p.batch,
+        loadavg()
     );
     println!(
         "{:<36} {:>9} {:>9} {:>9} {:>10} {:>11}",
