@@ -723,6 +723,11 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<(f64,
             m.recycle()?;
         }
         drop_caches()?;
+    } else {
+        // Write back what earlier runs left dirty, so no run pays for another's writeback
+        // (drop_caches syncs first for the cold runs).
+        // SAFETY: sync(2) has no preconditions.
+        unsafe { libc::sync() };
     }
     let sub = |a: &str| -> String {
         a.replace("{D}", &s.dir.to_string_lossy())
