@@ -4,6 +4,7 @@ mod alloc;
 mod apps;
 mod lookup;
 mod sampler;
+mod search;
 mod stats;
 mod tree;
 
@@ -16,6 +17,8 @@ pub enum BenchCmd {
     /// (internal) A stat/open loop over paths, timed by `bench apps`.
     #[command(hide = true)]
     StatLoop(apps::StatLoopArgs),
+    /// Search vs find, bfs and fd, locally and on a dircache mount.
+    Search(search::Args),
 }
 
 pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
@@ -23,5 +26,6 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
         BenchCmd::Lookup(a) => lookup::run(a),
         BenchCmd::Apps(a) => apps::run(a),
         BenchCmd::StatLoop(a) => apps::stat_loop(a),
+        BenchCmd::Search(a) => search::run(a),
     }
 }
