@@ -21,6 +21,7 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 
@@ -68,14 +69,61 @@ pub(crate) fn sig_of(h: &SipHasher13, path: &[u8]) -> Sig {
     finish(&h)
 }
 
+/// A dentry as a walk saw it: its version and its parent's. Invalidations bump the versions
+/// of the changed dentry and of every *interior* dentry below it (directories and entries with
+/// cached children) but not of leaves, so a leaf is only current while its parent's version
+/// is unchanged too (docs/core.md, I1).
+#[derive(Clone)]
+pub(crate) struct Seen {
+    pub(crate) node: NodeRef,
+    pub(crate) ver: u64,
+    pub(crate) up: Option<(NodeRef, u64)>,
+}
+
+impl Seen {
+    /// The dentry's versions now (slow path: upgrades the parent link).
+    pub(crate) fn now(node: &NodeRef) -> Seen {
+        let up = node.parent_ref().map(|p| {
+            let v = p.version.load(Ordering::Acquire);
+            (p, v)
+        });
+        Seen {
+            node: node.clone(),
+            ver: node.version.load(Ordering::Acquire),
+            up,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn valid(&self) -> bool {
+        self.node.version.load(Ordering::Acquire) == self.ver
+            && self.node.flags.load(Ordering::Acquire) & DEAD == 0
+            && self
+                .up
+                .as_ref()
+                .is_none_or(|(p, v)| p.version.load(Ordering::Acquire) == *v)
+    }
+
+    pub(crate) fn same(&self, o: &Seen) -> bool {
+        let up = match (&self.up, &o.up) {
+            (None, None) => true,
+            (Some((a, x)), Some((b, y))) => Arc::ptr_eq(a, b) && x == y,
+            _ => false,
+        };
+        Arc::ptr_eq(&self.node, &o.node) && self.ver == o.ver && up
+    }
+}
+
 /// One DLHT entry.
 pub(crate) struct FastEntry {
     pub(crate) node: NodeRef,
     pub(crate) ver: u64,
+    /// The parent and its version when inserted (see [`Seen`]).
+    pub(crate) up: Option<(NodeRef, u64)>,
     /// Unique id of this entry; PCC slots name the entry they confirm.
     pub(crate) stamp: u64,
-    /// Symlinks the path went through, with their versions at insertion.
-    pub(crate) deps: Box<[(NodeRef, u64)]>,
+    /// Symlinks the path went through, as the walk saw them.
+    pub(crate) deps: Box<[Seen]>,
     pub(crate) mount: MountOptions,
     /// The full lexical path, kept only when `Config::verify_path` is on.
     pub(crate) path: Option<Box<[u8]>>,
@@ -87,9 +135,18 @@ impl FastEntry {
         self.node.version.load(Ordering::Acquire) == self.ver
             && self.node.flags.load(Ordering::Acquire) & DEAD == 0
             && self
-                .deps
-                .iter()
-                .all(|(n, v)| n.version.load(Ordering::Acquire) == *v)
+                .up
+                .as_ref()
+                .is_none_or(|(p, v)| p.version.load(Ordering::Acquire) == *v)
+            && self.deps.iter().all(Seen::valid)
+    }
+
+    pub(crate) fn seen(&self) -> Seen {
+        Seen {
+            node: self.node.clone(),
+            ver: self.ver,
+            up: self.up.clone(),
+        }
     }
 }
 
