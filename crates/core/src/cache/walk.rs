@@ -10,7 +10,7 @@ use siphasher::sip128::SipHasher13;
 
 use super::dentry::{Dentry, COMPLETE, DEAD, HAS_CHILDREN, MOUNTED};
 use super::fast::{finish, sig_of, FastEntry, Seen, FOLLOW_MARK};
-use super::path::{self, check_path, shape, Shape};
+use super::path::{self, check_path};
 use super::{
     At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
 };
@@ -172,13 +172,24 @@ impl Cache {
         let mut follow = flags.follow;
         let mut x_final = false;
         let normalized;
-        let (h, full): (SipHasher13, Option<Vec<u8>>) = match shape(rel) {
-            Shape::Clean => {
+        // Paths without `..` are keyed by their bytes as given (`a//b/./c` is its own key,
+        // published by the slow path when it resolved exactly that string); only `..` needs the
+        // lexical form, checked against the prefix it climbs out of.
+        let (h, full): (SipHasher13, Option<Vec<u8>>) = match path::has_dotdot(rel) {
+            false => {
+                if rel.last() == Some(&b'/') {
+                    must_dir = true;
+                    follow = true;
+                } else if rel == b"." || rel.ends_with(b"/.") {
+                    must_dir = true;
+                    follow = true;
+                    x_final = true;
+                }
                 let mut h = *base;
                 h.write(rel);
                 (h, None)
             }
-            Shape::Other => {
+            true => {
                 normalized = self.fast_normalize(cs, ns, lex, rel)?;
                 let (buf, md, xf) = normalized;
                 if md {
@@ -572,7 +583,11 @@ impl Cache {
         // The path itself, when its lexical form names what the walk found.
         let has_dotdot = path::components(path).any(|c| c == b"..");
         if !has_dotdot || w.deps.is_empty() {
-            let full = norm_lex(lex, path);
+            let full = if has_dotdot {
+                norm_lex(lex, path)
+            } else {
+                raw_key(lex, path)
+            };
             if !full.is_empty() && (w.node.kind != NodeKind::Negative(Error::Loop)) {
                 let (deps, link) = match w.final_link {
                     Some(i) => (&w.deps[..i], w.deps.get(i)),
@@ -1046,6 +1061,22 @@ impl Cache {
         }
         Ok((node, opts))
     }
+}
+
+/// The fast path's key for a path without `..`: its bytes as given, after the handle's
+/// lexical path (or alone for an absolute path, leading slashes dropped).
+fn raw_key(lex: &[u8], path: &[u8]) -> Vec<u8> {
+    if path.first() == Some(&b'/') {
+        let i = path.iter().position(|&b| b != b'/').unwrap_or(path.len());
+        return path[i..].to_vec();
+    }
+    let mut out = Vec::with_capacity(lex.len() + 1 + path.len());
+    out.extend_from_slice(lex);
+    if !lex.is_empty() {
+        out.push(b'/');
+    }
+    out.extend_from_slice(path);
+    out
 }
 
 /// `lex` joined with the lexical form of `path` (no `.`, no empty components; `..` kept).
