@@ -93,6 +93,9 @@ impl Dentry {
     }
 }
 
+/// Cached names of multiply linked inodes, by (dev, ino).
+pub(crate) type HardLinks = hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>;
+
 /// A file system instance: one backend.
 pub(crate) struct Super {
     pub(crate) backend: Arc<dyn Backend>,
@@ -236,11 +239,13 @@ pub struct Cache {
     pub(crate) dlht_inserts: AtomicU64,
     /// Cached non-directories with more than one link, by (dev, ino): their attributes change
     /// together.
-    pub(crate) hardlinks: Mutex<hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>>,
+    pub(crate) hardlinks: Mutex<HardLinks>,
     /// Directories that vanished from their place behind the cache's back, by (dev, ino), so
     /// that if they turn up elsewhere (an outside rename) the same dentry comes back to life
-    /// and whoever held it (a directory handle, a kernel inode) follows the move.
-    pub(crate) detached: Mutex<VecDeque<(u64, u64, Weak<Dentry>)>>,
+    /// and whoever held it (a directory handle, a kernel inode) follows the move. Held strongly
+    /// (at most 256, oldest dropped first): a handle's dentry keeps only a weak reference to
+    /// its parent, and every directory between a moved one and a handle must come back too.
+    pub(crate) detached: Mutex<VecDeque<(u64, u64, NodeRef)>>,
 }
 
 impl Cache {
@@ -520,19 +525,10 @@ impl Cache {
     ) -> Result<()> {
         let (op, on) = self.parent_for_remove(c, at, old)?;
         let (np, nn) = self.parent_for_remove(c, at, new)?;
-        if matches!(on, b"." | b"..") || matches!(nn, b"." | b"..") {
-            return Err(Error::Busy);
-        }
-        if path::wants_dir(old) || path::wants_dir(new) {
-            // A trailing slash demands directories: the source must be one.
-            let s = self.lookup_child(c, &op, on)?;
-            match s.kind {
-                NodeKind::Negative(e) => return Err(e),
-                NodeKind::Positive(FileType::Directory) => {}
-                NodeKind::Positive(_) => return Err(Error::NotDir),
-            }
-        }
-        self.rename_at(c, &op, on, &np, nn, mode)
+        // As do_renameat2: `.`/`..` as the source is EBUSY; as the target, EEXIST under
+        // RENAME_NOREPLACE, else EBUSY (both checked in `rename_slashes`).
+        let slash = [path::wants_dir(old), path::wants_dir(new)];
+        self.rename_slashes(c, &op, on, &np, nn, mode, slash)
     }
 
     /// chmod / chown / truncate / utimens of `path`.

@@ -558,7 +558,7 @@ impl Cache {
         }
         // The path itself, when its lexical form names what the walk found.
         let has_dotdot = path::components(path).any(|c| c == b"..");
-        if !(has_dotdot && !w.deps.is_empty()) {
+        if !has_dotdot || w.deps.is_empty() {
             let full = norm_lex(lex, path);
             if !full.is_empty() && (w.node.kind != NodeKind::Negative(Error::Loop)) {
                 let (deps, link) = match w.final_link {
@@ -708,12 +708,12 @@ impl Cache {
             NodeKind::Positive(_) => return Err(Error::NotDir),
             NodeKind::Negative(e) => return Err(e),
         }
-        if dir.has(DEAD) {
-            return Err(Error::NotFound);
-        }
         if c.0.check {
             let a = self.attr_of(dir)?;
             self.policy.permission(&c.0.cred, &a, X_OK)?;
+        }
+        if dir.has(DEAD) {
+            return Err(Error::NotFound);
         }
         match name {
             b"" => Err(Error::NotFound),
@@ -758,12 +758,16 @@ impl Cache {
             }
             _ => None,
         };
+        let was_revived = revived.is_some();
         let node = revived.unwrap_or_else(|| self.new_dentry(dir, name, kind, attr));
         if cacheable && fresh {
             inner.children_mut().insert(node.clone());
             dir.set(HAS_CHILDREN);
             drop(inner);
             self.account_new(&node);
+            if was_revived {
+                self.revive_below(&node);
+            }
         } else {
             node.set(DEAD);
         }
@@ -779,9 +783,8 @@ impl Cache {
         }
         let i = d
             .iter()
-            .position(|(dev, ino, _)| *dev == a.dev && *ino == a.ino)?;
-        let (_, _, w) = d.remove(i)?;
-        let node = w.upgrade()?;
+            .position(|(dev, ino, _)| (*dev == a.dev || *dev == 0) && *ino == a.ino)?;
+        let (_, _, node) = d.remove(i)?;
         if !node.has(DEAD) || !Arc::ptr_eq(&node.sb, &dir.sb) {
             return None;
         }
@@ -795,6 +798,39 @@ impl Cache {
             .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
         node.clear(DEAD);
         Some(node)
+    }
+
+    /// After `dir` was revived: bring back the directories that were cached below it when it
+    /// vanished and are still there (same name and inode), so handles on them work again.
+    fn revive_below(&self, dir: &NodeRef) {
+        let below: Vec<NodeRef> = {
+            let d = self.detached.lock();
+            d.iter()
+                .map(|(_, _, n)| n.clone())
+                .filter(|n| {
+                    n.has(DEAD)
+                        && n.link
+                            .load()
+                            .parent
+                            .as_ref()
+                            .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(dir)))
+                })
+                .collect()
+        };
+        for n in below {
+            let name = n.name();
+            let Ok(dpath) = self.path_of(dir) else {
+                return;
+            };
+            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+            self.stats.backend.lookup.inc();
+            if let Ok(a) = dir.sb.backend.lookup(&dpath, &name) {
+                if a.is_dir() && a.ino == n.attr.ino() {
+                    let kind = NodeKind::Positive(FileType::Directory);
+                    self.insert_child(dir, &name, gen0, ver0, kind, Some(a));
+                }
+            }
+        }
     }
 
     /// A negative child of `dir` (deep negatives under negatives and non-directories, or a
@@ -847,6 +883,11 @@ impl Cache {
         }
         if let Some(a) = node.attr_copy() {
             return Ok(a);
+        }
+        if node.has(DEAD) {
+            // Removed (or moved out of sight): Linux still checks an open descriptor's inode
+            // with its last attributes before saying ENOENT.
+            return node.attr.load_last().ok_or(Error::NotFound);
         }
         *missed = true;
         loop {
