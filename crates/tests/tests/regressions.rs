@@ -434,3 +434,32 @@ fn rename_trailing_slash_after_target_checks() {
         assert_eq!(e(r), Some(want), "cache {what}");
     }
 }
+
+/// oracle seed 6 op#1816 (reference backend) and seed 8 op#2151: a path ending in a symlink
+/// whose body ends in a slash (`l3 -> g/` with `g` a file) is ENOTDIR, as a trailing slash
+/// on the path itself; the cache followed the link and said Ok.
+#[test]
+fn symlink_body_with_trailing_slash_demands_a_directory() {
+    let f = fx(&[("d", 0o755, 0, 0)], &[("g", 0o644, 0, 0)]);
+    symlink("g/", f.root.join("l3")).unwrap();
+    symlink("d/", f.root.join("l4")).unwrap();
+    symlink("l3", f.root.join("l5")).unwrap();
+    for (p, want) in [
+        ("l3", Some(libc::ENOTDIR)),
+        ("l5", Some(libc::ENOTDIR)),
+        ("l4", None),
+    ] {
+        assert_eq!(kstat(&f.jail, Cred::root(), p), want, "kernel {p}");
+        for _ in 0..2 {
+            // Twice: the second answer may come from the fast path.
+            let r = f
+                .cache
+                .stat(&f.root_c, At::Root, p.as_bytes(), LookupFlags::FOLLOW);
+            assert_eq!(e(r), want, "cache {p}");
+        }
+    }
+    let lst = f
+        .cache
+        .stat(&f.root_c, At::Root, b"l3", LookupFlags::NOFOLLOW);
+    assert!(lst.is_ok());
+}

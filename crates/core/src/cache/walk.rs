@@ -455,6 +455,12 @@ impl Cache {
                 if target.is_empty() {
                     return Err(Error::NotFound);
                 }
+                if last && path::wants_dir(&target) {
+                    // The path ends in this link and its body ends in a slash (or `.`/`..`):
+                    // what it leads to must be a directory, as for a trailing slash.
+                    follow_final = true;
+                    must_dir = true;
+                }
                 if target[0] == b'/' {
                     mnt = ns.root.clone();
                     cur = ns.root.root.clone();
