@@ -608,6 +608,7 @@ impl Cache {
     /// Apply a change reported by a backend's change feed (or by anyone who knows the tree
     /// changed). Returns what was dropped, for front ends with caches of their own.
     pub fn apply_change(&self, change: &Change) -> Vec<Invalidation> {
+        self.root_sb.backend.changed(change);
         self.external_change(change)
     }
 
