@@ -463,3 +463,35 @@ fn symlink_body_with_trailing_slash_demands_a_directory() {
         .stat(&f.root_c, At::Root, b"l3", LookupFlags::NOFOLLOW);
     assert!(lst.is_ok());
 }
+
+/// A handle's directory is pinned: with a small `max_entries`, a burst of other lookups must
+/// not evict it (an evicted dentry is dead, and the handle said ENOENT where an fd works).
+#[test]
+fn handle_directory_is_not_evicted() {
+    let f = fx(&[("d", 0o755, 0, 0), ("many", 0o755, 0, 0)], &[]);
+    for i in 0..300 {
+        std::fs::write(f.root.join(format!("many/f{i}")), b"x").unwrap();
+    }
+    let config = Config {
+        max_entries: 64,
+        ..Config::default()
+    };
+    let cache = Cache::new(
+        Arc::new(dircache_local::LocalBackend::new(&f.root).unwrap()),
+        config,
+    )
+    .unwrap();
+    let root = cache.credentials(Cred::root());
+    let h = cache.opendir(&root, At::Root, b"d").unwrap();
+    for _ in 0..3 {
+        for i in 0..300 {
+            let p = format!("many/f{i}");
+            cache
+                .stat(&root, At::Root, p.as_bytes(), LookupFlags::NOFOLLOW)
+                .unwrap();
+        }
+    }
+    assert!(!h.node().is_dead(), "the handle's directory was evicted");
+    cache.mknod(&root, At::Dir(&h), b"x", 0o644, 0).unwrap();
+    assert!(f.root.join("d/x").exists());
+}

@@ -136,6 +136,14 @@ pub struct DirHandle {
     pub(crate) hasher: SipHasher13,
 }
 
+/// A handle pins its directory: eviction must not take the dentry out of the tree under it
+/// (an evicted dentry is dead, and relative lookups from it would fail with ENOENT).
+impl Drop for DirHandle {
+    fn drop(&mut self) {
+        self.node.unpin();
+    }
+}
+
 impl DirHandle {
     pub fn node(&self) -> &NodeRef {
         &self.node
@@ -405,6 +413,7 @@ impl Cache {
     /// A handle on the root of a namespace.
     pub fn root_handle(&self, ns: &Arc<Namespace>) -> DirHandle {
         let node = ns.root.root.clone();
+        node.pin();
         DirHandle {
             ns: ns.clone(),
             mnt: ns.root.clone(),

@@ -998,6 +998,7 @@ impl Cache {
                 hasher.write(b"/");
             }
         }
+        w.node.pin();
         Ok(DirHandle {
             ns: st.ns.clone(),
             mnt: w.mnt,
