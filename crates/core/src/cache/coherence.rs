@@ -12,9 +12,6 @@ use super::{
 };
 use crate::{Attr, Change, Cred, DirEntry, Error, FileType, LookupFlags, Result, R_OK};
 
-/// How many further outside changes a vanished directory stays a candidate for revival.
-const DETACHED_CHANGES: u64 = 8;
-
 /// An open invalidation window: slow-path walks that overlap it do not publish.
 pub(crate) struct InvalWindow<'a>(&'a Cache);
 
@@ -356,13 +353,6 @@ impl Cache {
     // Changes made behind the cache's back.
 
     pub(crate) fn external_change(&self, change: &Change) -> Vec<Invalidation> {
-        let now = self.outside_changes.fetch_add(1, Ordering::AcqRel) + 1;
-        {
-            let mut d = self.detached.lock();
-            if !d.is_empty() {
-                d.retain(|e| now - e.3 <= DETACHED_CHANGES);
-            }
-        }
         let mut out = self.external_change_at(change);
         if let Change::Entry { path } = change {
             out.extend(self.follow_changed_link(path));
@@ -524,8 +514,7 @@ impl Cache {
                 if d.len() >= 256 {
                     d.pop_front();
                 }
-                let now = self.outside_changes.load(Ordering::Acquire);
-                d.push_back((n.attr.dev(), n.attr.ino(), n, now));
+                d.push_back((n.attr.dev(), n.attr.ino(), n));
             }
         }
         drop(_w);

@@ -253,13 +253,7 @@ pub struct Cache {
     /// and whoever held it (a directory handle, a kernel inode) follows the move. Held strongly
     /// (at most 256, oldest dropped first): a handle's dentry keeps only a weak reference to
     /// its parent, and every directory between a moved one and a handle must come back too.
-    /// The last field is the number of outside changes applied when the entry was added:
-    /// entries are dropped after `DETACHED_CHANGES` further changes, because a removed
-    /// directory's inode number may be reused by a new directory (a rename is reported as
-    /// a few consecutive changes: old path, new path, their parents).
-    pub(crate) detached: Mutex<VecDeque<(u64, u64, NodeRef, u64)>>,
-    /// Outside changes applied so far (`apply_change` calls).
-    pub(crate) outside_changes: AtomicU64,
+    pub(crate) detached: Mutex<VecDeque<(u64, u64, NodeRef)>>,
 }
 
 impl Cache {
@@ -312,7 +306,6 @@ impl Cache {
             dlht_inserts: AtomicU64::new(0),
             hardlinks: Mutex::new(Default::default()),
             detached: Mutex::new(VecDeque::new()),
-            outside_changes: AtomicU64::new(0),
         }))
     }
 

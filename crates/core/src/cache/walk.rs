@@ -789,8 +789,8 @@ impl Cache {
         }
         let i = d
             .iter()
-            .position(|(dev, ino, _, _)| (*dev == a.dev || *dev == 0) && *ino == a.ino)?;
-        let (_, _, node, _) = d.remove(i)?;
+            .position(|(dev, ino, _)| (*dev == a.dev || *dev == 0) && *ino == a.ino)?;
+        let (_, _, node) = d.remove(i)?;
         if !node.has(DEAD) || !Arc::ptr_eq(&node.sb, &dir.sb) {
             return None;
         }
@@ -812,7 +812,7 @@ impl Cache {
         let below: Vec<NodeRef> = {
             let d = self.detached.lock();
             d.iter()
-                .map(|(_, _, n, _)| n.clone())
+                .map(|(_, _, n)| n.clone())
                 .filter(|n| {
                     n.has(DEAD)
                         && n.link
