@@ -468,6 +468,12 @@ impl Cache {
                 if target.is_empty() {
                     return Err(Error::NotFound);
                 }
+                if last && path::wants_dir(&target) {
+                    // The path ends in this link and its body ends in a slash (or `.`/`..`):
+                    // what it leads to must be a directory, as for a trailing slash.
+                    follow_final = true;
+                    must_dir = true;
+                }
                 if target[0] == b'/' {
                     mnt = ns.root.clone();
                     cur = ns.root.root.clone();
@@ -583,7 +589,8 @@ impl Cache {
         // The path itself, when its lexical form names what the walk found.
         let has_dotdot = path::components(path).any(|c| c == b"..");
         if !has_dotdot || w.deps.is_empty() {
-            let full = if has_dotdot {
+            // The same key the fast path computes: bytes as given unless `..` may occur.
+            let full = if path::has_dotdot(path) {
                 norm_lex(lex, path)
             } else {
                 raw_key(lex, path)
@@ -736,12 +743,12 @@ impl Cache {
             NodeKind::Positive(_) => return Err(Error::NotDir),
             NodeKind::Negative(e) => return Err(e),
         }
-        if dir.has(DEAD) {
-            return Err(Error::NotFound);
-        }
         if c.0.check {
             let a = self.attr_of(dir)?;
             self.policy.permission(&c.0.cred, &a, X_OK)?;
+        }
+        if dir.has(DEAD) {
+            return Err(Error::NotFound);
         }
         match name {
             b"" => Err(Error::NotFound),
@@ -786,6 +793,7 @@ impl Cache {
             }
             _ => None,
         };
+        let was_revived = revived.is_some();
         let node = revived.unwrap_or_else(|| self.new_dentry(dir, name, kind, attr));
         if cacheable && fresh {
             inner.children_mut().insert(node.clone());
@@ -799,6 +807,9 @@ impl Cache {
                 }
             }
             self.account_new(&node);
+            if was_revived {
+                self.revive_below(&node);
+            }
         } else {
             node.set(DEAD);
         }
@@ -814,9 +825,8 @@ impl Cache {
         }
         let i = d
             .iter()
-            .position(|(dev, ino, _)| *dev == a.dev && *ino == a.ino)?;
-        let (_, _, w) = d.remove(i)?;
-        let node = w.upgrade()?;
+            .position(|(dev, ino, _)| (*dev == a.dev || *dev == 0) && *ino == a.ino)?;
+        let (_, _, node) = d.remove(i)?;
         if !node.has(DEAD) || !Arc::ptr_eq(&node.sb, &dir.sb) {
             return None;
         }
@@ -830,6 +840,39 @@ impl Cache {
             .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
         node.clear(DEAD);
         Some(node)
+    }
+
+    /// After `dir` was revived: bring back the directories that were cached below it when it
+    /// vanished and are still there (same name and inode), so handles on them work again.
+    fn revive_below(&self, dir: &NodeRef) {
+        let below: Vec<NodeRef> = {
+            let d = self.detached.lock();
+            d.iter()
+                .map(|(_, _, n)| n.clone())
+                .filter(|n| {
+                    n.has(DEAD)
+                        && n.link
+                            .load()
+                            .parent
+                            .as_ref()
+                            .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(dir)))
+                })
+                .collect()
+        };
+        for n in below {
+            let name = n.name();
+            let Ok(dpath) = self.path_of(dir) else {
+                return;
+            };
+            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+            self.stats.backend.lookup.inc();
+            if let Ok(a) = dir.sb.backend.lookup(&dpath, &name) {
+                if a.is_dir() && a.ino == n.attr.ino() {
+                    let kind = NodeKind::Positive(FileType::Directory);
+                    self.insert_child(dir, &name, gen0, ver0, kind, Some(a));
+                }
+            }
+        }
     }
 
     /// A negative child of `dir` (deep negatives under negatives and non-directories, or a
@@ -882,6 +925,11 @@ impl Cache {
         }
         if let Some(a) = node.attr_copy() {
             return Ok(a);
+        }
+        if node.has(DEAD) {
+            // Removed (or moved out of sight): Linux still checks an open descriptor's inode
+            // with its last attributes before saying ENOENT.
+            return node.attr.load_last().ok_or(Error::NotFound);
         }
         *missed = true;
         loop {
@@ -986,6 +1034,7 @@ impl Cache {
                 hasher.write(b"/");
             }
         }
+        w.node.pin();
         Ok(DirHandle {
             ns: st.ns.clone(),
             mnt: w.mnt,
