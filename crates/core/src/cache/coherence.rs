@@ -39,7 +39,12 @@ impl Cache {
         let mut n = 0u64;
         let mut stack: Vec<NodeRef> = vec![root.clone()];
         while let Some(d) = stack.pop() {
-            d.version.store(v, Ordering::Release);
+            // `v` is fresh, so a dentry already holding it was visited in this walk: stale
+            // interior references (children moved elsewhere) and bind mounts of a directory
+            // inside itself cannot make the walk go round in circles.
+            if d.version.swap(v, Ordering::AcqRel) == v {
+                continue;
+            }
             n += 1;
             let f = d.flags.load(Ordering::Acquire);
             if f & MOUNTED != 0 {
@@ -55,7 +60,19 @@ impl Cache {
             // Leaves are not visited: their entries check this (their parent's) version.
             let inner = d.inner.read();
             if let Some(ch) = &inner.children {
-                stack.extend(ch.interior.iter().filter_map(Weak::upgrade));
+                for c in ch.interior.iter().filter_map(Weak::upgrade) {
+                    // Only children still filed here; moved ones are reached from their new
+                    // parent (or were bumped by the move itself).
+                    let here = c
+                        .link
+                        .load()
+                        .parent
+                        .as_ref()
+                        .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(&d)));
+                    if here {
+                        stack.push(c);
+                    }
+                }
             }
         }
         self.stats.invalidated_entries.add(n);
