@@ -14,12 +14,15 @@
 //!
 //! `ORACLE_SEED=n` replays one seed, `ORACLE_OPS=n` sets the number of operations,
 //! `ORACLE_NO_TIMES=1` leaves mtime/ctime out of attribute comparisons, `ORACLE_LOG=file`
-//! writes the whole operation log there on failure.
+//! writes the whole operation log there on failure. For exploring past a known bug class:
+//! `ORACLE_NO_BEHIND=1` (no outside changes), `ORACLE_NO_HANDLES=1` (no directory handles).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use dircache_core::{
     At, Attr, Backend, Cache, Config, Cred, Creds, DirHandle, Error, FileType, LookupFlags,
@@ -963,7 +966,13 @@ impl Gen<'_> {
                 path: self.path(rel),
             },
             400..=439 => {
-                if self.w.handles.iter().filter(|h| h.is_some()).count() > 6 {
+                if std::env::var("ORACLE_NO_HANDLES").is_ok() {
+                    Op::Readdir {
+                        who,
+                        at,
+                        path: self.path(rel),
+                    }
+                } else if self.w.handles.iter().filter(|h| h.is_some()).count() > 6 {
                     let idx = self.rng.gen_range(0..self.w.handles.len());
                     Op::CloseDir { idx }
                 } else {
@@ -1065,6 +1074,12 @@ impl Gen<'_> {
                 path: self.path(rel),
                 size: self.rng.gen_range(0..5000),
             },
+            _ if std::env::var("ORACLE_NO_BEHIND").is_ok() => Op::Stat {
+                who,
+                at,
+                path: self.path(rel),
+                follow: true,
+            },
             _ => Op::Behind {
                 change: self.behind(),
             },
@@ -1152,8 +1167,38 @@ fn env_u64(name: &str) -> Option<u64> {
 /// the log on the first disagreement.
 fn run(kind: BackendKind, seed: u64, ops: usize) {
     let mut w = World::new(kind);
+    // Watchdog: a hang (deadlock in the cache, or a syscall that blocks) aborts with the seed
+    // and the operation index instead of stalling the test run.
+    let current = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    /// Stops the watchdog however `run` ends (a mismatch panics).
+    struct Stop(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    let _stop = Stop(done.clone());
+    let watchdog = {
+        let (current, done) = (current.clone(), done.clone());
+        let limit = Duration::from_secs(env_u64("ORACLE_TIMEOUT").unwrap_or(300));
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !done.load(Ordering::Acquire) {
+                if start.elapsed() > limit {
+                    eprintln!(
+                        "oracle watchdog: seed={seed} stuck at op#{} after {limit:?}; aborting",
+                        current.load(Ordering::Acquire)
+                    );
+                    std::process::abort();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
     let mut log: Vec<String> = Vec::new();
     let mut soft: Vec<(String, String)> = Vec::new();
+    let mut history: Vec<Op> = Vec::new();
     let mut rng = StdRng::seed_from_u64(seed);
     for i in 0..ops {
         let op = {
@@ -1163,6 +1208,8 @@ fn run(kind: BackendKind, seed: u64, ops: usize) {
             };
             g.op()
         };
+        history.push(op.clone());
+        current.store(i, Ordering::Release);
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.apply(&op)));
         let res = match res {
             Ok(r) => r,
@@ -1215,6 +1262,21 @@ fn run(kind: BackendKind, seed: u64, ops: usize) {
                     .map(|(_, ex)| ex.as_str())
                     .collect::<Vec<_>>()
                     .join("\n");
+                let shrunk = if std::env::var("ORACLE_SHRINK").is_ok() {
+                    done.store(true, Ordering::Release);
+                    let sig = signature(&e);
+                    let min = shrink(kind, &history, &sig);
+                    format!(
+                        "\nshrunk to {} ops (same failure \"{sig}\"):\n{}",
+                        min.len(),
+                        min.iter()
+                            .map(|o| format!("  {o}"))
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    )
+                } else {
+                    String::from("\n(ORACLE_SHRINK=1 to shrink the sequence)")
+                };
                 if let Ok(f) = std::env::var("ORACLE_LOG") {
                     let _ = std::fs::write(f, log.join("\n"));
                 }
@@ -1229,7 +1291,7 @@ fn run(kind: BackendKind, seed: u64, ops: usize) {
                 panic!(
                     "oracle mismatch ({kind:?} backend) seed={seed} op#{i}\n{op}\n=> {e}\n\
                      replay: ORACLE_SEED={seed} ORACLE_OPS={}\nlast ops:\n{tail}\n\
-                     errno disagreements seen before (both sides failed):\n{soft_list}",
+                     errno disagreements seen before (both sides failed):\n{soft_list}{shrunk}",
                     i + 1
                 );
             }
@@ -1238,6 +1300,8 @@ fn run(kind: BackendKind, seed: u64, ops: usize) {
             w.rescan();
         }
     }
+    done.store(true, Ordering::Release);
+    let _ = watchdog.join();
     compare_trees(&w).unwrap_or_else(|e| panic!("seed={seed} at end: {e}"));
     assert!(
         soft.is_empty(),
@@ -1253,6 +1317,60 @@ fn run(kind: BackendKind, seed: u64, ops: usize) {
         kernel::close(h.cfd);
         kernel::close(h.kfd);
     }
+}
+
+/// The kind of a failure, for shrinking: the text before the first number (the operation, the
+/// side that differs, and the errno names or the attribute that differs).
+fn signature(e: &str) -> String {
+    let cut = e.find(|c: char| c.is_ascii_digit()).unwrap_or(e.len());
+    e[..cut.min(60)].to_string()
+}
+
+/// Replay `ops` on a fresh world; whether the last op fails with `sig`.
+fn replay_fails(kind: BackendKind, ops: &[Op], sig: &str) -> bool {
+    let mut w = World::new(kind);
+    for (i, op) in ops.iter().enumerate() {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.apply(op)));
+        if i + 1 == ops.len() {
+            return matches!(r, Ok(Err(e)) if signature(&e) == sig);
+        }
+    }
+    for h in w.handles.drain(..).flatten() {
+        kernel::close(h.cfd);
+        kernel::close(h.kfd);
+    }
+    false
+}
+
+/// Delta-debugging style shrink: drop chunks of operations (never the failing last one) as
+/// long as the same failure still happens at the end.
+fn shrink(kind: BackendKind, history: &[Op], sig: &str) -> Vec<Op> {
+    let mut cur = history.to_vec();
+    let deadline =
+        Instant::now() + Duration::from_secs(env_u64("ORACLE_SHRINK_SECS").unwrap_or(240));
+    let mut chunk = (cur.len() / 2).max(1);
+    loop {
+        let mut i = 0;
+        let mut removed_any = false;
+        while i + 1 < cur.len() && Instant::now() < deadline {
+            let end = (i + chunk).min(cur.len() - 1);
+            let mut cand = cur[..i].to_vec();
+            cand.extend_from_slice(&cur[end..]);
+            if replay_fails(kind, &cand, sig) {
+                cur = cand;
+                removed_any = true;
+            } else {
+                i = end;
+            }
+        }
+        if Instant::now() >= deadline || (chunk == 1 && !removed_any) {
+            break;
+        }
+        if !removed_any || chunk > 1 {
+            chunk = (chunk / 2).max(1);
+        }
+    }
+    cur
 }
 
 fn op_name(op: &Op) -> String {

@@ -255,3 +255,148 @@ fn fast_path_enforces_path_max() {
     );
     let _ = kstat(&f.jail, Cred::root(), "a");
 }
+
+// ---------------------------------------------------------------------------------------
+// Directory references for mutations.
+
+/// oracle seed 3 op#773 (ORACLE_NO_BEHIND=1), reduced: B holds a handle on `c/d` (its own
+/// directory); root then makes `c` unsearchable. Lookups through the handle keep working
+/// ("Directory References", §3.2) and so must creations: Linux lets B create `x` through the
+/// descriptor. The cache answered EACCES.
+#[test]
+fn mutation_through_handle_after_ancestor_chmod() {
+    let f = fx(
+        &[("c", 0o755, 0, 0), ("c/d", 0o755, B, B)],
+        &[("c/d/f", 0o644, B, B)],
+    );
+    let h = f.cache.opendir(&f.b, At::Root, b"c/d").unwrap();
+    let set = dircache_core::SetAttr {
+        mode: Some(0o700),
+        ..Default::default()
+    };
+    f.cache
+        .setattr(&f.root_c, At::Root, b"c", &set, LookupFlags::FOLLOW)
+        .unwrap();
+    let st = f.cache.stat(&f.b, At::Dir(&h), b"f", LookupFlags::NOFOLLOW);
+    assert!(st.is_ok(), "lookup through the handle: {st:?}");
+    let r = f.cache.mknod(&f.b, At::Dir(&h), b"x", 0o644, 0);
+    assert!(r.is_ok(), "mknod through the handle: {r:?}");
+    let t = dircache_core::SetAttr {
+        size: Some(1),
+        ..Default::default()
+    };
+    let r = f
+        .cache
+        .setattr(&f.b, At::Dir(&h), b"f", &t, LookupFlags::FOLLOW);
+    assert!(r.is_ok(), "truncate through the handle: {r:?}");
+    let r = f.cache.unlink(&f.b, At::Dir(&h), b"x");
+    assert!(r.is_ok(), "unlink through the handle: {r:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Symlinks and setattr.
+
+/// oracle seed 2 op#1196 (ORACLE_NO_BEHIND=1), reduced: chmod through a symlink (setattr with
+/// FOLLOW) must leave `lstat(link)` reporting the link itself, not its target.
+#[test]
+fn chmod_through_symlink_keeps_lstat_of_link() {
+    let f = fx(&[("a", 0o755, 0, 0), ("a/b", 0o755, A, A)], &[]);
+    symlink("a/b", f.root.join("l1")).unwrap();
+    let link_ino = ino(&f.root, "l1");
+    let before = f
+        .cache
+        .stat(&f.b, At::Root, b"l1", LookupFlags::NOFOLLOW)
+        .map(|a| a.ino);
+    assert_eq!(before, Ok(link_ino));
+    let set = dircache_core::SetAttr {
+        mode: Some(0o711),
+        ..Default::default()
+    };
+    let r = f
+        .cache
+        .setattr(&f.root_c, At::Root, b"l1", &set, LookupFlags::FOLLOW)
+        .unwrap();
+    assert_eq!(
+        r.ino,
+        ino(&f.root, "a/b"),
+        "setattr returns the target's attributes"
+    );
+    let after = f
+        .cache
+        .stat(&f.b, At::Root, b"l1", LookupFlags::NOFOLLOW)
+        .map(|a| (a.ino, a.mode));
+    assert_eq!(
+        after,
+        Ok((link_ino, libc::S_IFLNK | 0o777)),
+        "lstat(l1) after chmod(l1)"
+    );
+    let followed = f
+        .cache
+        .stat(&f.b, At::Root, b"l1", LookupFlags::FOLLOW)
+        .map(|a| a.mode);
+    assert_eq!(followed, Ok(libc::S_IFDIR | 0o711));
+}
+
+/// The same with chown (seed 2 also chowned through the link).
+#[test]
+fn chown_through_symlink_keeps_lstat_of_link() {
+    let f = fx(&[("a", 0o755, 0, 0), ("a/b", 0o755, A, A)], &[]);
+    symlink("a/b", f.root.join("l1")).unwrap();
+    let link_ino = ino(&f.root, "l1");
+    let set = dircache_core::SetAttr {
+        gid: Some(3001),
+        ..Default::default()
+    };
+    f.cache
+        .setattr(&f.root_c, At::Root, b"l1", &set, LookupFlags::FOLLOW)
+        .unwrap();
+    let after = f
+        .cache
+        .stat(&f.b, At::Root, b"l1", LookupFlags::NOFOLLOW)
+        .map(|a| (a.ino, a.gid));
+    assert_eq!(after, Ok((link_ino, 0)), "lstat(l1) after chown(l1)");
+}
+
+// ---------------------------------------------------------------------------------------
+// rename onto itself.
+
+/// oracle seeds 7, 8 (ORACLE_NO_BEHIND=1): rename(x, x) (any mode) succeeds on Linux without
+/// write permission on the directory (vfs_rename returns 0 when source == target before
+/// may_delete); the cache said EACCES.
+#[test]
+fn rename_onto_itself_needs_no_write_permission() {
+    let f = fx(&[("a", 0o755, 0, 0)], &[("a/f", 0o644, 0, 0)]);
+    for mode in [RenameMode::Replace, RenameMode::Exchange] {
+        let k = f.jail.run_as(&cred_b(), move || {
+            kernel::renameat2(libc::AT_FDCWD, c"a/f", libc::AT_FDCWD, c"a/f", mode).err()
+        });
+        assert_eq!(k, None);
+        assert_eq!(
+            e(f.cache.rename(&f.b, At::Root, b"a/f", b"a/f", mode)),
+            k,
+            "{mode:?}"
+        );
+    }
+}
+
+/// oracle seeds 6, 11, 12 (ORACLE_NO_BEHIND=1): a 4096-byte path of "./" is ENAMETOOLONG for
+/// chmod too (the cache applied the chmod).
+#[test]
+fn setattr_enforces_path_max() {
+    let f = fx(&[("a", 0o755, 0, 0)], &[]);
+    let mut p = b"./".repeat(2047);
+    p.extend_from_slice(b"a/");
+    assert_eq!(p.len(), 4096);
+    let set = dircache_core::SetAttr {
+        mode: Some(0o700),
+        ..Default::default()
+    };
+    let r = f
+        .cache
+        .setattr(&f.root_c, At::Root, &p, &set, LookupFlags::FOLLOW);
+    assert_eq!(e(r), Some(libc::ENAMETOOLONG));
+    assert_eq!(
+        std::fs::metadata(f.root.join("a")).unwrap().mode() & 0o7777,
+        0o755
+    );
+}
