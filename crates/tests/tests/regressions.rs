@@ -384,19 +384,69 @@ fn rename_onto_itself_needs_no_write_permission() {
 #[test]
 fn setattr_enforces_path_max() {
     let f = fx(&[("a", 0o755, 0, 0)], &[]);
-    let mut p = b"./".repeat(2047);
-    p.extend_from_slice(b"a/");
-    assert_eq!(p.len(), 4096);
+    // Warm the fast path, then the same path padded to 4096 bytes, with and without a leading
+    // slash (the oracle's failing form was "/./././…" of 4096 bytes).
+    assert!(f
+        .cache
+        .stat(&f.root_c, At::Root, b"a", LookupFlags::FOLLOW)
+        .is_ok());
     let set = dircache_core::SetAttr {
         mode: Some(0o700),
         ..Default::default()
     };
-    let r = f
-        .cache
-        .setattr(&f.root_c, At::Root, &p, &set, LookupFlags::FOLLOW);
-    assert_eq!(e(r), Some(libc::ENAMETOOLONG));
-    assert_eq!(
-        std::fs::metadata(f.root.join("a")).unwrap().mode() & 0o7777,
-        0o755
-    );
+    let mut p = b"./".repeat(2047);
+    p.extend_from_slice(b"a/");
+    let mut q = b"/.".repeat(2047);
+    q.extend_from_slice(b"/a");
+    for path in [p, q] {
+        assert_eq!(path.len(), 4096);
+        let r = f
+            .cache
+            .setattr(&f.root_c, At::Root, &path, &set, LookupFlags::FOLLOW);
+        assert_eq!(
+            e(r),
+            Some(libc::ENAMETOOLONG),
+            "{}",
+            String::from_utf8_lossy(&path[..8])
+        );
+        assert_eq!(
+            std::fs::metadata(f.root.join("a")).unwrap().mode() & 0o7777,
+            0o755
+        );
+    }
+}
+
+/// oracle seed 2 (ORACLE_NO_BEHIND=1), shrunk by the oracle from 1196 ops to 2:
+/// `readdir("l1/.")` then `lstat("l1")` returns the *target* directory's attributes: the walk of
+/// `l1/.` (which follows the link) is published under the key of `l1` itself.
+#[test]
+fn trailing_dot_after_symlink_does_not_alias_the_link() {
+    for first in [&b"l1/."[..], b"l1/", b"l1/./", b"l1//."] {
+        let f = fx(&[("a", 0o755, 0, 0), ("a/b", 0o755, A, A)], &[]);
+        symlink("a/b", f.root.join("l1")).unwrap();
+        let link = (ino(&f.root, "l1"), libc::S_IFLNK | 0o777);
+        let d = f
+            .cache
+            .stat(&f.b, At::Root, first, LookupFlags::NOFOLLOW)
+            .map(|a| a.ino);
+        assert_eq!(
+            d,
+            Ok(ino(&f.root, "a/b")),
+            "lstat({}) follows",
+            String::from_utf8_lossy(first)
+        );
+        let _ = f.cache.readdir(&f.b, At::Root, first);
+        let l = f
+            .cache
+            .stat(&f.b, At::Root, b"l1", LookupFlags::NOFOLLOW)
+            .map(|a| (a.ino, a.mode));
+        assert_eq!(
+            l,
+            Ok(link),
+            "lstat(l1) after a lookup of {}",
+            String::from_utf8_lossy(first)
+        );
+        let r = f.cache.readlink(&f.b, At::Root, b"l1");
+        assert_eq!(r, Ok(b"a/b".to_vec()));
+    }
 }
