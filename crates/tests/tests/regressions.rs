@@ -450,3 +450,53 @@ fn trailing_dot_after_symlink_does_not_alias_the_link() {
         assert_eq!(r, Ok(b"a/b".to_vec()));
     }
 }
+
+/// oracle seed 10 (ORACLE_NO_BEHIND=1 ORACLE_NO_HANDLES=1), shrunk from 394 ops to 2: mkdir
+/// `a/b/N`, then `rename(a/b/N, "b/l2/", RENAME_EXCHANGE)` where `b/l2` is a symlink: Linux says
+/// ENOTDIR (a trailing slash on a non-directory), the cache performed the exchange.
+/// Table-driven against the kernel on an identical tree.
+#[test]
+fn rename_trailing_slash_on_non_directory() {
+    let cases: &[(&[u8], &[u8], RenameMode)] = &[
+        (b"a/x", b"l/", RenameMode::Exchange),
+        (b"a/x/", b"l/", RenameMode::Exchange),
+        (b"a/x", b"f/", RenameMode::Exchange),
+        (b"f", b"a/x/", RenameMode::Exchange),
+        (b"f/", b"a/x", RenameMode::Exchange),
+        (b"f", b"g/", RenameMode::Replace),
+        (b"f", b"new/", RenameMode::Replace),
+        (b"f", b"new/", RenameMode::NoReplace),
+        (b"a/x", b"new/", RenameMode::Replace),
+        (b"l/", b"m", RenameMode::Replace),
+    ];
+    let mut bad = Vec::new();
+    for (old, new, mode) in cases {
+        let mk = || {
+            let f = fx(
+                &[("a", 0o755, 0, 0), ("a/x", 0o755, 0, 0)],
+                &[("f", 0o644, 0, 0), ("g", 0o644, 0, 0)],
+            );
+            symlink("f", f.root.join("l")).unwrap();
+            f
+        };
+        let fc = mk();
+        let fk = mk();
+        let r = e(fc.cache.rename(&fc.root_c, At::Root, old, new, *mode));
+        let (o, n, m) = (old.to_vec(), new.to_vec(), *mode);
+        let k = fk.jail.run(move || {
+            kernel::renameat2(libc::AT_FDCWD, &c(&o), libc::AT_FDCWD, &c(&n), m).err()
+        });
+        if r != k {
+            bad.push(format!(
+                "rename({}, {}, {mode:?}): cache {r:?} kernel {k:?}",
+                String::from_utf8_lossy(old),
+                String::from_utf8_lossy(new)
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "errno values (ENOTDIR = 20):\n{}",
+        bad.join("\n")
+    );
+}
