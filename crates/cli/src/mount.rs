@@ -1,20 +1,645 @@
 //! `dircache mount` and `dircache stats` (owned by the FUSE work).
+//!
+//! `dircache mount SRC MNT` checks its input, forks, and the child mounts and serves; the
+//! parent waits on a pipe until the mount is up (exit 0) or reports the child's error (exit 2
+//! for bad input, 1 otherwise). `-f` stays in the foreground. SIGINT/SIGTERM/SIGHUP unmount
+//! cleanly; so do `umount MNT` and `fusermount -u MNT` from outside.
+//!
+//! `mount -t fuse.dircache SRC MNT -o OPTS` (and /etc/fstab) works through the helper
+//! `crates/fuse/scripts/mount.fuse.dircache`, installed as `/sbin/mount.fuse.dircache`.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use dircache_fuse::{CachePolicy, MountConfig};
+
+const OPTIONS_HELP: &str = "\
+Mount options (-o opt[,opt...]; defaults in brackets):
+  ro / rw                    read-only or read-write mount [rw]
+  nosuid / suid              ignore set-user-id bits [nosuid]
+  nodev / dev                ignore device files [nodev]
+  noexec / exec              forbid execution [exec]
+  noatime / atime            atime updates [atime]
+  sync / async, dirsync      synchronous I/O [async]
+  allow_other / noallow_other  other users may use the mount [allow_other]
+  default_permissions        always on: the kernel checks permissions
+  fsname=NAME                source shown in /proc/mounts [SRC]
+  threads=N                  FUSE request threads [4]
+  entry_timeout=SECS         kernel entry TTL [86400]
+  attr_timeout=SECS          kernel attribute TTL [86400]
+  negative_timeout=SECS      kernel negative-entry TTL, 0 = none [86400]
+  cache=on|off               off = every kernel cache off, TTLs 0 (for comparisons) [on]
+  readdirplus / noreaddirplus  listings carry attributes [readdirplus]
+  cache_dir / nocache_dir    listings cached in the kernel [cache_dir]
+  opendir / noopendir        noopendir = no OPENDIR/RELEASEDIR round trips [noopendir]
+  keep_cache / nokeep_cache  file data kept across opens [keep_cache]
+  passthrough / nopassthrough  FUSE passthrough for file data (root, 6.9+) [passthrough]
+  acl / noacl                POSIX ACLs cached by the kernel [acl]
+  security_xattrs / nosecurity_xattrs  pass security.* xattrs [nosecurity_xattrs]
+  max_entries=N              core cache size in dentries [1048576]
+  socket=PATH                stats socket [/run/dircache/PID.sock]
+Accepted and ignored (for mount(8) and fstab): defaults, auto, noauto, user, nouser,
+  users, nofail, _netdev, relatime, norelatime, strictatime, lazytime, x-*, comment=*";
 
 #[derive(clap::Args)]
+#[command(after_help = OPTIONS_HELP)]
 pub struct MountArgs {
-    pub src: std::path::PathBuf,
-    pub mnt: std::path::PathBuf,
+    /// Directory to serve.
+    pub src: PathBuf,
+    /// Where to mount it.
+    pub mnt: PathBuf,
+    /// Mount options, comma-separated (see below).
+    #[arg(short = 'o', value_name = "OPTS")]
+    pub options: Vec<String>,
+    /// Stay in the foreground (default: background once the mount is up).
+    #[arg(short = 'f', long = "foreground")]
+    pub foreground: bool,
 }
 
 #[derive(clap::Args)]
 pub struct StatsArgs {
-    pub mnt: std::path::PathBuf,
+    /// Mount point of a running dircache mount.
+    pub mnt: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run_mount(_a: MountArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not yet implemented")
+/// A bad-input error: one line on stderr, exit status 2.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
-pub fn run_stats(_a: StatsArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not yet implemented")
+impl std::error::Error for Usage {}
+
+/// Parsed `-o` options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub policy: CachePolicy,
+    pub mount_options: Vec<fuser::MountOption>,
+    pub allow_other: bool,
+    pub max_entries: Option<usize>,
+    pub socket: Option<PathBuf>,
+    pub fsname: Option<String>,
+}
+
+fn secs(v: &str, opt: &str) -> Result<Duration, Usage> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| Usage(format!("bad value for -o {opt}: {v:?} (seconds expected)")))
+}
+
+fn num(v: &str, opt: &str) -> Result<usize, Usage> {
+    v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+        Usage(format!(
+            "bad value for -o {opt}: {v:?} (positive number expected)"
+        ))
+    })
+}
+
+/// Parse `-o` option lists.
+pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
+    use fuser::MountOption as M;
+    let mut o = Options {
+        policy: CachePolicy::default(),
+        mount_options: Vec::new(),
+        allow_other: true,
+        max_entries: None,
+        socket: None,
+        fsname: None,
+    };
+    let mut cache_off = false;
+    let mut overrides: Vec<(String, Option<String>)> = Vec::new();
+    for list in lists {
+        for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let flag = |m: M| -> Result<Option<M>, Usage> {
+                if v.is_some() {
+                    return Err(Usage(format!("-o {k} takes no value")));
+                }
+                Ok(Some(m))
+            };
+            let m = match k {
+                "ro" => flag(M::RO)?,
+                "rw" => flag(M::RW)?,
+                "nosuid" => flag(M::NoSuid)?,
+                "suid" => flag(M::Suid)?,
+                "nodev" => flag(M::NoDev)?,
+                "dev" => flag(M::Dev)?,
+                "noexec" => flag(M::NoExec)?,
+                "exec" => flag(M::Exec)?,
+                "noatime" => flag(M::NoAtime)?,
+                "atime" => flag(M::Atime)?,
+                "sync" => flag(M::Sync)?,
+                "async" => flag(M::Async)?,
+                "dirsync" => flag(M::DirSync)?,
+                "cache" => match v {
+                    Some("on") => None,
+                    Some("off") => {
+                        cache_off = true;
+                        None
+                    }
+                    _ => return Err(Usage(format!("bad value for -o cache: {v:?} (on or off)"))),
+                },
+                "allow_other"
+                | "noallow_other"
+                | "default_permissions"
+                | "defaults"
+                | "auto"
+                | "noauto"
+                | "user"
+                | "nouser"
+                | "users"
+                | "nofail"
+                | "_netdev"
+                | "relatime"
+                | "norelatime"
+                | "strictatime"
+                | "lazytime"
+                | "comment" => {
+                    match k {
+                        "allow_other" => o.allow_other = true,
+                        "noallow_other" => o.allow_other = false,
+                        _ => {}
+                    }
+                    None
+                }
+                k if k.starts_with("x-") => None,
+                "fsname" => {
+                    o.fsname = Some(
+                        v.ok_or_else(|| Usage("-o fsname needs a value".into()))?
+                            .to_string(),
+                    );
+                    None
+                }
+                "max_entries" => {
+                    o.max_entries = Some(num(v.unwrap_or(""), k)?);
+                    None
+                }
+                "socket" => {
+                    o.socket = Some(PathBuf::from(
+                        v.ok_or_else(|| Usage("-o socket needs a path".into()))?,
+                    ));
+                    None
+                }
+                "threads" | "entry_timeout" | "attr_timeout" | "negative_timeout"
+                | "readdirplus" | "noreaddirplus" | "cache_dir" | "nocache_dir" | "opendir"
+                | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
+                | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" => {
+                    overrides.push((k.to_string(), v.map(str::to_string)));
+                    None
+                }
+                _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
+            };
+            o.mount_options.extend(m);
+        }
+    }
+    if cache_off {
+        o.policy = CachePolicy::uncached();
+    }
+    for (k, v) in overrides {
+        let p = &mut o.policy;
+        let v = v.as_deref();
+        let boolean = |v: Option<&str>| -> Result<(), Usage> {
+            match v {
+                None => Ok(()),
+                Some(_) => Err(Usage(format!("-o {k} takes no value"))),
+            }
+        };
+        match k.as_str() {
+            "threads" => p.threads = num(v.unwrap_or(""), &k)?,
+            "entry_timeout" => p.entry_ttl = secs(v.unwrap_or(""), &k)?,
+            "attr_timeout" => p.attr_ttl = secs(v.unwrap_or(""), &k)?,
+            "negative_timeout" => p.negative_ttl = secs(v.unwrap_or(""), &k)?,
+            other => {
+                boolean(v)?;
+                let (on, name) = match other.strip_prefix("no") {
+                    Some(n) => (false, n),
+                    None => (true, other),
+                };
+                match name {
+                    "readdirplus" => p.readdirplus = on,
+                    "cache_dir" => p.cache_dir = on,
+                    "opendir" => p.no_opendir = !on,
+                    "keep_cache" => p.keep_cache = on,
+                    "passthrough" => p.passthrough = on,
+                    "acl" => p.posix_acl = on,
+                    "security_xattrs" => p.security_xattrs = on,
+                    _ => return Err(Usage(format!("unknown mount option -o {other}"))),
+                }
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// Check SRC, MNT, /dev/fuse and privileges before mounting.
+pub fn check_input(src: &Path, mnt: &Path) -> Result<(), Usage> {
+    match std::fs::metadata(src) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(Usage(format!("{}: not a directory", src.display()))),
+        Err(e) => return Err(Usage(format!("{}: {e}", src.display()))),
+    }
+    match std::fs::metadata(mnt) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Usage(format!(
+                "{}: mount point is not a directory",
+                mnt.display()
+            )))
+        }
+        Err(e) => return Err(Usage(format!("{}: {e}", mnt.display()))),
+    }
+    if dircache_fuse::is_mount_point(mnt) {
+        return Err(Usage(format!("{}: already a mount point", mnt.display())));
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Err(Usage(
+            "/dev/fuse does not exist (is the fuse module loaded?)".into(),
+        ));
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Usage(
+            "not enough privilege: dircache mount must run as root (it mounts with mount(2) and \
+             creates files as the calling user)"
+                .into(),
+        ));
+    }
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        return Err(Usage(format!("/dev/fuse: {e}")));
+    }
+    Ok(())
+}
+
+fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds is a valid array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("pipe");
+    }
+    // SAFETY: pipe2 returned two fresh descriptors that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Status message from the daemon child to the waiting parent: `0` ready, else `code msg`.
+fn report(w: &mut Option<std::fs::File>, code: i32, msg: &str) {
+    if let Some(mut f) = w.take() {
+        let _ = write!(f, "{code} {msg}");
+    }
+}
+
+pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
+    let opts = match parse_options(&a.options).and_then(|o| check_input(&a.src, &a.mnt).map(|()| o))
+    {
+        Ok(o) => o,
+        Err(Usage(m)) => {
+            eprintln!("dircache: {m}");
+            return Ok(2);
+        }
+    };
+    let mut status_pipe: Option<std::fs::File> = None;
+    if !a.foreground {
+        let (r, w) = pipe()?;
+        // SAFETY: the process is single-threaded here (nothing has spawned a thread yet), so
+        // the child may continue running arbitrary Rust code after fork.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error()).context("fork");
+        }
+        if pid > 0 {
+            drop(w);
+            let mut s = String::new();
+            let _ = std::fs::File::from(r).read_to_string(&mut s);
+            let (code, msg) = s.split_once(' ').unwrap_or((s.as_str(), ""));
+            return match code.parse::<i32>() {
+                Ok(0) => Ok(0),
+                Ok(c) => {
+                    eprintln!("dircache: {msg}");
+                    Ok(c)
+                }
+                Err(_) => {
+                    eprintln!("dircache: the mount daemon exited before the mount was ready");
+                    Ok(1)
+                }
+            };
+        }
+        drop(r);
+        // SAFETY: setsid has no preconditions; detaches from the controlling terminal.
+        unsafe { libc::setsid() };
+        status_pipe = Some(std::fs::File::from(w));
+    }
+    match serve(&a, opts, &mut status_pipe) {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            let code = if e.downcast_ref::<Usage>().is_some() {
+                2
+            } else {
+                1
+            };
+            if status_pipe.is_some() {
+                report(&mut status_pipe, code, &format!("{e:#}"));
+                Ok(code)
+            } else if code == 2 {
+                eprintln!("dircache: {e:#}");
+                Ok(2)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t is valid input for sigemptyset, which initializes it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a valid sigset_t; signal numbers are valid.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    set
+}
+
+fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> anyhow::Result<()> {
+    // Signals are handled by one thread with sigwait; every other thread inherits the mask.
+    let set = block_signals();
+    // Files are created with the mode the kernel computed (it applied the caller's umask).
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0) };
+    let src = a
+        .src
+        .canonicalize()
+        .with_context(|| a.src.display().to_string())?;
+    let mnt = a
+        .mnt
+        .canonicalize()
+        .with_context(|| a.mnt.display().to_string())?;
+    let backend = dircache_local::LocalBackend::new(&src)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", src.display()))?;
+    let mut config = dircache_core::Config::default();
+    if let Some(n) = opts.max_entries {
+        config.max_entries = n;
+    }
+    let cache = dircache_core::Cache::new(Arc::new(backend), config)
+        .map_err(|e| anyhow::anyhow!("cache: {e}"))?;
+    let socket = opts
+        .socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/run/dircache/{}.sock", std::process::id())));
+    let mut cfg = MountConfig::new(&src, &mnt);
+    cfg.policy = opts.policy.clone();
+    cfg.mount_options = opts.mount_options.clone();
+    if let Some(n) = &opts.fsname {
+        cfg.mount_options
+            .push(fuser::MountOption::FSName(n.clone()));
+    }
+    cfg.allow_other = opts.allow_other;
+    cfg.socket_path = Some(socket);
+    let mounted = dircache_fuse::mount(cache, &cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+    tracing::info!("mounted {} on {}", src.display(), mnt.display());
+
+    let mnt2 = mnt.clone();
+    std::thread::Builder::new()
+        .name("dircache-signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: set is an initialized sigset_t and sig a valid out pointer.
+            while unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                tracing::info!("signal {sig}: unmounting {}", mnt2.display());
+                if let Err(e) = dircache_fuse::unmount(&mnt2) {
+                    tracing::warn!("unmount {}: {e}", mnt2.display());
+                }
+            }
+        })?;
+
+    if status.is_some() {
+        report(status, 0, "ready");
+        // The parent has exited: detach from its terminal's stdio.
+        if let Ok(null) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+        {
+            for fd in 0..3 {
+                // SAFETY: dup2 onto the standard descriptors, which this process owns.
+                unsafe { libc::dup2(null.as_raw_fd(), fd) };
+            }
+        }
+    }
+    mounted.run().map_err(|e| anyhow::anyhow!("{e}"))?;
+    tracing::info!("unmounted {}", mnt.display());
+    Ok(())
+}
+
+pub fn run_stats(a: StatsArgs) -> anyhow::Result<i32> {
+    let socket = match dircache_fuse::stats::socket_of_mount(&a.mnt) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dircache: {e}");
+            return Ok(2);
+        }
+    };
+    let resp = dircache_fuse::stats::query(&socket, &serde_json::json!({"op": "stats"}))
+        .with_context(|| format!("stats socket {}", socket.display()))?;
+    if resp.get("ok").and_then(|v| v.as_bool()) != Some(true) {
+        anyhow::bail!(
+            "daemon: {}",
+            resp.get("error")
+                .and_then(|v| v.as_str())
+                .unwrap_or("error")
+        );
+    }
+    let stats = resp.get("stats").cloned().unwrap_or_default();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+    } else {
+        print!("{}", human(&stats));
+    }
+    Ok(0)
+}
+
+fn human(s: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let g = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "dircache mount {} -> {} (pid {}, up {:.0} s)",
+        s.get("src").and_then(|v| v.as_str()).unwrap_or("?"),
+        s.get("mnt").and_then(|v| v.as_str()).unwrap_or("?"),
+        g(s, "pid"),
+        s.get("uptime_s").and_then(|v| v.as_f64()).unwrap_or(0.0)
+    );
+    let core = s.get("core").cloned().unwrap_or_default();
+    let hits = g(&core, "hits");
+    let misses = g(&core, "misses");
+    let rate = if hits + misses > 0 {
+        100.0 * hits as f64 / (hits + misses) as f64
+    } else {
+        0.0
+    };
+    let _ = writeln!(out, "core cache:   {hits} hits, {misses} misses ({rate:.1}% hit rate), {} negative hits, {} fast-path hits",
+        g(&core, "negative_hits"), g(&core, "fastpath_hits"));
+    let _ = writeln!(
+        out,
+        "  entries:    {} dentries, {} fast-table entries, {} bytes, {} evictions",
+        g(&core, "entries"),
+        g(&core, "fast_entries"),
+        g(&core, "bytes"),
+        g(&core, "evictions")
+    );
+    let _ = writeln!(
+        out,
+        "  backend:    lookup {} walk {} getattr {} readdir {} readlink {} mutation {}",
+        g(&core, "backend_lookup"),
+        g(&core, "backend_walk"),
+        g(&core, "backend_getattr"),
+        g(&core, "backend_readdir"),
+        g(&core, "backend_readlink"),
+        g(&core, "backend_mutation")
+    );
+    let _ = writeln!(
+        out,
+        "  invalidations: {} ({} entries)",
+        g(&core, "invalidations"),
+        g(&core, "invalidated_entries")
+    );
+    let kr = s.get("kernel_requests").cloned().unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "kernel requests: {} total, {} negative lookups, {} passthrough opens",
+        g(&kr, "total"),
+        g(&kr, "negative_lookups"),
+        g(&kr, "passthrough_opens")
+    );
+    if let Some(m) = kr.get("by_kind").and_then(|v| v.as_object()) {
+        let mut kinds: Vec<_> = m.iter().collect();
+        kinds.sort_by_key(|(_, v)| std::cmp::Reverse(v.as_u64().unwrap_or(0)));
+        for (k, v) in kinds {
+            let _ = writeln!(out, "  {k:<16} {}", v.as_u64().unwrap_or(0));
+        }
+    }
+    let _ = writeln!(out, "kernel inodes:  {}", g(s, "kernel_inodes"));
+    let n = s.get("notifier").cloned().unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "notifier:     {} changes, {} inval_entry, {} inval_inode, {} errors",
+        g(&n, "changes"),
+        g(&n, "inval_entry"),
+        g(&n, "inval_inode"),
+        g(&n, "errors")
+    );
+    let m = s.get("memory").cloned().unwrap_or_default();
+    let _ = writeln!(out, "memory:       {} bytes resident", g(&m, "rss_bytes"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Options, Usage> {
+        parse_options(&[s.to_string()])
+    }
+
+    #[test]
+    fn defaults() {
+        let o = p("").unwrap();
+        assert_eq!(o.policy, CachePolicy::default());
+        assert!(o.allow_other);
+        assert!(o.mount_options.is_empty());
+    }
+
+    #[test]
+    fn kernel_flags_and_ignored() {
+        let o = p("ro,nosuid,defaults,noauto,x-systemd.automount,_netdev,nofail").unwrap();
+        assert_eq!(
+            o.mount_options,
+            vec![fuser::MountOption::RO, fuser::MountOption::NoSuid]
+        );
+    }
+
+    #[test]
+    fn policy_options() {
+        let o = parse_options(&[
+            "threads=2,entry_timeout=1.5".into(),
+            "nopassthrough,noacl,opendir".into(),
+        ])
+        .unwrap();
+        assert_eq!(o.policy.threads, 2);
+        assert_eq!(o.policy.entry_ttl, Duration::from_millis(1500));
+        assert!(!o.policy.passthrough);
+        assert!(!o.policy.posix_acl);
+        assert!(!o.policy.no_opendir);
+        let o = p("cache=off,readdirplus").unwrap();
+        assert_eq!(o.policy.attr_ttl, Duration::ZERO);
+        assert!(o.policy.readdirplus);
+        let o = p("max_entries=1000,socket=/tmp/x.sock,fsname=foo").unwrap();
+        assert_eq!(o.max_entries, Some(1000));
+        assert_eq!(o.socket, Some(PathBuf::from("/tmp/x.sock")));
+        assert_eq!(o.fsname.as_deref(), Some("foo"));
+    }
+
+    #[test]
+    fn bad_options() {
+        assert!(p("bogus").is_err());
+        assert!(p("threads=0").is_err());
+        assert!(p("threads=x").is_err());
+        assert!(p("entry_timeout=-1").is_err());
+        assert!(p("ro=1").is_err());
+        assert!(p("cache=maybe").is_err());
+        assert!(p("nopassthrough=1").is_err());
+        assert!(p("nobogus").is_err());
+        let e = p("frobnicate").unwrap_err();
+        assert!(e.0.contains("frobnicate"), "{e}");
+    }
+
+    #[test]
+    fn input_checks() {
+        let d = tempfile_dir();
+        let f = d.join("file");
+        std::fs::write(&f, b"x").unwrap();
+        assert!(check_input(&d.join("missing"), &d)
+            .unwrap_err()
+            .0
+            .contains("missing"));
+        assert!(check_input(&f, &d)
+            .unwrap_err()
+            .0
+            .contains("not a directory"));
+        assert!(check_input(&d, &d.join("missing")).is_err());
+        assert!(check_input(&d, Path::new("/proc"))
+            .unwrap_err()
+            .0
+            .contains("mount point"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("dircache-mount-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
 }

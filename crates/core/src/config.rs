@@ -35,6 +35,9 @@ pub struct Config {
     pub max_entries: usize,
     /// Slots of each credential's prefix-check cache (rounded up to a power of two).
     pub pcc_slots: usize,
+    /// Linux's `fs.protected_hardlinks=1`: only the owner (or root) may hard-link a file that
+    /// is not a plain regular file the caller can read and write.
+    pub protected_hardlinks: bool,
 }
 
 impl Default for Config {
@@ -49,6 +52,7 @@ impl Default for Config {
             dotdot: DotDot::Posix,
             max_entries: 1 << 20,
             pcc_slots: 1 << 14,
+            protected_hardlinks: true,
         }
     }
 }

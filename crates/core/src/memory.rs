@@ -1,1 +1,1477 @@
 //! An in-memory backend, for unit tests only (integration tests use the local backend).
+//!
+//! [`MemoryBackend`] keeps a tree of inodes behind one mutex and answers every [`Backend`]
+//! method with Linux's semantics for the common cases: inode numbers, modes, owners, link counts
+//! (including hard links and directory `..` links), symbolic links, timestamps, the three rename
+//! modes, and the errno Linux gives (ENOENT, ENOTDIR, EISDIR, EEXIST, ENOTEMPTY, EINVAL, EBUSY,
+//! EPERM, EACCES, ELOOP for a symlink in a non-final component, ENAMETOOLONG).
+//!
+//! Mutations are checked like the kernel does for the caller (as the local backend has the
+//! kernel check them): search permission on every directory of the path, write+search on the
+//! parent, the sticky-bit rule, only the owner or root may chmod or set explicit times, only root
+//! may change the owner, the owner may change the group only to one of his groups, CAP_MKNOD for
+//! devices, protected hard links. New files belong to the caller (group from a setgid parent).
+//! Queries (lookup, getattr, readdir, readlink) are not checked: the cache does that itself.
+//!
+//! Tests change the tree "behind the cache's back" by calling the same `Backend` methods on the
+//! same object (usually with [`Cred::root`]). [`MemoryBackend::calls`] counts every call made.
+//! [`MemoryBackend::with_watch`] makes `watch()` return a feed reporting every mutation.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::{
+    Attr, Backend, Change, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode, Result,
+    SetAttr, StatFs, TimeSet, Timespec, Walked, NAME_MAX, PATH_MAX,
+};
+
+/// Device number reported for every inode.
+pub const MEMORY_DEV: u64 = 0x4d45;
+/// Inode number of the root directory.
+pub const ROOT_INO: u64 = 1;
+
+const S_IFMT: u32 = libc::S_IFMT;
+const S_ISUID: u32 = libc::S_ISUID;
+const S_ISGID: u32 = libc::S_ISGID;
+const S_ISVTX: u32 = libc::S_ISVTX;
+
+enum Data {
+    Dir(BTreeMap<Vec<u8>, u64>),
+    Symlink(Vec<u8>),
+    Other,
+}
+
+struct Inode {
+    attr: Attr,
+    data: Data,
+}
+
+struct Tree {
+    inodes: HashMap<u64, Inode>,
+    next_ino: u64,
+    last_time: Timespec,
+}
+
+/// An in-memory [`Backend`] for unit tests. See the module documentation.
+pub struct MemoryBackend {
+    tree: Mutex<Tree>,
+    calls: AtomicU64,
+    watch_enabled: bool,
+    feeds: Mutex<Vec<crossbeam_channel::Sender<Change>>>,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("inodes", &self.tree.lock().inodes.len())
+            .finish()
+    }
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        return Err(Error::Invalid);
+    }
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    Ok(())
+}
+
+fn components(path: &[u8]) -> Result<Vec<&[u8]>> {
+    if path.is_empty() {
+        return Ok(Vec::new());
+    }
+    if path.len() >= PATH_MAX {
+        return Err(Error::NameTooLong);
+    }
+    let v: Vec<&[u8]> = path.split(|&b| b == b'/').collect();
+    for c in &v {
+        check_name(c)?;
+    }
+    Ok(v)
+}
+
+fn split(path: &[u8]) -> Result<(&[u8], &[u8])> {
+    components(path)?;
+    if path.is_empty() {
+        return Err(Error::Busy);
+    }
+    Ok(match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&b""[..], path),
+    })
+}
+
+/// Linux's generic_permission for mode bits (no ACLs); root overrides except exec of files
+/// without any x bit.
+fn permitted(cred: &Cred, a: &Attr, mask: u32) -> bool {
+    if cred.is_root() {
+        return mask & 1 == 0 || a.kind() == FileType::Directory || a.mode & 0o111 != 0;
+    }
+    let bits = if cred.uid == a.uid {
+        (a.mode >> 6) & 7
+    } else if cred.in_group(a.gid) {
+        (a.mode >> 3) & 7
+    } else {
+        a.mode & 7
+    };
+    bits & mask == mask
+}
+
+fn owner_or_root(cred: &Cred, a: &Attr) -> bool {
+    cred.is_root() || cred.uid == a.uid
+}
+
+impl Tree {
+    fn now(&mut self) -> Timespec {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let mut t = Timespec {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        };
+        // Strictly increasing, so every change is visible in the timestamps.
+        if t <= self.last_time {
+            t = self.last_time;
+            t.nsec += 1;
+            if t.nsec >= 1_000_000_000 {
+                t.sec += 1;
+                t.nsec = 0;
+            }
+        }
+        self.last_time = t;
+        t
+    }
+
+    fn get(&self, ino: u64) -> Result<&Inode> {
+        self.inodes.get(&ino).ok_or(Error::Stale)
+    }
+
+    fn get_mut(&mut self, ino: u64) -> Result<&mut Inode> {
+        self.inodes.get_mut(&ino).ok_or(Error::Stale)
+    }
+
+    fn children(&self, ino: u64) -> Result<&BTreeMap<Vec<u8>, u64>> {
+        match &self.get(ino)?.data {
+            Data::Dir(m) => Ok(m),
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    fn children_mut(&mut self, ino: u64) -> Result<&mut BTreeMap<Vec<u8>, u64>> {
+        match &mut self.get_mut(ino)?.data {
+            Data::Dir(m) => Ok(m),
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    /// Resolve a directory path (never following symlinks: a symlink component is ELOOP), and
+    /// when `cred` is given check search permission on every directory walked through.
+    fn resolve_dir(&self, path: &[u8], cred: Option<&Cred>) -> Result<u64> {
+        let mut ino = ROOT_INO;
+        for c in components(path)? {
+            let node = self.get(ino)?;
+            if let Some(cred) = cred {
+                if !permitted(cred, &node.attr, 1) {
+                    return Err(Error::Access);
+                }
+            }
+            let next = *self.children(ino)?.get(c).ok_or(Error::NotFound)?;
+            match self.get(next)?.attr.kind() {
+                FileType::Directory => {}
+                FileType::Symlink => return Err(Error::Loop),
+                _ => return Err(Error::NotDir),
+            }
+            ino = next;
+        }
+        Ok(ino)
+    }
+
+    /// The parent directory of `path` (resolved as `cred`) and the final name.
+    fn parent<'p>(&self, path: &'p [u8], cred: Option<&Cred>) -> Result<(u64, &'p [u8])> {
+        let (dir, name) = split(path)?;
+        let d = self.resolve_dir(dir, cred)?;
+        if let Some(cred) = cred {
+            if !permitted(cred, &self.get(d)?.attr, 1) {
+                return Err(Error::Access);
+            }
+        }
+        Ok((d, name))
+    }
+
+    fn lookup_in(&self, dir: u64, name: &[u8]) -> Result<u64> {
+        self.children(dir)?
+            .get(name)
+            .copied()
+            .ok_or(Error::NotFound)
+    }
+
+    fn attr(&self, ino: u64) -> Result<Attr> {
+        Ok(self.get(ino)?.attr)
+    }
+
+    /// May `cred` add or remove entries of directory `dir`?
+    fn may_write_dir(&self, cred: &Cred, dir: u64) -> Result<()> {
+        if permitted(cred, &self.get(dir)?.attr, 3) {
+            Ok(())
+        } else {
+            Err(Error::Access)
+        }
+    }
+
+    /// The sticky-bit rule for removing/renaming `child` out of `dir`.
+    fn sticky_ok(&self, cred: &Cred, dir: u64, child: u64) -> Result<()> {
+        let d = self.get(dir)?.attr;
+        let c = self.get(child)?.attr;
+        if d.mode & S_ISVTX != 0 && !cred.is_root() && cred.uid != d.uid && cred.uid != c.uid {
+            return Err(Error::Perm);
+        }
+        Ok(())
+    }
+
+    fn touch_dir(&mut self, dir: u64) -> Result<()> {
+        let t = self.now();
+        let a = &mut self.get_mut(dir)?.attr;
+        a.mtime = t;
+        a.ctime = t;
+        Ok(())
+    }
+
+    fn touch_ctime(&mut self, ino: u64) -> Result<()> {
+        let t = self.now();
+        self.get_mut(ino)?.attr.ctime = t;
+        Ok(())
+    }
+
+    /// Create a new inode `name` in `dir` owned by `cred`.
+    fn create(
+        &mut self,
+        cred: &Cred,
+        dir: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        data: Data,
+    ) -> Result<Attr> {
+        check_name(name)?;
+        // EEXIST before EACCES, as Linux (filename_create, then may_create).
+        if self.children(dir)?.contains_key(name) {
+            return Err(Error::Exists);
+        }
+        self.may_write_dir(cred, dir)?;
+        let parent = self.get(dir)?.attr;
+        let is_dir = mode & S_IFMT == libc::S_IFDIR;
+        let mut mode = mode;
+        let gid = if parent.mode & S_ISGID != 0 {
+            if is_dir {
+                mode |= S_ISGID;
+            } else if mode & S_ISGID != 0
+                && mode & 0o010 != 0
+                && !cred.is_root()
+                && !cred.in_group(parent.gid)
+            {
+                mode &= !S_ISGID;
+            }
+            parent.gid
+        } else {
+            if !is_dir
+                && mode & S_ISGID != 0
+                && mode & 0o010 != 0
+                && !cred.is_root()
+                && !cred.in_group(cred.gid)
+            {
+                mode &= !S_ISGID;
+            }
+            cred.gid
+        };
+        let t = self.now();
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        let size = match &data {
+            Data::Symlink(target) => target.len() as u64,
+            Data::Dir(_) => 4096,
+            Data::Other => 0,
+        };
+        let attr = Attr {
+            ino,
+            dev: MEMORY_DEV,
+            mode,
+            nlink: if is_dir { 2 } else { 1 },
+            uid: cred.uid,
+            gid,
+            rdev,
+            size,
+            blocks: if is_dir { 8 } else { 0 },
+            blksize: 4096,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        };
+        self.inodes.insert(ino, Inode { attr, data });
+        self.children_mut(dir)?.insert(name.to_vec(), ino);
+        if is_dir {
+            self.get_mut(dir)?.attr.nlink += 1;
+        }
+        self.touch_dir(dir)?;
+        Ok(attr)
+    }
+
+    /// Drop one link of `ino`, freeing it when none remain.
+    fn drop_link(&mut self, ino: u64) -> Result<()> {
+        let a = &mut self.get_mut(ino)?.attr;
+        if a.kind() == FileType::Directory {
+            a.nlink = 0;
+        } else {
+            a.nlink = a.nlink.saturating_sub(1);
+        }
+        if a.nlink == 0 {
+            self.inodes.remove(&ino);
+        } else {
+            self.touch_ctime(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Whether directory `anc` is `ino` or one of its ancestors (walks down from `anc`).
+    fn is_ancestor(&self, anc: u64, ino: u64) -> bool {
+        if anc == ino {
+            return true;
+        }
+        let mut stack = vec![anc];
+        while let Some(d) = stack.pop() {
+            if let Ok(ch) = self.children(d) {
+                for &c in ch.values() {
+                    if c == ino {
+                        return true;
+                    }
+                    if matches!(self.get(c).map(|n| &n.data), Ok(Data::Dir(_))) {
+                        stack.push(c);
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// rename(2)/renameat2(2), with the checks in the order Linux makes them
+    /// (do_renameat2, then vfs_rename with may_delete/may_create, then the file system).
+    fn rename(&mut self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
+        let (od, oname) = self.parent(old, Some(cred))?;
+        let (nd, nname) = self.parent(new, Some(cred))?;
+        let src = self.lookup_in(od, oname)?;
+        let dst = match self.lookup_in(nd, nname) {
+            Ok(i) => Some(i),
+            Err(Error::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        match mode {
+            RenameMode::NoReplace if dst.is_some() => return Err(Error::Exists),
+            RenameMode::Exchange if dst.is_none() => return Err(Error::NotFound),
+            _ => {}
+        }
+        let sa = self.attr(src)?;
+        let src_dir = sa.kind() == FileType::Directory;
+        // lock_rename's "trap": the source may not be an ancestor of the new parent, the
+        // target not an ancestor of the old parent.
+        if od != nd {
+            if src_dir && self.is_ancestor(src, nd) {
+                return Err(Error::Invalid);
+            }
+            if let Some(d) = dst {
+                if self.is_ancestor(d, od) {
+                    return Err(if mode == RenameMode::Exchange {
+                        Error::Invalid
+                    } else {
+                        Error::NotEmpty
+                    });
+                }
+            }
+        }
+        if dst == Some(src) {
+            return Ok(()); // same inode: nothing to do (rename(2) semantics)
+        }
+        // may_delete(old_dir, source)
+        self.may_write_dir(cred, od)?;
+        self.sticky_ok(cred, od, src)?;
+        let dst_dir = match dst {
+            None => {
+                // may_create(new_dir)
+                self.may_write_dir(cred, nd)?;
+                false
+            }
+            Some(d) => {
+                let dst_dir = self.attr(d)?.kind() == FileType::Directory;
+                // may_delete(new_dir, target, is_dir)
+                self.may_write_dir(cred, nd)?;
+                self.sticky_ok(cred, nd, d)?;
+                let is_dir = if mode == RenameMode::Exchange {
+                    dst_dir
+                } else {
+                    src_dir
+                };
+                if is_dir && !dst_dir {
+                    return Err(Error::NotDir);
+                }
+                if !is_dir && dst_dir {
+                    return Err(Error::IsDir);
+                }
+                dst_dir
+            }
+        };
+        // A directory that changes parent gets a new "..": write permission on it needed.
+        if od != nd {
+            if src_dir && !permitted(cred, &sa, 2) {
+                return Err(Error::Access);
+            }
+            if let (RenameMode::Exchange, Some(d), true) = (mode, dst, dst_dir) {
+                if !permitted(cred, &self.attr(d)?, 2) {
+                    return Err(Error::Access);
+                }
+            }
+        }
+        if let (RenameMode::Replace | RenameMode::NoReplace, Some(d), true) = (mode, dst, dst_dir) {
+            if !self.children(d)?.is_empty() {
+                return Err(Error::NotEmpty);
+            }
+        }
+        // All checks passed: apply.
+        match (mode, dst) {
+            (RenameMode::Exchange, Some(d)) => {
+                let dst_dir = self.attr(d)?.kind() == FileType::Directory;
+                self.children_mut(od)?.insert(oname.to_vec(), d);
+                self.children_mut(nd)?.insert(nname.to_vec(), src);
+                if od != nd && src_dir != dst_dir {
+                    let (from, to) = if src_dir { (od, nd) } else { (nd, od) };
+                    self.get_mut(from)?.attr.nlink -= 1;
+                    self.get_mut(to)?.attr.nlink += 1;
+                }
+                self.touch_ctime(d)?;
+            }
+            (_, dst) => {
+                self.children_mut(od)?.remove(oname);
+                if let Some(d) = dst {
+                    if self.attr(d)?.kind() == FileType::Directory {
+                        self.get_mut(nd)?.attr.nlink -= 1;
+                    }
+                    self.drop_link(d)?;
+                }
+                self.children_mut(nd)?.insert(nname.to_vec(), src);
+                if src_dir && od != nd {
+                    self.get_mut(od)?.attr.nlink -= 1;
+                    self.get_mut(nd)?.attr.nlink += 1;
+                }
+            }
+        }
+        self.touch_ctime(src)?;
+        self.touch_dir(od)?;
+        self.touch_dir(nd)?;
+        Ok(())
+    }
+
+    fn setattr(&mut self, cred: &Cred, ino: u64, set: &SetAttr) -> Result<()> {
+        let a = self.attr(ino)?;
+        let kind = a.kind();
+        // Check everything before changing anything.
+        if let Some(uid) = set.uid {
+            if !cred.is_root() && (uid != a.uid || cred.uid != a.uid) {
+                return Err(Error::Perm);
+            }
+        }
+        if let Some(gid) = set.gid {
+            if !cred.is_root() && (cred.uid != a.uid || (gid != a.gid && !cred.in_group(gid))) {
+                return Err(Error::Perm);
+            }
+        }
+        if set.mode.is_some() {
+            if kind == FileType::Symlink {
+                return Err(Error::Os(libc::EOPNOTSUPP));
+            }
+            if !owner_or_root(cred, &a) {
+                return Err(Error::Perm);
+            }
+        }
+        if set.size.is_some() {
+            match kind {
+                FileType::Directory => return Err(Error::IsDir),
+                FileType::Regular => {}
+                _ => return Err(Error::Invalid),
+            }
+            if !permitted(cred, &a, 2) {
+                return Err(Error::Access);
+            }
+        }
+        // utimensat: both UTIME_NOW is a "touch" (owner, or write permission: EACCES);
+        // anything else that sets a time (explicit, or NOW next to OMIT) needs ownership
+        // (EPERM), as Linux's vfs_utimes/setattr_prepare.
+        let touch = set.atime == Some(TimeSet::Now) && set.mtime == Some(TimeSet::Now);
+        if touch {
+            if !owner_or_root(cred, &a) && !permitted(cred, &a, 2) {
+                return Err(Error::Access);
+            }
+        } else if (set.atime.is_some() || set.mtime.is_some()) && !owner_or_root(cred, &a) {
+            return Err(Error::Perm);
+        }
+        let t = self.now();
+        let na = &mut self.get_mut(ino)?.attr;
+        if set.uid.is_some() || set.gid.is_some() {
+            na.uid = set.uid.unwrap_or(na.uid);
+            na.gid = set.gid.unwrap_or(na.gid);
+            if kind != FileType::Directory {
+                na.mode &= !S_ISUID;
+                if na.mode & 0o010 != 0 {
+                    na.mode &= !S_ISGID;
+                }
+            }
+        }
+        if let Some(m) = set.mode {
+            let mut m = m & 0o7777;
+            if !cred.is_root() && !cred.in_group(na.gid) {
+                m &= !S_ISGID;
+            }
+            na.mode = (na.mode & S_IFMT) | m;
+        }
+        if let Some(size) = set.size {
+            // Truncation by someone without CAP_FSETID drops set-user-ID and (group-executable)
+            // set-group-ID, as Linux's file_remove_privs.
+            if !cred.is_root() {
+                na.mode &= !S_ISUID;
+                if na.mode & 0o010 != 0 {
+                    na.mode &= !S_ISGID;
+                }
+            }
+            na.size = size;
+            na.blocks = size.div_ceil(512);
+            na.mtime = t;
+        }
+        let pick = |s: Option<TimeSet>, old: Timespec| match s {
+            None => old,
+            Some(TimeSet::Now) => t,
+            Some(TimeSet::At(x)) => x,
+        };
+        na.atime = pick(set.atime, na.atime);
+        na.mtime = pick(set.mtime, na.mtime);
+        na.ctime = t;
+        Ok(())
+    }
+}
+
+impl MemoryBackend {
+    /// An empty tree: a root directory 0755 owned by root, inode [`ROOT_INO`].
+    pub fn new() -> MemoryBackend {
+        let mut tree = Tree {
+            inodes: HashMap::new(),
+            next_ino: ROOT_INO + 1,
+            last_time: Timespec::default(),
+        };
+        let t = tree.now();
+        let attr = Attr {
+            ino: ROOT_INO,
+            dev: MEMORY_DEV,
+            mode: libc::S_IFDIR | 0o755,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size: 4096,
+            blocks: 8,
+            blksize: 4096,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        };
+        tree.inodes.insert(
+            ROOT_INO,
+            Inode {
+                attr,
+                data: Data::Dir(BTreeMap::new()),
+            },
+        );
+        MemoryBackend {
+            tree: Mutex::new(tree),
+            calls: AtomicU64::new(0),
+            watch_enabled: false,
+            feeds: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Like [`MemoryBackend::new`], but `watch()` returns a feed that reports every mutation
+    /// (as a backend that sees its own changes would).
+    pub fn with_watch() -> MemoryBackend {
+        MemoryBackend {
+            watch_enabled: true,
+            ..MemoryBackend::new()
+        }
+    }
+
+    /// How many `Backend` calls were made so far (a `walk` counts once, as one round trip).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Reset the call counter to zero.
+    pub fn reset_calls(&self) {
+        self.calls.store(0, Ordering::Relaxed);
+    }
+
+    /// Number of inodes in the tree (root included).
+    pub fn inode_count(&self) -> usize {
+        self.tree.lock().inodes.len()
+    }
+
+    /// Build directories and files quickly (as root): paths ending in `/` are directories,
+    /// `name -> target` makes a symlink, anything else an empty 0644 file. Parents are created.
+    /// Does not count as calls. Panics on impossible input: for test setup only.
+    pub fn populate(&self, spec: &[&str]) {
+        let root = Cred::root();
+        let before = self.calls();
+        for s in spec {
+            let (path, target) = match s.split_once(" -> ") {
+                Some((p, t)) => (p, Some(t)),
+                None => (*s, None),
+            };
+            let is_dir = path.ends_with('/');
+            let path = path.trim_end_matches('/');
+            let mut prefix = String::new();
+            let comps: Vec<&str> = path.split('/').collect();
+            for (i, c) in comps.iter().enumerate() {
+                if !prefix.is_empty() {
+                    prefix.push('/');
+                }
+                prefix.push_str(c);
+                let last = i + 1 == comps.len();
+                let r = if !last || is_dir {
+                    self.mkdir(&root, prefix.as_bytes(), 0o755).map(drop)
+                } else if let Some(t) = target {
+                    self.symlink(&root, t.as_bytes(), prefix.as_bytes())
+                        .map(drop)
+                } else {
+                    self.mknod(&root, prefix.as_bytes(), libc::S_IFREG | 0o644, 0)
+                        .map(drop)
+                };
+                match r {
+                    Ok(()) | Err(Error::Exists) => {}
+                    Err(e) => panic!("populate {s}: {e}"),
+                }
+            }
+        }
+        self.calls.store(before, Ordering::Relaxed);
+    }
+
+    fn count(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn notify(&self, changes: &[Change]) {
+        if !self.watch_enabled {
+            return;
+        }
+        let mut feeds = self.feeds.lock();
+        feeds.retain(|tx| changes.iter().all(|c| tx.send(c.clone()).is_ok()));
+    }
+}
+
+fn entry(path: &[u8]) -> Change {
+    Change::Entry {
+        path: path.to_vec(),
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
+        self.count();
+        check_name(name)?;
+        let t = self.tree.lock();
+        let d = t.resolve_dir(dir, None)?;
+        let i = t.lookup_in(d, name)?;
+        t.attr(i)
+    }
+
+    fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        self.count();
+        let t = self.tree.lock();
+        let mut out = Walked::default();
+        let mut cur = match t.resolve_dir(dir, None) {
+            Ok(d) => d,
+            Err(e) => {
+                out.error = Some(e);
+                return out;
+            }
+        };
+        for (i, name) in names.iter().enumerate() {
+            let r = check_name(name)
+                .and_then(|_| t.lookup_in(cur, name))
+                .and_then(|i| t.attr(i));
+            match r {
+                Ok(a) => {
+                    out.attrs.push(a);
+                    if i + 1 < names.len() && !a.is_dir() {
+                        out.error = Some(if a.kind() == FileType::Symlink {
+                            Error::Loop
+                        } else {
+                            Error::NotDir
+                        });
+                        break;
+                    }
+                    cur = a.ino;
+                }
+                Err(e) => {
+                    out.error = Some(e);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    fn getattr(&self, path: &[u8]) -> Result<Attr> {
+        self.count();
+        let t = self.tree.lock();
+        if path.is_empty() {
+            return t.attr(ROOT_INO);
+        }
+        let (d, name) = t.parent(path, None)?;
+        let i = t.lookup_in(d, name)?;
+        t.attr(i)
+    }
+
+    fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
+        self.count();
+        let t = self.tree.lock();
+        let d = t.resolve_dir(path, None)?;
+        let mut out = Vec::new();
+        for (name, &ino) in t.children(d)? {
+            let a = t.attr(ino)?;
+            out.push(DirEntry {
+                name: name.clone(),
+                kind: a.kind(),
+                ino,
+                attr: plus.then_some(a),
+            });
+        }
+        Ok(out)
+    }
+
+    fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
+        self.count();
+        let t = self.tree.lock();
+        let (d, name) =
+            t.parent(path, None)
+                .map_err(|e| if e == Error::Busy { Error::Invalid } else { e })?;
+        let i = t.lookup_in(d, name)?;
+        match &t.get(i)?.data {
+            Data::Symlink(target) => Ok(target.clone()),
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    fn mknod(&self, cred: &Cred, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
+        self.count();
+        let kind_bits = mode & S_IFMT;
+        let mode = match kind_bits {
+            0 => libc::S_IFREG | (mode & 0o7777),
+            libc::S_IFREG | libc::S_IFIFO | libc::S_IFSOCK => mode,
+            libc::S_IFCHR | libc::S_IFBLK => {
+                if !cred.is_root() {
+                    return Err(Error::Perm);
+                }
+                mode
+            }
+            libc::S_IFDIR => return Err(Error::Perm),
+            _ => return Err(Error::Invalid),
+        };
+        let rdev = if matches!(mode & S_IFMT, libc::S_IFCHR | libc::S_IFBLK) {
+            rdev
+        } else {
+            0
+        };
+        let a = {
+            let mut t = self.tree.lock();
+            let (d, name) = t.parent(path, Some(cred)).map_err(|e| {
+                if e == Error::Busy {
+                    Error::Exists
+                } else {
+                    e
+                }
+            })?;
+            t.create(cred, d, name, mode, rdev, Data::Other)?
+        };
+        self.notify(&[entry(path)]);
+        Ok(a)
+    }
+
+    fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
+        self.count();
+        let a = {
+            let mut t = self.tree.lock();
+            let (d, name) = t.parent(path, Some(cred)).map_err(|e| {
+                if e == Error::Busy {
+                    Error::Exists
+                } else {
+                    e
+                }
+            })?;
+            t.create(
+                cred,
+                d,
+                name,
+                libc::S_IFDIR | (mode & 0o1777),
+                0,
+                Data::Dir(BTreeMap::new()),
+            )?
+        };
+        self.notify(&[entry(path)]);
+        Ok(a)
+    }
+
+    fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
+        self.count();
+        if target.is_empty() {
+            return Err(Error::NotFound);
+        }
+        if target.len() >= PATH_MAX || target.contains(&0) {
+            return Err(if target.contains(&0) {
+                Error::Invalid
+            } else {
+                Error::NameTooLong
+            });
+        }
+        let a = {
+            let mut t = self.tree.lock();
+            let (d, name) = t.parent(path, Some(cred)).map_err(|e| {
+                if e == Error::Busy {
+                    Error::Exists
+                } else {
+                    e
+                }
+            })?;
+            t.create(
+                cred,
+                d,
+                name,
+                libc::S_IFLNK | 0o777,
+                0,
+                Data::Symlink(target.to_vec()),
+            )?
+        };
+        self.notify(&[entry(path)]);
+        Ok(a)
+    }
+
+    fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr> {
+        self.count();
+        let a = {
+            let mut t = self.tree.lock();
+            let (od, oname) = t.parent(old, Some(cred)).map_err(|e| {
+                if e == Error::Busy {
+                    Error::Perm
+                } else {
+                    e
+                }
+            })?;
+            let src = t.lookup_in(od, oname)?;
+            let (nd, nname) = t.parent(new, Some(cred)).map_err(|e| {
+                if e == Error::Busy {
+                    Error::Exists
+                } else {
+                    e
+                }
+            })?;
+            let sa = t.attr(src)?;
+            // The kernel's order: EEXIST, protected_hardlinks (EPERM), may_create (EACCES),
+            // then EPERM for a directory.
+            if t.children(nd)?.contains_key(nname) {
+                return Err(Error::Exists);
+            }
+            // fs.protected_hardlinks: the owner, or a regular non-set-id file one may read and
+            // write.
+            if !owner_or_root(cred, &sa) {
+                let setid =
+                    sa.mode & S_ISUID != 0 || sa.mode & (S_ISGID | 0o010) == (S_ISGID | 0o010);
+                if sa.kind() != FileType::Regular || setid || !permitted(cred, &sa, 6) {
+                    return Err(Error::Perm);
+                }
+            }
+            t.may_write_dir(cred, nd)?;
+            if sa.kind() == FileType::Directory {
+                return Err(Error::Perm);
+            }
+            t.children_mut(nd)?.insert(nname.to_vec(), src);
+            t.get_mut(src)?.attr.nlink += 1;
+            t.touch_ctime(src)?;
+            t.touch_dir(nd)?;
+            t.attr(src)?
+        };
+        self.notify(&[entry(new), Change::Attr { path: old.to_vec() }]);
+        Ok(a)
+    }
+
+    fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        self.count();
+        {
+            let mut t = self.tree.lock();
+            let (d, name) = t.parent(path, Some(cred)).map_err(|e| {
+                if e == Error::Busy {
+                    Error::IsDir
+                } else {
+                    e
+                }
+            })?;
+            let i = t.lookup_in(d, name)?;
+            // may_delete's order: EACCES, sticky EPERM, then the type.
+            t.may_write_dir(cred, d)?;
+            t.sticky_ok(cred, d, i)?;
+            if t.attr(i)?.kind() == FileType::Directory {
+                return Err(Error::IsDir);
+            }
+            t.children_mut(d)?.remove(name);
+            t.drop_link(i)?;
+            t.touch_dir(d)?;
+        }
+        self.notify(&[entry(path)]);
+        Ok(())
+    }
+
+    fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        self.count();
+        {
+            let mut t = self.tree.lock();
+            let (d, name) = t.parent(path, Some(cred))?;
+            let i = t.lookup_in(d, name)?;
+            t.may_write_dir(cred, d)?;
+            t.sticky_ok(cred, d, i)?;
+            if t.attr(i)?.kind() != FileType::Directory {
+                return Err(Error::NotDir);
+            }
+            if !t.children(i)?.is_empty() {
+                return Err(Error::NotEmpty);
+            }
+            t.children_mut(d)?.remove(name);
+            t.drop_link(i)?;
+            t.get_mut(d)?.attr.nlink -= 1;
+            t.touch_dir(d)?;
+        }
+        self.notify(&[entry(path)]);
+        Ok(())
+    }
+
+    fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
+        self.count();
+        self.tree.lock().rename(cred, old, new, mode)?;
+        self.notify(&[entry(old), entry(new)]);
+        Ok(())
+    }
+
+    fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
+        self.count();
+        let a = {
+            let mut t = self.tree.lock();
+            let ino = if path.is_empty() {
+                ROOT_INO
+            } else {
+                let (d, name) = t.parent(path, Some(cred))?;
+                t.lookup_in(d, name)?
+            };
+            t.setattr(cred, ino, set)?;
+            t.attr(ino)?
+        };
+        self.notify(&[Change::Attr {
+            path: path.to_vec(),
+        }]);
+        Ok(a)
+    }
+
+    fn statfs(&self, _path: &[u8]) -> Result<StatFs> {
+        self.count();
+        let n = self.tree.lock().inodes.len() as u64;
+        Ok(StatFs {
+            blocks: 1 << 20,
+            bfree: 1 << 19,
+            bavail: 1 << 19,
+            files: 1 << 20,
+            ffree: (1u64 << 20).saturating_sub(n),
+            bsize: 4096,
+            namelen: NAME_MAX as u32,
+            frsize: 4096,
+        })
+    }
+
+    fn watch(&self) -> Result<Option<ChangeFeed>> {
+        self.count();
+        if !self.watch_enabled {
+            return Ok(None);
+        }
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.feeds.lock().push(tx);
+        Ok(Some(rx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> Cred {
+        Cred::root()
+    }
+    fn user(uid: u32) -> Cred {
+        Cred::new(uid, uid, [])
+    }
+    fn sa() -> SetAttr {
+        SetAttr::default()
+    }
+
+    #[test]
+    fn memory_create_lookup_readdir() {
+        let m = MemoryBackend::new();
+        let d = m.mkdir(&root(), b"d", 0o755).unwrap();
+        assert!(d.is_dir());
+        assert_eq!(d.nlink, 2);
+        assert_eq!(m.getattr(b"").unwrap().nlink, 3);
+        let f = m.mknod(&root(), b"d/f", libc::S_IFREG | 0o644, 0).unwrap();
+        assert_eq!(f.kind(), FileType::Regular);
+        assert_eq!(m.lookup(b"d", b"f").unwrap(), f);
+        assert_eq!(m.getattr(b"d/f").unwrap(), f);
+        let l = m.symlink(&root(), b"../x", b"d/l").unwrap();
+        assert_eq!((l.kind(), l.size), (FileType::Symlink, 4));
+        assert_eq!(m.readlink(b"d/l").unwrap(), b"../x");
+        assert_eq!(m.readlink(b"d/f").unwrap_err(), Error::Invalid);
+        let names: Vec<_> = m
+            .readdir(b"d", false)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.kind, e.attr.is_some()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                (b"f".to_vec(), FileType::Regular, false),
+                (b"l".to_vec(), FileType::Symlink, false)
+            ]
+        );
+        assert!(m
+            .readdir(b"d", true)
+            .unwrap()
+            .iter()
+            .all(|e| e.attr.unwrap().ino == e.ino));
+        assert_eq!(m.lookup(b"d", b"nope").unwrap_err(), Error::NotFound);
+        assert_eq!(m.lookup(b"d/f", b"x").unwrap_err(), Error::NotDir);
+        assert_eq!(m.lookup(b"d/l", b"x").unwrap_err(), Error::Loop);
+        assert_eq!(m.lookup(b"nope", b"x").unwrap_err(), Error::NotFound);
+        assert_eq!(m.readdir(b"d/f", false).unwrap_err(), Error::NotDir);
+        assert_eq!(m.lookup(b"", b"..").unwrap_err(), Error::Invalid);
+        assert_eq!(m.lookup(b"", &[b'x'; 256]).unwrap_err(), Error::NameTooLong);
+        assert_eq!(m.mkdir(&root(), b"d", 0o755).unwrap_err(), Error::Exists);
+        assert_eq!(
+            m.mknod(&root(), b"d/f", libc::S_IFREG, 0).unwrap_err(),
+            Error::Exists
+        );
+        assert_eq!(
+            m.mkdir(&root(), b"d/f/x", 0o755).unwrap_err(),
+            Error::NotDir
+        );
+        assert_eq!(m.mkdir(&root(), b"", 0o755).unwrap_err(), Error::Exists);
+        let w = m.walk(b"", &[b"d", b"f", b"x"]);
+        assert_eq!((w.attrs.len(), w.error), (2, Some(Error::NotDir)));
+        let w = m.walk(b"", &[b"d", b"nope"]);
+        assert_eq!((w.attrs.len(), w.error), (1, Some(Error::NotFound)));
+    }
+
+    #[test]
+    fn memory_calls_are_counted() {
+        let m = MemoryBackend::new();
+        m.populate(&["a/b/c", "a/d/", "a/l -> b"]);
+        assert_eq!(m.calls(), 0);
+        m.lookup(b"a", b"b").unwrap();
+        m.getattr(b"a/b/c").unwrap();
+        let _ = m.lookup(b"a", b"zz");
+        m.walk(b"", &[b"a", b"b", b"c"]);
+        assert_eq!(m.calls(), 4);
+        m.reset_calls();
+        assert_eq!(m.calls(), 0);
+        assert_eq!(m.getattr(b"a/l").unwrap().kind(), FileType::Symlink);
+        assert!(m.getattr(b"a/d").unwrap().is_dir());
+    }
+
+    #[test]
+    fn memory_links_and_unlink() {
+        let m = MemoryBackend::new();
+        m.populate(&["d/", "f"]);
+        let a = m.link(&root(), b"f", b"d/g").unwrap();
+        assert_eq!(a.nlink, 2);
+        assert_eq!(m.getattr(b"d/g").unwrap().ino, m.getattr(b"f").unwrap().ino);
+        assert_eq!(m.link(&root(), b"d", b"d2").unwrap_err(), Error::Perm);
+        assert_eq!(m.link(&root(), b"f", b"d/g").unwrap_err(), Error::Exists);
+        m.unlink(&root(), b"f").unwrap();
+        assert_eq!(m.getattr(b"d/g").unwrap().nlink, 1);
+        assert_eq!(m.unlink(&root(), b"d").unwrap_err(), Error::IsDir);
+        assert_eq!(m.rmdir(&root(), b"d/g").unwrap_err(), Error::NotDir);
+        assert_eq!(m.rmdir(&root(), b"d").unwrap_err(), Error::NotEmpty);
+        let n = m.inode_count();
+        m.unlink(&root(), b"d/g").unwrap();
+        assert_eq!(m.inode_count(), n - 1);
+        m.rmdir(&root(), b"d").unwrap();
+        assert_eq!(m.getattr(b"").unwrap().nlink, 2);
+        assert_eq!(m.rmdir(&root(), b"").unwrap_err(), Error::Busy);
+        assert_eq!(m.unlink(&root(), b"d").unwrap_err(), Error::NotFound);
+    }
+
+    #[test]
+    fn memory_rename_modes() {
+        let m = MemoryBackend::new();
+        m.populate(&["a", "b", "d1/sub/x", "d2/", "empty/", "full/x"]);
+        let ia = m.getattr(b"a").unwrap().ino;
+        let ib = m.getattr(b"b").unwrap().ino;
+        assert_eq!(
+            m.rename(&root(), b"a", b"b", RenameMode::NoReplace)
+                .unwrap_err(),
+            Error::Exists
+        );
+        m.rename(&root(), b"a", b"b", RenameMode::Exchange).unwrap();
+        assert_eq!(
+            (m.getattr(b"a").unwrap().ino, m.getattr(b"b").unwrap().ino),
+            (ib, ia)
+        );
+        assert_eq!(
+            m.rename(&root(), b"a", b"zz", RenameMode::Exchange)
+                .unwrap_err(),
+            Error::NotFound
+        );
+        m.rename(&root(), b"a", b"b", RenameMode::Replace).unwrap();
+        assert_eq!(m.getattr(b"b").unwrap().ino, ib);
+        assert_eq!(m.getattr(b"a").unwrap_err(), Error::NotFound);
+        assert_eq!(
+            m.rename(&root(), b"d1", b"full", RenameMode::Replace)
+                .unwrap_err(),
+            Error::NotEmpty
+        );
+        assert_eq!(
+            m.rename(&root(), b"b", b"empty", RenameMode::Replace)
+                .unwrap_err(),
+            Error::IsDir
+        );
+        assert_eq!(
+            m.rename(&root(), b"empty", b"b", RenameMode::Replace)
+                .unwrap_err(),
+            Error::NotDir
+        );
+        assert_eq!(
+            m.rename(&root(), b"d1", b"d1/sub/y", RenameMode::Replace)
+                .unwrap_err(),
+            Error::Invalid
+        );
+        assert_eq!(
+            m.rename(&root(), b"nope", b"x", RenameMode::Replace)
+                .unwrap_err(),
+            Error::NotFound
+        );
+        // directory across parents: link counts follow
+        let root_links = m.getattr(b"").unwrap().nlink;
+        m.rename(&root(), b"d1", b"d2/d1", RenameMode::NoReplace)
+            .unwrap();
+        assert_eq!(m.getattr(b"").unwrap().nlink, root_links - 1);
+        assert_eq!(m.getattr(b"d2").unwrap().nlink, 3);
+        assert_eq!(
+            m.lookup(b"d2/d1/sub", b"x").unwrap().kind(),
+            FileType::Regular
+        );
+        // directory onto an empty directory replaces it
+        m.rename(&root(), b"d2/d1", b"empty", RenameMode::Replace)
+            .unwrap();
+        assert!(m.getattr(b"empty/sub").unwrap().is_dir());
+        assert_eq!(m.getattr(b"d2").unwrap().nlink, 2);
+        assert_eq!(m.getattr(b"").unwrap().nlink, root_links - 1);
+        // exchange a file and a directory across parents
+        m.rename(&root(), b"b", b"full", RenameMode::Exchange)
+            .unwrap();
+        assert!(m.getattr(b"b").unwrap().is_dir());
+        // rename onto a hard link of itself is a no-op
+        m.link(&root(), b"full", b"hl").unwrap();
+        m.rename(&root(), b"full", b"hl", RenameMode::Replace)
+            .unwrap();
+        assert_eq!(m.getattr(b"full").unwrap().nlink, 2);
+    }
+
+    #[test]
+    fn memory_ownership_and_permissions() {
+        let m = MemoryBackend::new();
+        m.populate(&["open/", "closed/", "sticky/", "setgid/", "priv/open/"]);
+        let chmod = |p: &[u8], mode| {
+            m.setattr(
+                &root(),
+                p,
+                &SetAttr {
+                    mode: Some(mode),
+                    ..sa()
+                },
+            )
+            .unwrap()
+        };
+        chmod(b"open", 0o777);
+        chmod(b"sticky", 0o1777);
+        chmod(b"setgid", 0o2777);
+        m.setattr(
+            &root(),
+            b"setgid",
+            &SetAttr {
+                gid: Some(4242),
+                ..sa()
+            },
+        )
+        .unwrap();
+        chmod(b"priv", 0o700);
+        chmod(b"priv/open", 0o777);
+        let u = Cred::new(1000, 100, [4242]);
+        let a = m.mkdir(&u, b"open/x", 0o755).unwrap();
+        assert_eq!((a.uid, a.gid), (1000, 100));
+        let a = m.mknod(&u, b"setgid/f", libc::S_IFREG | 0o644, 0).unwrap();
+        assert_eq!(a.gid, 4242);
+        let a = m.mkdir(&u, b"setgid/d", 0o755).unwrap();
+        assert_eq!((a.gid, a.mode & S_ISGID), (4242, S_ISGID));
+        assert_eq!(m.mkdir(&u, b"closed/x", 0o755).unwrap_err(), Error::Access);
+        assert_eq!(
+            m.mkdir(&u, b"priv/open/x", 0o755).unwrap_err(),
+            Error::Access
+        );
+        assert_eq!(
+            m.mknod(&u, b"open/dev", libc::S_IFCHR | 0o644, 5)
+                .unwrap_err(),
+            Error::Perm
+        );
+        // sticky
+        m.mknod(&user(7), b"sticky/f", libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        assert_eq!(m.unlink(&u, b"sticky/f").unwrap_err(), Error::Perm);
+        assert_eq!(
+            m.rename(&u, b"sticky/f", b"sticky/g", RenameMode::Replace)
+                .unwrap_err(),
+            Error::Perm
+        );
+        m.unlink(&user(7), b"sticky/f").unwrap();
+        // chmod/chown rules
+        m.mknod(&user(7), b"open/f7", libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        let set_mode = SetAttr {
+            mode: Some(0o600),
+            ..sa()
+        };
+        assert_eq!(
+            m.setattr(&u, b"open/f7", &set_mode).unwrap_err(),
+            Error::Perm
+        );
+        assert_eq!(
+            m.setattr(&user(7), b"open/f7", &set_mode).unwrap().perm(),
+            0o600
+        );
+        assert_eq!(
+            m.setattr(
+                &user(7),
+                b"open/f7",
+                &SetAttr {
+                    uid: Some(8),
+                    ..sa()
+                }
+            )
+            .unwrap_err(),
+            Error::Perm
+        );
+        assert_eq!(
+            m.setattr(
+                &user(7),
+                b"open/f7",
+                &SetAttr {
+                    gid: Some(4242),
+                    ..sa()
+                }
+            )
+            .unwrap_err(),
+            Error::Perm
+        );
+        let a = m
+            .setattr(
+                &root(),
+                b"open/f7",
+                &SetAttr {
+                    uid: Some(8),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        assert_eq!(a.uid, 8);
+        // truncate needs write permission; explicit times need ownership
+        assert_eq!(
+            m.setattr(
+                &u,
+                b"open/f7",
+                &SetAttr {
+                    size: Some(0),
+                    ..sa()
+                }
+            )
+            .unwrap_err(),
+            Error::Access
+        );
+        let t = SetAttr {
+            mtime: Some(TimeSet::At(Timespec { sec: 5, nsec: 0 })),
+            ..sa()
+        };
+        assert_eq!(m.setattr(&u, b"open/f7", &t).unwrap_err(), Error::Perm);
+        assert_eq!(
+            m.setattr(&root(), b"open/f7", &t).unwrap().mtime,
+            Timespec { sec: 5, nsec: 0 }
+        );
+        // chmod of a symlink: EOPNOTSUPP
+        m.symlink(&root(), b"x", b"open/l").unwrap();
+        assert_eq!(
+            m.setattr(&root(), b"open/l", &set_mode).unwrap_err(),
+            Error::Os(libc::EOPNOTSUPP)
+        );
+        // protected hard links
+        assert_eq!(m.link(&u, b"open/f7", b"open/h").unwrap_err(), Error::Perm);
+    }
+
+    #[test]
+    fn memory_setattr_and_times() {
+        let m = MemoryBackend::new();
+        m.populate(&["f", "d/"]);
+        let before = m.getattr(b"f").unwrap();
+        let a = m
+            .setattr(
+                &root(),
+                b"f",
+                &SetAttr {
+                    mode: Some(0o4755),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        assert_eq!(a.mode, libc::S_IFREG | 0o4755);
+        assert!(a.ctime > before.ctime);
+        assert_eq!(a.mtime, before.mtime);
+        let a = m
+            .setattr(
+                &root(),
+                b"f",
+                &SetAttr {
+                    uid: Some(3),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        assert_eq!((a.uid, a.mode & S_ISUID), (3, 0)); // chown clears setuid
+        let a = m
+            .setattr(
+                &root(),
+                b"f",
+                &SetAttr {
+                    size: Some(1000),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        assert_eq!(a.size, 1000);
+        assert_eq!(
+            m.setattr(
+                &root(),
+                b"d",
+                &SetAttr {
+                    size: Some(0),
+                    ..sa()
+                }
+            )
+            .unwrap_err(),
+            Error::IsDir
+        );
+        let t1 = Timespec { sec: 100, nsec: 7 };
+        let a = m
+            .setattr(
+                &root(),
+                b"f",
+                &SetAttr {
+                    atime: Some(TimeSet::At(t1)),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        assert_eq!(a.atime, t1);
+        assert_ne!(a.mtime, t1);
+        let a = m
+            .setattr(
+                &root(),
+                b"f",
+                &SetAttr {
+                    mtime: Some(TimeSet::Now),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        assert_eq!(a.atime, t1);
+        assert!(a.mtime.sec > 1_000_000_000);
+        let d0 = m.getattr(b"d").unwrap();
+        m.mknod(&root(), b"d/x", libc::S_IFIFO | 0o600, 0).unwrap();
+        let d1 = m.getattr(b"d").unwrap();
+        assert!(d1.mtime > d0.mtime && d1.ctime > d0.ctime);
+        assert_eq!(
+            m.setattr(
+                &root(),
+                b"missing",
+                &SetAttr {
+                    mode: Some(0o600),
+                    ..sa()
+                }
+            )
+            .unwrap_err(),
+            Error::NotFound
+        );
+    }
+
+    #[test]
+    fn memory_watch_reports_mutations() {
+        let m = MemoryBackend::new();
+        assert!(m.watch().unwrap().is_none());
+        let m = MemoryBackend::with_watch();
+        let rx = m.watch().unwrap().unwrap();
+        m.mkdir(&root(), b"d", 0o755).unwrap();
+        m.rename(&root(), b"d", b"e", RenameMode::Replace).unwrap();
+        m.setattr(
+            &root(),
+            b"e",
+            &SetAttr {
+                mode: Some(0o700),
+                ..sa()
+            },
+        )
+        .unwrap();
+        let got: Vec<Change> = rx.try_iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                Change::Entry {
+                    path: b"d".to_vec()
+                },
+                Change::Entry {
+                    path: b"d".to_vec()
+                },
+                Change::Entry {
+                    path: b"e".to_vec()
+                },
+                Change::Attr {
+                    path: b"e".to_vec()
+                },
+            ]
+        );
+        drop(rx);
+        m.mkdir(&root(), b"f", 0o755).unwrap(); // a dropped feed is forgotten
+        assert!(m.feeds.lock().is_empty());
+    }
+}

@@ -21,12 +21,21 @@ impl Default for Counter {
     }
 }
 
+#[inline]
 fn shard() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
     }
-    SHARD.with(|s| *s)
+    SHARD.with(|s| {
+        let v = s.get();
+        if v != usize::MAX {
+            return v;
+        }
+        let v = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        s.set(v);
+        v
+    })
 }
 
 impl Counter {
@@ -57,7 +66,8 @@ pub struct BackendCounters {
 /// The live counters of one cache.
 #[derive(Default)]
 pub struct Stats {
-    /// Lookups answered without calling the backend.
+    /// Slow-path lookups answered without calling the backend (fast-path hits are counted in
+    /// `fastpath_hits` only, and added to `hits` in snapshots: one counter on the hot path).
     pub hits: Counter,
     /// Lookups that called the backend at least once.
     pub misses: Counter,
@@ -109,7 +119,7 @@ pub struct StatsSnapshot {
 impl Stats {
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
-            hits: self.hits.get(),
+            hits: self.hits.get() + self.fastpath_hits.get(),
             misses: self.misses.get(),
             negative_hits: self.negative_hits.get(),
             fastpath_hits: self.fastpath_hits.get(),

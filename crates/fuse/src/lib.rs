@@ -1,1 +1,270 @@
-//! dircache-fuse (under construction)
+//! # dircache-fuse
+//!
+//! The FUSE front end of dircache. Following Coda's MiniCache/Venus split, the kernel's FUSE
+//! caches (dentries, attributes, negative entries, cached directory listings, passthrough
+//! I/O) are the small fast cache, and this daemon is the cache manager behind it:
+//!
+//! - requests that reach the daemon are answered from the core cache ([`fs::DircacheFs`]);
+//! - the kernel gets long timeouts ([`CachePolicy`]) because the daemon invalidates
+//!   explicitly, from one dedicated thread ([`notifier`]) fed by the backend's change feed;
+//! - file data goes to the real file (FUSE passthrough when possible);
+//! - statistics are served on a unix socket ([`stats`]).
+//!
+//! Nodeids: root is 1; every other inode gets a fresh, never reused nodeid, keyed by
+//! `(dev, ino)` so all hard links share one ([`inodes`]). `st_ino` seen through the mount is
+//! the nodeid (fuser reports one number for both).
+
+pub mod creds;
+pub mod fs;
+pub mod inodes;
+pub mod notifier;
+pub mod policy;
+pub mod stats;
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Sender;
+use dircache_core::Cache;
+
+pub use fs::DircacheFs;
+pub use notifier::NotifyMsg;
+pub use policy::CachePolicy;
+
+/// Errors of the FUSE front end.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("mount {mnt}: {source}")]
+    Mount {
+        mnt: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}: not a dircache mount ({1})")]
+    NotDircache(PathBuf, std::io::Error),
+    #[error("control protocol: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Core(#[from] dircache_core::Error),
+}
+
+/// How to mount.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    pub src: PathBuf,
+    pub mnt: PathBuf,
+    pub policy: CachePolicy,
+    /// Extra kernel mount options (ro, nosuid, fsname=...).
+    pub mount_options: Vec<fuser::MountOption>,
+    /// Let every user use the mount (allow_other); permissions are checked by the kernel.
+    pub allow_other: bool,
+    /// Where to serve statistics (`None`: no control socket).
+    pub socket_path: Option<PathBuf>,
+}
+
+impl MountConfig {
+    pub fn new(src: &Path, mnt: &Path) -> MountConfig {
+        MountConfig {
+            src: src.to_path_buf(),
+            mnt: mnt.to_path_buf(),
+            policy: CachePolicy::default(),
+            mount_options: Vec::new(),
+            allow_other: true,
+            socket_path: None,
+        }
+    }
+}
+
+/// A mounted, not yet serving file system. Call [`Mounted::run`] to serve until unmounted.
+pub struct Mounted {
+    session: fuser::Session<DircacheFs>,
+    notify_tx: Sender<NotifyMsg>,
+    notifier: Option<JoinHandle<()>>,
+    _control: Option<stats::ControlServer>,
+    pub mnt: PathBuf,
+    pub counters: Arc<stats::RequestCounters>,
+    pub inodes: Arc<inodes::Inodes>,
+}
+
+/// Mount `cache` at `cfg.mnt`. When this returns the mount is up (the kernel's INIT was
+/// answered); requests are served once [`Mounted::run`] is called.
+pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let (fs, parts) = DircacheFs::new(
+        cache.clone(),
+        cfg.policy.clone(),
+        &cfg.src,
+        tx.clone(),
+        cfg.socket_path.clone(),
+    );
+    let mut opts = vec![
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::FSName(cfg.src.display().to_string()),
+        fuser::MountOption::CUSTOM("subtype=dircache".into()),
+    ];
+    opts.extend(cfg.mount_options.iter().cloned());
+    let mut fc = fuser::Config::default();
+    fc.mount_options = opts;
+    fc.acl = if cfg.allow_other {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
+    fc.n_threads = Some(cfg.policy.threads.max(1));
+    fc.clone_fd = true;
+    let session = fuser::Session::new(fs, &cfg.mnt, &fc).map_err(|source| Error::Mount {
+        mnt: cfg.mnt.clone(),
+        source,
+    })?;
+    let feed = match cache.backend().watch() {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("backend change feed unavailable: {e}");
+            None
+        }
+    };
+    let state = notifier::NotifierState {
+        own: parts.own.clone(),
+        cache: cache.clone(),
+        inodes: parts.inodes.clone(),
+        counters: parts.counters.clone(),
+    };
+    let notifier = notifier::spawn(state, session.notifier(), rx, feed)?;
+    let control = match &cfg.socket_path {
+        Some(p) => {
+            let inodes = parts.inodes.clone();
+            let src = stats::StatsSource {
+                cache,
+                requests: parts.counters.clone(),
+                src: cfg.src.clone(),
+                mnt: cfg.mnt.clone(),
+                kernel_inodes: Arc::new(move || inodes.len()),
+                started: std::time::Instant::now(),
+            };
+            match stats::ControlServer::start(p, src) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!("control socket {}: {e}", p.display());
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    Ok(Mounted {
+        session,
+        notify_tx: tx,
+        notifier: Some(notifier),
+        _control: control,
+        mnt: cfg.mnt.clone(),
+        counters: parts.counters,
+        inodes: parts.inodes,
+    })
+}
+
+impl Mounted {
+    /// A sender for the notifier thread (for changes learned elsewhere).
+    pub fn notify_sender(&self) -> Sender<NotifyMsg> {
+        self.notify_tx.clone()
+    }
+
+    /// Serve requests until the file system is unmounted (by [`unmount`], `umount`,
+    /// `fusermount -u`, or the kernel aborting the connection).
+    pub fn run(self) -> Result<(), Error> {
+        let Mounted {
+            session,
+            notify_tx,
+            notifier,
+            _control,
+            ..
+        } = self;
+        let r = session.run().map_err(Error::Io);
+        let _ = notify_tx.send(NotifyMsg::Stop);
+        if let Some(h) = notifier {
+            let _ = h.join();
+        }
+        drop(_control);
+        r
+    }
+}
+
+/// Unmount `mnt`: a plain umount, lazily detached when busy.
+pub fn unmount(mnt: &Path) -> std::io::Result<()> {
+    let c = CString::new(mnt.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: c is a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EBUSY) {
+        // SAFETY: as above.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return Ok(());
+        }
+        return Err(std::io::Error::last_os_error());
+    }
+    Err(e)
+}
+
+/// Whether `path` is a mount point (an entry of /proc/self/mountinfo).
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(canon) = path.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = canon.as_os_str().as_bytes();
+    info.split(|b| *b == b'\n').any(|line| {
+        line.split(|b| *b == b' ')
+            .nth(4)
+            .map(unescape_mountinfo)
+            .as_deref()
+            == Some(want)
+    })
+}
+
+/// Undo mountinfo's octal escapes (`\040` for space and so on).
+pub fn unescape_mountinfo(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'\\'
+            && i + 3 < s.len()
+            && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (s[i + 1] - b'0') * 64 + (s[i + 2] - b'0') * 8 + (s[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape_mountinfo(b"/a\\040b"), b"/a b".to_vec());
+        assert_eq!(unescape_mountinfo(b"/plain"), b"/plain".to_vec());
+        assert_eq!(unescape_mountinfo(b"/x\\"), b"/x\\".to_vec());
+    }
+
+    #[test]
+    fn root_is_a_mount_point() {
+        assert!(is_mount_point(Path::new("/")));
+        assert!(is_mount_point(Path::new("/proc")));
+        let d = tempfile::tempdir().unwrap();
+        assert!(!is_mount_point(d.path()));
+    }
+}

@@ -157,6 +157,8 @@ pub struct LocalBackend {
     /// Whether the process is root, so mutations can switch fs credentials.
     switch_creds: bool,
     watch_mode: WatchMode,
+    /// Whether the change feed reports changes made by this process (default: no).
+    pub(crate) report_own_changes: std::sync::atomic::AtomicBool,
     watchers: Mutex<Vec<watch::Watcher>>,
 }
 
@@ -295,6 +297,13 @@ fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {
 }
 
 impl LocalBackend {
+    /// Whether watchers started from now on report changes made by this process itself
+    /// (default: no, since a cache in this process applied them already; fanotify only —
+    /// inotify cannot tell who made a change).
+    pub fn set_report_own_changes(&self, on: bool) {
+        self.report_own_changes.store(on, Ordering::Relaxed);
+    }
+
     /// A backend over directory `root`, with the default descriptor cache.
     pub fn new(root: &Path) -> Result<LocalBackend> {
         Self::with_options(root, DEFAULT_FD_CACHE, WatchMode::Auto)
@@ -325,6 +334,7 @@ impl LocalBackend {
             fds: Arc::new(FdCache::new(fd_cache)),
             switch_creds,
             watch_mode,
+            report_own_changes: std::sync::atomic::AtomicBool::new(false),
             watchers: Mutex::new(Vec::new()),
         })
     }
@@ -373,14 +383,20 @@ impl LocalBackend {
         .map_err(errno)
     }
 
-    /// Open directory `path` as O_PATH without the cache (used under the caller's creds, so
-    /// the kernel checks search permission on every component for that caller).
+    /// Open directory `path` as O_PATH without the cache, for a mutation made under the
+    /// caller's credentials. The path opened is `path/.`, so the kernel checks search
+    /// permission on every directory of the path *including `path` itself*, in the same order
+    /// as the path walk of the real syscall (which needs search permission on the parent to
+    /// look up the final name): errors come out as Linux's would.
     fn dir_uncached(&self, path: &[u8]) -> Result<DirFd<'_>> {
         check_path(path)?;
-        if path.is_empty() {
-            return Ok(DirFd::Root(self.root.as_fd()));
+        let mut p = Vec::with_capacity(path.len() + 2);
+        p.extend_from_slice(path);
+        if !p.is_empty() {
+            p.push(b'/');
         }
-        Ok(DirFd::Owned(self.open_path_dir(path)?))
+        p.push(b'.');
+        Ok(DirFd::Owned(self.open_path_dir(&p)?))
     }
 
     /// Run mutation `f` as `cred`, then invalidate the descriptor cache.
@@ -620,7 +636,15 @@ impl Backend for LocalBackend {
             split(new).map_err(|e| if e == Error::Busy { Error::Exists } else { e })?;
         self.as_cred(cred, || {
             let od = self.dir_uncached(odir)?;
-            let nd = self.dir_uncached(ndir)?;
+            // link(2) resolves the old path completely before the new one: report its error
+            // first, as the kernel does (only checked when the new parent fails).
+            let nd = match self.dir_uncached(ndir) {
+                Ok(nd) => nd,
+                Err(e) => {
+                    statx_at(od.as_fd(), oname)?;
+                    return Err(e);
+                }
+            };
             rustix::fs::linkat(od.as_fd(), oname, nd.as_fd(), nname, AtFlags::empty())
                 .map_err(errno)?;
             statx_at(nd.as_fd(), nname)

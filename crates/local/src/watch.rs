@@ -175,6 +175,10 @@ struct Fan {
     /// handle bytes -> path relative to the root (None: outside the root).
     handles: HashMap<Vec<u8>, Option<Vec<u8>>>,
     buf: Vec<u64>,
+    /// Events caused by this process (pid) are skipped: they are the cache's own mutations,
+    /// which it applied already. Re-reporting them would make the cache drop entries a
+    /// front end (a kernel) is still using.
+    own_pid: Option<i32>,
 }
 
 const FAN_MASK: u64 = libc::FAN_CREATE
@@ -238,6 +242,11 @@ impl Fan {
             root,
             handles: HashMap::new(),
             buf: vec![0u64; 8192],
+            own_pid: (!b
+                .report_own_changes
+                .load(std::sync::atomic::Ordering::Relaxed))
+            .then(std::process::id)
+            .and_then(|p| i32::try_from(p).ok()),
         })
     }
 
@@ -327,6 +336,9 @@ impl Fan {
             if m.mask & libc::FAN_Q_OVERFLOW != 0 {
                 out.push(Change::Overflow);
                 structural = true;
+                continue;
+            }
+            if self.own_pid == Some(m.pid) {
                 continue;
             }
             let is_dir = m.mask & libc::FAN_ONDIR != 0;

@@ -46,6 +46,8 @@ fn exercise(mode: WatchMode) {
     let r = t.path();
     fs::create_dir_all(r.join("a/b")).unwrap();
     let b = LocalBackend::with_options(r, 16, mode).unwrap();
+    // The test changes the tree from this same process.
+    b.set_report_own_changes(true);
     let rx = b.watch().unwrap().expect("a change feed");
     fs::write(r.join("f"), b"x").unwrap();
     expect(&rx, &entry("f"), "create at root");
@@ -132,6 +134,8 @@ fn watcher_stops_with_backend_or_receiver() {
         let t = tmp();
         let before = watcher_threads();
         let b = LocalBackend::with_options(t.path(), 16, mode).unwrap();
+        // The test changes the tree from this same process.
+        b.set_report_own_changes(true);
         let rx = b.watch().unwrap().unwrap();
         wait_threads(before + 1); // the thread names itself once it runs
         drop(b); // joins the thread
@@ -142,6 +146,8 @@ fn watcher_stops_with_backend_or_receiver() {
 
         // Receiver dropped: the thread ends at the next event it would send.
         let b = LocalBackend::with_options(t.path(), 16, mode).unwrap();
+        // The test changes the tree from this same process.
+        b.set_report_own_changes(true);
         let rx = b.watch().unwrap().unwrap();
         wait_threads(before + 1);
         drop(rx);
@@ -161,10 +167,59 @@ fn no_descriptor_leak_across_watchers() {
     let n0 = fd_count();
     for _ in 0..20 {
         let b = LocalBackend::new(t.path()).unwrap();
+        // The test changes the tree from this same process.
+        b.set_report_own_changes(true);
         let _rx = b.watch().unwrap().unwrap();
         b.lookup(b"x", b"y").unwrap();
     }
     let n1 = fd_count();
     // Allow a little noise (the test harness's own descriptors).
     assert!(n1 <= n0 + 4, "fds before {n0}, after {n1}");
+}
+
+/// By default the feed does not report this process's own changes (the cache applied them
+/// already), but does report another process's.
+#[test]
+fn own_changes_are_not_reported_by_default() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tempfile::tempdir().unwrap();
+    let b = LocalBackend::new(t.path()).unwrap();
+    let rx = b.watch().unwrap().expect("a change feed");
+    std::fs::write(t.path().join("mine"), b"x").unwrap();
+    let st = std::process::Command::new("touch")
+        .arg(t.path().join("theirs"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(c) => seen.push(c),
+            Err(_) => break,
+        }
+    }
+    let paths: Vec<Vec<u8>> = seen
+        .iter()
+        .filter_map(|c| match c {
+            dircache_core::Change::Entry { path } | dircache_core::Change::Attr { path } => {
+                Some(path.clone())
+            }
+            dircache_core::Change::Overflow => None,
+        })
+        .collect();
+    assert!(paths.iter().any(|p| p == b"theirs"), "{seen:?}");
+    // inotify (the fallback when not root) cannot tell who made a change.
+    if unsafe_free_is_root() {
+        assert!(!paths.iter().any(|p| p == b"mine"), "{seen:?}");
+    }
+}
+
+fn unsafe_free_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
 }

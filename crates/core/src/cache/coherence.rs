@@ -76,11 +76,9 @@ impl Cache {
         }
         self.bump_subtree(node);
         // Its cached children can no longer be reached; free them now.
-        let children = node.inner.write().children.take();
-        if let Some(ch) = children {
-            for c in ch.values() {
-                self.kill(c);
-            }
+        let children = node.inner.write().take_children();
+        for c in &children {
+            self.kill(c);
         }
     }
 
@@ -136,12 +134,12 @@ impl Cache {
             {
                 let mut pi = parent.inner.write();
                 let name = n.link.load().name.clone();
-                let ours = pi.child(&name).is_some_and(|c| Arc::ptr_eq(c, &n));
-                if !ours {
+                if !pi
+                    .children
+                    .as_mut()
+                    .is_some_and(|ch| ch.remove_node(&name, &n))
+                {
                     continue;
-                }
-                if let Some(ch) = pi.children.as_mut() {
-                    ch.remove(&name);
                 }
                 if matches!(n.kind, NodeKind::Positive(_)) {
                     // The listing is no longer all here (SOSP'15 §5.1).
@@ -264,15 +262,16 @@ impl Cache {
             return Some(Vec::new());
         };
         let mut out = Vec::with_capacity(ch.len());
-        for (name, d) in ch.iter() {
+        for d in ch.values() {
             let NodeKind::Positive(kind) = d.kind else {
                 continue;
             };
+            let name = d.link.load().name.clone();
             let attr = d.attr_copy();
             if want_attrs && attr.is_none() {
                 return None;
             }
-            let ino = attr.map_or_else(|| d.ino.load(Ordering::Relaxed), |a| a.ino);
+            let ino = attr.map_or_else(|| d.attr.ino(), |a| a.ino);
             out.push(DirEntry {
                 name: name.to_vec(),
                 kind,
@@ -305,7 +304,7 @@ impl Cache {
                         if let Some(a) = e.attr {
                             d.set_attr(Some(a));
                         }
-                        d.ino.store(e.ino, Ordering::Relaxed);
+                        d.attr.set_ino(e.ino);
                         continue;
                     }
                     Some(d) => stale.push(d),
@@ -313,23 +312,20 @@ impl Cache {
                 }
                 let d = self.new_dentry(node, &e.name, NodeKind::Positive(e.kind), e.attr);
                 // A plain readdir gives no attributes: remember the inode number only.
-                d.ino.store(e.ino, Ordering::Relaxed);
-                inner
-                    .children_mut()
-                    .insert(e.name.clone().into_boxed_slice(), d.clone());
+                d.attr.set_ino(e.ino);
+                inner.children_mut().insert(d.clone());
                 added.push(d);
             }
             if let Some(ch) = inner.children.as_mut() {
-                for (name, d) in ch.iter() {
-                    if matches!(d.kind, NodeKind::Positive(_)) && !seen.contains(&name[..]) {
+                for d in ch.values() {
+                    let keep = seen.contains(&d.link.load().name[..]);
+                    if matches!(d.kind, NodeKind::Positive(_)) && !keep {
                         stale.push(d.clone());
                     }
                 }
                 for d in &stale {
                     let name = d.link.load().name.clone();
-                    if ch.get(&name).is_some_and(|c| Arc::ptr_eq(c, d)) {
-                        ch.remove(&name);
-                    }
+                    ch.remove_node(&name, d);
                 }
             }
             if !added.is_empty() {
@@ -364,14 +360,12 @@ impl Cache {
                 let children = {
                     let mut inner = root.inner.write();
                     inner.gen += 1;
-                    inner.children.take()
+                    inner.take_children()
                 };
                 root.clear(COMPLETE);
                 root.set_attr(None);
-                if let Some(ch) = children {
-                    for c in ch.values() {
-                        self.kill(c);
-                    }
+                for c in &children {
+                    self.kill(c);
                 }
                 self.bump_subtree(&root);
                 return vec![Invalidation {
@@ -400,20 +394,24 @@ impl Cache {
                 attr_only,
             }];
         };
-        let mut parent = root;
-        for c in dirs {
-            if let NodeKind::Negative(_) = parent.kind {
-                // Something exists below a name we thought missing: drop the negative.
-                return self.drop_child_of(&parent);
+        // The directory part may go through symlinks (a path as a program used it): resolve
+        // it through the cache as root, without publishing anything.
+        let parent = if dirs.is_empty() {
+            root
+        } else {
+            let dir: Vec<u8> = dirs.join(&b'/');
+            let cs = self.kernel_checked(Cred::root());
+            let st = self.start(super::At::Root);
+            match self.walk(&cs.0, &st, &dir, LookupFlags::FOLLOW) {
+                Ok(w) => w.node,
+                Err(_) => return self.invalidate_cached_prefix(dirs),
             }
-            let next = parent.inner.read().child(c).cloned();
-            match next {
-                Some(n) => parent = n,
-                None => return Vec::new(),
-            }
-        }
-        if let NodeKind::Negative(_) = parent.kind {
-            return self.drop_child_of(&parent);
+        };
+        match parent.kind {
+            NodeKind::Positive(FileType::Directory) => {}
+            // Something exists below a name we thought missing: drop the negative.
+            NodeKind::Negative(_) => return self.drop_negative_chain(&parent),
+            NodeKind::Positive(_) => return Vec::new(),
         }
         let node = parent.inner.read().child(last).cloned();
         let Some(node) = node else {
@@ -422,6 +420,11 @@ impl Cache {
                 parent.inner.write().gen += 1;
                 parent.clear(COMPLETE);
                 parent.set_attr(None);
+                if !self.detached.lock().is_empty() {
+                    // Perhaps a directory we lost track of moved here: look, so it revives.
+                    let mut missed = false;
+                    let _ = self.child(&parent, last, &mut missed);
+                }
             }
             return vec![Invalidation {
                 parent: Some(parent),
@@ -431,9 +434,17 @@ impl Cache {
             }];
         };
         let name = comps.last().map(|c| c.to_vec()).unwrap_or_default();
-        if attr_only {
+        // Revalidate before dropping: if the name still holds the same inode (a spurious or
+        // attribute-only event), keep the dentry, its subtree and whatever holds it (a
+        // directory handle, a kernel inode) and refresh only its attributes.
+        let same = !attr_only && self.still_same(&parent, &name, &node);
+        if attr_only || same {
             let _w = self.inval_window();
-            node.set_attr(None);
+            if same {
+                parent.set_attr(None);
+            } else {
+                node.set_attr(None);
+            }
             self.forget_links_unknown(&node);
             if node.is_dir() {
                 // A chmod or chown may have changed who can search below it.
@@ -446,6 +457,11 @@ impl Cache {
                 attr_only: true,
             }];
         }
+        if let NodeKind::Negative(_) = node.kind {
+            if self.still_missing(&parent, &name) {
+                return Vec::new();
+            }
+        }
         let _w = self.inval_window();
         let removed = {
             let mut pi = parent.inner.write();
@@ -457,6 +473,13 @@ impl Cache {
         if let Some(r) = &removed {
             self.forget_links_unknown(r);
             self.kill(r);
+            if let (true, Some(a)) = (r.is_dir(), r.attr_copy()) {
+                let mut d = self.detached.lock();
+                if d.len() >= 256 {
+                    d.pop_front();
+                }
+                d.push_back((a.dev, a.ino, Arc::downgrade(r)));
+            }
         }
         vec![Invalidation {
             parent: Some(parent),
@@ -464,6 +487,69 @@ impl Cache {
             node: removed,
             attr_only: false,
         }]
+    }
+
+    /// Whether `parent/name` still names the inode of the cached positive `node`.
+    fn still_same(&self, parent: &NodeRef, name: &[u8], node: &NodeRef) -> bool {
+        let NodeKind::Positive(kind) = node.kind else {
+            return false;
+        };
+        let ino = node.attr.ino();
+        if ino == 0 {
+            return false;
+        }
+        let Ok(dir) = self.path_of(parent) else {
+            return false;
+        };
+        self.stats.backend.lookup.inc();
+        match parent.sb.backend.lookup(&dir, name) {
+            Ok(a) if a.ino == ino && a.kind() == kind => {
+                node.set_attr(Some(a));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `parent/name` is still missing in the backend.
+    fn still_missing(&self, parent: &NodeRef, name: &[u8]) -> bool {
+        let Ok(dir) = self.path_of(parent) else {
+            return false;
+        };
+        self.stats.backend.lookup.inc();
+        matches!(parent.sb.backend.lookup(&dir, name), Err(Error::NotFound))
+    }
+
+    /// The walk to a changed path's directory failed: drop the first cached negative on the
+    /// way, if any (the change says something exists there now).
+    fn invalidate_cached_prefix(&self, dirs: &[&[u8]]) -> Vec<Invalidation> {
+        let mut cur = self.ns.root.root.clone();
+        for c in dirs {
+            if let NodeKind::Negative(_) = cur.kind {
+                return self.drop_negative_chain(&cur);
+            }
+            let next = cur.inner.read().child(c).cloned();
+            match next {
+                Some(n) => cur = n,
+                None => return Vec::new(),
+            }
+        }
+        match cur.kind {
+            NodeKind::Negative(_) => self.drop_negative_chain(&cur),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Drop the topmost negative of a chain of (deep) negatives ending at `negative`.
+    fn drop_negative_chain(&self, negative: &NodeRef) -> Vec<Invalidation> {
+        let mut top = negative.clone();
+        while let Some(p) = top.parent_ref() {
+            match p.kind {
+                NodeKind::Negative(_) => top = p,
+                _ => break,
+            }
+        }
+        self.drop_child_of(&top)
     }
 
     fn drop_child_of(&self, negative: &NodeRef) -> Vec<Invalidation> {

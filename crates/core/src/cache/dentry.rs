@@ -12,8 +12,11 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use arc_swap::{ArcSwap, ArcSwapOption};
-use hashbrown::HashMap;
+use arc_swap::ArcSwap;
+use std::hash::BuildHasher;
+use std::sync::LazyLock;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 use parking_lot::RwLock;
 
 use super::{NodeKind, NodeRef, Super};
@@ -32,12 +35,85 @@ pub(crate) struct Link {
     pub(crate) name: Box<[u8]>,
 }
 
+static NAME_HASH: LazyLock<DefaultHashBuilder> = LazyLock::new(DefaultHashBuilder::default);
+
+#[inline]
+fn name_hash(name: &[u8]) -> u64 {
+    NAME_HASH.hash_one(name)
+}
+
+/// A directory's children, keyed by each child's own current name (not stored twice).
+/// A child's `link` is only changed while its parent's `inner` is write-locked and the child is
+/// out of the table, so a child in the table always hashes by the name in its link.
+#[derive(Default)]
+pub(crate) struct ChildMap {
+    t: HashTable<NodeRef>,
+    /// Target of a symbolic link (symlinks have no children; they share this box).
+    pub(crate) target: Option<Box<[u8]>>,
+}
+
+impl ChildMap {
+    pub(crate) fn get(&self, name: &[u8]) -> Option<&NodeRef> {
+        self.t
+            .find(name_hash(name), |n| *n.link.load().name == *name)
+    }
+
+    /// Insert `node` under its current name; returns the child it displaced.
+    pub(crate) fn insert(&mut self, node: NodeRef) -> Option<NodeRef> {
+        let name = node.link.load().name.clone();
+        let h = name_hash(&name);
+        match self.t.find_entry(h, |n| *n.link.load().name == *name) {
+            Ok(mut e) => Some(std::mem::replace(e.get_mut(), node)),
+            Err(_) => {
+                self.t
+                    .insert_unique(h, node, |n| name_hash(&n.link.load().name));
+                None
+            }
+        }
+    }
+
+    pub(crate) fn remove(&mut self, name: &[u8]) -> Option<NodeRef> {
+        match self
+            .t
+            .find_entry(name_hash(name), |n| *n.link.load().name == *name)
+        {
+            Ok(e) => Some(e.remove().0),
+            Err(_) => None,
+        }
+    }
+
+    /// Remove `node` (by identity) that is filed under `name`.
+    pub(crate) fn remove_node(&mut self, name: &[u8], node: &NodeRef) -> bool {
+        match self.t.find_entry(name_hash(name), |n| Arc::ptr_eq(n, node)) {
+            Ok(e) => {
+                e.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &NodeRef> {
+        self.t.iter()
+    }
+
+    pub(crate) fn drain(&mut self) -> Vec<NodeRef> {
+        self.t.drain().collect()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.t.is_empty()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.t.len()
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Inner {
-    /// Children by name: positive entries, negative entries and deep negatives.
-    pub(crate) children: Option<Box<HashMap<Box<[u8]>, NodeRef>>>,
-    /// Target of a symbolic link, once read.
-    pub(crate) target: Option<Box<[u8]>>,
+    /// Children (positive entries, negative entries, deep negatives) and a symlink's target.
+    pub(crate) children: Option<Box<ChildMap>>,
     /// Bumped whenever `children` changes; lets a backend call made without the lock detect
     /// that the directory changed meanwhile.
     pub(crate) gen: u64,
@@ -47,8 +123,21 @@ impl Inner {
     pub(crate) fn child(&self, name: &[u8]) -> Option<&NodeRef> {
         self.children.as_ref().and_then(|c| c.get(name))
     }
-    pub(crate) fn children_mut(&mut self) -> &mut HashMap<Box<[u8]>, NodeRef> {
+    pub(crate) fn children_mut(&mut self) -> &mut ChildMap {
         self.children.get_or_insert_with(Default::default)
+    }
+    pub(crate) fn target(&self) -> Option<&[u8]> {
+        self.children.as_ref().and_then(|c| c.target.as_deref())
+    }
+    pub(crate) fn set_target(&mut self, t: &[u8]) {
+        self.children_mut().target = Some(t.into());
+    }
+    /// Detach every child (they are being killed or dropped).
+    pub(crate) fn take_children(&mut self) -> Vec<NodeRef> {
+        self.children
+            .as_mut()
+            .map(|c| c.drain())
+            .unwrap_or_default()
     }
 }
 
@@ -58,12 +147,10 @@ pub struct Dentry {
     pub(crate) kind: NodeKind,
     pub(crate) link: ArcSwap<Link>,
     pub(crate) version: AtomicU64,
-    /// Inode number, known even when `attr` is not (entries learned from readdir).
-    pub(crate) ino: AtomicU64,
     pub(crate) flags: AtomicU32,
     /// Front-end pins (e.g. inodes the kernel holds): pinned dentries are never evicted.
     pub(crate) pins: AtomicU32,
-    pub(crate) attr: ArcSwapOption<Attr>,
+    pub(crate) attr: AttrCell,
     pub(crate) inner: RwLock<Inner>,
 }
 
@@ -86,10 +173,9 @@ impl Dentry {
                 name: name.into(),
             }),
             version: AtomicU64::new(version),
-            ino: AtomicU64::new(attr.map_or(0, |a| a.ino)),
             flags: AtomicU32::new(0),
             pins: AtomicU32::new(0),
-            attr: ArcSwapOption::new(attr.map(Arc::new)),
+            attr: AttrCell::new(attr, attr.map_or(0, |a| a.ino)),
             inner: RwLock::new(Inner::default()),
         }
     }
@@ -116,14 +202,12 @@ impl Dentry {
     pub(crate) fn is_dir(&self) -> bool {
         self.kind == NodeKind::Positive(FileType::Directory)
     }
+    #[inline]
     pub(crate) fn attr_copy(&self) -> Option<Attr> {
-        self.attr.load().as_deref().copied()
+        self.attr.load()
     }
     pub(crate) fn set_attr(&self, a: Option<Attr>) {
-        if let Some(a) = a {
-            self.ino.store(a.ino, Ordering::Relaxed);
-        }
-        self.attr.store(a.map(Arc::new));
+        self.attr.store(a);
     }
     pub(crate) fn parent_ref(&self) -> Option<NodeRef> {
         self.link.load().parent.as_ref().and_then(Weak::upgrade)
@@ -134,16 +218,132 @@ impl Drop for Dentry {
     fn drop(&mut self) {
         // Tear down long child chains iteratively so dropping a deep tree cannot overflow the
         // stack.
-        let mut stack: Vec<NodeRef> = Vec::new();
-        if let Some(c) = self.inner.get_mut().children.take() {
-            stack.extend(c.into_values());
-        }
+        let mut stack: Vec<NodeRef> = self.inner.get_mut().take_children();
         while let Some(n) = stack.pop() {
             if let Ok(mut n) = Arc::try_unwrap(n) {
-                if let Some(c) = n.inner.get_mut().children.take() {
-                    stack.extend(c.into_values());
-                }
+                stack.extend(n.inner.get_mut().take_children());
             }
         }
+    }
+}
+
+/// Attributes stored inline under a sequence lock: readers copy them out with plain atomic
+/// loads and retry if a writer was active, so `stat` on the fast path never takes a lock or
+/// touches a reference count. A mode of 0 means "no attributes cached" (every real file has
+/// type bits); the inode number (word 0) is kept even then, for listings from the cache.
+pub(crate) struct AttrCell {
+    seq: AtomicU64,
+    w: [AtomicU64; 12],
+}
+
+impl AttrCell {
+    pub(crate) fn new(a: Option<Attr>, ino: u64) -> AttrCell {
+        let c = AttrCell {
+            seq: AtomicU64::new(0),
+            w: std::array::from_fn(|_| AtomicU64::new(0)),
+        };
+        c.w[0].store(ino, Ordering::Relaxed);
+        if let Some(a) = a {
+            c.store_words(&a);
+        }
+        c
+    }
+
+    fn store_words(&self, a: &Attr) {
+        let w = [
+            a.ino,
+            a.dev,
+            u64::from(a.mode) | (u64::from(a.nlink) << 32),
+            u64::from(a.uid) | (u64::from(a.gid) << 32),
+            a.rdev,
+            a.size,
+            a.blocks,
+            u64::from(a.blksize) | (u64::from(a.atime.nsec) << 32),
+            a.atime.sec as u64,
+            a.mtime.sec as u64,
+            u64::from(a.mtime.nsec) | (u64::from(a.ctime.nsec) << 32),
+            a.ctime.sec as u64,
+        ];
+        for (slot, v) in self.w.iter().zip(w) {
+            slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn load(&self) -> Option<Attr> {
+        loop {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let w: [u64; 12] = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
+            std::sync::atomic::fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) != s1 {
+                continue;
+            }
+            let mode = w[2] as u32;
+            if mode == 0 {
+                return None;
+            }
+            use crate::Timespec;
+            return Some(Attr {
+                ino: w[0],
+                dev: w[1],
+                mode,
+                nlink: (w[2] >> 32) as u32,
+                uid: w[3] as u32,
+                gid: (w[3] >> 32) as u32,
+                rdev: w[4],
+                size: w[5],
+                blocks: w[6],
+                blksize: w[7] as u32,
+                atime: Timespec {
+                    sec: w[8] as i64,
+                    nsec: (w[7] >> 32) as u32,
+                },
+                mtime: Timespec {
+                    sec: w[9] as i64,
+                    nsec: w[10] as u32,
+                },
+                ctime: Timespec {
+                    sec: w[11] as i64,
+                    nsec: (w[10] >> 32) as u32,
+                },
+            });
+        }
+    }
+
+    fn write(&self, f: impl FnOnce()) {
+        loop {
+            let s = self.seq.load(Ordering::Relaxed);
+            if s & 1 == 0
+                && self
+                    .seq
+                    .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                std::sync::atomic::fence(Ordering::Release);
+                f();
+                self.seq.store(s + 2, Ordering::Release);
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    pub(crate) fn store(&self, a: Option<Attr>) {
+        self.write(|| match a {
+            Some(a) => self.store_words(&a),
+            None => self.w[2].store(0, Ordering::Relaxed),
+        });
+    }
+
+    pub(crate) fn set_ino(&self, ino: u64) {
+        self.write(|| self.w[0].store(ino, Ordering::Relaxed));
+    }
+
+    pub(crate) fn ino(&self) -> u64 {
+        self.w[0].load(Ordering::Relaxed)
     }
 }

@@ -237,6 +237,10 @@ pub struct Cache {
     /// Cached non-directories with more than one link, by (dev, ino): their attributes change
     /// together.
     pub(crate) hardlinks: Mutex<hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>>,
+    /// Directories that vanished from their place behind the cache's back, by (dev, ino), so
+    /// that if they turn up elsewhere (an outside rename) the same dentry comes back to life
+    /// and whoever held it (a directory handle, a kernel inode) follows the move.
+    pub(crate) detached: Mutex<VecDeque<(u64, u64, Weak<Dentry>)>>,
 }
 
 impl Cache {
@@ -288,6 +292,7 @@ impl Cache {
             lru: Mutex::new(VecDeque::new()),
             dlht_inserts: AtomicU64::new(0),
             hardlinks: Mutex::new(Default::default()),
+            detached: Mutex::new(VecDeque::new()),
         }))
     }
 
@@ -441,6 +446,8 @@ impl Cache {
 
     /// Create `path` as a symbolic link to `target`.
     pub fn symlink(&self, c: &Creds, target: &[u8], at: At<'_>, path: &[u8]) -> Result<Attr> {
+        // The target string is checked first, as symlinkat's getname does.
+        path::check_path(target)?;
         let (parent, name) = self.parent_for_create(c, at, path, Error::Exists)?;
         if path::wants_dir(path) {
             let child = self.lookup_child(c, &parent, name)?;
@@ -673,5 +680,20 @@ impl Cache {
         let per_fast = std::mem::size_of::<fast::FastEntry>() as u64 + 32;
         s.bytes = s.entries * per_dentry + fast * per_fast + pcc as u64;
         s
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn print_sizes() {
+        eprintln!(
+            "Dentry {} Link {} Inner {} FastEntry {} NodeKind {}",
+            std::mem::size_of::<super::Dentry>(),
+            std::mem::size_of::<super::dentry::Link>(),
+            std::mem::size_of::<super::dentry::Inner>(),
+            std::mem::size_of::<super::fast::FastEntry>(),
+            std::mem::size_of::<super::NodeKind>()
+        );
     }
 }

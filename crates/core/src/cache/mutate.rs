@@ -10,6 +10,18 @@ use super::path::{check_name, join};
 use super::{Cache, Creds, NodeKind, NodeRef};
 use crate::{Attr, Error, FileType, RenameMode, Result, SetAttr, TimeSet, R_OK, W_OK, X_OK};
 
+/// Whether `a` is `b` or one of its ancestors.
+fn is_ancestor(a: &NodeRef, b: &NodeRef) -> bool {
+    let mut cur = Some(b.clone());
+    while let Some(n) = cur {
+        if Arc::ptr_eq(&n, a) {
+            return true;
+        }
+        cur = n.parent_ref();
+    }
+    false
+}
+
 fn want_dir(n: &NodeRef) -> Result<()> {
     match n.kind {
         NodeKind::Positive(FileType::Directory) if !n.has(DEAD) => Ok(()),
@@ -71,7 +83,7 @@ impl Cache {
             let mut inner = parent.inner.write();
             inner.gen += 1;
             parent.set(HAS_CHILDREN);
-            inner.children_mut().insert(name.into(), node.clone())
+            inner.children_mut().insert(node.clone())
         };
         self.account_new(&node);
         if let Some(old) = old {
@@ -141,7 +153,7 @@ impl Cache {
         }
         let b = parent.sb.backend.clone();
         let n = self.create_with(c, parent, name, |p| b.symlink(&c.0.cred, target, p))?;
-        n.inner.write().target = Some(target.into());
+        n.inner.write().set_target(target);
         Ok(n)
     }
 
@@ -153,23 +165,44 @@ impl Cache {
         newparent: &NodeRef,
         newname: &[u8],
     ) -> Result<NodeRef> {
-        match node.kind {
-            NodeKind::Positive(FileType::Directory) => return Err(Error::Perm),
-            NodeKind::Positive(_) => {}
-            NodeKind::Negative(e) => return Err(e),
+        if let NodeKind::Negative(e) = node.kind {
+            return Err(e);
+        }
+        want_dir(newparent)?;
+        check_name(newname)?;
+        let _t = self.tree_lock.read();
+        // Order as Linux's do_linkat: the new name must not exist, same mount, the
+        // protected_hardlinks rule (may_linkat), write permission (may_create), no directories.
+        let existing = self.child_checked(c, newparent, newname)?;
+        if let NodeKind::Positive(_) = existing.kind {
+            return Err(Error::Exists);
         }
         if !Arc::ptr_eq(&node.sb, &newparent.sb) {
             return Err(Error::CrossDevice);
         }
-        let _t = self.tree_lock.read();
-        self.prepare_create(c, newparent, newname)?;
+        if c.0.check && self.config.protected_hardlinks {
+            let a = self.attr_of(node)?;
+            let cred = &c.0.cred;
+            let safe = a.kind() == FileType::Regular
+                && a.mode & libc::S_ISUID == 0
+                && !(a.mode & libc::S_ISGID != 0 && a.mode & 0o010 != 0)
+                && self.policy.permission(cred, &a, R_OK | W_OK).is_ok();
+            if !(self.policy.owner_or_capable(cred, &a) || safe) {
+                return Err(Error::Perm);
+            }
+        }
+        self.check(c, newparent, W_OK | X_OK)?;
+        if node.is_dir() {
+            return Err(Error::Perm);
+        }
         let old = self.path_of(node)?;
         let new = join(&self.path_of(newparent)?, newname);
         self.stats.backend.mutation.inc();
         let attr = newparent.sb.backend.link(&c.0.cred, &old, &new)?;
         let n = self.install(newparent, newname, attr, false);
-        if let Some(t) = node.inner.read().target.clone() {
-            n.inner.write().target = Some(t);
+        let t = node.inner.read().target().map(<[u8]>::to_vec);
+        if let Some(t) = t {
+            n.inner.write().set_target(&t);
         }
         // Same inode: nlink and ctime changed for every name of it.
         node.set_attr(Some(attr));
@@ -191,7 +224,7 @@ impl Cache {
             let ch = inner.children_mut();
             match &neg {
                 Some(n) => {
-                    ch.insert(name.into(), n.clone());
+                    ch.insert(n.clone());
                 }
                 None => {
                     ch.remove(name);
@@ -212,13 +245,15 @@ impl Cache {
         want_dir(parent)?;
         let _t = self.tree_lock.read();
         let victim = self.child_checked(c, parent, name)?;
-        match victim.kind {
-            NodeKind::Negative(e) => return Err(e),
-            NodeKind::Positive(FileType::Directory) => return Err(Error::IsDir),
-            NodeKind::Positive(_) => {}
+        if let NodeKind::Negative(e) = victim.kind {
+            return Err(e);
         }
+        // Linux's may_delete: permission, sticky bit, then the victim's type.
         self.check(c, parent, W_OK | X_OK)?;
         self.check_sticky(c, parent, &victim)?;
+        if victim.is_dir() {
+            return Err(Error::IsDir);
+        }
         let path = join(&self.path_of(parent)?, name);
         self.stats.backend.mutation.inc();
         parent.sb.backend.unlink(&c.0.cred, &path)?;
@@ -241,13 +276,14 @@ impl Cache {
         }
         let _t = self.tree_lock.read();
         let victim = self.child_checked(c, parent, name)?;
-        match victim.kind {
-            NodeKind::Negative(e) => return Err(e),
-            NodeKind::Positive(FileType::Directory) => {}
-            NodeKind::Positive(_) => return Err(Error::NotDir),
+        if let NodeKind::Negative(e) = victim.kind {
+            return Err(e);
         }
         self.check(c, parent, W_OK | X_OK)?;
         self.check_sticky(c, parent, &victim)?;
+        if !victim.is_dir() {
+            return Err(Error::NotDir);
+        }
         if victim.has(MOUNTED) {
             return Err(Error::Busy);
         }
@@ -290,16 +326,22 @@ impl Cache {
             _ => {}
         }
         let src_dir = src.is_dir();
-        if dst_pos && mode != RenameMode::Exchange {
-            if Arc::ptr_eq(&src, &dst) {
-                return Ok(());
-            }
-            if src_dir && !dst.is_dir() {
-                return Err(Error::NotDir);
-            }
-            if !src_dir && dst.is_dir() {
-                return Err(Error::IsDir);
-            }
+        if Arc::ptr_eq(&src, &dst) {
+            return Ok(());
+        }
+        // Linux's rename traps: a directory cannot move below itself (EINVAL), and a target
+        // that is an ancestor of the source is not empty (EINVAL for an exchange).
+        if src_dir && is_ancestor(&src, newparent) {
+            return Err(Error::Invalid);
+        }
+        if dst_pos && dst.is_dir() && is_ancestor(&dst, parent) {
+            return Err(if mode == RenameMode::Exchange {
+                Error::Invalid
+            } else {
+                Error::NotEmpty
+            });
+        }
+        if dst_pos {
             if let (Some(a), Some(b)) = (src.attr_copy(), dst.attr_copy()) {
                 if a.ino == b.ino && a.dev == b.dev {
                     // Two names of one file: rename(2) does nothing and succeeds.
@@ -307,16 +349,22 @@ impl Cache {
                 }
             }
         }
-        if src.has(MOUNTED) || dst.has(MOUNTED) {
-            return Err(Error::Busy);
-        }
-        // Permissions as Linux's may_delete / may_create, plus write permission on a
+        // Linux's vfs_rename: may_delete on the source, then may_create or may_delete on the
+        // target (permission and sticky bit before the types), then write permission on a
         // directory that moves to another parent (its `..` changes).
         self.check(c, parent, W_OK | X_OK)?;
         self.check_sticky(c, parent, &src)?;
         self.check(c, newparent, W_OK | X_OK)?;
         if dst_pos {
             self.check_sticky(c, newparent, &dst)?;
+            if mode != RenameMode::Exchange {
+                if src_dir && !dst.is_dir() {
+                    return Err(Error::NotDir);
+                }
+                if !src_dir && dst.is_dir() {
+                    return Err(Error::IsDir);
+                }
+            }
         }
         if !Arc::ptr_eq(parent, newparent) {
             if src_dir {
@@ -325,6 +373,9 @@ impl Cache {
             if mode == RenameMode::Exchange && dst.is_dir() {
                 self.check(c, &dst, W_OK)?;
             }
+        }
+        if src.has(MOUNTED) || dst.has(MOUNTED) {
+            return Err(Error::Busy);
         }
         let old = join(&self.path_of(parent)?, name);
         let new = join(&self.path_of(newparent)?, newname);
@@ -354,49 +405,47 @@ impl Cache {
                 (Some(g2), true) => (&mut *g1, Some(&mut **g2)),
                 (Some(g2), false) => (&mut **g2, Some(&mut *g1)),
             };
+            // Take the moving dentries out of their maps, relink them, file them again: a
+            // dentry is always filed under the name in its link.
+            let exchange = mode == RenameMode::Exchange;
+            let new_link = |p: &NodeRef, n: &[u8]| {
+                Arc::new(super::dentry::Link {
+                    parent: Some(Arc::downgrade(p)),
+                    name: n.into(),
+                })
+            };
             pi.gen += 1;
-            if mode == RenameMode::Exchange {
-                pi.children_mut().insert(name.into(), dst.clone());
-                match ni {
-                    Some(ni) => {
-                        ni.gen += 1;
-                        ni.children_mut().insert(newname.into(), src.clone());
+            pi.children_mut().remove_node(name, &src);
+            match ni {
+                Some(ni) => {
+                    ni.gen += 1;
+                    if exchange {
+                        ni.children_mut().remove_node(newname, &dst);
                     }
-                    None => {
-                        pi.children_mut().insert(newname.into(), src.clone());
+                    src.link.store(new_link(newparent, newname));
+                    if exchange {
+                        dst.link.store(new_link(parent, name));
+                        pi.children_mut().insert(dst.clone());
                     }
+                    ni.children_mut().insert(src.clone());
                 }
-            } else {
-                match &neg {
-                    Some(n) => {
-                        pi.children_mut().insert(name.into(), n.clone());
+                None => {
+                    if exchange {
+                        pi.children_mut().remove_node(newname, &dst);
                     }
-                    None => {
-                        pi.children_mut().remove(name);
+                    src.link.store(new_link(newparent, newname));
+                    if exchange {
+                        dst.link.store(new_link(parent, name));
+                        pi.children_mut().insert(dst.clone());
                     }
+                    pi.children_mut().insert(src.clone());
                 }
-                match ni {
-                    Some(ni) => {
-                        ni.gen += 1;
-                        ni.children_mut().insert(newname.into(), src.clone());
-                    }
-                    None => {
-                        pi.children_mut().insert(newname.into(), src.clone());
-                    }
-                }
+            }
+            if let Some(n) = &neg {
+                pi.children_mut().insert(n.clone());
             }
             parent.set(HAS_CHILDREN);
             newparent.set(HAS_CHILDREN);
-            src.link.store(Arc::new(super::dentry::Link {
-                parent: Some(Arc::downgrade(newparent)),
-                name: newname.into(),
-            }));
-            if mode == RenameMode::Exchange {
-                dst.link.store(Arc::new(super::dentry::Link {
-                    parent: Some(Arc::downgrade(parent)),
-                    name: name.into(),
-                }));
-            }
         }
         if let Some(n) = &neg {
             self.account_new(n);
@@ -419,7 +468,9 @@ impl Cache {
         parent.set_attr(None);
         newparent.set_attr(None);
         src.set_attr(None);
-        dst.set_attr(None);
+        if mode == RenameMode::Exchange {
+            dst.set_attr(None);
+        }
         Ok(())
     }
 

@@ -39,30 +39,33 @@ pub(crate) enum Shape {
 
 #[inline]
 pub(crate) fn shape(p: &[u8]) -> Shape {
-    if p.is_empty() || p.len() >= PATH_MAX {
+    let n = p.len();
+    if n == 0 || n >= PATH_MAX || p[0] == b'/' || p[n - 1] == b'/' {
         return Shape::Other;
     }
-    let mut start = 0;
-    for (i, &b) in p.iter().enumerate() {
-        if b == b'/' {
-            if !clean_component(&p[start..i]) {
+    if p[0] == b'.' && (n == 1 || p[1] == b'/' || (p[1] == b'.' && (n == 2 || p[2] == b'/'))) {
+        return Shape::Other;
+    }
+    if memchr::memchr(0, p).is_some() || memchr::memmem::find(p, b"//").is_some() {
+        return Shape::Other;
+    }
+    for i in memchr::memmem::find_iter(p, b"/.") {
+        match p.get(i + 2) {
+            None | Some(b'/') => return Shape::Other,
+            Some(b'.') if matches!(p.get(i + 3), None | Some(b'/')) => return Shape::Other,
+            _ => {}
+        }
+    }
+    if n > NAME_MAX {
+        let mut start = 0;
+        for i in memchr::memchr_iter(b'/', p).chain(std::iter::once(n)) {
+            if i - start > NAME_MAX {
                 return Shape::Other;
             }
             start = i + 1;
-        } else if b == 0 {
-            return Shape::Other;
         }
     }
-    if clean_component(&p[start..]) {
-        Shape::Clean
-    } else {
-        Shape::Other
-    }
-}
-
-#[inline]
-fn clean_component(c: &[u8]) -> bool {
-    !(c.is_empty() || c == b"." || c == b".." || c.len() > NAME_MAX)
+    Shape::Clean
 }
 
 /// Iterate the non-empty components of a path.
@@ -107,6 +110,7 @@ pub(crate) fn wants_dir(p: &[u8]) -> bool {
 /// Lexical normalization (Plan 9): drop empty and `.` components and resolve `x/..` pairs;
 /// a `..` that would go above the start is kept only for relative paths (`keep_leading`).
 pub(crate) fn lexical(p: &[u8], keep_leading: bool) -> Vec<u8> {
+    let keep_leading = keep_leading && p.first() != Some(&b'/');
     let mut out: Vec<&[u8]> = Vec::new();
     for c in components(p) {
         match c {
@@ -157,7 +161,21 @@ mod tests {
     #[test]
     fn shapes() {
         assert!(matches!(shape(b"a/b/c"), Shape::Clean));
-        for p in [&b"a//b"[..], b"a/./b", b"a/../b", b"a/", b".", b"", b"a\0b"] {
+        assert!(matches!(shape(b".git/a..b/.x/..y"), Shape::Clean));
+        for p in [
+            &b"a//b"[..],
+            b"a/./b",
+            b"a/../b",
+            b"a/",
+            b".",
+            b"",
+            b"a\0b",
+            b"./a",
+            b"../a",
+            b"a/.",
+            b"a/..",
+            b"..",
+        ] {
             assert!(matches!(shape(p), Shape::Other), "{p:?}");
         }
         assert!(matches!(shape(&[b'x'; 256]), Shape::Other));

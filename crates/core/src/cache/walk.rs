@@ -144,7 +144,7 @@ impl Cache {
         flags: LookupFlags,
         f: &mut Option<impl FnOnce(&NodeRef, MountOptions) -> R>,
     ) -> Option<Result<R>> {
-        if !self.config.fastpath {
+        if !self.config.fastpath || path.len() >= crate::PATH_MAX {
             return None;
         }
         let ns = st.ns;
@@ -212,7 +212,6 @@ impl Cache {
         node.touch();
         match node.kind {
             NodeKind::Negative(err) => {
-                self.stats.hits.inc();
                 self.stats.fastpath_hits.inc();
                 self.stats.negative_hits.inc();
                 Some(Err(err))
@@ -227,7 +226,6 @@ impl Cache {
                         return Some(Err(err));
                     }
                 }
-                self.stats.hits.inc();
                 self.stats.fastpath_hits.inc();
                 let f = f.take()?;
                 Some(Ok(f(node, e.mount)))
@@ -754,9 +752,15 @@ impl Cache {
             return c.clone();
         }
         let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD);
-        let node = self.new_dentry(dir, name, kind, attr);
+        let revived = match (kind, attr) {
+            (NodeKind::Positive(FileType::Directory), Some(a)) if fresh => {
+                self.revive(dir, name, &a)
+            }
+            _ => None,
+        };
+        let node = revived.unwrap_or_else(|| self.new_dentry(dir, name, kind, attr));
         if cacheable && fresh {
-            inner.children_mut().insert(name.into(), node.clone());
+            inner.children_mut().insert(node.clone());
             dir.set(HAS_CHILDREN);
             drop(inner);
             self.account_new(&node);
@@ -764,6 +768,33 @@ impl Cache {
             node.set(DEAD);
         }
         node
+    }
+
+    /// A directory that vanished behind the cache's back and turned up again as `dir/name`
+    /// (same dev and inode): bring the same dentry back, relinked, with a new version.
+    fn revive(&self, dir: &NodeRef, name: &[u8], a: &Attr) -> Option<NodeRef> {
+        let mut d = self.detached.lock();
+        if d.is_empty() {
+            return None;
+        }
+        let i = d
+            .iter()
+            .position(|(dev, ino, _)| *dev == a.dev && *ino == a.ino)?;
+        let (_, _, w) = d.remove(i)?;
+        let node = w.upgrade()?;
+        if !node.has(DEAD) || !Arc::ptr_eq(&node.sb, &dir.sb) {
+            return None;
+        }
+        node.link.store(Arc::new(super::dentry::Link {
+            parent: Some(Arc::downgrade(dir)),
+            name: name.into(),
+        }));
+        node.set_attr(Some(*a));
+        node.clear(COMPLETE);
+        node.version
+            .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
+        node.clear(DEAD);
+        Some(node)
     }
 
     /// A negative child of `dir` (deep negatives under negatives and non-directories, or a
@@ -874,14 +905,14 @@ impl Cache {
     }
 
     fn link_target_counted(&self, node: &NodeRef, missed: &mut bool) -> Result<Vec<u8>> {
-        if let Some(t) = &node.inner.read().target {
+        if let Some(t) = node.inner.read().target() {
             return Ok(t.to_vec());
         }
         *missed = true;
         let p = self.path_of(node)?;
         self.stats.backend.readlink.inc();
         let t = node.sb.backend.readlink(&p)?;
-        node.inner.write().target = Some(t.clone().into_boxed_slice());
+        node.inner.write().set_target(&t);
         Ok(t)
     }
 
@@ -976,21 +1007,24 @@ impl Cache {
         Ok((parent, name))
     }
 
+    /// The directory holding a path's last component. As Linux's `link_path_walk`, search
+    /// permission on it is checked before anything about the last component.
     fn parent_dir(&self, c: &Creds, at: At<'_>, dir: &[u8]) -> Result<(NodeRef, MountOptions)> {
-        if dir.is_empty() {
+        let (node, opts) = if dir.is_empty() {
             let st = self.start(at);
-            return Ok((st.node.clone(), st.mnt.opts));
-        }
-        self.resolve(
-            c,
-            at,
-            dir,
-            LookupFlags {
+            (st.node.clone(), st.mnt.opts)
+        } else {
+            let flags = LookupFlags {
                 follow: true,
                 directory: true,
-            },
-            |n, o| (n.clone(), o),
-        )
+            };
+            self.resolve(c, at, dir, flags, |n, o| (n.clone(), o))?
+        };
+        if c.0.check {
+            let a = self.attr_of(&node)?;
+            self.policy.permission(&c.0.cred, &a, X_OK)?;
+        }
+        Ok((node, opts))
     }
 }
 

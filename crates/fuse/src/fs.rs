@@ -1,0 +1,1600 @@
+//! The `fuser::Filesystem` over the core cache's node API.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::Sender;
+use dircache_core::{
+    Attr, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType, NodeKind, NodeRef,
+    RenameMode, SetAttr, TimeSet, Timespec,
+};
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use crate::creds::GroupsCache;
+use crate::inodes::{Inodes, ROOT};
+use crate::notifier::NotifyMsg;
+use crate::policy::CachePolicy;
+use crate::stats::{Op, RequestCounters, SOCKET_XATTR};
+
+fn errno(e: CoreError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn last_errno() -> Errno {
+    io_errno(std::io::Error::last_os_error())
+}
+
+fn to_system_time(t: Timespec) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+fn from_system_time(t: SystemTime) -> Timespec {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timespec {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            let mut sec = -(d.as_secs() as i64);
+            let mut nsec = d.subsec_nanos();
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Timespec { sec, nsec }
+        }
+    }
+}
+
+fn fuse_kind(k: FileType) -> fuser::FileType {
+    match k {
+        FileType::Regular => fuser::FileType::RegularFile,
+        FileType::Directory => fuser::FileType::Directory,
+        FileType::Symlink => fuser::FileType::Symlink,
+        FileType::CharDevice => fuser::FileType::CharDevice,
+        FileType::BlockDevice => fuser::FileType::BlockDevice,
+        FileType::Fifo => fuser::FileType::NamedPipe,
+        FileType::Socket => fuser::FileType::Socket,
+    }
+}
+
+/// The kernel's view of `attr` for nodeid `nodeid` (st_ino is the nodeid: fuser uses one
+/// field for both, and hard links share a nodeid, so `du`/`tar`/`git` see consistent inodes).
+pub fn fuse_attr(nodeid: u64, a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(nodeid),
+        size: a.size,
+        blocks: a.blocks,
+        atime: to_system_time(a.atime),
+        mtime: to_system_time(a.mtime),
+        ctime: to_system_time(a.ctime),
+        crtime: UNIX_EPOCH,
+        kind: fuse_kind(a.kind()),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: if a.blksize == 0 { 4096 } else { a.blksize },
+        flags: 0,
+    }
+}
+
+/// Attributes of an open descriptor (fstat).
+pub fn attr_of_fd(fd: impl AsFd) -> std::io::Result<Attr> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok(Attr {
+        ino: st.st_ino,
+        dev: st.st_dev,
+        mode: st.st_mode,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev,
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        blksize: st.st_blksize as u32,
+        atime: Timespec {
+            sec: st.st_atime,
+            nsec: st.st_atime_nsec as u32,
+        },
+        mtime: Timespec {
+            sec: st.st_mtime,
+            nsec: st.st_mtime_nsec as u32,
+        },
+        ctime: Timespec {
+            sec: st.st_ctime,
+            nsec: st.st_ctime_nsec as u32,
+        },
+    })
+}
+
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+struct OpenFile {
+    fd: OwnedFd,
+    nodeid: u64,
+    node: NodeRef,
+    writable: bool,
+    backing: bool,
+}
+
+/// The FUSE file system: a front end over an `Arc<Cache>`.
+pub struct DircacheFs {
+    cache: Arc<Cache>,
+    policy: CachePolicy,
+    src: PathBuf,
+    src_fd: Option<OwnedFd>,
+    inodes: Arc<Inodes>,
+    groups: GroupsCache,
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    next_fh: AtomicU64,
+    listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    counters: Arc<RequestCounters>,
+    notify: Sender<NotifyMsg>,
+    passthrough: bool,
+    socket_path: Option<PathBuf>,
+    own: Arc<crate::notifier::OwnChanges>,
+}
+
+/// What the front end needs besides the cache.
+pub struct FsParts {
+    pub own: Arc<crate::notifier::OwnChanges>,
+    pub inodes: Arc<Inodes>,
+    pub counters: Arc<RequestCounters>,
+}
+
+impl DircacheFs {
+    /// A file system serving `cache` (whose backend is rooted at `src`, used for xattrs and
+    /// statfs). `notify` feeds the notifier thread.
+    pub fn new(
+        cache: Arc<Cache>,
+        policy: CachePolicy,
+        src: &Path,
+        notify: Sender<NotifyMsg>,
+        socket_path: Option<PathBuf>,
+    ) -> (DircacheFs, FsParts) {
+        let root = cache.root();
+        let root_attr = cache.getattr(&root).ok();
+        let inodes = Arc::new(Inodes::new(root, root_attr.as_ref()));
+        let counters = Arc::new(RequestCounters::default());
+        let own = Arc::new(crate::notifier::OwnChanges::default());
+        let src_fd = rustix::fs::open(
+            src,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok();
+        let fs = DircacheFs {
+            cache,
+            policy,
+            src: src.to_path_buf(),
+            src_fd,
+            inodes: inodes.clone(),
+            groups: GroupsCache::default(),
+            files: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            listings: Mutex::new(HashMap::new()),
+            counters: counters.clone(),
+            notify,
+            passthrough: false,
+            socket_path,
+            own: own.clone(),
+        };
+        (
+            fs,
+            FsParts {
+                own,
+                inodes,
+                counters,
+            },
+        )
+    }
+
+    /// Remember that the mount itself changed `dir/name` (or `dir` when `name` is empty).
+    fn own(&self, dir: &NodeRef, name: &[u8]) {
+        if let Ok(mut p) = self.cache.node_path(dir) {
+            if !name.is_empty() {
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(name);
+            }
+            self.own.note(p);
+        }
+    }
+
+    fn count(&self, op: Op) {
+        self.counters.inc(op);
+    }
+
+    /// Credentials for lookups and reads: the kernel already checked permissions.
+    fn read_creds(&self, req: &Request) -> Creds {
+        self.cache
+            .kernel_checked(Cred::new(req.uid(), req.gid(), []))
+    }
+
+    /// Credentials for mutations: with supplementary groups, so the backend creates and
+    /// checks as the caller.
+    fn creds(&self, req: &Request) -> Creds {
+        self.cache
+            .kernel_checked(self.groups.cred(req.pid(), req.uid(), req.gid()))
+    }
+
+    /// The live dentry of a nodeid. When the core dropped the dentry the kernel knows (a
+    /// change learned from the feed invalidated it), find the name again from the parent and
+    /// rebind the nodeid if it is still the same inode.
+    fn node(&self, nodeid: INodeNo) -> Result<NodeRef, Errno> {
+        self.node_depth(nodeid.0, 0)
+    }
+
+    /// Run `f` on the dentry of `id`; if it failed because the notifier thread invalidated
+    /// that dentry meanwhile, find it again and retry once.
+    fn with_node<T>(
+        &self,
+        id: INodeNo,
+        f: impl Fn(&NodeRef) -> Result<T, CoreError>,
+    ) -> Result<T, Errno> {
+        let n = self.node(id)?;
+        match f(&n) {
+            Err(CoreError::NotFound | CoreError::Stale) if n.is_dead() => {
+                let n = self.node(id)?;
+                f(&n).map_err(errno)
+            }
+            r => r.map_err(errno),
+        }
+    }
+
+    fn node_depth(&self, id: u64, depth: u32) -> Result<NodeRef, Errno> {
+        let (n, parent, name, key) = self.inodes.locate(id).ok_or(Errno::ESTALE)?;
+        if !n.is_dead() {
+            return Ok(n);
+        }
+        if id == ROOT {
+            let r = self.cache.root();
+            self.inodes.add_alias(ROOT, &r, 0);
+            return Ok(r);
+        }
+        if depth > 4096 || parent == 0 {
+            return Ok(n);
+        }
+        let p = self.node_depth(parent, depth + 1)?;
+        let c = self.cache.kernel_checked(Cred::root());
+        match self.cache.lookup_child(&c, &p, &name) {
+            Ok(fresh) if matches!(fresh.kind(), NodeKind::Positive(_)) => {
+                match self.cache.getattr(&fresh) {
+                    Ok(a) if (a.dev, a.ino) == key => {
+                        self.inodes.add_alias(id, &fresh, parent);
+                        Ok(fresh)
+                    }
+                    _ => Ok(n),
+                }
+            }
+            _ => Ok(n),
+        }
+    }
+
+    fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>, Errno> {
+        self.files.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
+    }
+
+    /// Attributes for a reply: fresh from the backend when they may have changed through
+    /// another name or an open writer.
+    fn attr_of(&self, node: &NodeRef, force_fresh: bool) -> Result<Attr, CoreError> {
+        if force_fresh {
+            self.cache.forget_attr(node);
+        }
+        let a = self.cache.getattr(node)?;
+        // Hard-linked files: another name may have changed nlink/ctime behind this dentry.
+        if !force_fresh && a.nlink > 1 && !a.is_dir() {
+            self.cache.forget_attr(node);
+            return self.cache.getattr(node);
+        }
+        Ok(a)
+    }
+
+    fn entry_reply(&self, parent: INodeNo, node: &NodeRef, reply: ReplyEntry) {
+        match self.attr_of(node, false) {
+            Ok(a) => {
+                let id = self.inodes.register(node, &a, parent.0);
+                let ttl = self.policy.entry_ttl;
+                reply.entry_with_ttls(
+                    &self.policy.attr_ttl,
+                    &ttl,
+                    &fuse_attr(id, &a),
+                    Generation(0),
+                );
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// After a mutation through the mount: the core's attributes of these dentries (and the
+    /// kernel's, via the notifier) must not be served stale.
+    fn attrs_changed(&self, node: &NodeRef) {
+        for a in self.inodes.mark_stale_dentry(node) {
+            self.cache.forget_attr(&a);
+        }
+        self.cache.forget_attr(node);
+    }
+
+    fn dir_changed(&self, dir: &NodeRef) {
+        self.cache.forget_attr(dir);
+        if let Some(id) = self.inodes.nodeid_of(dir) {
+            self.listings.lock().remove(&id);
+        }
+    }
+
+    fn listing(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        offset: u64,
+        plus: bool,
+    ) -> Result<Arc<Vec<DirEntry>>, Errno> {
+        if offset > 0 {
+            if let Some(l) = self.listings.lock().get(&ino.0) {
+                return Ok(l.clone());
+            }
+        }
+        let dir = self.node(ino)?;
+        let c = self.read_creds(req);
+        let l = Arc::new(self.cache.readdir_node(&c, &dir, plus).map_err(errno)?);
+        self.listings.lock().insert(ino.0, l.clone());
+        Ok(l)
+    }
+
+    fn parent_nodeid(&self, node: &NodeRef) -> u64 {
+        node.parent()
+            .and_then(|p| self.inodes.nodeid_of(&p))
+            .unwrap_or(ROOT)
+    }
+
+    fn real_path_fd(&self, node: &NodeRef) -> Result<OwnedFd, Errno> {
+        let dirfd = self.src_fd.as_ref().ok_or(Errno::EIO)?;
+        let p = self.cache.node_path(node).map_err(errno)?;
+        let p: &[u8] = if p.is_empty() { b"." } else { &p };
+        rustix::fs::openat2(
+            dirfd,
+            OsStr::from_bytes(p),
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+            rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
+        )
+        .map_err(|e| Errno::from_i32(e.raw_os_error()))
+    }
+
+    fn proc_path(fd: &OwnedFd) -> std::ffi::CString {
+        // A decimal number never contains NUL.
+        std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
+    }
+
+    fn xattr_blocked(&self, name: &OsStr) -> bool {
+        !self.policy.security_xattrs && name.as_bytes().starts_with(b"security.")
+    }
+
+    fn rename_mode(flags: RenameFlags) -> Result<RenameMode, Errno> {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return Err(Errno::EINVAL);
+        }
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            Ok(RenameMode::Exchange)
+        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            Ok(RenameMode::NoReplace)
+        } else {
+            Ok(RenameMode::Replace)
+        }
+    }
+
+    fn child(&self, c: &Creds, dir: &NodeRef, name: &OsStr) -> Option<NodeRef> {
+        match self.cache.lookup_child(c, dir, name.as_bytes()) {
+            Ok(n) if matches!(n.kind(), NodeKind::Positive(_)) => Some(n),
+            _ => None,
+        }
+    }
+
+    fn add_open(&self, of: OpenFile) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if of.writable {
+            self.inodes.add_writer(of.nodeid, 1);
+        }
+        self.files.lock().insert(fh, Arc::new(of));
+        fh
+    }
+
+    fn open_flags(flags: i32) -> i32 {
+        // The kernel handles O_CREAT/O_EXCL itself; offsets come with every request, so the
+        // daemon's descriptor must not append; O_DIRECT is the kernel file's business.
+        flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_APPEND | libc::O_DIRECT)
+    }
+
+    fn fopen_flags(&self) -> FopenFlags {
+        if self.policy.keep_cache {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
+    /// Queue a kernel invalidation of `nodeid`'s attributes (sent by the notifier thread).
+    fn queue_inval_inode(&self, nodeid: u64) {
+        let _ = self.notify.send(NotifyMsg::InvalInode(nodeid));
+    }
+}
+
+fn is_writable(flags: i32) -> bool {
+    matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR) || flags & libc::O_TRUNC != 0
+}
+
+fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
+    t.map(|t| match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(s) => TimeSet::At(from_system_time(s)),
+    })
+}
+
+impl fuser::Filesystem for DircacheFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let caps = config.capabilities();
+        let p = &self.policy;
+        let mut want = InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_EXPORT_SUPPORT
+            | InitFlags::FUSE_HANDLE_KILLPRIV;
+        if p.readdirplus {
+            want |= InitFlags::FUSE_DO_READDIRPLUS;
+        }
+        if p.parallel_dirops {
+            want |= InitFlags::FUSE_PARALLEL_DIROPS;
+        }
+        if p.cache_symlinks {
+            want |= InitFlags::FUSE_CACHE_SYMLINKS;
+        }
+        if p.no_opendir {
+            want |= InitFlags::FUSE_NO_OPENDIR_SUPPORT;
+        }
+        if p.posix_acl {
+            want |= InitFlags::FUSE_POSIX_ACL;
+        }
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if p.passthrough && root && caps.contains(InitFlags::FUSE_PASSTHROUGH) {
+            want |= InitFlags::FUSE_PASSTHROUGH;
+            if config.set_max_stack_depth(2).is_ok() {
+                self.passthrough = true;
+            }
+        }
+        let missing = want & !caps;
+        if !missing.is_empty() {
+            tracing::info!("kernel lacks FUSE capabilities {missing:?}");
+        }
+        if let Err(e) = config.add_capabilities(want & caps) {
+            tracing::warn!("could not enable {e:?}");
+        }
+        let _ = config.set_max_background(64);
+        tracing::info!(
+            "FUSE {:?}, passthrough {}, policy {:?}",
+            config.kernel_abi(),
+            self.passthrough,
+            self.policy
+        );
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.count(Op::lookup);
+        let dir = match self.node(parent) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.read_creds(req);
+        let r = match self.cache.lookup_child(&c, &dir, name.as_bytes()) {
+            Err(CoreError::NotFound | CoreError::Stale) if dir.is_dead() => self
+                .node(parent)
+                .and_then(|d| Ok(self.cache.lookup_child(&c, &d, name.as_bytes())))
+                .unwrap_or(Err(CoreError::Stale)),
+            r => r,
+        };
+        let r = match r {
+            Ok(n) => match n.kind() {
+                NodeKind::Negative(e) => Err(e),
+                NodeKind::Positive(_) => Ok(n),
+            },
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(node) => self.entry_reply(parent, &node, reply),
+            Err(CoreError::NotFound) if !self.policy.negative_ttl.is_zero() => {
+                self.counters
+                    .negative_lookups
+                    .fetch_add(1, Ordering::Relaxed);
+                reply.entry(&self.policy.negative_ttl, &negative_attr(), Generation(0));
+            }
+            Err(e) => {
+                if e == CoreError::NotFound {
+                    self.counters
+                        .negative_lookups
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                reply.error(errno(e))
+            }
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.count(Op::forget);
+        self.inodes.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.count(Op::getattr);
+        if let Some(fh) = fh {
+            if let Ok(of) = self.open_file(fh) {
+                if let Ok(a) = attr_of_fd(&of.fd) {
+                    return reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a));
+                }
+            }
+        }
+        let Some(info) = self.inodes.info(ino.0) else {
+            return reply.error(Errno::ESTALE);
+        };
+        let fresh = info.stale || info.writers > 0;
+        if info.stale {
+            self.inodes.set_stale(ino.0, false);
+        }
+        match self.attr_of(&info.node, fresh) {
+            Ok(a) => reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a)),
+            Err(e) => {
+                // An unlinked file that is still open: answer from its descriptor.
+                let of = self
+                    .files
+                    .lock()
+                    .values()
+                    .find(|f| f.nodeid == ino.0)
+                    .cloned();
+                match of.map(|f| attr_of_fd(&f.fd)) {
+                    Some(Ok(a)) => reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a)),
+                    _ => reply.error(errno(e)),
+                }
+            }
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        self.count(Op::setattr);
+        let node = match self.node(ino) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        // ftruncate on a file whose name is gone: use the descriptor.
+        if let (Some(size), Some(fh)) = (size, fh) {
+            if node.is_dead() {
+                if let Ok(of) = self.open_file(fh) {
+                    if let Err(e) = rustix::fs::ftruncate(&of.fd, size) {
+                        return reply.error(Errno::from_i32(e.raw_os_error()));
+                    }
+                    return match attr_of_fd(&of.fd) {
+                        Ok(a) => reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a)),
+                        Err(e) => reply.error(io_errno(e)),
+                    };
+                }
+            }
+        }
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: time_set(atime),
+            mtime: time_set(mtime),
+        };
+        let c = self.creds(req);
+        self.own(&node, b"");
+        match self.with_node(ino, |n| self.cache.setattr_node(&c, n, &set)) {
+            Ok(a) => {
+                if a.nlink > 1 {
+                    self.attrs_changed(&node);
+                }
+                reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a))
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.count(Op::readlink);
+        match self
+            .node(ino)
+            .and_then(|n| self.cache.readlink_node(&n).map_err(errno))
+        {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.count(Op::mknod);
+        let dir = match self.node(parent) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        match self
+            .cache
+            .mknod_at(&c, &dir, name.as_bytes(), mode, u64::from(rdev))
+        {
+            Ok(n) => {
+                self.dir_changed(&dir);
+                self.entry_reply(parent, &n, reply)
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        self.count(Op::mkdir);
+        let dir = match self.node(parent) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        match self
+            .cache
+            .mkdir_at(&c, &dir, name.as_bytes(), mode & 0o7777)
+        {
+            Ok(n) => {
+                self.dir_changed(&dir);
+                self.entry_reply(parent, &n, reply)
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.count(Op::unlink);
+        let dir = match self.node(parent) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        let victim = self.child(&c, &dir, name);
+        self.own(&dir, name.as_bytes());
+        self.own(&dir, b"");
+        match self.with_node(parent, |d| self.cache.unlink_at(&c, d, name.as_bytes())) {
+            Ok(()) => {
+                self.dir_changed(&dir);
+                if let Some(v) = victim {
+                    self.attrs_changed(&v);
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.count(Op::rmdir);
+        let dir = match self.node(parent) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        self.own(&dir, name.as_bytes());
+        self.own(&dir, b"");
+        match self.with_node(parent, |d| self.cache.rmdir_at(&c, d, name.as_bytes())) {
+            Ok(()) => {
+                self.dir_changed(&dir);
+                reply.ok()
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        self.count(Op::symlink);
+        let dir = match self.node(parent) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        self.own(&dir, link_name.as_bytes());
+        self.own(&dir, b"");
+        match self.cache.symlink_at(
+            &c,
+            &dir,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+        ) {
+            Ok(n) => {
+                self.dir_changed(&dir);
+                self.entry_reply(parent, &n, reply)
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::rename);
+        let mode = match Self::rename_mode(flags) {
+            Ok(m) => m,
+            Err(e) => return reply.error(e),
+        };
+        let (dir, newdir) = match (self.node(parent), self.node(newparent)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        let moved = self.child(&c, &dir, name);
+        let victim = self.child(&c, &newdir, newname);
+        self.own(&dir, name.as_bytes());
+        self.own(&newdir, newname.as_bytes());
+        self.own(&dir, b"");
+        self.own(&newdir, b"");
+        let moved_id = moved.as_ref().and_then(|m| self.inodes.nodeid_of(m));
+        let victim_id = victim.as_ref().and_then(|v| self.inodes.nodeid_of(v));
+        match self
+            .cache
+            .rename_at(&c, &dir, name.as_bytes(), &newdir, newname.as_bytes(), mode)
+        {
+            Ok(()) => {
+                self.dir_changed(&dir);
+                self.dir_changed(&newdir);
+                if let Some(v) = &victim {
+                    self.attrs_changed(v);
+                }
+                if let Some(m) = &moved {
+                    self.attrs_changed(m);
+                }
+                // Keep the kernel's nodeids pointing at live dentries after the move.
+                if let (Some(id), Some(n)) = (moved_id, self.child(&c, &newdir, newname)) {
+                    self.inodes.add_alias(id, &n, newparent.0);
+                }
+                if mode == RenameMode::Exchange {
+                    if let (Some(id), Some(n)) = (victim_id, self.child(&c, &dir, name)) {
+                        self.inodes.add_alias(id, &n, parent.0);
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.count(Op::link);
+        let (node, newdir) = match (self.node(ino), self.node(newparent)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        self.own(&newdir, newname.as_bytes());
+        self.own(&newdir, b"");
+        self.own(&node, b"");
+        match self.cache.link_at(&c, &node, &newdir, newname.as_bytes()) {
+            Ok(n) => {
+                self.dir_changed(&newdir);
+                self.attrs_changed(&node);
+                self.inodes.set_stale(ino.0, false);
+                match self.attr_of(&n, true) {
+                    Ok(a) => {
+                        let id = self.inodes.register(&n, &a, newparent.0);
+                        if id != ino.0 {
+                            self.queue_inval_inode(ino.0);
+                        }
+                        reply.entry_with_ttls(
+                            &self.policy.attr_ttl,
+                            &self.policy.entry_ttl,
+                            &fuse_attr(id, &a),
+                            Generation(0),
+                        )
+                    }
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.count(Op::open);
+        let node = match self.node(ino) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        let oflags = Self::open_flags(flags.0);
+        let fd = match self.with_node(ino, |n| self.cache.open_node(&c, n, oflags)) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let writable = is_writable(flags.0);
+        if writable {
+            self.own(&node, b"");
+        }
+        if flags.0 & libc::O_TRUNC != 0 {
+            self.attrs_changed(&node);
+        }
+        if self.passthrough {
+            match self
+                .inodes
+                .acquire_backing(ino.0, || reply.open_backing(&fd))
+            {
+                Ok(b) => {
+                    let fh = self.add_open(OpenFile {
+                        fd,
+                        nodeid: ino.0,
+                        node,
+                        writable,
+                        backing: true,
+                    });
+                    self.counters
+                        .passthrough_opens
+                        .fetch_add(1, Ordering::Relaxed);
+                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b);
+                }
+                Err(e) => tracing::debug!("passthrough open failed: {e}"),
+            }
+        }
+        let fh = self.add_open(OpenFile {
+            fd,
+            nodeid: ino.0,
+            node,
+            writable,
+            backing: false,
+        });
+        reply.opened(FileHandle(fh), self.fopen_flags())
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.count(Op::read);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0usize;
+        while done < buf.len() {
+            match rustix::io::pread(&of.fd, &mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return reply.error(Errno::from_i32(e.raw_os_error())),
+            }
+        }
+        reply.data(&buf[..done])
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        self.count(Op::write);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let mut done = 0usize;
+        while done < data.len() {
+            match rustix::io::pwrite(&of.fd, &data[done..], offset + done as u64) {
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    if done > 0 {
+                        break;
+                    }
+                    return reply.error(Errno::from_i32(e.raw_os_error()));
+                }
+            }
+        }
+        reply.written(done as u32)
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::flush);
+        reply.ok()
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::release);
+        let of = self.files.lock().remove(&fh.0);
+        if let Some(of) = of {
+            if of.writable {
+                self.own(&of.node, b"");
+                self.inodes.add_writer(of.nodeid, -1);
+                self.cache.forget_attr(&of.node);
+            }
+            if of.backing {
+                self.inodes.release_backing(ino.0);
+            }
+        }
+        reply.ok()
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::fsync);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let r = if datasync {
+            rustix::fs::fdatasync(&of.fd)
+        } else {
+            rustix::fs::fsync(&of.fd)
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(Errno::from_i32(e.raw_os_error())),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.count(Op::opendir);
+        if self.policy.no_opendir {
+            // FUSE_NO_OPENDIR_SUPPORT: the kernel stops sending OPENDIR/RELEASEDIR and opens
+            // every directory with CACHE_DIR | KEEP_CACHE.
+            return reply.error(Errno::ENOSYS);
+        }
+        if let Err(e) = self.node(ino) {
+            return reply.error(e);
+        }
+        let flags = if self.policy.cache_dir {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        reply.opened(FileHandle(0), flags)
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        self.count(Op::readdir);
+        let list = match self.listing(req, ino, offset, false) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let dir = self.inodes.get(ino.0);
+        let mut off = offset;
+        if off == 0 {
+            if reply.add(ino, 1, fuser::FileType::Directory, ".") {
+                return reply.ok();
+            }
+            off = 1;
+        }
+        if off == 1 {
+            let p = dir.as_ref().map(|d| self.parent_nodeid(d)).unwrap_or(ROOT);
+            if reply.add(INodeNo(p), 2, fuser::FileType::Directory, "..") {
+                return reply.ok();
+            }
+            off = 2;
+        }
+        let start = (off - 2) as usize;
+        let mut finished = true;
+        for (i, e) in list.iter().enumerate().skip(start) {
+            let dev = e.attr.map(|a| a.dev).unwrap_or(0);
+            let d_ino = e
+                .attr
+                .and_then(|a| self.inodes.peek_key(dev, a.ino))
+                .or_else(|| self.inodes.peek_key(dev, e.ino))
+                .unwrap_or(e.ino);
+            if reply.add(
+                INodeNo(d_ino.max(2)),
+                (i + 3) as u64,
+                fuse_kind(e.kind),
+                OsStr::from_bytes(&e.name),
+            ) {
+                finished = false;
+                break;
+            }
+        }
+        if finished && start > 0 {
+            self.listings.lock().remove(&ino.0);
+        }
+        reply.ok()
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.count(Op::readdirplus);
+        let list = match self.listing(req, ino, offset, true) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let dir = match self.node(ino) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let ttl = self.policy.entry_ttl;
+        let mut off = offset;
+        if off < 2 {
+            // "." and ".." are not linked by the kernel (no lookup count).
+            let dattr = match self.cache.getattr(&dir) {
+                Ok(a) => a,
+                Err(e) => return reply.error(errno(e)),
+            };
+            if off == 0 && reply.add(ino, 1, ".", &ttl, &fuse_attr(ino.0, &dattr), Generation(0)) {
+                return reply.ok();
+            }
+            let p = self.parent_nodeid(&dir);
+            if reply.add(
+                INodeNo(p),
+                2,
+                "..",
+                &ttl,
+                &fuse_attr(p, &dattr),
+                Generation(0),
+            ) {
+                return reply.ok();
+            }
+            off = 2;
+        }
+        let c = self.read_creds(req);
+        let start = (off - 2) as usize;
+        let mut finished = true;
+        for (i, e) in list.iter().enumerate().skip(start) {
+            let Some(node) = self.child(&c, &dir, OsStr::from_bytes(&e.name)) else {
+                continue;
+            };
+            let a = match e.attr {
+                Some(a) if a.nlink <= 1 || a.is_dir() => a,
+                _ => match self.attr_of(&node, false) {
+                    Ok(a) => a,
+                    Err(_) => continue,
+                },
+            };
+            let id = self.inodes.register(&node, &a, ino.0);
+            if reply.add(
+                INodeNo(id),
+                (i + 3) as u64,
+                OsStr::from_bytes(&e.name),
+                &ttl,
+                &fuse_attr(id, &a),
+                Generation(0),
+            ) {
+                self.inodes.forget(id, 1);
+                finished = false;
+                break;
+            }
+        }
+        if finished && start > 0 {
+            self.listings.lock().remove(&ino.0);
+        }
+        reply.ok()
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::releasedir);
+        reply.ok()
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::fsyncdir);
+        let fd = match self.node(ino).and_then(|n| self.real_path_fd(&n)) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        // An O_PATH descriptor cannot be synced: reopen it read-only through /proc.
+        let p = Self::proc_path(&fd);
+        let dfd = match rustix::fs::open(
+            p.as_c_str(),
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
+            Ok(d) => d,
+            Err(e) => return reply.error(Errno::from_i32(e.raw_os_error())),
+        };
+        let r = if datasync {
+            rustix::fs::fdatasync(&dfd)
+        } else {
+            rustix::fs::fsync(&dfd)
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(Errno::from_i32(e.raw_os_error())),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.count(Op::statfs);
+        if let Ok(s) = self.cache.backend().statfs(b"") {
+            return reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+            );
+        }
+        match rustix::fs::statvfs(&self.src) {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(Errno::from_i32(e.raw_os_error())),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::setxattr);
+        if self.xattr_blocked(name) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
+        let node = match self.node(ino) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let fd = match self.real_path_fd(&node) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let (p, n) = (
+            Self::proc_path(&fd),
+            std::ffi::CString::new(name.as_bytes()).unwrap_or_default(),
+        );
+        // SAFETY: p and n are NUL-terminated; value is valid for value.len() bytes.
+        let r = unsafe {
+            libc::setxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+            )
+        };
+        if r < 0 {
+            return reply.error(last_errno());
+        }
+        self.attrs_changed(&node);
+        reply.ok()
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.count(Op::getxattr);
+        if ino.0 == ROOT && name.as_bytes() == SOCKET_XATTR.as_bytes() {
+            if let Some(p) = &self.socket_path {
+                let v = p.as_os_str().as_bytes();
+                return if size == 0 {
+                    reply.size(v.len() as u32)
+                } else if (size as usize) < v.len() {
+                    reply.error(Errno::from_i32(libc::ERANGE))
+                } else {
+                    reply.data(v)
+                };
+            }
+        }
+        if self.xattr_blocked(name) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
+        let fd = match self.node(ino).and_then(|n| self.real_path_fd(&n)) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let (p, n) = (
+            Self::proc_path(&fd),
+            std::ffi::CString::new(name.as_bytes()).unwrap_or_default(),
+        );
+        let mut buf = vec![0u8; size as usize];
+        // SAFETY: p and n are NUL-terminated; buf is valid for buf.len() bytes (a null
+        // pointer with size 0 asks for the size).
+        let r = unsafe {
+            libc::getxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                if size == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    buf.as_mut_ptr().cast()
+                },
+                buf.len(),
+            )
+        };
+        if r < 0 {
+            return reply.error(last_errno());
+        }
+        if size == 0 {
+            reply.size(r as u32)
+        } else {
+            reply.data(&buf[..r as usize])
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.count(Op::listxattr);
+        let fd = match self.node(ino).and_then(|n| self.real_path_fd(&n)) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let p = Self::proc_path(&fd);
+        let mut buf = vec![0u8; 65536];
+        // SAFETY: p is NUL-terminated; buf is valid for buf.len() bytes.
+        let r = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if r < 0 {
+            return reply.error(last_errno());
+        }
+        buf.truncate(r as usize);
+        let list: Vec<u8> = buf
+            .split(|b| *b == 0)
+            .filter(|n| !n.is_empty() && !self.xattr_blocked(OsStr::from_bytes(n)))
+            .flat_map(|n| n.iter().copied().chain(std::iter::once(0)))
+            .collect();
+        if size == 0 {
+            reply.size(list.len() as u32)
+        } else if (size as usize) < list.len() {
+            reply.error(Errno::from_i32(libc::ERANGE))
+        } else {
+            reply.data(&list)
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.count(Op::removexattr);
+        if self.xattr_blocked(name) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
+        let node = match self.node(ino) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let fd = match self.real_path_fd(&node) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let (p, n) = (
+            Self::proc_path(&fd),
+            std::ffi::CString::new(name.as_bytes()).unwrap_or_default(),
+        );
+        // SAFETY: p and n are NUL-terminated.
+        let r = unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) };
+        if r < 0 {
+            return reply.error(last_errno());
+        }
+        self.attrs_changed(&node);
+        reply.ok()
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // With default_permissions the kernel checks access itself; answer existence.
+        self.count(Op::access);
+        match self.node(ino) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.count(Op::create);
+        let dir = match self.node(parent) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
+        self.own(&dir, name.as_bytes());
+        self.own(&dir, b"");
+        let (node, fd) =
+            match self
+                .cache
+                .create_at(&c, &dir, name.as_bytes(), mode & 0o7777, oflags)
+            {
+                Ok(x) => x,
+                Err(e) => return reply.error(errno(e)),
+            };
+        self.dir_changed(&dir);
+        let a = match attr_of_fd(&fd)
+            .map_err(io_errno)
+            .or_else(|_| self.attr_of(&node, false).map_err(errno))
+        {
+            Ok(a) => a,
+            Err(e) => return reply.error(e),
+        };
+        let id = self.inodes.register(&node, &a, parent.0);
+        let fattr = fuse_attr(id, &a);
+        let writable = is_writable(flags);
+        if self.passthrough {
+            match self.inodes.acquire_backing(id, || reply.open_backing(&fd)) {
+                Ok(b) => {
+                    let fh = self.add_open(OpenFile {
+                        fd,
+                        nodeid: id,
+                        node,
+                        writable,
+                        backing: true,
+                    });
+                    self.counters
+                        .passthrough_opens
+                        .fetch_add(1, Ordering::Relaxed);
+                    return reply.created_passthrough(
+                        &self.policy.entry_ttl,
+                        &fattr,
+                        Generation(0),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                        &b,
+                    );
+                }
+                Err(e) => tracing::debug!("passthrough create failed: {e}"),
+            }
+        }
+        let fh = self.add_open(OpenFile {
+            fd,
+            nodeid: id,
+            node,
+            writable,
+            backing: false,
+        });
+        reply.created(
+            &self.policy.entry_ttl,
+            &fattr,
+            Generation(0),
+            FileHandle(fh),
+            self.fopen_flags(),
+        )
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::fallocate);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        // SAFETY: fallocate on a valid descriptor with plain integer arguments.
+        let r = unsafe { libc::fallocate(of.fd.as_raw_fd(), mode, offset as i64, length as i64) };
+        if r < 0 {
+            return reply.error(last_errno());
+        }
+        self.cache.forget_attr(&of.node);
+        reply.ok()
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        self.count(Op::lseek);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        // SAFETY: lseek on a valid descriptor; the daemon's own offset is never used for I/O.
+        let r = unsafe { libc::lseek(of.fd.as_raw_fd(), offset, whence) };
+        if r < 0 {
+            return reply.error(last_errno());
+        }
+        reply.offset(r)
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        self.count(Op::copy_file_range);
+        let (fin, fout) = match (self.open_file(fh_in), self.open_file(fh_out)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        let mut oin = offset_in as i64;
+        let mut oout = offset_out as i64;
+        // SAFETY: valid descriptors and pointers to local offsets.
+        let r = unsafe {
+            libc::copy_file_range(
+                fin.fd.as_raw_fd(),
+                &mut oin,
+                fout.fd.as_raw_fd(),
+                &mut oout,
+                len.min(u32::MAX as u64) as usize,
+                0,
+            )
+        };
+        if r < 0 {
+            return reply.error(last_errno());
+        }
+        self.cache.forget_attr(&fout.node);
+        reply.written(r as u32)
+    }
+}

@@ -1,0 +1,310 @@
+//! The kernel's nodeids and the core cache's dentries.
+//!
+//! Invariants:
+//! - nodeid 1 is the root and is never forgotten.
+//! - One nodeid per live inode, keyed by `(dev, ino)`, so that all hard links of a file share
+//!   one kernel inode (the kernel's nlink/ctime stay consistent across names).
+//! - A nodeid is never reused. When every dentry of a key is dead (unlinked, replaced) and the
+//!   same `(dev, ino)` shows up again, it is a new file that reused the inode number: it gets a
+//!   new nodeid, so the kernel never mixes the old inode's page cache with the new file.
+//! - `lookups` counts the kernel's references (each LOOKUP-like reply adds one, FORGET
+//!   subtracts); the entry is dropped when it reaches zero.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dircache_core::{Attr, NodeRef};
+use fuser::BackingId;
+use parking_lot::Mutex;
+
+/// The root's nodeid (FUSE_ROOT_ID).
+pub const ROOT: u64 = 1;
+
+struct Inode {
+    /// Dentries (hard-link names) known to stand for this inode; never empty.
+    aliases: Vec<NodeRef>,
+    key: (u64, u64),
+    /// Where the kernel last saw it: parent nodeid and name (to find it again when the core
+    /// invalidated its dentry).
+    parent: u64,
+    name: Vec<u8>,
+    lookups: u64,
+    /// Attributes may have changed through another name (link/unlink/rename): refresh from
+    /// the backend before answering.
+    stale: bool,
+    /// Open handles that may write.
+    writers: u32,
+    /// Passthrough backing file shared by every open handle of the inode, with its users.
+    backing: Option<(Arc<BackingId>, u32)>,
+}
+
+impl Inode {
+    fn live_alias(&mut self) -> NodeRef {
+        if let Some(i) = self.aliases.iter().position(|n| !n.is_dead()) {
+            if i != 0 {
+                self.aliases.swap(0, i);
+            }
+        }
+        self.aliases[0].clone()
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    inodes: HashMap<u64, Inode>,
+    by_key: HashMap<(u64, u64), u64>,
+    by_dentry: HashMap<u64, u64>,
+    next: u64,
+}
+
+/// The nodeid table. One mutex: it is only touched by requests that reached the daemon
+/// (misses), which cost 10+ us each anyway.
+pub struct Inodes {
+    t: Mutex<Table>,
+}
+
+/// What the table knows about a nodeid.
+pub struct InodeInfo {
+    pub node: NodeRef,
+    pub stale: bool,
+    pub writers: u32,
+}
+
+impl Inodes {
+    pub fn new(root: NodeRef, root_attr: Option<&Attr>) -> Inodes {
+        let mut t = Table {
+            next: ROOT + 1,
+            ..Default::default()
+        };
+        let key = root_attr
+            .map(|a| (a.dev, a.ino))
+            .unwrap_or((u64::MAX, u64::MAX));
+        t.by_dentry.insert(root.id(), ROOT);
+        t.by_key.insert(key, ROOT);
+        t.inodes.insert(
+            ROOT,
+            Inode {
+                aliases: vec![root],
+                key,
+                parent: 0,
+                name: Vec::new(),
+                lookups: 1,
+                stale: false,
+                writers: 0,
+                backing: None,
+            },
+        );
+        Inodes { t: Mutex::new(t) }
+    }
+
+    /// The dentry for `nodeid` (a live alias when there is one).
+    pub fn get(&self, nodeid: u64) -> Option<NodeRef> {
+        let mut t = self.t.lock();
+        t.inodes.get_mut(&nodeid).map(|i| i.live_alias())
+    }
+
+    /// The dentry for `nodeid` with where the kernel last saw it and its (dev, ino) key.
+    pub fn locate(&self, nodeid: u64) -> Option<(NodeRef, u64, Vec<u8>, (u64, u64))> {
+        let mut t = self.t.lock();
+        t.inodes
+            .get_mut(&nodeid)
+            .map(|i| (i.live_alias(), i.parent, i.name.clone(), i.key))
+    }
+
+    pub fn info(&self, nodeid: u64) -> Option<InodeInfo> {
+        let mut t = self.t.lock();
+        t.inodes.get_mut(&nodeid).map(|i| InodeInfo {
+            node: i.live_alias(),
+            stale: i.stale,
+            writers: i.writers,
+        })
+    }
+
+    /// Record one more kernel reference to `node` (with attributes `attr`); returns its nodeid.
+    pub fn register(&self, node: &NodeRef, attr: &Attr, parent: u64) -> u64 {
+        let key = (attr.dev, attr.ino);
+        let name = node.name();
+        let mut t = self.t.lock();
+        let t = &mut *t;
+        if let Some(&id) = t.by_dentry.get(&node.id()) {
+            if let Some(i) = t.inodes.get_mut(&id) {
+                if i.key == key || id == ROOT {
+                    i.lookups += 1;
+                    if id != ROOT {
+                        i.parent = parent;
+                        i.name = name;
+                    }
+                    return id;
+                }
+            }
+        }
+        if let Some(&id) = t.by_key.get(&key) {
+            if let Some(i) = t.inodes.get_mut(&id) {
+                let alive = id == ROOT || i.aliases.iter().any(|n| !n.is_dead());
+                if alive {
+                    i.aliases.retain(|n| !n.is_dead() || Arc::ptr_eq(n, node));
+                    if !i.aliases.iter().any(|n| Arc::ptr_eq(n, node)) {
+                        i.aliases.push(node.clone());
+                    }
+                    i.lookups += 1;
+                    if id != ROOT {
+                        i.parent = parent;
+                        i.name = name;
+                    }
+                    t.by_dentry.insert(node.id(), id);
+                    return id;
+                }
+            }
+        }
+        let id = t.next;
+        t.next += 1;
+        t.by_key.insert(key, id);
+        t.by_dentry.insert(node.id(), id);
+        t.inodes.insert(
+            id,
+            Inode {
+                aliases: vec![node.clone()],
+                key,
+                parent,
+                name,
+                lookups: 1,
+                stale: false,
+                writers: 0,
+                backing: None,
+            },
+        );
+        id
+    }
+
+    /// Add `node` as a name of `nodeid` (after a rename moved the dentry the kernel knows).
+    pub fn add_alias(&self, nodeid: u64, node: &NodeRef, parent: u64) {
+        let mut t = self.t.lock();
+        let t = &mut *t;
+        if let Some(i) = t.inodes.get_mut(&nodeid) {
+            i.parent = parent;
+            i.name = node.name();
+            if !i.aliases.iter().any(|n| Arc::ptr_eq(n, node)) {
+                i.aliases.insert(0, node.clone());
+            }
+            t.by_dentry.insert(node.id(), nodeid);
+        }
+    }
+
+    /// The nodeid the kernel would get for `attr` without taking a reference (readdir d_ino).
+    pub fn peek_key(&self, dev: u64, ino: u64) -> Option<u64> {
+        self.t.lock().by_key.get(&(dev, ino)).copied()
+    }
+
+    /// The nodeid a dentry is known to the kernel by.
+    pub fn nodeid_of(&self, node: &NodeRef) -> Option<u64> {
+        self.t.lock().by_dentry.get(&node.id()).copied()
+    }
+
+    /// Drop `n` kernel references.
+    pub fn forget(&self, nodeid: u64, n: u64) {
+        if nodeid == ROOT {
+            return;
+        }
+        let mut t = self.t.lock();
+        let t = &mut *t;
+        let gone = match t.inodes.get_mut(&nodeid) {
+            Some(i) => {
+                i.lookups = i.lookups.saturating_sub(n);
+                // The kernel holds an inode reference for every open file, so it never forgets
+                // an inode with open handles.
+                i.lookups == 0
+            }
+            None => false,
+        };
+        if gone {
+            if let Some(i) = t.inodes.remove(&nodeid) {
+                if t.by_key.get(&i.key) == Some(&nodeid) {
+                    t.by_key.remove(&i.key);
+                }
+                for a in &i.aliases {
+                    if t.by_dentry.get(&a.id()) == Some(&nodeid) {
+                        t.by_dentry.remove(&a.id());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Mark `nodeid`'s attributes as possibly changed through another name.
+    pub fn set_stale(&self, nodeid: u64, stale: bool) {
+        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
+            i.stale = stale;
+        }
+    }
+
+    /// Mark stale every inode that `node` (a dentry) stands for, returning its aliases.
+    pub fn mark_stale_dentry(&self, node: &NodeRef) -> Vec<NodeRef> {
+        let mut t = self.t.lock();
+        let t = &mut *t;
+        match t.by_dentry.get(&node.id()).copied() {
+            Some(id) => match t.inodes.get_mut(&id) {
+                Some(i) => {
+                    i.stale = true;
+                    i.aliases.clone()
+                }
+                None => vec![],
+            },
+            None => vec![],
+        }
+    }
+
+    pub fn add_writer(&self, nodeid: u64, delta: i32) {
+        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
+            i.writers = i.writers.saturating_add_signed(delta);
+        }
+    }
+
+    /// The passthrough backing id of `nodeid`, created with `make` on first use.
+    pub fn acquire_backing(
+        &self,
+        nodeid: u64,
+        make: impl FnOnce() -> std::io::Result<BackingId>,
+    ) -> std::io::Result<Arc<BackingId>> {
+        let mut t = self.t.lock();
+        let i = t
+            .inodes
+            .get_mut(&nodeid)
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ESTALE))?;
+        if let Some((b, users)) = &mut i.backing {
+            *users += 1;
+            return Ok(b.clone());
+        }
+        let b = Arc::new(make()?);
+        i.backing = Some((b.clone(), 1));
+        Ok(b)
+    }
+
+    pub fn release_backing(&self, nodeid: u64) {
+        let mut t = self.t.lock();
+        if let Some(i) = t.inodes.get_mut(&nodeid) {
+            if let Some((_, users)) = &mut i.backing {
+                *users = users.saturating_sub(1);
+                if *users == 0 {
+                    i.backing = None;
+                }
+            }
+        }
+    }
+
+    /// Every (nodeid, dentry) pair, for "everything may have changed".
+    pub fn all(&self) -> Vec<(u64, NodeRef)> {
+        let t = self.t.lock();
+        t.inodes
+            .iter()
+            .flat_map(|(id, i)| i.aliases.iter().map(move |a| (*id, a.clone())))
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.t.lock().inodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

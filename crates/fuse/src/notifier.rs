@@ -1,0 +1,298 @@
+//! The notifier thread: the only place that tells the kernel to drop cached entries,
+//! attributes, listings and data.
+//!
+//! Sending a notification from a request handler can deadlock (the kernel may hold the
+//! directory's lock while it waits for that very request), so request handlers only queue
+//! [`NotifyMsg`]s and this thread sends them. It also reads the backend's change feed (changes
+//! made directly in SRC), applies each change to the core cache and turns what the core
+//! dropped into `inval_entry` / `inval_inode`.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{never, select, Receiver};
+use dircache_core::{At, Cache, Change, ChangeFeed, Cred, Invalidation, LookupFlags};
+use fuser::{INodeNo, Notifier};
+
+use crate::inodes::{Inodes, ROOT};
+use crate::stats::RequestCounters;
+
+/// Work for the notifier thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotifyMsg {
+    /// Drop the kernel's attributes (and data / listing) of a nodeid.
+    InvalInode(u64),
+    /// Drop the kernel's entry `name` in directory nodeid.
+    InvalEntry(u64, Vec<u8>),
+    /// A change learned by someone else (as the backend's feed would report it).
+    Change(Change),
+    /// Exit the thread.
+    Stop,
+}
+
+/// Paths the mount itself just changed. The local backend's change feed also reports the
+/// daemon's own mutations; applying those to the core would drop dentries the kernel is using
+/// right now (and invalidate kernel caches for nothing). Events for a path changed through the
+/// mount within [`OWN_WINDOW`] are skipped. (Better: the backend drops events whose fanotify
+/// pid is the daemon's own.)
+#[derive(Default)]
+pub struct OwnChanges {
+    recent: parking_lot::Mutex<std::collections::HashMap<Vec<u8>, std::time::Instant>>,
+}
+
+/// How long a mutation through the mount hides feed events for the same path.
+pub const OWN_WINDOW: std::time::Duration = std::time::Duration::from_millis(1000);
+
+impl OwnChanges {
+    pub fn note(&self, path: Vec<u8>) {
+        let now = std::time::Instant::now();
+        let mut m = self.recent.lock();
+        if m.len() > 65536 {
+            m.retain(|_, t| now.duration_since(*t) < OWN_WINDOW);
+        }
+        m.insert(path, now);
+    }
+
+    /// Whether a feed event for `path` is (probably) the echo of our own change.
+    pub fn is_own(&self, path: &[u8]) -> bool {
+        let m = self.recent.lock();
+        m.get(path).is_some_and(|t| t.elapsed() < OWN_WINDOW)
+    }
+}
+
+/// Where notifications go: the kernel in production, a recorder in tests.
+pub trait Sink: Send + 'static {
+    fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()>;
+    fn inval_inode(&self, ino: u64) -> std::io::Result<()>;
+}
+
+impl Sink for Notifier {
+    fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()> {
+        Notifier::inval_entry(self, INodeNo(parent), OsStr::from_bytes(name))
+    }
+    fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
+        Notifier::inval_inode(self, INodeNo(ino), 0, 0)
+    }
+}
+
+/// One batch of kernel notifications, deduplicated.
+#[derive(Default, Debug, PartialEq, Eq)]
+pub struct Batch {
+    pub entries: Vec<(u64, Vec<u8>)>,
+    pub inodes: Vec<u64>,
+    seen_e: HashSet<(u64, Vec<u8>)>,
+    seen_i: HashSet<u64>,
+}
+
+impl Batch {
+    pub fn entry(&mut self, parent: u64, name: &[u8]) {
+        if self.seen_e.insert((parent, name.to_vec())) {
+            self.entries.push((parent, name.to_vec()));
+        }
+    }
+    pub fn inode(&mut self, ino: u64) {
+        if self.seen_i.insert(ino) {
+            self.inodes.push(ino);
+        }
+    }
+}
+
+/// Split a backend path into (parent path, last name).
+pub fn split_path(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|b| *b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&path[..0], path),
+    }
+}
+
+pub struct NotifierState {
+    pub own: Arc<OwnChanges>,
+    pub cache: Arc<Cache>,
+    pub inodes: Arc<Inodes>,
+    pub counters: Arc<RequestCounters>,
+}
+
+impl NotifierState {
+    fn dir_nodeid(&self, dir_path: &[u8]) -> Option<u64> {
+        if dir_path.is_empty() {
+            return Some(ROOT);
+        }
+        let c = self.cache.kernel_checked(Cred::root());
+        let mut p = Vec::with_capacity(dir_path.len() + 1);
+        p.push(b'/');
+        p.extend_from_slice(dir_path);
+        let node = self
+            .cache
+            .lookup(&c, At::Root, &p, LookupFlags::NOFOLLOW)
+            .ok()?;
+        self.inodes.nodeid_of(&node)
+    }
+
+    /// What to tell the kernel for `change`.
+    pub fn plan_change(&self, change: &Change) -> Batch {
+        let mut b = Batch::default();
+        // Resolve the parent before the core drops it (a removed directory's own entry).
+        let (path, attr_only) = match change {
+            Change::Attr { path } => (Some(path.clone()), true),
+            Change::Entry { path } => (Some(path.clone()), false),
+            Change::Overflow => (None, false),
+        };
+        let pre_parent = path.as_ref().and_then(|p| self.dir_nodeid(split_path(p).0));
+        let invals = self.cache.apply_change(change);
+        self.plan_invalidations(&invals, &mut b);
+        if let (Some(p), Some(parent)) = (&path, pre_parent) {
+            let name = split_path(p).1;
+            if !name.is_empty() {
+                if !attr_only {
+                    b.entry(parent, name);
+                    b.inode(parent);
+                } else {
+                    let c = self.cache.kernel_checked(Cred::root());
+                    if let Some(n) = self
+                        .inodes
+                        .get(parent)
+                        .and_then(|d| self.cache.lookup_child(&c, &d, name).ok())
+                    {
+                        if let Some(id) = self.inodes.nodeid_of(&n) {
+                            b.inode(id);
+                        }
+                    }
+                }
+            } else if attr_only {
+                b.inode(parent);
+            }
+        }
+        if matches!(change, Change::Overflow) {
+            for (id, node) in self.inodes.all() {
+                b.inode(id);
+                if let Some(parent) = node.parent().and_then(|p| self.inodes.nodeid_of(&p)) {
+                    b.entry(parent, &node.name());
+                }
+            }
+        }
+        b
+    }
+
+    pub fn plan_invalidations(&self, invals: &[Invalidation], b: &mut Batch) {
+        for inv in invals {
+            let parent = inv.parent.as_ref().and_then(|p| self.inodes.nodeid_of(p));
+            let node = inv.node.as_ref().and_then(|n| self.inodes.nodeid_of(n));
+            if inv.parent.is_none() && inv.node.is_none() {
+                for (id, _) in self.inodes.all() {
+                    b.inode(id);
+                }
+                continue;
+            }
+            if !inv.attr_only {
+                if let Some(p) = parent {
+                    b.entry(p, &inv.name);
+                    b.inode(p);
+                }
+            }
+            if let Some(n) = node {
+                b.inode(n);
+            }
+        }
+    }
+
+    pub fn send(&self, sink: &dyn Sink, b: &Batch) {
+        for (p, name) in &b.entries {
+            match sink.inval_entry(*p, name) {
+                Ok(()) => self
+                    .counters
+                    .notify_inval_entry
+                    .fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    tracing::debug!("inval_entry({p}, {:?}): {e}", String::from_utf8_lossy(name));
+                    self.counters.notify_errors.fetch_add(1, Ordering::Relaxed)
+                }
+            };
+        }
+        for i in &b.inodes {
+            match sink.inval_inode(*i) {
+                Ok(()) => self
+                    .counters
+                    .notify_inval_inode
+                    .fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    tracing::debug!("inval_inode({i}): {e}");
+                    self.counters.notify_errors.fetch_add(1, Ordering::Relaxed)
+                }
+            };
+        }
+    }
+}
+
+/// Start the notifier thread.
+pub fn spawn(
+    state: NotifierState,
+    sink: impl Sink,
+    rx: Receiver<NotifyMsg>,
+    feed: Option<ChangeFeed>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("dircache-notify".into())
+        .spawn(move || {
+            let feed = feed.unwrap_or_else(never);
+            let mut feed_open = true;
+            loop {
+                let msg = if feed_open {
+                    select! {
+                        recv(rx) -> m => m.unwrap_or(NotifyMsg::Stop),
+                        recv(feed) -> c => match c {
+                            Ok(c) => NotifyMsg::Change(c),
+                            Err(_) => { feed_open = false; continue; }
+                        },
+                    }
+                } else {
+                    rx.recv().unwrap_or(NotifyMsg::Stop)
+                };
+                let batch = match msg {
+                    NotifyMsg::Stop => return,
+                    NotifyMsg::InvalInode(i) => {
+                        let mut b = Batch::default();
+                        b.inode(i);
+                        b
+                    }
+                    NotifyMsg::InvalEntry(p, n) => {
+                        let mut b = Batch::default();
+                        b.entry(p, &n);
+                        b
+                    }
+                    NotifyMsg::Change(c) => {
+                        state.counters.changes.fetch_add(1, Ordering::Relaxed);
+                        state.plan_change(&c)
+                    }
+                };
+                state.send(&sink, &batch);
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_paths() {
+        assert_eq!(split_path(b"a/b/c"), (&b"a/b"[..], &b"c"[..]));
+        assert_eq!(split_path(b"c"), (&b""[..], &b"c"[..]));
+        assert_eq!(split_path(b""), (&b""[..], &b""[..]));
+    }
+
+    #[test]
+    fn batch_dedups() {
+        let mut b = Batch::default();
+        b.entry(1, b"x");
+        b.entry(1, b"x");
+        b.inode(3);
+        b.inode(3);
+        b.entry(2, b"x");
+        assert_eq!(b.entries, vec![(1, b"x".to_vec()), (2, b"x".to_vec())]);
+        assert_eq!(b.inodes, vec![3]);
+    }
+}

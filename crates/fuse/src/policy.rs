@@ -1,0 +1,98 @@
+//! The kernel cache policy: every choice about what the kernel's FUSE caches (the Coda
+//! "MiniCache") may keep, in one place.
+//!
+//! The daemon invalidates explicitly (a dedicated notifier thread pushes `inval_entry` and
+//! `inval_inode` for every change the core cache learns about), so the kernel is given long
+//! timeouts: with TTL 0 a stat of a 3-component path costs 7 round trips (~80 us), with long
+//! TTLs it costs ~2-3 us and no request at all (DESIGN.md §3).
+
+use std::time::Duration;
+
+/// One day: the default for every kernel timeout (entries, attributes, negative entries).
+pub const LONG_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// What the kernel may cache, and how requests are answered. `CachePolicy::default()` is the
+/// fast configuration; [`CachePolicy::uncached`] turns every kernel cache off for comparisons.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachePolicy {
+    /// How long the kernel may keep a name -> inode translation (LOOKUP replies).
+    pub entry_ttl: Duration,
+    /// How long the kernel may keep attributes (GETATTR / LOOKUP replies).
+    pub attr_ttl: Duration,
+    /// How long the kernel may keep a negative entry ("no such name"); replies with nodeid 0.
+    /// Zero answers ENOENT without a kernel negative entry.
+    pub negative_ttl: Duration,
+    /// Ask for READDIRPLUS always (FUSE_DO_READDIRPLUS without READDIRPLUS_AUTO): a listing
+    /// brings the attributes of every entry, so `ls -l`, `find` and `du` need no LOOKUP.
+    pub readdirplus: bool,
+    /// Directory listings cached in the kernel's page cache (FOPEN_CACHE_DIR + FOPEN_KEEP_CACHE)
+    /// and revalidated only through explicit `inval_inode`.
+    pub cache_dir: bool,
+    /// Answer OPENDIR with ENOSYS once (FUSE_NO_OPENDIR_SUPPORT): the kernel then opens every
+    /// directory itself with CACHE_DIR|KEEP_CACHE and never sends OPENDIR/RELEASEDIR again,
+    /// saving two round trips per directory a program opens.
+    pub no_opendir: bool,
+    /// Keep file data in the page cache across opens (FOPEN_KEEP_CACHE); external writes are
+    /// reported by the change feed and invalidate the data with `inval_inode`.
+    pub keep_cache: bool,
+    /// FUSE passthrough (kernel 6.9+, daemon needs CAP_SYS_ADMIN): reads and writes go straight
+    /// to the real file, as Coda's MiniCache redirected `rdwr` to the container file.
+    pub passthrough: bool,
+    /// FUSE_PARALLEL_DIROPS: lookups and readdirs in one directory run concurrently.
+    pub parallel_dirops: bool,
+    /// FUSE_CACHE_SYMLINKS: the kernel keeps symlink targets in its page cache.
+    pub cache_symlinks: bool,
+    /// FUSE_POSIX_ACL: the kernel asks for `system.posix_acl_*` once per inode and caches the
+    /// answer (until `inval_inode`). `ls -l` asks for `system.posix_acl_access` of every file;
+    /// without this each of those is a round trip that the kernel never caches.
+    pub posix_acl: bool,
+    /// Pass `security.*` extended attributes through. Off: getxattr/listxattr of `security.*`
+    /// answer EOPNOTSUPP, which makes `ls -l` (coreutils' `getfilecon_cache`) stop asking for
+    /// `security.selinux` after the first file of the device instead of one round trip per
+    /// file. The kernel never caches those answers (DESIGN.md §3).
+    pub security_xattrs: bool,
+    /// Request threads (fuser `n_threads`, each with its own cloned /dev/fuse descriptor).
+    pub threads: usize,
+}
+
+impl Default for CachePolicy {
+    fn default() -> Self {
+        CachePolicy {
+            entry_ttl: LONG_TTL,
+            attr_ttl: LONG_TTL,
+            negative_ttl: LONG_TTL,
+            readdirplus: true,
+            cache_dir: true,
+            no_opendir: true,
+            keep_cache: true,
+            passthrough: true,
+            parallel_dirops: true,
+            cache_symlinks: true,
+            posix_acl: true,
+            security_xattrs: false,
+            threads: 4,
+        }
+    }
+}
+
+impl CachePolicy {
+    /// Every kernel cache off (TTL 0, no negative entries, no cached listings or data, no
+    /// passthrough): what a naive FUSE file system does. For measurements only.
+    pub fn uncached() -> CachePolicy {
+        CachePolicy {
+            entry_ttl: Duration::ZERO,
+            attr_ttl: Duration::ZERO,
+            negative_ttl: Duration::ZERO,
+            readdirplus: false,
+            cache_dir: false,
+            no_opendir: false,
+            keep_cache: false,
+            passthrough: false,
+            parallel_dirops: true,
+            cache_symlinks: false,
+            posix_acl: false,
+            security_xattrs: true,
+            threads: 4,
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Changes made directly in SRC are seen through the mount within 100 ms.
+
+mod common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_millis(100);
+
+#[test]
+fn outside_changes_visible_within_100ms() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    std::fs::create_dir(t.s("dir")).unwrap();
+    std::fs::write(t.s("dir/old"), b"v1").unwrap();
+    // Warm the kernel caches: listing, entries, a negative entry, data.
+    let _ = std::fs::read_dir(t.m("dir")).unwrap().count();
+    assert!(std::fs::metadata(t.m("dir/new")).is_err());
+    assert_eq!(std::fs::read(t.m("dir/old")).unwrap(), b"v1");
+
+    let names = |t: &TestMount| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(t.m("dir"))
+            .map(|r| {
+                r.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+
+    // create
+    std::fs::write(t.s("dir/new"), b"hello").unwrap();
+    let d = wait_for(LIMIT, || std::fs::metadata(t.m("dir/new")).is_ok());
+    assert!(d.is_some(), "created file not visible");
+    assert!(
+        wait_for(LIMIT, || names(&t).contains(&"new".to_string())).is_some(),
+        "listing stale"
+    );
+
+    // chmod
+    std::fs::set_permissions(t.s("dir/new"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let d = wait_for(LIMIT, || {
+        std::fs::metadata(t.m("dir/new"))
+            .map(|m| m.permissions().mode() & 0o777 == 0o600)
+            .unwrap_or(false)
+    });
+    assert!(d.is_some(), "chmod not visible");
+
+    // write (data and size)
+    std::fs::write(t.s("dir/old"), b"version 2").unwrap();
+    let d = wait_for(LIMIT, || {
+        std::fs::read(t.m("dir/old"))
+            .map(|c| c == b"version 2")
+            .unwrap_or(false)
+    });
+    assert!(d.is_some(), "new content not visible");
+
+    // rename
+    std::fs::rename(t.s("dir/new"), t.s("dir/renamed")).unwrap();
+    let d = wait_for(LIMIT, || {
+        std::fs::metadata(t.m("dir/new")).is_err() && std::fs::metadata(t.m("dir/renamed")).is_ok()
+    });
+    assert!(d.is_some(), "rename not visible");
+
+    // remove
+    std::fs::remove_file(t.s("dir/renamed")).unwrap();
+    let d = wait_for(LIMIT, || std::fs::metadata(t.m("dir/renamed")).is_err());
+    assert!(d.is_some(), "removal not visible");
+    assert!(
+        wait_for(LIMIT, || names(&t) == vec!["old".to_string()]).is_some(),
+        "listing stale after rm"
+    );
+
+    // a new directory tree
+    std::fs::create_dir_all(t.s("dir/x/y")).unwrap();
+    std::fs::write(t.s("dir/x/y/z"), b"z").unwrap();
+    let d = wait_for(LIMIT, || std::fs::read(t.m("dir/x/y/z")).is_ok());
+    assert!(d.is_some(), "new tree not visible");
+}

@@ -1,0 +1,234 @@
+//! Test harness: real mounts that are always unmounted, and helpers to run programs.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub const PY: &str = "/usr/bin/python3";
+
+/// Whether real mounts can be made here (root and /dev/fuse). Tests skip otherwise.
+pub fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipping: needs root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+/// A dircache mount served in this process. Drop unmounts (lazily if busy) and joins the
+/// serving thread.
+pub struct TestMount {
+    pub dir: tempfile::TempDir,
+    pub src: PathBuf,
+    pub mnt: PathBuf,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TestMount {
+    pub fn new() -> TestMount {
+        Self::with_policy(dircache_fuse::CachePolicy::default())
+    }
+
+    pub fn with_policy(policy: dircache_fuse::CachePolicy) -> TestMount {
+        let dir = tempfile::Builder::new()
+            .prefix("dcfuse")
+            .tempdir()
+            .expect("tempdir");
+        let src = dir.path().join("src");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&src).expect("mkdir src");
+        std::fs::create_dir(&mnt).expect("mkdir mnt");
+        // Traversable by the non-root users of the multi-user tests.
+        chmod(dir.path(), 0o755);
+        let backend = dircache_local::LocalBackend::new(&src).expect("local backend");
+        let cache = dircache_core::Cache::new(Arc::new(backend), dircache_core::Config::default())
+            .expect("cache");
+        let mut cfg = dircache_fuse::MountConfig::new(&src, &mnt);
+        cfg.policy = policy;
+        cfg.socket_path = Some(dir.path().join("ctl.sock"));
+        let mounted = dircache_fuse::mount(cache, &cfg).expect("mount");
+        let thread = std::thread::spawn(move || {
+            if let Err(e) = mounted.run() {
+                eprintln!("session: {e}");
+            }
+        });
+        TestMount {
+            dir,
+            src,
+            mnt,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn m(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    pub fn s(&self, rel: &str) -> PathBuf {
+        self.src.join(rel)
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        if dircache_fuse::unmount(&self.mnt).is_err() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        if let Some(t) = self.thread.take() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                eprintln!("session thread did not stop within 10 s");
+            }
+        }
+    }
+}
+
+/// A child process that is killed and reaped on drop.
+pub struct ChildGuard(pub Option<Child>, pub Option<PathBuf>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(m) = &self.1 {
+            if dircache_fuse::is_mount_point(m) {
+                let _ = Command::new("umount").arg("-l").arg(m).status();
+            }
+        }
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// Run `sh -c script` in `dir`; returns (status, stdout, stderr).
+pub fn sh(dir: &Path, script: &str) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("LC_ALL", "C")
+        .env("TZ", "UTC")
+        .env("GIT_AUTHOR_DATE", "2020-01-01T00:00:00Z")
+        .env("GIT_COMMITTER_DATE", "2020-01-01T00:00:00Z")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .env("HOME", "/nonexistent")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("sh")
+}
+
+pub fn sh_ok(dir: &Path, script: &str) -> String {
+    let o = sh(dir, script);
+    assert!(
+        o.status.success(),
+        "`{script}` in {} failed: {}\n{}",
+        dir.display(),
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Run a Python script in `dir`, as `uid` (via setpriv) when given.
+pub fn py(dir: &Path, script: &str, uid: Option<u32>) -> String {
+    let mut c = match uid {
+        Some(u) => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={u}"))
+                .arg(format!("--regid={u}"))
+                .arg("--clear-groups")
+                .arg(PY);
+            c
+        }
+        None => Command::new(PY),
+    };
+    let o = c
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3");
+    assert!(
+        o.status.success(),
+        "python in {} failed: {}\n{}",
+        dir.display(),
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Poll `f` every millisecond until it is true or `limit` passes; returns the time taken.
+pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let t = Instant::now();
+    loop {
+        if f() {
+            return Some(t.elapsed());
+        }
+        if t.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Path of the built `dircache` binary, building it if needed.
+pub fn dircache_bin() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let bin = target.join("debug/dircache");
+    static BUILD: std::sync::Once = std::sync::Once::new();
+    BUILD.call_once(|| {
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "dircache"])
+            .current_dir(&root)
+            .status()
+            .expect("cargo build");
+        assert!(st.success(), "cargo build -p dircache failed");
+    });
+    bin
+}
+
+/// A small tree of files for the tool tests.
+pub fn make_tree(root: &Path) {
+    sh_ok(
+        root,
+        r#"set -e
+mkdir -p a/b/c d/e pkg/sub empty
+for i in 1 2 3 4 5 6 7 8 9 10; do echo "file $i" > a/f$i.txt; done
+head -c 100000 /dev/zero > a/b/zero.bin
+printf 'x%.0s' $(seq 1 5000) > a/b/c/x.txt
+ln -s ../a/f1.txt d/link1
+ln -s nowhere d/dangling
+ln a/f2.txt d/hard2
+echo 'VALUE = 42' > pkg/__init__.py
+echo 'from . import mod' > pkg/sub/__init__.py
+echo 'X = 1' > pkg/sub/mod.py
+chmod 600 a/f3.txt
+chmod 750 d/e
+"#,
+    );
+}
