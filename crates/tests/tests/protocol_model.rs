@@ -205,12 +205,12 @@ fn fails(variant: Variant) -> bool {
 
 #[test]
 fn protocol_never_grants_after_revocation_random() {
-    shuttle::check_random(|| scenario(Variant::Correct), 5000);
+    shuttle::check_random(|| scenario(Variant::Correct), 3000);
 }
 
 #[test]
 fn protocol_never_grants_after_revocation_pct() {
-    shuttle::check_pct(|| scenario(Variant::Correct), 5000, 3);
+    shuttle::check_pct(|| scenario(Variant::Correct), 3000, 3);
 }
 
 #[test]
@@ -359,8 +359,10 @@ impl CoreModel {
     }
 }
 
-/// A writer revokes while two readers look up; `warm`: the readers' credential already has the
-/// path on the fast path (a cold start lets a slow walk race the chmod).
+/// A writer revokes while reader R1 looks up (asserting only if it started after the
+/// revocation completed) and reader R2 waits for the revocation to complete and then looks up
+/// twice: every lookup of R2 must be denied. `warm`: the readers' credential already has the
+/// path on the fast path (a cold start lets R1's slow walk race the chmod).
 fn core_scenario(variant: CoreVariant, warm: bool) {
     let m = Arc::new(CoreModel::new(variant));
     if warm {
@@ -376,26 +378,38 @@ fn core_scenario(variant: CoreVariant, warm: bool) {
         let m = m.clone();
         thread::spawn(move || m.revoke())
     };
-    let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let m = m.clone();
-            thread::spawn(move || {
-                for _ in 0..3 {
-                    let after = m.revoked.load(SeqCst);
-                    let a = m.lookup(1);
-                    assert!(
-                        !(after && a != Answer::Denied),
-                        "core protocol: lookup that started after the revoking chmod completed \
-                         was granted ({a:?})"
-                    );
-                }
-            })
+    let r1 = {
+        let m = m.clone();
+        thread::spawn(move || {
+            for _ in 0..2 {
+                let after = m.revoked.load(SeqCst);
+                let a = m.lookup(1);
+                assert!(
+                    !(after && a != Answer::Denied),
+                    "core protocol: R1 granted ({a:?}) after revocation"
+                );
+            }
         })
-        .collect();
+    };
+    let r2 = {
+        let m = m.clone();
+        thread::spawn(move || {
+            while !m.revoked.load(SeqCst) {
+                thread::yield_now();
+            }
+            for _ in 0..2 {
+                let a = m.lookup(1);
+                assert_eq!(
+                    a,
+                    Answer::Denied,
+                    "core protocol: a lookup that started after the revoking chmod completed was granted"
+                );
+            }
+        })
+    };
     w.join().unwrap();
-    for r in readers {
-        r.join().unwrap();
-    }
+    r1.join().unwrap();
+    r2.join().unwrap();
     assert_ne!(m.lookup(0), Answer::Denied);
     let last = m.lookup(1);
     assert_eq!(
@@ -413,11 +427,11 @@ fn core_protocol_never_grants_after_revocation() {
     for warm in [false, true] {
         shuttle::check_random(
             move || core_scenario(CoreVariant::PublishThenRetract, warm),
-            5000,
+            3000,
         );
         shuttle::check_pct(
             move || core_scenario(CoreVariant::PublishThenRetract, warm),
-            5000,
+            3000,
             3,
         );
     }
@@ -429,11 +443,11 @@ fn core_protocol_with_check_before_publish() {
     for warm in [false, true] {
         shuttle::check_random(
             move || core_scenario(CoreVariant::CheckBeforePublish, warm),
-            5000,
+            3000,
         );
         shuttle::check_pct(
             move || core_scenario(CoreVariant::CheckBeforePublish, warm),
-            5000,
+            3000,
             3,
         );
     }
