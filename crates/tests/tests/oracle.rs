@@ -654,7 +654,15 @@ impl World {
                     std::fs::set_permissions(j(path), std::fs::Permissions::from_mode(*mode))
                 }
                 BehindChange::Chown { path, uid, gid } => lchown(j(path), Some(*uid), Some(*gid)),
-                BehindChange::Create { path } => std::fs::write(j(path), b"behind"),
+                BehindChange::Create { path } => {
+                    // O_EXCL: never through an existing name (a symlink would be followed).
+                    use std::io::Write;
+                    let mut f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(j(path))?;
+                    f.write_all(b"behind")
+                }
                 BehindChange::Mkdir { path } => std::fs::create_dir(j(path)),
                 BehindChange::Remove { path } => {
                     let p = j(path);
