@@ -678,6 +678,32 @@ impl World {
                 }
             }
         };
+        // Inodes (with their link counts) of the entries at and below the paths this change
+        // removes or moves: other names of those inodes see their link count (and ctime)
+        // change, which a real change feed reports as an attribute change of each such name
+        // (inotify IN_ATTRIB); below they are sent as `Change::Attr`.
+        let before: Vec<(Vec<u8>, u64, u64)> = snapshot_inodes(&self.cdir);
+        let touched: Vec<Vec<u8>> = match ch {
+            BehindChange::Remove { path } | BehindChange::Rename { old: path, .. } => {
+                vec![path.clone()]
+            }
+            _ => Vec::new(),
+        };
+        let under =
+            |p: &[u8], t: &[u8]| p == t || (p.starts_with(t) && p.get(t.len()) == Some(&b'/'));
+        let mut inodes: std::collections::HashSet<u64> = before
+            .iter()
+            .filter(|(p, _, _)| touched.iter().any(|t| under(p, t)))
+            .map(|(_, i, _)| *i)
+            .collect();
+        if let BehindChange::Chmod { path, .. } | BehindChange::Chown { path, .. } = ch {
+            inodes.extend(
+                before
+                    .iter()
+                    .filter(|(p, _, _)| p == path)
+                    .map(|(_, i, _)| *i),
+            );
+        }
         let rc = run(&self.cdir).map_err(|e| e.raw_os_error());
         let rk = run(&self.kdir).map_err(|e| e.raw_os_error());
         assert_eq!(
@@ -707,6 +733,13 @@ impl World {
                 paths.push((new.clone(), false));
                 paths.push((parent(old), true));
                 paths.push((parent(new), true));
+            }
+        }
+        if !inodes.is_empty() {
+            for (p, i, _) in snapshot_inodes(&self.cdir) {
+                if inodes.contains(&i) {
+                    paths.push((p, true));
+                }
             }
         }
         for (p, attr_only) in paths {
@@ -812,6 +845,18 @@ fn snapshot(root: &Path) -> BTreeMap<Vec<u8>, SnapEntry> {
         }
     }
     out
+}
+
+/// (path, inode, link count) of every entry of a tree, not following symlinks.
+fn snapshot_inodes(root: &Path) -> Vec<(Vec<u8>, u64, u64)> {
+    snapshot(root)
+        .into_keys()
+        .filter_map(|p| {
+            let md =
+                std::fs::symlink_metadata(root.join(String::from_utf8_lossy(&p).as_ref())).ok()?;
+            Some((p, md.ino(), md.nlink()))
+        })
+        .collect()
 }
 
 fn compare_trees(w: &World) -> Result<(), String> {

@@ -500,3 +500,29 @@ fn rename_trailing_slash_on_non_directory() {
         bad.join("\n")
     );
 }
+
+/// oracle seed 11 (ORACLE_NO_HANDLES=1), shrunk from 2390 ops to 3: a symlink whose target has a
+/// trailing slash (`c -> "f/"`, `f` a regular file) does not resolve: Linux gives ENOTDIR for
+/// stat/access of `c`; the cache answered Ok with `f`'s attributes.
+#[test]
+fn symlink_target_with_trailing_slash_must_be_a_directory() {
+    let f = fx(&[("d", 0o755, 0, 0)], &[("f", 0o644, 0, 0)]);
+    symlink("f/", f.root.join("c")).unwrap();
+    symlink("d/", f.root.join("e")).unwrap();
+    symlink("/f/.", f.root.join("g")).unwrap();
+    for (p, cp) in [("c", c"c"), ("e", c"e"), ("g", c"g"), ("c/", c"c/")] {
+        let k = f.jail.run_as(&cred_b(), move || {
+            kernel::fstatat(libc::AT_FDCWD, cp, true).map(|a| a.ino)
+        });
+        let r = f
+            .cache
+            .stat(&f.b, At::Root, p.as_bytes(), LookupFlags::FOLLOW)
+            .map(|a| a.ino);
+        assert_eq!(r.map_err(|e| e.errno()), k, "stat({p})");
+        let k = f
+            .jail
+            .run_as(&cred_b(), move || kernel::faccess(libc::AT_FDCWD, cp, 0));
+        let r = f.cache.access(&f.b, At::Root, p.as_bytes(), 0);
+        assert_eq!(r.map_err(|e| e.errno()), k, "access({p})");
+    }
+}
