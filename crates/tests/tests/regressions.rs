@@ -526,3 +526,47 @@ fn symlink_target_with_trailing_slash_must_be_a_directory() {
         assert_eq!(r.map_err(|e| e.errno()), k, "access({p})");
     }
 }
+
+/// oracle seed 12 (ORACLE_NO_HANDLES=1 ORACLE_STOP_AT=1766), shrunk from 1767 ops to 9 and
+/// reduced to: the cache knows directory `x/a` with a negative child (`stat x/a/missing`) or
+/// as complete (`readdir x/a`, empty); outside, `mv y x/a` replaces it by a directory holding
+/// `d`; `invalidate("x/a")`. Then `stat x/a/d` must find `d`; the cache answers ENOENT (the
+/// invalidated directory keeps its negative children / completeness). Plain `stat x/a`
+/// before the change does not trigger it.
+#[test]
+fn outside_rename_over_cached_directory_then_invalidate() {
+    for warm in [&b"x/a/missing"[..], b"readdir"] {
+        let f = fx(
+            &[
+                ("x", 0o755, 0, 0),
+                ("x/a", 0o755, 0, 0),
+                ("y", 0o755, 0, 0),
+                ("y/d", 0o755, 0, 0),
+            ],
+            &[],
+        );
+        if warm == b"readdir" {
+            assert_eq!(
+                f.cache.readdir(&f.b, At::Root, b"x/a").map(|v| v.len()),
+                Ok(0)
+            );
+        } else {
+            let r = f.cache.stat(&f.b, At::Root, warm, LookupFlags::FOLLOW);
+            assert_eq!(e(r), Some(libc::ENOENT));
+        }
+        std::fs::rename(f.root.join("y"), f.root.join("x/a")).unwrap();
+        f.cache.invalidate(b"x/a");
+        let got = f
+            .cache
+            .stat(&f.a, At::Root, b"x/a/d", LookupFlags::FOLLOW)
+            .map(|a| a.ino);
+        let w = String::from_utf8_lossy(warm);
+        assert_eq!(
+            got,
+            Ok(ino(&f.root, "x/a/d")),
+            "x/a/d after outside rename + invalidate (warm: {w})"
+        );
+        let l = f.cache.readdir(&f.a, At::Root, b"x/a").map(|v| v.len());
+        assert_eq!(l, Ok(1), "readdir x/a after invalidate (warm: {w})");
+    }
+}
