@@ -1,6 +1,7 @@
 //! `dircache`: mount a directory through the cache, search, statistics, benchmarks.
 
 mod bench;
+mod demo;
 mod mount;
 mod search;
 
@@ -19,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// The main job on a built-in example: mount a generated tree and compare with native.
+    Demo(demo::DemoArgs),
     /// Serve directory SRC at MNT through the cache (FUSE).
     Mount(mount::MountArgs),
     /// Live statistics of a running mount.
@@ -37,6 +40,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let code = match cli.cmd {
+        Cmd::Demo(a) => demo::run(a),
         Cmd::Mount(a) => mount::run_mount(a),
         Cmd::Stats(a) => mount::run_stats(a),
         Cmd::Search(a) => search::run(a),

@@ -1,11 +1,203 @@
-//! `dircache search` (owned by the search work).
+//! `dircache search PATHS PATTERN`: the paper's search(), one path per line like find.
+//!
+//! Exit status as find: 0 when all went well, 1 when errors were met (reported on stderr,
+//! the search went on), 2 for bad input (empty paths, invalid pattern, a path that is not a
+//! directory).
 
-#[derive(clap::Args)]
+use std::io::Write;
+
+use dircache_search::proto::delegate;
+use dircache_search::{
+    search_with, DirectSource, Flags, SearchOptions, SearchRequest, SearchResult,
+};
+
+#[derive(clap::Args, Debug)]
 pub struct SearchArgs {
+    /// Colon-separated list of directories, searched in order.
     pub paths: String,
+    /// Pattern: `*` any run except `/`, `?` zero or one character, `|` alternatives, a leading
+    /// `/` anchors at the searched directory (non-recursive).
     pub pattern: String,
+    /// Stop at the first match (STOPATFIRST).
+    #[arg(long)]
+    pub first: bool,
+    /// Attributes of every result, `ls -l`-like (METADATA).
+    #[arg(long)]
+    pub stat: bool,
+    /// Prefix results with the directory they were found in (INCLUDEROOT).
+    #[arg(long)]
+    pub root: bool,
+    /// Only results the caller may read (R_OK).
+    #[arg(short = 'r')]
+    pub read: bool,
+    /// Only results the caller may write (W_OK).
+    #[arg(short = 'w')]
+    pub write: bool,
+    /// Only results the caller may execute (X_OK).
+    #[arg(short = 'x')]
+    pub exec: bool,
+    /// One JSON object per result and line.
+    #[arg(long, conflicts_with = "print0")]
+    pub json: bool,
+    /// Separate paths with NUL instead of newline.
+    #[arg(short = '0', long = "print0")]
+    pub print0: bool,
+    /// Never hand the search to a dircache mount's daemon.
+    #[arg(long)]
+    pub no_delegate: bool,
+    /// Report on stderr whether the search was delegated.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Worker threads (0 = available parallelism).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
 }
 
-pub fn run(_a: SearchArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not yet implemented")
+fn flags_of(a: &SearchArgs) -> Flags {
+    let mut f = Flags::NONE;
+    for (on, fl) in [
+        (a.first, Flags::STOPATFIRST),
+        (a.stat, Flags::METADATA),
+        (a.root, Flags::INCLUDEROOT),
+        (a.read, Flags::R_OK),
+        (a.write, Flags::W_OK),
+        (a.exec, Flags::X_OK),
+    ] {
+        if on {
+            f |= fl;
+        }
+    }
+    f
+}
+
+fn mode_string(mode: u32) -> String {
+    let t = match mode & libc::S_IFMT {
+        libc::S_IFDIR => 'd',
+        libc::S_IFLNK => 'l',
+        libc::S_IFCHR => 'c',
+        libc::S_IFBLK => 'b',
+        libc::S_IFIFO => 'p',
+        libc::S_IFSOCK => 's',
+        _ => '-',
+    };
+    let mut s = String::with_capacity(10);
+    s.push(t);
+    for shift in [6u32, 3, 0] {
+        let b = (mode >> shift) & 7;
+        s.push(if b & 4 != 0 { 'r' } else { '-' });
+        s.push(if b & 2 != 0 { 'w' } else { '-' });
+        s.push(if b & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+fn shown_path(r: &SearchResult, roots: &[&str]) -> String {
+    if r.path.is_empty() {
+        roots
+            .get(r.root as usize)
+            .copied()
+            .unwrap_or("")
+            .to_string()
+    } else {
+        String::from_utf8_lossy(&r.path).into_owned()
+    }
+}
+
+pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
+    let req = SearchRequest::new(a.paths.clone(), a.pattern.clone(), flags_of(&a));
+    if let Err(e) = req.validate() {
+        eprintln!("dircache search: {e}");
+        return Ok(2);
+    }
+    let no_delegate = a.no_delegate || std::env::var_os("DIRCACHE_NO_DELEGATE").is_some();
+    let opts = SearchOptions {
+        threads: a.threads,
+        delegate_mounts: !no_delegate,
+        ..Default::default()
+    };
+    let local = || search_with(&req, std::sync::Arc::new(DirectSource::new()), &opts);
+    let started = if no_delegate {
+        local()
+    } else {
+        match delegate(&req) {
+            Ok(Some(s)) => {
+                if a.verbose {
+                    eprintln!("dircache search: delegated to the mount's daemon");
+                }
+                Ok(s)
+            }
+            Ok(None) => {
+                if a.verbose {
+                    eprintln!("dircache search: searching locally");
+                }
+                local()
+            }
+            Err(e) => Err(e),
+        }
+    };
+    let stream = match started {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dircache search: {e}");
+            return Ok(2);
+        }
+    };
+    let roots = req.roots();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, stdout.lock());
+    let mut status = 0;
+    for r in stream {
+        if let Some(e) = r.error {
+            status = 1;
+            let msg = std::io::Error::from_raw_os_error(e.errno);
+            if a.json {
+                let line = serde_json::json!({
+                    "root": r.root,
+                    "path": shown_path(&r, &roots),
+                    "error": {"source": format!("{:?}", e.source), "errno": e.errno, "message": msg.to_string()},
+                });
+                if writeln!(out, "{line}").is_err() {
+                    return Ok(status);
+                }
+            }
+            // find's style: `find: ‘path’: Permission denied`
+            let text = msg.to_string();
+            let text = text.split(" (os error").next().unwrap_or(&text);
+            eprintln!("dircache search: ‘{}’: {}", shown_path(&r, &roots), text);
+            continue;
+        }
+        let res = if a.json {
+            let line = serde_json::json!({
+                "root": r.root,
+                "path": shown_path(&r, &roots),
+                "stat": r.stat,
+            });
+            writeln!(out, "{line}")
+        } else if let Some(st) = r.stat.filter(|_| a.stat) {
+            write!(
+                out,
+                "{} {:>3} {:>5} {:>5} {:>10} {:>11}.{:09} ",
+                mode_string(st.mode),
+                st.nlink,
+                st.uid,
+                st.gid,
+                st.size,
+                st.mtime.sec,
+                st.mtime.nsec
+            )
+            .and_then(|_| out.write_all(&r.path))
+            .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))
+        } else {
+            out.write_all(&r.path)
+                .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))
+        };
+        if res.is_err() {
+            // Broken pipe (`| head`): stop quietly.
+            return Ok(status);
+        }
+    }
+    if out.flush().is_err() {
+        return Ok(status);
+    }
+    Ok(status)
 }

@@ -6,8 +6,9 @@
 //! modes, and the errno Linux gives (ENOENT, ENOTDIR, EISDIR, EEXIST, ENOTEMPTY, EINVAL, EBUSY,
 //! EPERM, EACCES, ELOOP for a symlink in a non-final component, ENAMETOOLONG).
 //!
-//! Mutations are checked like the kernel does for the caller (as the local backend has the
-//! kernel check them): search permission on every directory of the path, write+search on the
+//! Mutations are checked like the kernel checks a `*at` syscall made by the caller relative to
+//! the parent directory (as the local backend has the kernel check them): search permission on
+//! the parent (not on its ancestors: the cache checks those itself), write+search on the
 //! parent, the sticky-bit rule, only the owner or root may chmod or set explicit times, only root
 //! may change the owner, the owner may change the group only to one of his groups, CAP_MKNOD for
 //! devices, protected hard links. New files belong to the caller (group from a setgid parent).
@@ -176,17 +177,12 @@ impl Tree {
         }
     }
 
-    /// Resolve a directory path (never following symlinks: a symlink component is ELOOP), and
-    /// when `cred` is given check search permission on every directory walked through.
-    fn resolve_dir(&self, path: &[u8], cred: Option<&Cred>) -> Result<u64> {
+    /// Resolve a directory path (never following symlinks: a symlink component is ELOOP).
+    /// No permission is checked on the way: the cache checks search permission on ancestors
+    /// itself (it knows about directory references), as with the local backend.
+    fn resolve_dir(&self, path: &[u8]) -> Result<u64> {
         let mut ino = ROOT_INO;
         for c in components(path)? {
-            let node = self.get(ino)?;
-            if let Some(cred) = cred {
-                if !permitted(cred, &node.attr, 1) {
-                    return Err(Error::Access);
-                }
-            }
             let next = *self.children(ino)?.get(c).ok_or(Error::NotFound)?;
             match self.get(next)?.attr.kind() {
                 FileType::Directory => {}
@@ -198,10 +194,12 @@ impl Tree {
         Ok(ino)
     }
 
-    /// The parent directory of `path` (resolved as `cred`) and the final name.
+    /// The parent directory of `path` and the final name. With `cred`, search permission on
+    /// the parent is checked (needed to look the final name up), as a `*at` syscall relative
+    /// to the parent directory does.
     fn parent<'p>(&self, path: &'p [u8], cred: Option<&Cred>) -> Result<(u64, &'p [u8])> {
         let (dir, name) = split(path)?;
-        let d = self.resolve_dir(dir, cred)?;
+        let d = self.resolve_dir(dir)?;
         if let Some(cred) = cred {
             if !permitted(cred, &self.get(d)?.attr, 1) {
                 return Err(Error::Access);
@@ -692,7 +690,7 @@ impl Backend for MemoryBackend {
         self.count();
         check_name(name)?;
         let t = self.tree.lock();
-        let d = t.resolve_dir(dir, None)?;
+        let d = t.resolve_dir(dir)?;
         let i = t.lookup_in(d, name)?;
         t.attr(i)
     }
@@ -701,7 +699,10 @@ impl Backend for MemoryBackend {
         self.count();
         let t = self.tree.lock();
         let mut out = Walked::default();
-        let mut cur = match t.resolve_dir(dir, None) {
+        if names.is_empty() {
+            return out; // as the trait's default walk
+        }
+        let mut cur = match t.resolve_dir(dir) {
             Ok(d) => d,
             Err(e) => {
                 out.error = Some(e);
@@ -716,11 +717,8 @@ impl Backend for MemoryBackend {
                 Ok(a) => {
                     out.attrs.push(a);
                     if i + 1 < names.len() && !a.is_dir() {
-                        out.error = Some(if a.kind() == FileType::Symlink {
-                            Error::Loop
-                        } else {
-                            Error::NotDir
-                        });
+                        // As the trait's default walk: a symlink is not followed either.
+                        out.error = Some(Error::NotDir);
                         break;
                     }
                     cur = a.ino;
@@ -748,7 +746,7 @@ impl Backend for MemoryBackend {
     fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
         self.count();
         let t = self.tree.lock();
-        let d = t.resolve_dir(path, None)?;
+        let d = t.resolve_dir(path)?;
         let mut out = Vec::new();
         for (name, &ino) in t.children(d)? {
             let a = t.attr(ino)?;
@@ -1085,6 +1083,10 @@ mod tests {
         assert_eq!((w.attrs.len(), w.error), (2, Some(Error::NotDir)));
         let w = m.walk(b"", &[b"d", b"nope"]);
         assert_eq!((w.attrs.len(), w.error), (1, Some(Error::NotFound)));
+        let w = m.walk(b"", &[b"d", b"l", b"x"]);
+        assert_eq!((w.attrs.len(), w.error), (2, Some(Error::NotDir)));
+        let w = m.walk(b"d/l", &[b"x"]);
+        assert_eq!((w.attrs.len(), w.error), (0, Some(Error::Loop)));
     }
 
     #[test]
@@ -1239,10 +1241,13 @@ mod tests {
         let a = m.mkdir(&u, b"setgid/d", 0o755).unwrap();
         assert_eq!((a.gid, a.mode & S_ISGID), (4242, S_ISGID));
         assert_eq!(m.mkdir(&u, b"closed/x", 0o755).unwrap_err(), Error::Access);
-        assert_eq!(
-            m.mkdir(&u, b"priv/open/x", 0o755).unwrap_err(),
-            Error::Access
-        );
+        // Ancestors are the cache's business: priv (0700 root) does not stop a create in
+        // priv/open (0777), as mkdirat relative to a descriptor of priv/open would not.
+        m.mkdir(&u, b"priv/open/x", 0o755).unwrap();
+        // Search permission on the parent itself is needed.
+        chmod(b"open", 0o776);
+        assert_eq!(m.mkdir(&u, b"open/y", 0o755).unwrap_err(), Error::Access);
+        chmod(b"open", 0o777);
         assert_eq!(
             m.mknod(&u, b"open/dev", libc::S_IFCHR | 0o644, 5)
                 .unwrap_err(),

@@ -351,6 +351,7 @@ impl DircacheFs {
     /// After a mutation through the mount: the core's attributes of these dentries (and the
     /// kernel's, via the notifier) must not be served stale.
     fn attrs_changed(&self, node: &NodeRef) {
+        self.inodes.clear_acl_absent();
         for a in self.inodes.mark_stale_dentry(node) {
             self.cache.forget_attr(&a);
         }
@@ -358,6 +359,7 @@ impl DircacheFs {
     }
 
     fn dir_changed(&self, dir: &NodeRef) {
+        self.inodes.clear_acl_absent();
         self.cache.forget_attr(dir);
         if let Some(id) = self.inodes.nodeid_of(dir) {
             self.listings.lock().remove(&id);
@@ -529,7 +531,7 @@ impl fuser::Filesystem for DircacheFs {
         let r = match self.cache.lookup_child(&c, &dir, name.as_bytes()) {
             Err(CoreError::NotFound | CoreError::Stale) if dir.is_dead() => self
                 .node(parent)
-                .and_then(|d| Ok(self.cache.lookup_child(&c, &d, name.as_bytes())))
+                .map(|d| self.cache.lookup_child(&c, &d, name.as_bytes()))
                 .unwrap_or(Err(CoreError::Stale)),
             r => r,
         };
@@ -1339,6 +1341,24 @@ impl fuser::Filesystem for DircacheFs {
         if self.xattr_blocked(name) {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
         }
+        // The kernel's POSIX ACL fetch (FUSE_POSIX_ACL): answer a known absence directly.
+        let acl_bit = match name.as_bytes() {
+            b"system.posix_acl_access" => 1,
+            b"system.posix_acl_default" => 2,
+            _ => 0,
+        };
+        let acl_key = if acl_bit != 0 {
+            self.inodes.locate(ino.0).map(|l| l.3)
+        } else {
+            None
+        };
+        if let Some(k) = acl_key {
+            if self.inodes.acl_absent(k, acl_bit) {
+                self.counters.acl_memo_hits.fetch_add(1, Ordering::Relaxed);
+                return reply.error(Errno::from_i32(libc::ENODATA));
+            }
+        }
+        let acl_gen = self.inodes.acl_gen();
         let fd = match self.node(ino).and_then(|n| self.real_path_fd(&n)) {
             Ok(fd) => fd,
             Err(e) => return reply.error(e),
@@ -1363,7 +1383,15 @@ impl fuser::Filesystem for DircacheFs {
             )
         };
         if r < 0 {
-            return reply.error(last_errno());
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            if e == libc::ENODATA {
+                if let Some(k) = acl_key {
+                    self.inodes.note_acl_absent(k, acl_bit, acl_gen);
+                }
+            }
+            return reply.error(Errno::from_i32(e));
         }
         if size == 0 {
             reply.size(r as u32)

@@ -57,10 +57,23 @@ struct Table {
     next: u64,
 }
 
+/// A real inode's identity: (dev, ino).
+pub type Key = (u64, u64);
+
+/// Where the kernel last saw a nodeid: its dentry, parent nodeid, name and key.
+pub type Location = (NodeRef, u64, Vec<u8>, Key);
+
 /// The nodeid table. One mutex: it is only touched by requests that reached the daemon
 /// (misses), which cost 10+ us each anyway.
 pub struct Inodes {
     t: Mutex<Table>,
+    /// Real inodes ((dev, ino), bit 0 access / bit 1 default) whose `system.posix_acl_*`
+    /// answered ENODATA. The kernel caches ACLs per inode but drops them when it forgets the
+    /// inode (memory pressure, drop_caches) or refreshes it by READDIRPLUS, and `ls -l` then
+    /// asks again for every file: answered from here without a syscall. Cleared whole on any
+    /// mutation through the mount and on every change the feed reports (an ACL appears only
+    /// through one of those), so it is never stale longer than the coherence window.
+    no_acl: Mutex<(u64, HashMap<Key, u8>)>,
 }
 
 /// What the table knows about a nodeid.
@@ -94,7 +107,10 @@ impl Inodes {
                 backing: None,
             },
         );
-        Inodes { t: Mutex::new(t) }
+        Inodes {
+            t: Mutex::new(t),
+            no_acl: Mutex::new((0, HashMap::new())),
+        }
     }
 
     /// The dentry for `nodeid` (a live alias when there is one).
@@ -104,7 +120,7 @@ impl Inodes {
     }
 
     /// The dentry for `nodeid` with where the kernel last saw it and its (dev, ino) key.
-    pub fn locate(&self, nodeid: u64) -> Option<(NodeRef, u64, Vec<u8>, (u64, u64))> {
+    pub fn locate(&self, nodeid: u64) -> Option<Location> {
         let mut t = self.t.lock();
         t.inodes
             .get_mut(&nodeid)
@@ -198,6 +214,37 @@ impl Inodes {
     /// The nodeid a dentry is known to the kernel by.
     pub fn nodeid_of(&self, node: &NodeRef) -> Option<u64> {
         self.t.lock().by_dentry.get(&node.id()).copied()
+    }
+
+    /// Whether `key` is known to have no POSIX ACL of kind `bit` (1 access, 2 default).
+    pub fn acl_absent(&self, key: (u64, u64), bit: u8) -> bool {
+        self.no_acl.lock().1.get(&key).is_some_and(|b| b & bit != 0)
+    }
+
+    /// The ACL memo's generation: read it before asking the file system, pass it to
+    /// [`Inodes::note_acl_absent`].
+    pub fn acl_gen(&self) -> u64 {
+        self.no_acl.lock().0
+    }
+
+    /// Remember that `key` has no POSIX ACL of kind `bit`, unless something changed since
+    /// generation `gen` was read (the answer may already be outdated).
+    pub fn note_acl_absent(&self, key: (u64, u64), bit: u8, gen: u64) {
+        let mut m = self.no_acl.lock();
+        if m.0 != gen {
+            return;
+        }
+        if m.1.len() >= 1 << 20 {
+            m.1.clear();
+        }
+        *m.1.entry(key).or_insert(0) |= bit;
+    }
+
+    /// Forget every remembered ACL absence (after any change).
+    pub fn clear_acl_absent(&self) {
+        let mut m = self.no_acl.lock();
+        m.0 += 1;
+        m.1.clear();
     }
 
     /// Drop `n` kernel references.

@@ -135,6 +135,8 @@ impl NotifierState {
     /// What to tell the kernel for `change`.
     pub fn plan_change(&self, change: &Change) -> Batch {
         let mut b = Batch::default();
+        // An ACL may have appeared (setfacl, or a new file inheriting a default ACL).
+        self.inodes.clear_acl_absent();
         // Resolve the parent before the core drops it (a removed directory's own entry).
         let (path, attr_only) = match change {
             Change::Attr { path } => (Some(path.clone()), true),

@@ -96,6 +96,8 @@ pub struct RequestCounters {
     pub changes: AtomicU64,
     /// Opens answered with FUSE passthrough.
     pub passthrough_opens: AtomicU64,
+    /// POSIX ACL fetches answered from the daemon's memo of known absences (no syscall).
+    pub acl_memo_hits: AtomicU64,
 }
 
 impl Default for RequestCounters {
@@ -108,6 +110,7 @@ impl Default for RequestCounters {
             notify_errors: AtomicU64::new(0),
             changes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
+            acl_memo_hits: AtomicU64::new(0),
         }
     }
 }
@@ -169,6 +172,7 @@ impl StatsSource {
                 "by_kind": r.to_json(),
                 "negative_lookups": r.negative_lookups.load(Ordering::Relaxed),
                 "passthrough_opens": r.passthrough_opens.load(Ordering::Relaxed),
+                "acl_memo_hits": r.acl_memo_hits.load(Ordering::Relaxed),
             },
             "kernel_inodes": (self.kernel_inodes)(),
             "notifier": {
@@ -232,6 +236,41 @@ pub fn handle_request(src: &StatsSource, req: &Value) -> Value {
     }
 }
 
+/// Answer the requests of one control connection. `{"op":"search",...}` streams its results
+/// (dircache_search::proto), searched in the cache with the peer's credentials.
+fn serve_conn(src: &StatsSource, mut s: UnixStream) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    while let Ok(Some(req)) = read_frame(&mut s) {
+        if req.get("op").and_then(Value::as_str) == Some("search") {
+            let sent = match serde_json::from_value::<dircache_search::SearchRequest>(req) {
+                Ok(sr) => match dircache_search::proto::peer_cred(&s) {
+                    Ok(cred) => {
+                        let source = Arc::new(dircache_search::CacheSource::new(
+                            src.cache.clone(),
+                            src.cache.credentials(cred),
+                        ));
+                        dircache_search::proto::answer(&mut s, &sr, source).is_ok()
+                    }
+                    Err(e) => {
+                        write_frame(&mut s, &json!({"ok": false, "error": e.to_string()})).is_ok()
+                    }
+                },
+                Err(e) => {
+                    write_frame(&mut s, &json!({"ok": false, "error": e.to_string()})).is_ok()
+                }
+            };
+            if !sent {
+                break;
+            }
+            continue;
+        }
+        let resp = handle_request(src, &req);
+        if write_frame(&mut s, &resp).is_err() {
+            break;
+        }
+    }
+}
+
 /// The control socket server: a thread answering requests until the process exits.
 pub struct ControlServer {
     pub path: PathBuf,
@@ -251,14 +290,12 @@ impl ControlServer {
             .spawn(move || {
                 for conn in listener.incoming() {
                     match conn {
-                        Ok(mut s) => {
-                            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-                            while let Ok(Some(req)) = read_frame(&mut s) {
-                                let resp = handle_request(&src, &req);
-                                if write_frame(&mut s, &resp).is_err() {
-                                    break;
-                                }
-                            }
+                        Ok(s) => {
+                            // One thread per connection: a long search must not hold up stats.
+                            let src = src.clone();
+                            let _ = std::thread::Builder::new()
+                                .name("dircache-ctl-conn".into())
+                                .spawn(move || serve_conn(&src, s));
                         }
                         Err(e) => tracing::warn!("control socket: {e}"),
                     }

@@ -1,6 +1,7 @@
 //! Per-thread file-system credentials.
 //!
-//! Mutations run **as the caller**: before the syscall the calling thread switches its fs uid,
+//! Mutations run **as the caller**: before the final `*at` syscall (relative to the parent
+//! directory, which was resolved as the daemon) the calling thread switches its fs uid,
 //! fs gid and supplementary groups to the caller's [`Cred`] with the raw per-thread syscalls
 //! `SYS_setgroups`, `SYS_setfsgid` and `SYS_setfsuid`, and a drop guard switches them back
 //! afterwards, also on error or panic. The glibc wrappers are deliberately not used:

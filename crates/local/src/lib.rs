@@ -10,15 +10,27 @@
 //!   names are checked to be single components (no `/`, not `.`/`..`, no NUL).
 //! * **Descriptors.** A process may hold only 20,000 descriptors here, so the backend never keeps
 //!   one per inode. It keeps a small bounded cache of directory `O_PATH` descriptors keyed by
-//!   backend path (default 256 entries, 0 disables it). Any mutation made through the backend
-//!   empties it (a generation counter keeps a racing resolution from inserting a stale
-//!   descriptor), the change feed empties it on every `Change::Entry`/`Overflow`, and
-//!   [`LocalBackend::forget_cached_fds`] empties it for changes learned elsewhere.
+//!   backend path (LRU, 256 entries by default). [`LocalBackend::new`] uses it only while a
+//!   change feed runs: the feed thread empties it on every directory create/delete/move made
+//!   outside (before it reports the change) and on overflow, and rename/rmdir through the
+//!   backend empty it synchronously (a generation counter keeps a racing resolution from
+//!   inserting an old descriptor). Without a feed every call resolves afresh, so an explicit
+//!   invalidation in the cache above always sees the current tree.
+//!   [`LocalBackend::with_options`] with `fd_cache > 0` uses the cache always; its owner calls
+//!   [`LocalBackend::forget_cached_fds`] after changing directories outside. A stale
+//!   descriptor can answer for a moved directory, never for anything outside the root.
+//! * **umask.** Creation modes are subject to the process umask, as with any syscall: run the
+//!   daemon with umask 0 and pass modes with the caller's umask applied.
 //! * **Queries** (lookup, getattr, readdir, readlink, statfs) run with the daemon's own
 //!   credentials: the cache checks permissions itself through its access policy.
-//! * **Mutations and `open`** run as the caller: parents are resolved and the syscall is made
-//!   with the calling thread's fs uid/gid and groups switched to the caller's (see
-//!   `creds.rs`), so the kernel enforces permissions and ownership exactly as for that user.
+//! * **Mutations and `open`** run as the caller: the parent directory is resolved as the
+//!   daemon (through the descriptor cache), then the final `*at` syscall relative to it is made
+//!   with the calling thread's fs uid/gid and groups switched to the caller's (see `creds.rs`).
+//!   The kernel thus checks exactly what it checks for that user holding the parent directory:
+//!   search on the parent, write on it, sticky bit, ownership, CAP_* rules, and new files
+//!   belong to the user. Search permission on the *ancestors* is the cache's job (its access
+//!   policy, with directory references: a process inside a directory keeps access after an
+//!   ancestor's mode changes), so the backend does not check it again.
 //! * **Changes** made behind the cache's back are reported by [`Backend::watch`] from a
 //!   background thread: fanotify (`FAN_REPORT_DFID_NAME`, filesystem mark) when running as
 //!   root, recursive inotify otherwise.
@@ -36,9 +48,9 @@ use std::sync::Arc;
 
 use dircache_core::{
     Attr, Backend, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode, Result, SetAttr,
-    StatFs, TimeSet, Timespec, NAME_MAX, PATH_MAX,
+    StatFs, TimeSet, Timespec, Walked, NAME_MAX, PATH_MAX,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
 
 use creds::CredGuard;
@@ -47,7 +59,7 @@ pub use watch::WatchMode;
 /// Default number of directory descriptors kept open.
 pub const DEFAULT_FD_CACHE: usize = 256;
 
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+pub(crate) const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
@@ -60,74 +72,87 @@ fn last_err() -> Error {
 }
 
 /// A bounded cache of directory O_PATH descriptors, keyed by backend path.
+///
+/// Hits take a read lock and mark the entry with an atomic tick (no writer needed); inserts
+/// take the write lock and evict the least recently marked entry.
 pub(crate) struct FdCache {
     cap: usize,
-    /// Bumped after every mutation; a resolution that started before a bump does not insert.
+    /// Used even without a change feed (the owner calls `forget_cached_fds` after changes made
+    /// outside); otherwise only while at least one feed runs (`feeds`), since the feed is what
+    /// keeps cached descriptors coherent with changes made outside.
+    always: bool,
+    pub(crate) feeds: std::sync::atomic::AtomicUsize,
+    /// Bumped on every clear; a resolution that started before a clear does not insert.
     generation: AtomicU64,
-    inner: Mutex<FdCacheInner>,
+    tick: AtomicU64,
+    map: RwLock<std::collections::HashMap<Vec<u8>, FdEntry>>,
 }
 
-#[derive(Default)]
-struct FdCacheInner {
-    map: std::collections::HashMap<Vec<u8>, (Arc<OwnedFd>, u64)>,
-    tick: u64,
+struct FdEntry {
+    fd: Arc<OwnedFd>,
+    used: AtomicU64,
 }
 
 impl FdCache {
-    fn new(cap: usize) -> FdCache {
+    fn new(cap: usize, always: bool) -> FdCache {
         FdCache {
             cap,
+            always,
+            feeds: std::sync::atomic::AtomicUsize::new(0),
             generation: AtomicU64::new(0),
-            inner: Mutex::new(FdCacheInner::default()),
+            tick: AtomicU64::new(0),
+            map: RwLock::new(std::collections::HashMap::new()),
         }
+    }
+
+    fn enabled(&self) -> bool {
+        self.cap > 0 && (self.always || self.feeds.load(Ordering::Acquire) > 0)
     }
 
     fn get(&self, path: &[u8]) -> Option<Arc<OwnedFd>> {
-        if self.cap == 0 {
+        if !self.enabled() {
             return None;
         }
-        let mut g = self.inner.lock();
-        g.tick += 1;
-        let t = g.tick;
-        let e = g.map.get_mut(path)?;
-        e.1 = t;
-        Some(e.0.clone())
+        let g = self.map.read();
+        let e = g.get(path)?;
+        e.used
+            .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        Some(e.fd.clone())
     }
 
     fn insert(&self, path: &[u8], fd: Arc<OwnedFd>, generation: u64) {
-        if self.cap == 0 {
+        if !self.enabled() {
             return;
         }
-        let mut g = self.inner.lock();
+        let mut g = self.map.write();
+        // Checked under the write lock: clear() bumps the generation under it too.
         if self.generation.load(Ordering::Acquire) != generation {
             return;
         }
-        if g.map.len() >= self.cap && !g.map.contains_key(path) {
+        if g.len() >= self.cap && !g.contains_key(path) {
             // Evict the least recently used entry (a linear scan of <= cap entries is cheap
             // next to the syscall that just happened).
-            if let Some(k) = g
-                .map
+            let victim = g
                 .iter()
-                .min_by_key(|(_, v)| v.1)
-                .map(|(k, _)| k.clone())
-            {
-                g.map.remove(&k);
+                .min_by_key(|(_, e)| e.used.load(Ordering::Relaxed))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = victim {
+                g.remove(&k);
             }
         }
-        g.tick += 1;
-        let t = g.tick;
-        g.map.insert(path.to_vec(), (fd, t));
+        let used = AtomicU64::new(self.tick.fetch_add(1, Ordering::Relaxed));
+        g.insert(path.to_vec(), FdEntry { fd, used });
     }
 
     /// Forget every descriptor (they close once no caller holds them).
     pub(crate) fn clear(&self) {
-        let mut g = self.inner.lock();
+        let mut g = self.map.write();
         self.generation.fetch_add(1, Ordering::AcqRel);
-        g.map.clear();
+        g.clear();
     }
 
     fn len(&self) -> usize {
-        self.inner.lock().map.len()
+        self.map.read().len()
     }
 }
 
@@ -157,8 +182,11 @@ pub struct LocalBackend {
     /// Whether the process is root, so mutations can switch fs credentials.
     switch_creds: bool,
     watch_mode: WatchMode,
-    /// Whether the change feed reports changes made by this process (default: no).
+    /// Whether the change feed reports changes made through this backend (default: no).
     pub(crate) report_own_changes: std::sync::atomic::AtomicBool,
+    /// Threads that made changes through this backend: the change feed skips their events
+    /// (the cache applied those changes already).
+    pub(crate) mutators: Arc<Mutex<std::collections::HashSet<i32>>>,
     watchers: Mutex<Vec<watch::Watcher>>,
 }
 
@@ -297,23 +325,38 @@ fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {
 }
 
 impl LocalBackend {
-    /// Whether watchers started from now on report changes made by this process itself
-    /// (default: no, since a cache in this process applied them already; fanotify only —
-    /// inotify cannot tell who made a change).
+    /// Whether watchers started from now on report changes made through this backend
+    /// (default: no, since the cache above applied them already). Changes are attributed by
+    /// thread: events of threads that ever mutated through this backend are skipped, other
+    /// threads' (and other processes') are reported. fanotify only: inotify cannot tell who
+    /// made a change.
     pub fn set_report_own_changes(&self, on: bool) {
         self.report_own_changes.store(on, Ordering::Relaxed);
     }
 
-    /// A backend over directory `root`, with the default descriptor cache.
+    /// A backend over directory `root`. Its descriptor cache (256 directories) is used only
+    /// while a change feed ([`Backend::watch`]) runs, because the feed is what empties it when
+    /// directories are renamed or removed outside; without a feed every call resolves afresh,
+    /// so an explicit invalidation in the cache above always sees the current tree.
     pub fn new(root: &Path) -> Result<LocalBackend> {
-        Self::with_options(root, DEFAULT_FD_CACHE, WatchMode::Auto)
+        Self::build(root, DEFAULT_FD_CACHE, false, WatchMode::Auto)
     }
 
-    /// A backend over `root` keeping at most `fd_cache` directory descriptors (0: none),
-    /// reporting changes with `watch_mode`.
+    /// A backend over `root` that always keeps up to `fd_cache` directory descriptors (0:
+    /// none), feed or not: the caller must call [`LocalBackend::forget_cached_fds`] after
+    /// changing directories outside the backend. Changes are reported with `watch_mode`.
     pub fn with_options(
         root: &Path,
         fd_cache: usize,
+        watch_mode: WatchMode,
+    ) -> Result<LocalBackend> {
+        Self::build(root, fd_cache, true, watch_mode)
+    }
+
+    fn build(
+        root: &Path,
+        fd_cache: usize,
+        always: bool,
         watch_mode: WatchMode,
     ) -> Result<LocalBackend> {
         let root_path = std::fs::canonicalize(root).map_err(|e| {
@@ -331,10 +374,11 @@ impl LocalBackend {
         Ok(LocalBackend {
             root: fd,
             root_path,
-            fds: Arc::new(FdCache::new(fd_cache)),
+            fds: Arc::new(FdCache::new(fd_cache, always)),
             switch_creds,
             watch_mode,
             report_own_changes: std::sync::atomic::AtomicBool::new(false),
+            mutators: Arc::default(),
             watchers: Mutex::new(Vec::new()),
         })
     }
@@ -383,28 +427,31 @@ impl LocalBackend {
         .map_err(errno)
     }
 
-    /// Open directory `path` as O_PATH without the cache, for a mutation made under the
-    /// caller's credentials. The path opened is `path/.`, so the kernel checks search
-    /// permission on every directory of the path *including `path` itself*, in the same order
-    /// as the path walk of the real syscall (which needs search permission on the parent to
-    /// look up the final name): errors come out as Linux's would.
-    fn dir_uncached(&self, path: &[u8]) -> Result<DirFd<'_>> {
-        check_path(path)?;
-        let mut p = Vec::with_capacity(path.len() + 2);
-        p.extend_from_slice(path);
-        if !p.is_empty() {
-            p.push(b'/');
+    /// Remember that this thread mutates through the backend: the change feed skips its
+    /// events (the cache applied those changes already), unless `set_report_own_changes`.
+    fn note_mutator(&self) {
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        let mut m = self.mutators.lock();
+        if !m.contains(&tid) {
+            m.insert(tid);
         }
-        p.push(b'.');
-        Ok(DirFd::Owned(self.open_path_dir(&p)?))
     }
 
-    /// Run mutation `f` as `cred`, then invalidate the descriptor cache.
+    /// Run mutation `f` as `cred`.
     fn as_cred<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let r = {
-            let _g = CredGuard::switch(cred, self.switch_creds)?;
-            f()
-        };
+        self.note_mutator();
+        let _g = CredGuard::switch(cred, self.switch_creds)?;
+        f()
+    }
+
+    /// Run a mutation that may move or remove a directory (rename, rmdir) as `cred`, then
+    /// empty the descriptor cache: a cached descriptor must never answer for a path that now
+    /// names another directory or none. Mutations that only add names, or change attributes,
+    /// cannot make a cached directory descriptor wrong and leave the cache alone.
+    fn as_cred_structural<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let r = self.as_cred(cred, f);
+        // Cleared after the syscall: a resolution racing with it either started after the
+        // clear (and sees the new tree) or is refused by the generation check.
         self.fds.clear();
         r
     }
@@ -419,10 +466,9 @@ impl LocalBackend {
         CString::new(name).map_err(|_| Error::Invalid)
     }
 
-    fn setattr_inner(&self, path: &[u8], set: &SetAttr) -> Result<()> {
-        let (dir, name) = split(path)?;
-        let d = self.dir_uncached(dir)?;
-        let dfd = d.as_fd();
+    /// chown, chmod, truncate, utimens of `dfd/name`, never following a final symlink. Runs
+    /// under the caller's credentials, so the kernel decides who may do what.
+    fn setattr_at(dfd: BorrowedFd<'_>, name: &[u8], set: &SetAttr) -> Result<()> {
         let cname = Self::cpath(name)?;
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.unwrap_or(u32::MAX);
@@ -557,6 +603,72 @@ impl Backend for LocalBackend {
         statx_at(d.as_fd(), name)
     }
 
+    /// One statx per component, each directory opened relative to the previous one (or taken
+    /// from the descriptor cache), instead of the default's re-resolution from the root for
+    /// every component.
+    fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        let mut out = Walked::default();
+        if names.is_empty() {
+            return out;
+        }
+        let mut cur = match self.dir(dir) {
+            Ok(d) => d,
+            Err(e) => {
+                out.error = Some(e);
+                return out;
+            }
+        };
+        let mut path = dir.to_vec();
+        for (i, name) in names.iter().enumerate() {
+            let a = match check_name(name).and_then(|_| statx_at(cur.as_fd(), name)) {
+                Ok(a) => a,
+                Err(e) => {
+                    out.error = Some(e);
+                    break;
+                }
+            };
+            out.attrs.push(a);
+            if i + 1 == names.len() {
+                break;
+            }
+            if !a.is_dir() {
+                // As the trait's default: a symlink is not followed either.
+                out.error = Some(Error::NotDir);
+                break;
+            }
+            path = join(&path, name);
+            let next = match self.fds.get(&path) {
+                Some(fd) => Ok(DirFd::Shared(fd)),
+                None => {
+                    let generation = self.fds.generation.load(Ordering::Acquire);
+                    rustix::fs::openat2(
+                        cur.as_fd(),
+                        *name,
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        RESOLVE,
+                    )
+                    .map_err(errno)
+                    .map(|fd| {
+                        let fd = Arc::new(fd);
+                        self.fds.insert(&path, fd.clone(), generation);
+                        DirFd::Shared(fd)
+                    })
+                }
+            };
+            match next {
+                Ok(d) => cur = d,
+                Err(e) => {
+                    // Replaced since the statx: report the error for this component.
+                    out.attrs.pop();
+                    out.error = Some(e);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
     fn getattr(&self, path: &[u8]) -> Result<Attr> {
         if path.is_empty() {
             return statx_fd(self.root.as_fd());
@@ -579,13 +691,11 @@ impl Backend for LocalBackend {
     fn mknod(&self, cred: &Cred, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
         let (dir, name) =
             split(path).map_err(|e| if e == Error::Busy { Error::Exists } else { e })?;
-        let kind = FileType::from_mode(mode);
-        if kind == FileType::Directory || kind == FileType::Symlink {
-            return Err(Error::Invalid);
-        }
+        // The kernel decides which types mknod may create (EPERM for S_IFDIR, EINVAL for
+        // S_IFLNK or garbage), and that devices need CAP_MKNOD.
         let cname = Self::cpath(name)?;
+        let d = self.dir(dir)?;
         self.as_cred(cred, || {
-            let d = self.dir_uncached(dir)?;
             // SAFETY: d is a live descriptor, cname is NUL-terminated, mode/rdev are integers.
             let r = unsafe {
                 libc::mknodat(
@@ -598,19 +708,19 @@ impl Backend for LocalBackend {
             if r < 0 {
                 return Err(last_err());
             }
-            statx_at(d.as_fd(), name)
-        })
+            Ok(())
+        })?;
+        statx_at(d.as_fd(), name)
     }
 
     fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
         let (dir, name) =
             split(path).map_err(|e| if e == Error::Busy { Error::Exists } else { e })?;
+        let d = self.dir(dir)?;
         self.as_cred(cred, || {
-            let d = self.dir_uncached(dir)?;
-            rustix::fs::mkdirat(d.as_fd(), name, Mode::from_raw_mode(mode & 0o7777))
-                .map_err(errno)?;
-            statx_at(d.as_fd(), name)
-        })
+            rustix::fs::mkdirat(d.as_fd(), name, Mode::from_raw_mode(mode & 0o7777)).map_err(errno)
+        })?;
+        statx_at(d.as_fd(), name)
     }
 
     fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
@@ -622,11 +732,11 @@ impl Backend for LocalBackend {
         if target.len() >= PATH_MAX {
             return Err(Error::NameTooLong);
         }
+        let d = self.dir(dir)?;
         self.as_cred(cred, || {
-            let d = self.dir_uncached(dir)?;
-            rustix::fs::symlinkat(target, d.as_fd(), name).map_err(errno)?;
-            statx_at(d.as_fd(), name)
-        })
+            rustix::fs::symlinkat(target, d.as_fd(), name).map_err(errno)
+        })?;
+        statx_at(d.as_fd(), name)
     }
 
     fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr> {
@@ -634,36 +744,36 @@ impl Backend for LocalBackend {
             split(old).map_err(|e| if e == Error::Busy { Error::Perm } else { e })?;
         let (ndir, nname) =
             split(new).map_err(|e| if e == Error::Busy { Error::Exists } else { e })?;
+        let od = self.dir(odir)?;
+        let nd = match self.dir(ndir) {
+            Ok(nd) => nd,
+            Err(e) => {
+                // link(2) looks the old name up completely before the new parent: its error
+                // (search permission on the old parent, a missing old name) comes first.
+                self.as_cred(cred, || statx_at(od.as_fd(), oname))?;
+                return Err(e);
+            }
+        };
         self.as_cred(cred, || {
-            let od = self.dir_uncached(odir)?;
-            // link(2) resolves the old path completely before the new one: report its error
-            // first, as the kernel does (only checked when the new parent fails).
-            let nd = match self.dir_uncached(ndir) {
-                Ok(nd) => nd,
-                Err(e) => {
-                    statx_at(od.as_fd(), oname)?;
-                    return Err(e);
-                }
-            };
             rustix::fs::linkat(od.as_fd(), oname, nd.as_fd(), nname, AtFlags::empty())
-                .map_err(errno)?;
-            statx_at(nd.as_fd(), nname)
-        })
+                .map_err(errno)
+        })?;
+        statx_at(nd.as_fd(), nname)
     }
 
     fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
         let (dir, name) =
             split(path).map_err(|e| if e == Error::Busy { Error::IsDir } else { e })?;
+        let d = self.dir(dir)?;
         self.as_cred(cred, || {
-            let d = self.dir_uncached(dir)?;
             rustix::fs::unlinkat(d.as_fd(), name, AtFlags::empty()).map_err(errno)
         })
     }
 
     fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
         let (dir, name) = split(path)?;
-        self.as_cred(cred, || {
-            let d = self.dir_uncached(dir)?;
+        let d = self.dir(dir)?;
+        self.as_cred_structural(cred, || {
             rustix::fs::unlinkat(d.as_fd(), name, AtFlags::REMOVEDIR).map_err(errno)
         })
     }
@@ -676,22 +786,31 @@ impl Backend for LocalBackend {
             RenameMode::NoReplace => RenameFlags::NOREPLACE,
             RenameMode::Exchange => RenameFlags::EXCHANGE,
         };
-        self.as_cred(cred, || {
-            let od = self.dir_uncached(odir)?;
-            let nd = self.dir_uncached(ndir)?;
+        let od = self.dir(odir)?;
+        let nd = match self.dir(ndir) {
+            Ok(nd) => nd,
+            Err(e) => {
+                // rename(2) walks the old parent (search permission on it included) first.
+                self.as_cred(cred, || statx_at(od.as_fd(), b"."))?;
+                return Err(e);
+            }
+        };
+        self.as_cred_structural(cred, || {
             rustix::fs::renameat_with(od.as_fd(), oname, nd.as_fd(), nname, flags).map_err(errno)
         })
     }
 
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
         if path.is_empty() {
-            // The root: operate on it through its parent is impossible (it may be "/"), so
-            // use the root descriptor itself via /proc-free *at calls with AT_EMPTY_PATH.
+            // The root has no parent here (it may be "/"): use its descriptor itself with
+            // AT_EMPTY_PATH.
             self.as_cred(cred, || self.setattr_root(set))?;
             return statx_fd(self.root.as_fd());
         }
-        self.as_cred(cred, || self.setattr_inner(path, set))?;
-        self.attr_of(path)
+        let (dir, name) = split(path)?;
+        let d = self.dir(dir)?;
+        self.as_cred(cred, || Self::setattr_at(d.as_fd(), name, set))?;
+        statx_at(d.as_fd(), name)
     }
 
     fn statfs(&self, path: &[u8]) -> Result<StatFs> {
@@ -726,24 +845,42 @@ impl Backend for LocalBackend {
 
     fn open(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
         check_path(path)?;
-        let p: &[u8] = if path.is_empty() { b"." } else { path };
-        let oflags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-        let creates = oflags.contains(OFlags::CREATE);
-        let r = {
-            let _g = CredGuard::switch(cred, self.switch_creds)?;
-            rustix::fs::openat2(
-                &self.root,
-                p,
-                oflags,
-                Mode::from_raw_mode(mode & 0o7777),
-                RESOLVE,
-            )
-            .map_err(errno)
+        // openat2 rejects unknown flag bits with EINVAL, and FUSE passes on kernel-internal
+        // ones (e.g. __FMODE_EXEC for execve): keep only the open(2) flags that mean something
+        // for a regular file here.
+        let known = libc::O_ACCMODE
+            | libc::O_APPEND
+            | libc::O_TRUNC
+            | libc::O_CREAT
+            | libc::O_EXCL
+            | libc::O_NONBLOCK
+            | libc::O_DSYNC
+            | libc::O_SYNC
+            | libc::O_DIRECT
+            | libc::O_NOATIME
+            | libc::O_LARGEFILE
+            | libc::O_DIRECTORY;
+        let oflags =
+            OFlags::from_bits_retain((flags & known) as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let m = Mode::from_raw_mode(mode & 0o7777);
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || oflags.contains(OFlags::CREATE);
+        // Only a descriptor that may write makes this thread a mutator (as_cred marks it).
+        let run = |f: &dyn Fn() -> Result<OwnedFd>| -> Result<OwnedFd> {
+            if writes {
+                self.as_cred(cred, f)
+            } else {
+                let _g = CredGuard::switch(cred, self.switch_creds)?;
+                f()
+            }
         };
-        if creates {
-            self.fds.clear();
+        if path.is_empty() {
+            return run(&|| {
+                rustix::fs::openat2(&self.root, c".", oflags, m, RESOLVE).map_err(errno)
+            });
         }
-        r
+        let (dir, name) = split(path)?;
+        let d = self.dir(dir)?;
+        run(&|| rustix::fs::openat2(d.as_fd(), name, oflags, m, RESOLVE).map_err(errno))
     }
 
     fn watch(&self) -> Result<Option<ChangeFeed>> {
@@ -847,7 +984,7 @@ mod tests {
 
     #[test]
     fn fd_cache_is_bounded_and_generation_checked() {
-        let c = FdCache::new(2);
+        let c = FdCache::new(2, true);
         let fd = || Arc::new(rustix::fs::open("/", OFlags::PATH, Mode::empty()).unwrap());
         c.insert(b"a", fd(), 0);
         c.insert(b"b", fd(), 0);

@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -76,10 +75,20 @@ impl Watcher {
         let stop2 = stop.try_clone().map_err(Error::from)?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let fds = b.fds.clone();
-        let thread = std::thread::Builder::new()
+        // While this feed runs, the descriptor cache may be used (the thread empties it on
+        // every directory change from outside); `run` undoes this when it ends.
+        fds.feeds.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let fds2 = fds.clone();
+        let thread = match std::thread::Builder::new()
             .name("dircache-watch".into())
-            .spawn(move || run(source, stop2, tx, fds))
-            .map_err(Error::from)?;
+            .spawn(move || run(source, stop2, tx, fds2))
+        {
+            Ok(t) => t,
+            Err(e) => {
+                fds.feeds.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                return Err(Error::from(e));
+            }
+        };
         Ok((
             Watcher {
                 stop,
@@ -120,7 +129,14 @@ impl Source {
     }
 }
 
-fn run(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: Arc<FdCache>) {
+fn run(source: Source, stop: OwnedFd, tx: Sender<Change>, fds: Arc<FdCache>) {
+    run_loop(source, stop, tx, &fds);
+    // No feed keeps the descriptor cache coherent any more (unless another one runs).
+    fds.feeds.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    fds.clear();
+}
+
+fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache) {
     let mut out = Vec::new();
     loop {
         let mut pfd = [
@@ -175,10 +191,10 @@ struct Fan {
     /// handle bytes -> path relative to the root (None: outside the root).
     handles: HashMap<Vec<u8>, Option<Vec<u8>>>,
     buf: Vec<u64>,
-    /// Events caused by this process (pid) are skipped: they are the cache's own mutations,
-    /// which it applied already. Re-reporting them would make the cache drop entries a
-    /// front end (a kernel) is still using.
-    own_pid: Option<i32>,
+    /// Events caused by threads that mutate through the backend are skipped: they are the
+    /// cache's own changes, applied already. Re-reporting them would make the cache drop
+    /// entries a front end (a kernel) is still using. `None`: report everything.
+    mutators: Option<Arc<parking_lot::Mutex<std::collections::HashSet<i32>>>>,
 }
 
 const FAN_MASK: u64 = libc::FAN_CREATE
@@ -196,11 +212,16 @@ impl Fan {
         // SAFETY: fanotify_init takes two flag words and returns a descriptor or -1.
         let fd = unsafe {
             libc::fanotify_init(
+                // The mark covers the whole file system, so a busy build elsewhere could fill a
+                // bounded queue and force an Overflow (a full cache flush) although nothing
+                // under the root changed: the queue is unlimited instead (root only).
                 libc::FAN_CLASS_NOTIF
+                    | libc::FAN_UNLIMITED_QUEUE
                     | libc::FAN_CLOEXEC
                     | libc::FAN_NONBLOCK
                     | libc::FAN_REPORT_DFID_NAME
-                    | libc::FAN_REPORT_FID,
+                    | libc::FAN_REPORT_FID
+                    | libc::FAN_REPORT_TID,
                 (libc::O_RDONLY | libc::O_CLOEXEC) as libc::c_uint,
             )
         };
@@ -209,24 +230,8 @@ impl Fan {
         }
         // SAFETY: fd is a fresh descriptor nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: fd and the root descriptor are live; "" is ignored for a filesystem mark
-        // placed with a dirfd, we give the canonical path instead.
-        let root = path_bytes(&b.root_path).to_vec();
-        let cpath = std::ffi::CString::new(root.clone()).map_err(|_| Error::Invalid)?;
-        // SAFETY: fd is live and cpath is NUL-terminated.
-        let r = unsafe {
-            libc::fanotify_mark(
-                fd.as_raw_fd(),
-                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
-                FAN_MASK,
-                libc::AT_FDCWD,
-                cpath.as_ptr(),
-            )
-        };
-        if r < 0 {
-            return Err(last_err());
-        }
-        // open_by_handle_at needs a real (not O_PATH) descriptor on the file system.
+        // open_by_handle_at (and fanotify_mark with a NULL path) need a real, not O_PATH,
+        // descriptor on the file system: open the root itself (no path walk to race with).
         let mount = rustix::fs::openat(
             &b.root,
             c".",
@@ -236,17 +241,31 @@ impl Fan {
             rustix::fs::Mode::empty(),
         )
         .map_err(|e| Error::from_errno(e.raw_os_error()))?;
+        // SAFETY: both descriptors are live; a NULL path marks the object `mount` refers to
+        // (its whole file system, with FAN_MARK_FILESYSTEM).
+        let r = unsafe {
+            libc::fanotify_mark(
+                fd.as_raw_fd(),
+                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+                FAN_MASK,
+                mount.as_raw_fd(),
+                std::ptr::null(),
+            )
+        };
+        if r < 0 {
+            return Err(last_err());
+        }
+        let root = path_bytes(&b.root_path).to_vec();
         Ok(Fan {
             fd,
             mount,
             root,
             handles: HashMap::new(),
             buf: vec![0u64; 8192],
-            own_pid: (!b
+            mutators: (!b
                 .report_own_changes
                 .load(std::sync::atomic::Ordering::Relaxed))
-            .then(std::process::id)
-            .and_then(|p| i32::try_from(p).ok()),
+            .then(|| b.mutators.clone()),
         })
     }
 
@@ -338,9 +357,6 @@ impl Fan {
                 structural = true;
                 continue;
             }
-            if self.own_pid == Some(m.pid) {
-                continue;
-            }
             let is_dir = m.mask & libc::FAN_ONDIR != 0;
             let entry_ev = m.mask
                 & (libc::FAN_CREATE | libc::FAN_DELETE | libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO)
@@ -350,6 +366,14 @@ impl Fan {
                 // (ours and the fd cache's) may be wrong now.
                 self.handles.clear();
                 structural = true;
+            }
+            // Skipped only now: our own directory moves must still empty the handle map, or
+            // later events from others would be reported under the directory's old path.
+            if let Some(tids) = &self.mutators {
+                // With FAN_REPORT_TID, `pid` is the thread that caused the event.
+                if tids.lock().contains(&m.pid) {
+                    continue;
+                }
             }
             // Find the directory handle and name.
             let mut rec = m.metadata_len as usize;
@@ -426,7 +450,8 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
 struct Ino {
     ino: Inotify,
-    root: PathBuf,
+    /// The backend root (O_PATH); directories are opened beneath it with openat2.
+    root: OwnedFd,
     /// watch -> directory path relative to the root.
     wds: HashMap<WatchDescriptor, Vec<u8>>,
     /// MOVED_FROM of a directory waiting for its MOVED_TO: cookie -> old path.
@@ -441,7 +466,6 @@ fn ino_mask() -> AddWatchFlags {
         | AddWatchFlags::IN_ATTRIB
         | AddWatchFlags::IN_MODIFY
         | AddWatchFlags::IN_ONLYDIR
-        | AddWatchFlags::IN_DONT_FOLLOW
 }
 
 fn jn(dir: &[u8], name: &[u8]) -> Vec<u8> {
@@ -454,7 +478,7 @@ impl Ino {
             .map_err(|e| Error::from_errno(e as i32))?;
         let mut me = Ino {
             ino,
-            root: b.root_path.clone(),
+            root: b.root.try_clone().map_err(Error::from)?,
             wds: HashMap::new(),
             moves: HashMap::new(),
         };
@@ -462,40 +486,73 @@ impl Ino {
         Ok(me)
     }
 
-    fn abs(&self, rel: &[u8]) -> PathBuf {
-        use std::os::unix::ffi::OsStrExt;
-        if rel.is_empty() {
-            self.root.clone()
-        } else {
-            self.root.join(std::ffi::OsStr::from_bytes(rel))
-        }
-    }
-
     /// Watch `rel` and every directory below it. Entries found below a directory that
     /// appeared after the fact are reported in `found` (they may predate the watch).
+    ///
+    /// Each directory is opened with openat2 beneath the root (no symlinks), and the watch is
+    /// added through `/proc/self/fd/N`, so a symlink swapped into the path can never make us
+    /// watch something outside the root. The descriptor is closed right away.
     fn add_tree(&mut self, rel: Vec<u8>, found: &mut Vec<Change>) -> Result<()> {
+        use rustix::fs::{Mode, OFlags};
         let mut stack = vec![rel];
         let top = stack[0].clone();
+        let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 32 * 1024];
         while let Some(dir) = stack.pop() {
-            let abs = self.abs(&dir);
-            let wd = match self.ino.add_watch(&abs, ino_mask()) {
+            let mut p = dir.clone();
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.push(b'.');
+            let fd = match rustix::fs::openat2(
+                &self.root,
+                &p[..],
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                crate::RESOLVE,
+            ) {
+                Ok(fd) => fd,
+                Err(e) if top.is_empty() && dir.is_empty() => {
+                    return Err(Error::from_errno(e.raw_os_error()))
+                }
+                Err(_) => continue, // vanished, or not a directory any more
+            };
+            let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+            let wd = match self.ino.add_watch(proc_path.as_str(), ino_mask()) {
                 Ok(wd) => wd,
-                Err(e) if dir == top && top.is_empty() => return Err(Error::from_errno(e as i32)),
-                Err(_) => continue, // vanished or not a directory any more
+                Err(e) if top.is_empty() && dir.is_empty() => {
+                    return Err(Error::from_errno(e as i32))
+                }
+                Err(e) => {
+                    tracing::warn!("dircache-local: inotify watch failed: {e}");
+                    continue;
+                }
             };
             self.wds.insert(wd, dir.clone());
-            let Ok(rd) = std::fs::read_dir(&abs) else {
-                continue;
-            };
-            for ent in rd.flatten() {
-                use std::os::unix::ffi::OsStrExt;
-                let child = jn(&dir, ent.file_name().as_bytes());
+            let mut it = rustix::fs::RawDir::new(&fd, &mut buf);
+            while let Some(Ok(ent)) = it.next() {
+                let name = ent.file_name().to_bytes();
+                if name == b"." || name == b".." {
+                    continue;
+                }
+                let child = jn(&dir, name);
                 if !top.is_empty() {
                     found.push(Change::Entry {
                         path: child.clone(),
                     });
                 }
-                if ent.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                let is_dir = match ent.file_type() {
+                    rustix::fs::FileType::Directory => true,
+                    rustix::fs::FileType::Unknown => rustix::fs::statx(
+                        &fd,
+                        name,
+                        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                        rustix::fs::StatxFlags::TYPE,
+                    )
+                    .map(|s| u32::from(s.stx_mode) & libc::S_IFMT == libc::S_IFDIR)
+                    .unwrap_or(false),
+                    _ => false,
+                };
+                if is_dir {
                     stack.push(child);
                 }
             }
@@ -538,6 +595,15 @@ impl Ino {
                 if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
                     out.push(Change::Overflow);
                     structural = true;
+                    // Directories made or moved while events were lost have no watch, and
+                    // mapped paths may be stale: map every directory again (adding a watch
+                    // to a watched directory returns its existing descriptor). Watches of
+                    // directories that left the root stay unmapped, so they are ignored.
+                    self.wds.clear();
+                    self.moves.clear();
+                    if let Err(e) = self.add_tree(Vec::new(), &mut Vec::new()) {
+                        tracing::warn!("dircache-local: inotify rescan failed: {e}");
+                    }
                     continue;
                 }
                 if ev.mask.contains(AddWatchFlags::IN_IGNORED) {

@@ -80,6 +80,27 @@ fn measure_local_backend() {
     });
     println!("getattr  std::fs, 1 component               {x:>10.0}");
 
+    let deep8 = r.join("1/2/3/4/5/6/7/8");
+    fs::create_dir_all(&deep8).unwrap();
+    let comps: Vec<&[u8]> = vec![b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"8"];
+    let x = per_op(N / 10, |_| {
+        black_box(cached.walk(b"", &comps));
+    });
+    println!("walk     8 components, fd cache warm        {x:>10.0}");
+    let x = per_op(N / 10, |_| {
+        cached.forget_cached_fds();
+        black_box(cached.walk(b"", &comps));
+    });
+    println!("walk     8 components, fd cache cold        {x:>10.0}");
+    let x = per_op(N / 10, |_| {
+        black_box(uncached.walk(b"", &comps));
+    });
+    println!("walk     8 components, no fd cache          {x:>10.0}");
+    let x = per_op(N / 10, |_| {
+        black_box(fs::symlink_metadata(&deep8).unwrap());
+    });
+    println!("walk     std::fs lstat of the 8-deep path   {x:>10.0}");
+
     const M: usize = 500;
     let x = per_op(M, |_| {
         black_box(cached.readdir(deep.as_bytes(), false).unwrap());
@@ -116,4 +137,48 @@ fn measure_local_backend() {
         black_box(v);
     });
     println!("readdir+ std::fs::read_dir + metadata       {x:>10.0}");
+}
+
+/// Latency from a change made outside to its report on the change feed.
+///
+/// cargo test --release -p dircache-local --test measure -- --ignored --nocapture
+#[test]
+#[ignore]
+fn measure_watch_latency() {
+    use dircache_core::Change;
+    let modes: &[WatchMode] = if common::is_root() {
+        &[WatchMode::Fanotify, WatchMode::Inotify]
+    } else {
+        &[WatchMode::Inotify]
+    };
+    for &mode in modes {
+        let t = common::tmp();
+        let b = LocalBackend::with_options(t.path(), 16, mode).unwrap();
+        b.set_report_own_changes(true); // the changes come from this process
+        let rx = b.watch().unwrap().unwrap();
+        let mut lat = Vec::new();
+        for i in 0..300 {
+            let name = format!("f{i}");
+            let want = Change::Entry {
+                path: name.as_bytes().to_vec(),
+            };
+            let start = Instant::now();
+            fs::write(t.path().join(&name), b"").unwrap();
+            loop {
+                let c = rx.recv_timeout(std::time::Duration::from_secs(1)).unwrap();
+                if c == want {
+                    break;
+                }
+            }
+            lat.push(start.elapsed().as_micros() as u64);
+            while rx.try_recv().is_ok() {}
+        }
+        lat.sort_unstable();
+        println!(
+            "watch {mode:?}: create -> Change::Entry latency median {} us, p99 {} us, max {} us",
+            lat[lat.len() / 2],
+            lat[lat.len() * 99 / 100],
+            lat[lat.len() - 1]
+        );
+    }
 }

@@ -166,7 +166,7 @@ fn random_op(rng: &mut Rng, k: &Known) -> Op {
     }
 }
 
-fn apply(b: &dyn Backend, c: &Cred, op: &Op) -> i32 {
+fn apply(b: &dyn Backend, c: &Cred, op: &Op) -> i64 {
     let r = match op {
         Op::Mkdir(p, m) => b.mkdir(c, p, *m).map(drop),
         Op::Mknod(p, m) => b.mknod(c, p, *m, 0).map(drop),
@@ -177,7 +177,7 @@ fn apply(b: &dyn Backend, c: &Cred, op: &Op) -> i32 {
         Op::Rename(o, n, m) => b.rename(c, o, n, *m),
         Op::Setattr(p, s) => b.setattr(c, p, s).map(drop),
         Op::Query(p) => {
-            let e = |r: dircache_core::Result<()>| r.err().map_or(0, |e| e.errno());
+            let e = |r: dircache_core::Result<()>| r.err().map_or(0, |e| i64::from(e.errno()));
             let (d, n) = match p.iter().rposition(|&x| x == b'/') {
                 Some(i) => (&p[..i], &p[i + 1..]),
                 None => (&b""[..], &p[..]),
@@ -187,12 +187,20 @@ fn apply(b: &dyn Backend, c: &Cred, op: &Op) -> i32 {
             let l = e(b.lookup(d, n).map(drop));
             let r = e(b.readlink(p).map(drop));
             let ls = e(b.readdir(p, false).map(drop));
-            return g * 1_000_000 + l * 10_000 + r * 100 + ls;
+            // walk from the root over every component, and from the first one
+            let comps: Vec<&[u8]> = p.split(|&x| x == b'/').collect();
+            let w1 = b.walk(b"", &comps);
+            let w2 = b.walk(comps[0], &comps[1..]);
+            let w = |w: dircache_core::Walked| {
+                (w.attrs.len() as i64) * 1000 + w.error.map_or(0, |e| i64::from(e.errno()))
+            };
+            let walks = w(w1) * 100_000 + w(w2);
+            return ((g * 100 + l) * 100 + r) * 100 + ls + walks * 100_000_000;
         }
     };
     match r {
         Ok(()) => 0,
-        Err(e) => e.errno(),
+        Err(e) => i64::from(e.errno()),
     }
 }
 

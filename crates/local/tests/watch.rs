@@ -76,13 +76,23 @@ fn exercise(mode: WatchMode) {
     expect(&rx, &attr("a/renamed/y"), "write");
     fs::remove_dir_all(r.join("a/renamed")).unwrap();
     expect(&rx, &entry("a/renamed"), "rmdir");
-    // Changes outside the root are not reported.
+    // Changes outside the root are not reported, even below a symlink inside the root.
     let other = tmp();
+    std::os::unix::fs::symlink(other.path(), r.join("link")).unwrap();
+    expect(&rx, &entry("link"), "symlink");
     drain(&rx);
     fs::write(other.path().join("outside"), b"").unwrap();
+    fs::create_dir(other.path().join("outdir")).unwrap();
     fs::write(r.join("marker"), b"").unwrap();
     let first = rx.recv_timeout(LIMIT).unwrap();
     assert_eq!(first, entry("marker"));
+    // A tree made in one go: every level is reported (inotify adds watches as it goes).
+    fs::create_dir_all(r.join("x/y/z")).unwrap();
+    fs::write(r.join("x/y/z/deep"), b"").unwrap();
+    expect(&rx, &entry("x"), "mkdir -p");
+    expect(&rx, &entry("x/y/z/deep"), "create deep in a new tree");
+    fs::write(r.join("x/y/z/deep"), b"more").unwrap();
+    expect(&rx, &attr("x/y/z/deep"), "write deep in a new tree");
     // A directory swapped behind the backend's back: the feed empties the fd cache.
     fs::write(r.join("a/b/z"), b"").unwrap();
     b.lookup(b"a/b", b"z").unwrap();
@@ -177,15 +187,22 @@ fn no_descriptor_leak_across_watchers() {
     assert!(n1 <= n0 + 4, "fds before {n0}, after {n1}");
 }
 
-/// By default the feed does not report this process's own changes (the cache applied them
-/// already), but does report another process's.
+/// By default the feed does not report changes made through the backend (the cache applied
+/// them already), but does report everyone else's.
 #[test]
 fn own_changes_are_not_reported_by_default() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let t = tempfile::tempdir().unwrap();
     let b = LocalBackend::new(t.path()).unwrap();
     let rx = b.watch().unwrap().expect("a change feed");
-    std::fs::write(t.path().join("mine"), b"x").unwrap();
+    // A change made through the backend (as the cache would) versus one made directly.
+    b.mknod(
+        &dircache_core::Cred::root(),
+        b"mine",
+        libc::S_IFREG | 0o644,
+        0,
+    )
+    .unwrap();
     let st = std::process::Command::new("touch")
         .arg(t.path().join("theirs"))
         .status()
@@ -222,4 +239,83 @@ fn unsafe_free_is_root() -> bool {
                 .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
         })
         .unwrap_or(false)
+}
+
+/// Our own (unreported) directory rename must not leave the feed reporting others' changes
+/// under the directory's old path.
+#[test]
+fn own_directory_rename_keeps_paths_right() {
+    if !is_root() {
+        return; // fanotify only
+    }
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tmp();
+    fs::create_dir(t.path().join("old")).unwrap();
+    let b = LocalBackend::with_options(t.path(), 16, WatchMode::Fanotify).unwrap();
+    let rx = b.watch().unwrap().unwrap();
+    // Someone else creates a file: resolves (and memoises) the directory's handle.
+    let touch = |p: &str| {
+        let st = std::process::Command::new("touch")
+            .arg(t.path().join(p))
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    touch("old/one");
+    expect(&rx, &entry("old/one"), "create by another process");
+    drain(&rx); // touch's attrib event
+                // We rename the directory through the backend (an own change: not reported), then
+                // someone else writes in it.
+    b.rename(
+        &dircache_core::Cred::root(),
+        b"old",
+        b"new",
+        dircache_core::RenameMode::Replace,
+    )
+    .unwrap();
+    touch("new/two");
+    let start = Instant::now();
+    loop {
+        let c = rx
+            .recv_timeout(LIMIT.saturating_sub(start.elapsed()))
+            .expect("reported");
+        if let Change::Entry { path } | Change::Attr { path } = &c {
+            assert!(!path.starts_with(b"old/"), "stale path {c:?}");
+        }
+        if c == entry("new/two") {
+            break;
+        }
+    }
+}
+
+/// `LocalBackend::new` uses its descriptor cache only while a change feed keeps it coherent.
+#[test]
+fn fd_cache_only_while_a_feed_runs() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tmp();
+    fs::create_dir_all(t.path().join("a/b")).unwrap();
+    let b = LocalBackend::new(t.path()).unwrap();
+    b.lookup(b"a", b"b").unwrap();
+    assert_eq!(b.cached_fds(), 0, "no feed: every call resolves afresh");
+    // Without a feed, a directory swapped outside is seen at once.
+    fs::rename(t.path().join("a"), t.path().join("z")).unwrap();
+    fs::create_dir(t.path().join("a")).unwrap();
+    assert_eq!(b.lookup(b"a", b"b").unwrap_err(), Error::NotFound);
+    let rx = b.watch().unwrap().unwrap();
+    b.lookup(b"z", b"b").unwrap();
+    assert_eq!(b.cached_fds(), 1);
+    // The feed ends (receiver dropped, next event): the cache is emptied and unused again.
+    drop(rx);
+    let st = std::process::Command::new("touch")
+        .arg(t.path().join("poke"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let start = Instant::now();
+    while b.cached_fds() != 0 && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(b.cached_fds(), 0);
+    b.lookup(b"z", b"b").unwrap();
+    assert_eq!(b.cached_fds(), 0);
 }

@@ -188,7 +188,7 @@ impl Cache {
     /// After a change to an inode's attributes through one name, make every other cached
     /// name of the same inode forget (or take) the new attributes.
     pub(crate) fn forget_link_attrs(&self, node: &Dentry) {
-        let Some(a) = node.attr_copy().or_else(|| None) else {
+        let Some(a) = node.attr_copy() else {
             return self.forget_links_unknown(node);
         };
         self.update_links(node, &a, None);

@@ -31,6 +31,9 @@ use crate::{
     PosixPolicy, RenameMode, Result, SetAttr, StatsSnapshot, X_OK,
 };
 
+/// Cached names of multiply-linked inodes, by (dev, ino).
+pub(crate) type LinkTable = hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>;
+
 /// Shared reference to a dentry. Front ends may hold these as long as they like; a dentry that
 /// was unlinked, replaced or evicted stays valid as an object but reports [`Dentry::is_dead`].
 pub type NodeRef = Arc<Dentry>;
@@ -236,7 +239,7 @@ pub struct Cache {
     pub(crate) dlht_inserts: AtomicU64,
     /// Cached non-directories with more than one link, by (dev, ino): their attributes change
     /// together.
-    pub(crate) hardlinks: Mutex<hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>>,
+    pub(crate) hardlinks: Mutex<LinkTable>,
     /// Directories that vanished from their place behind the cache's back, by (dev, ino), so
     /// that if they turn up elsewhere (an outside rename) the same dentry comes back to life
     /// and whoever held it (a directory handle, a kernel inode) follows the move.

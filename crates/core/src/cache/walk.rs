@@ -558,7 +558,7 @@ impl Cache {
         }
         // The path itself, when its lexical form names what the walk found.
         let has_dotdot = path::components(path).any(|c| c == b"..");
-        if !(has_dotdot && !w.deps.is_empty()) {
+        if !has_dotdot || w.deps.is_empty() {
             let full = norm_lex(lex, path);
             if !full.is_empty() && (w.node.kind != NodeKind::Negative(Error::Loop)) {
                 let (deps, link) = match w.final_link {

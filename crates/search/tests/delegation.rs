@@ -1,0 +1,226 @@
+//! Delegation: a search whose roots lie in a mount whose root names a daemon socket (extended
+//! attribute `user.dircache.socket`) is sent to that daemon in one request; the results equal
+//! a local search. The "mount" is a tmpfs (needs root) and the daemon is
+//! `proto::serve_directory` on a thread, standing in for the FUSE daemon.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use dircache_search::proto::{self, delegate, find_daemon, SOCKET_XATTR};
+use dircache_search::{search, DirectSource, Flags, SearchRequest};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+struct Mount(PathBuf);
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn mount_tmpfs(at: &Path) -> Option<Mount> {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return None;
+    }
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(at)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: cannot mount tmpfs");
+        return None;
+    }
+    Some(Mount(at.to_path_buf()))
+}
+
+/// A daemon answering search requests for `src`, counting connections.
+fn daemon(sock: &Path, src: PathBuf, conns: Arc<AtomicUsize>, know_search: bool) {
+    let l = UnixListener::bind(sock).unwrap_or_else(|e| panic!("bind: {e}"));
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            conns.fetch_add(1, Ordering::SeqCst);
+            if know_search {
+                let _ = proto::serve_directory(s, &src);
+            } else {
+                // An older daemon: answers every op with an error.
+                let mut s = s;
+                let _ = proto::read_frame::<_, serde_json::Value>(&mut s);
+                let _ = proto::write_frame(
+                    &mut s,
+                    &serde_json::json!({"ok": false, "error": "unknown op \"search\""}),
+                );
+            }
+        }
+    });
+}
+
+fn local(req: &SearchRequest) -> BTreeSet<String> {
+    search(req, Arc::new(DirectSource::new()))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .map(|r| key(&r))
+        .collect()
+}
+
+#[test]
+fn delegated_search_equals_local_search() {
+    let t = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    let Some(_m) = mount_tmpfs(&mnt) else { return };
+    let mut rng = StdRng::seed_from_u64(5);
+    for d in ["a", "b"] {
+        let p = mnt.join(d);
+        std::fs::create_dir(&p).unwrap_or_else(|e| panic!("{e}"));
+        let mut budget = 400;
+        random_tree(&mut rng, &p, 5, &mut budget);
+    }
+    let sock = t.path().join("daemon.sock");
+    rustix::fs::setxattr(
+        &mnt,
+        SOCKET_XATTR,
+        sock.to_string_lossy().as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap_or_else(|e| panic!("setxattr: {e}"));
+    // Found from any path inside the mount, not from outside it.
+    let canon_mnt = std::fs::canonicalize(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        find_daemon(&mnt.join("a")).map(|x| x.0),
+        Some(canon_mnt.clone())
+    );
+    assert_eq!(find_daemon(t.path()), None);
+
+    // No daemon listening yet: delegation declines, the caller searches locally.
+    let a = mnt.join("a").to_string_lossy().to_string();
+    let b = mnt.join("b").to_string_lossy().to_string();
+    let req = SearchRequest::new(format!("{a}:{b}"), "*.c|/*", Flags::INCLUDEROOT);
+    assert!(delegate(&req).unwrap_or_else(|e| panic!("{e}")).is_none());
+
+    let conns = Arc::new(AtomicUsize::new(0));
+    daemon(&sock, canon_mnt.clone(), conns.clone(), true);
+    for _ in 0..20 {
+        let pat = random_pattern(&mut rng);
+        for flags in [
+            Flags::INCLUDEROOT,
+            Flags::NONE,
+            Flags::METADATA | Flags::X_OK,
+            Flags::STOPATFIRST,
+        ] {
+            let req = SearchRequest::new(format!("{a}:{b}"), pat.clone(), flags);
+            let before = conns.load(Ordering::SeqCst);
+            let s = delegate(&req)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("not delegated"));
+            let got: BTreeSet<String> = s.map(|r| key(&r)).collect();
+            assert_eq!(
+                conns.load(Ordering::SeqCst),
+                before + 1,
+                "one request per search"
+            );
+            if flags.contains(Flags::STOPATFIRST) {
+                assert!(got.len() <= 1 || got.iter().any(|k| k.contains('!')));
+                continue;
+            }
+            assert_eq!(got, local(&req), "{pat} {flags:?}");
+        }
+    }
+}
+
+#[test]
+fn old_daemon_without_search_falls_back_to_local() {
+    let t = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    let Some(_m) = mount_tmpfs(&mnt) else { return };
+    std::fs::write(mnt.join("x.c"), b"").unwrap_or_else(|e| panic!("{e}"));
+    let sock = t.path().join("old.sock");
+    rustix::fs::setxattr(
+        &mnt,
+        SOCKET_XATTR,
+        sock.to_string_lossy().as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap_or_else(|e| panic!("setxattr: {e}"));
+    let conns = Arc::new(AtomicUsize::new(0));
+    daemon(&sock, mnt.clone(), conns.clone(), false);
+    let req = SearchRequest::new(mnt.to_string_lossy(), "*.c", Flags::NONE);
+    assert!(delegate(&req).unwrap_or_else(|e| panic!("{e}")).is_none());
+    assert_eq!(conns.load(Ordering::SeqCst), 1);
+    let got: Vec<_> = proto::search_auto(&req)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .map(|r| key(&r))
+        .collect();
+    assert_eq!(got, vec!["x.c".to_string()]);
+}
+
+/// A local search that meets a dircache mount on the way hands the part below it to the
+/// mount's daemon with the decomposed pattern (paper §4), and the results are unchanged.
+#[test]
+fn crossing_into_a_dircache_mount_delegates_the_subtree() {
+    let t = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let top = t.path().join("top");
+    let mnt = top.join("var").join("tmp");
+    std::fs::create_dir_all(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    let Some(_m) = mount_tmpfs(&mnt) else { return };
+    let mut rng = StdRng::seed_from_u64(17);
+    for d in [&top, &mnt] {
+        let mut budget = 300;
+        random_tree(&mut rng, d, 4, &mut budget);
+        let _ = std::fs::write(d.join("foo"), b"");
+        let _ = std::fs::create_dir(d.join("tmp"));
+        let _ = std::fs::write(d.join("tmp").join("foo"), b"");
+    }
+    let sock = t.path().join("inner.sock");
+    rustix::fs::setxattr(
+        &mnt,
+        SOCKET_XATTR,
+        sock.to_string_lossy().as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap_or_else(|e| panic!("setxattr: {e}"));
+    let conns = Arc::new(AtomicUsize::new(0));
+    daemon(
+        &sock,
+        std::fs::canonicalize(&mnt).unwrap_or_else(|e| panic!("{e}")),
+        conns.clone(),
+        true,
+    );
+    let mut pats: Vec<String> = vec![
+        "tmp/foo".into(),
+        "var/tmp/foo".into(),
+        "/var/tmp/*".into(),
+        "*".into(),
+        "/x".into(),
+    ];
+    for _ in 0..30 {
+        pats.push(random_pattern(&mut rng));
+    }
+    let mut delegated = 0;
+    for pat in &pats {
+        for flags in [Flags::INCLUDEROOT, Flags::METADATA] {
+            let req = SearchRequest::new(top.to_string_lossy(), pat.as_str(), flags);
+            let want = local(&req);
+            let before = conns.load(Ordering::SeqCst);
+            let got: BTreeSet<String> = proto::search_auto(&req)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .map(|r| key(&r))
+                .collect();
+            delegated += conns.load(Ordering::SeqCst) - before;
+            assert!(conns.load(Ordering::SeqCst) - before <= 1);
+            assert_eq!(got, want, "{pat} {flags:?}");
+        }
+    }
+    assert!(
+        delegated > 10,
+        "the mount was delegated only {delegated} times"
+    );
+}
