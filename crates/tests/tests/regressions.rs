@@ -570,3 +570,31 @@ fn outside_rename_over_cached_directory_then_invalidate() {
         assert_eq!(l, Ok(1), "readdir x/a after invalidate (warm: {w})");
     }
 }
+
+/// oracle seed 4 (full features), shrunk from 1400 ops to 3: B opens a handle on `a/b/c`; the
+/// directory `a/b` is renamed from outside to `c/d/l2` and both paths are invalidated; a lookup
+/// of `d` relative to the handle must still work (the handle is like an `O_PATH` descriptor:
+/// it names the directory, wherever it moved). The cache answers ENOENT.
+#[test]
+fn handle_survives_outside_rename_of_an_ancestor() {
+    let f = fx(
+        &[
+            ("a", 0o755, 0, 0),
+            ("a/b", 0o755, 0, 0),
+            ("a/b/c", 0o755, 0, 0),
+            ("a/b/c/d", 0o755, 0, 0),
+            ("c", 0o755, 0, 0),
+            ("c/d", 0o755, 0, 0),
+        ],
+        &[],
+    );
+    let h = f.cache.opendir(&f.b, At::Root, b"a/b/c").unwrap();
+    std::fs::rename(f.root.join("a/b"), f.root.join("c/d/l2")).unwrap();
+    f.cache.invalidate(b"a/b");
+    f.cache.invalidate(b"c/d/l2");
+    let got = f
+        .cache
+        .stat(&f.a, At::Dir(&h), b"d", LookupFlags::NOFOLLOW)
+        .map(|a| a.ino);
+    assert_eq!(got, Ok(ino(&f.root, "c/d/l2/c/d")));
+}
