@@ -1,12 +1,22 @@
 //! `dircache bench ...`: each benchmark in its own module.
 
+mod alloc;
+mod apps;
 mod lookup;
+mod sampler;
 mod search;
+mod stats;
+mod tree;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
     /// Core cache lookups vs the kernel, on a generated tree.
     Lookup(lookup::Args),
+    /// Real programs on native, bindfs and dircache mounts, warm and cold.
+    Apps(apps::Args),
+    /// (internal) A stat/open loop over paths, timed by `bench apps`.
+    #[command(hide = true)]
+    StatLoop(apps::StatLoopArgs),
     /// Search vs find, bfs and fd, locally and on a dircache mount.
     Search(search::Args),
 }
@@ -14,6 +24,8 @@ pub enum BenchCmd {
 pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     match cmd {
         BenchCmd::Lookup(a) => lookup::run(a),
+        BenchCmd::Apps(a) => apps::run(a),
+        BenchCmd::StatLoop(a) => apps::stat_loop(a),
         BenchCmd::Search(a) => search::run(a),
     }
 }

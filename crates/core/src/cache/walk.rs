@@ -536,6 +536,15 @@ impl Cache {
     /// Publish a slow-path result in the DLHT and this credential's PCC, then undo it if an
     /// invalidation started meanwhile (SOSP'15 §3.2's global counter protocol).
     fn publish(&self, cs: &CredState, st: &Start<'_>, path: &[u8], w: &Walk, s0: u64) {
+        // Every version this walk recorded was read before this point. If no invalidation
+        // window opened since the walk began, any window opening later bumps those versions
+        // after we read them, so what we publish can only be invalidated, never stale.
+        // Checking only after publishing (and retracting) would leave a gap in which a lookup
+        // starting after a completed chmod could hit the entry (found by the shuttle model and
+        // the concurrency test).
+        if self.inval_start.load(Ordering::SeqCst) != s0 {
+            return;
+        }
         let ns = st.ns;
         let abs = path.first() == Some(&b'/');
         let lex: &[u8] = match (abs, st.handle) {

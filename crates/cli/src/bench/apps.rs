@@ -1,0 +1,1143 @@
+//! `dircache bench apps`: real programs on native SRC, on a bindfs mount and on a dircache
+//! mount of SRC, warm and cold, interleaved, with the FUSE requests that reached each daemon
+//! (issue 3's benchmark).
+//!
+//! Method. A source-like tree with a git repository, directories of 10..10,000 entries, a deep
+//! chain with a symlink and a large file are generated in a temporary SRC. For every workload,
+//! first the cold runs then the warm runs; within each phase, `runs` rounds, every round running
+//! the workload once per system (order rotated each round). Cold: the FUSE mount is unmounted and
+//! mounted again and `echo 3 > /proc/sys/vm/drop_caches` empties the page, inode and dentry caches
+//! (for native too). Warm: one untimed run first. Timing is the wall time of the program (fork,
+//! exec and exit included) except for the stat/open/readdir/mkstemp/read loops, which run in a
+//! hidden subcommand of this binary that times its own loop. Requests: `perf stat -e
+//! fuse:fuse_request_send --filter 'connection == <dev of the mount>' -a`, enabled through a
+//! control fifo just around the timed part; null for native.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::json;
+
+use super::stats;
+use super::tree::{self, TempDir};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print a JSON list of rows instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Timed runs per workload, system and cache state.
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Small tree, small file, 2 runs: a smoke run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Only workloads whose name contains one of these (comma-separated) strings.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Only these systems (comma-separated: native, bindfs, dircache).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<String>,
+    /// Directory to create the temporary tree in (default: $TMPDIR or /tmp).
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct StatLoopArgs {
+    /// stat | open | readdir | mkstemp | read
+    #[arg(long)]
+    pub mode: String,
+    /// Directory to chdir into first.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Iterations.
+    #[arg(long, default_value_t = 1)]
+    pub n: usize,
+    /// The path is expected not to exist (stat/open): fail if it does, or if it is missing
+    /// without this flag.
+    #[arg(long)]
+    pub missing: bool,
+    /// The path (relative to --dir) operated on.
+    pub path: PathBuf,
+}
+
+/// The hidden loop: prints the seconds the loop took (after chdir, before exit).
+pub fn stat_loop(a: StatLoopArgs) -> Result<i32> {
+    std::env::set_current_dir(&a.dir).with_context(|| format!("chdir {}", a.dir.display()))?;
+    let c = CString::new(a.path.as_os_str().as_bytes())?;
+    if a.mode == "stat" || a.mode == "open" {
+        let exists =
+            std::fs::symlink_metadata(&a.path).is_ok() && std::fs::metadata(&a.path).is_ok();
+        if exists == a.missing {
+            bail!(
+                "{}: exists={exists}, expected {}",
+                a.path.display(),
+                !a.missing
+            );
+        }
+    }
+    let t = Instant::now();
+    match a.mode.as_str() {
+        "stat" => {
+            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            for _ in 0..a.n {
+                // SAFETY: `c` is NUL-terminated and `st` a writable stat buffer.
+                std::hint::black_box(unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) });
+            }
+        }
+        "open" => {
+            for _ in 0..a.n {
+                // SAFETY: `c` is NUL-terminated; O_RDONLY needs no mode.
+                let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+                if fd >= 0 {
+                    // SAFETY: `fd` was just opened by us and is closed once.
+                    unsafe { libc::close(fd) };
+                }
+            }
+        }
+        "readdir" => {
+            let mut buf = vec![0u8; 64 * 1024];
+            for _ in 0..a.n {
+                // SAFETY: as for "open"; O_DIRECTORY needs no mode.
+                let fd = unsafe {
+                    libc::open(
+                        c.as_ptr(),
+                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    )
+                };
+                if fd < 0 {
+                    bail!(
+                        "open {}: {}",
+                        a.path.display(),
+                        std::io::Error::last_os_error()
+                    );
+                }
+                // SAFETY: `fd` is ours alone.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                loop {
+                    // SAFETY: `buf` is writable for its whole length during the call.
+                    let n = unsafe {
+                        libc::syscall(
+                            libc::SYS_getdents64,
+                            fd.as_raw_fd(),
+                            buf.as_mut_ptr(),
+                            buf.len(),
+                        )
+                    };
+                    if n < 0 {
+                        bail!("getdents64: {}", std::io::Error::last_os_error());
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        "mkstemp" => {
+            let mut tmpl = a.path.as_os_str().as_bytes().to_vec();
+            tmpl.extend_from_slice(b"/tmpXXXXXX\0");
+            for _ in 0..a.n {
+                let mut t = tmpl.clone();
+                // SAFETY: `t` is a writable NUL-terminated template ending in XXXXXX.
+                let fd = unsafe { libc::mkstemp(t.as_mut_ptr().cast()) };
+                if fd < 0 {
+                    bail!("mkstemp: {}", std::io::Error::last_os_error());
+                }
+                // SAFETY: `fd` is ours, closed once; `t` now names the file created.
+                unsafe {
+                    libc::close(fd);
+                    libc::unlink(t.as_ptr().cast());
+                }
+            }
+        }
+        "read" => {
+            let mut buf = vec![0u8; 1 << 20];
+            for _ in 0..a.n {
+                let mut f = fs::File::open(&a.path)?;
+                while f.read(&mut buf)? > 0 {}
+            }
+        }
+        m => bail!("unknown mode {m}"),
+    }
+    println!("{}", t.elapsed().as_secs_f64());
+    Ok(0)
+}
+
+// ---------------------------------------------------------------------------------- systems
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sys {
+    Native,
+    Bindfs,
+    Dircache,
+}
+
+impl Sys {
+    fn name(self) -> &'static str {
+        match self {
+            Sys::Native => "native",
+            Sys::Bindfs => "bindfs",
+            Sys::Dircache => "dircache",
+        }
+    }
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let Ok(s) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = mnt.as_os_str().as_bytes();
+    s.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .map(|m| m.as_bytes() == want)
+            .unwrap_or(false)
+    })
+}
+
+/// A FUSE daemon running in the foreground as our child, mounted on `mnt`. Dropping it
+/// unmounts (lazily if need be) and reaps the daemon, killing it by PID if it lingers.
+struct Mount {
+    sys: Sys,
+    src: PathBuf,
+    mnt: PathBuf,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Mount {
+    fn start(sys: Sys, src: &Path, mnt: &Path, log: &Path) -> Result<Mount> {
+        fs::create_dir_all(mnt)?;
+        if is_mounted(mnt) {
+            bail!("{} is already a mount point", mnt.display());
+        }
+        let mut cmd = match sys {
+            Sys::Bindfs => {
+                let mut c = Command::new("bindfs");
+                c.arg("-f").arg(src).arg(mnt);
+                c
+            }
+            Sys::Dircache => {
+                let mut c = Command::new(std::env::current_exe().context("current_exe")?);
+                c.arg("mount").arg(src).arg(mnt).arg("-f");
+                c
+            }
+            Sys::Native => bail!("native is not a mount"),
+        };
+        let logf = fs::File::create(log)?;
+        cmd.stdin(Stdio::null())
+            .stdout(logf.try_clone()?)
+            .stderr(logf);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", sys.name()))?;
+        let mut m = Mount {
+            sys,
+            src: src.to_path_buf(),
+            mnt: mnt.to_path_buf(),
+            child: Some(child),
+            log: log.to_path_buf(),
+        };
+        let t0 = Instant::now();
+        loop {
+            if is_mounted(mnt) {
+                return Ok(m);
+            }
+            if let Some(c) = m.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    m.child = None;
+                    let log = fs::read_to_string(log).unwrap_or_default();
+                    bail!(
+                        "{} exited ({st}) before mounting: {}",
+                        sys.name(),
+                        log.trim()
+                    );
+                }
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                bail!("{} did not mount {} within 10 s", sys.name(), mnt.display());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The connection number the fuse tracepoints report for this mount (the kernel dev_t of
+    /// its superblock).
+    fn connection(&self) -> Result<u64> {
+        let dev = fs::metadata(&self.mnt)?.dev();
+        let (ma, mi) = (libc::major(dev) as u64, libc::minor(dev) as u64);
+        Ok((ma << 20) | mi)
+    }
+
+    fn stop(&mut self) {
+        // Only the owner of the daemon unmounts.
+        if self.child.is_some() && is_mounted(&self.mnt) {
+            let ok = Command::new("umount")
+                .arg(&self.mnt)
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+        }
+        if let Some(mut c) = self.child.take() {
+            let t0 = Instant::now();
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if t0.elapsed() < Duration::from_secs(3) => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    _ => {
+                        if let Ok(pid) = i32::try_from(c.id()) {
+                            // SAFETY: plain kill(2) of our own child, by PID.
+                            unsafe { libc::kill(pid, libc::SIGTERM) };
+                        }
+                        let t1 = Instant::now();
+                        while t1.elapsed() < Duration::from_secs(2) {
+                            if let Ok(Some(_)) = c.try_wait() {
+                                return;
+                            }
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Unmount and mount again (a cold kernel cache for this mount).
+    fn recycle(&mut self) -> Result<()> {
+        self.stop();
+        let mut fresh = Mount::start(self.sys, &self.src, &self.mnt, &self.log)?;
+        // `fresh` is dropped without a child, so it leaves the new mount alone.
+        self.child = fresh.child.take();
+        Ok(())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct System {
+    sys: Sys,
+    /// Where the workloads see SRC.
+    dir: PathBuf,
+    mount: Option<Mount>,
+}
+
+// ---------------------------------------------------------------------------------- perf
+
+/// `perf stat` of fuse:fuse_request_send for one connection, enabled around the timed part.
+struct PerfCounter {
+    child: Child,
+    ctl: fs::File,
+    ack: fs::File,
+    out: PathBuf,
+}
+
+fn mkfifo(p: &Path) -> Result<()> {
+    let _ = fs::remove_file(p);
+    let c = CString::new(p.as_os_str().as_bytes())?;
+    // SAFETY: NUL-terminated path.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        bail!(
+            "mkfifo {}: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+/// Read one line ("ack") from `f` with a timeout.
+fn read_ack(f: &mut fs::File, timeout: Duration) -> Result<()> {
+    let mut pfd = libc::pollfd {
+        fd: f.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+    if r <= 0 {
+        bail!("perf did not acknowledge within {timeout:?}");
+    }
+    let mut buf = [0u8; 64];
+    let _ = f.read(&mut buf)?;
+    Ok(())
+}
+
+impl PerfCounter {
+    fn start(work: &Path, connection: u64) -> Result<PerfCounter> {
+        let ctl_p = work.join("perf.ctl");
+        let ack_p = work.join("perf.ack");
+        let out = work.join("perf.out");
+        mkfifo(&ctl_p)?;
+        mkfifo(&ack_p)?;
+        let child = Command::new("perf")
+            .args(["stat", "-e", "fuse:fuse_request_send", "--filter"])
+            .arg(format!("connection == {connection}"))
+            .args(["-a", "-x,", "-D", "-1", "-o"])
+            .arg(&out)
+            .arg("--control")
+            .arg(format!("fifo:{},{}", ctl_p.display(), ack_p.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting perf")?;
+        // Opening with O_RDWR never blocks on a fifo, so a perf that died cannot hang us.
+        let ctl = fs::OpenOptions::new().read(true).write(true).open(&ctl_p)?;
+        let ack = fs::OpenOptions::new().read(true).write(true).open(&ack_p)?;
+        let mut p = PerfCounter {
+            child,
+            ctl,
+            ack,
+            out,
+        };
+        p.command("enable")?;
+        Ok(p)
+    }
+
+    fn command(&mut self, c: &str) -> Result<()> {
+        self.ctl.write_all(format!("{c}\n").as_bytes())?;
+        read_ack(&mut self.ack, Duration::from_secs(10))
+    }
+
+    /// Stop counting and return the count.
+    fn finish(mut self) -> Result<u64> {
+        let r = self.command("disable");
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) of our own child by PID.
+            unsafe { libc::kill(pid, libc::SIGINT) };
+        }
+        let _ = self.child.wait();
+        r?;
+        let s = fs::read_to_string(&self.out)?;
+        for l in s.lines() {
+            if l.contains("fuse_request_send") {
+                let f = l.split(',').next().unwrap_or("");
+                return f
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|_| anyhow!("perf output: {l}"));
+            }
+        }
+        bail!("no count in perf output: {s}")
+    }
+}
+
+impl Drop for PerfCounter {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------- workloads
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prep {
+    /// Read-only: nothing to set up or clean.
+    None,
+    /// An empty scratch directory; removed after.
+    Empty,
+    /// The tree extracted into the scratch directory (through the same system).
+    Tree,
+}
+
+enum Action {
+    /// A program; `{D}` is replaced by the system's view of SRC, `{S}` by the scratch dir,
+    /// `{T}` by the tarball.
+    Cmd(Vec<&'static str>),
+    /// The hidden loop: mode, iterations, path relative to the system's view of SRC.
+    Loop(&'static str, usize, String),
+}
+
+struct Workload {
+    name: String,
+    prep: Prep,
+    action: Action,
+    /// Operations per run, for a per-operation figure (loops only).
+    ops: usize,
+}
+
+const STAT_PATHS: [(&str, &str); 6] = [
+    ("1 component", "tree/README"),
+    ("8 components", "tree/deep/a/b/c/d/e/f/file.c"),
+    ("missing file", "tree/deep/a/b/c/missing.c"),
+    ("missing dir", "tree/deep/a/missingdir/x/y.c"),
+    ("symlink", "tree/lnk/d/e/f/file.c"),
+    ("dotdot", "tree/deep/a/b/../b/c/d/file.c"),
+];
+const READDIR_SIZES: [usize; 4] = [10, 100, 1000, 10000];
+
+fn workloads(quick: bool) -> Vec<Workload> {
+    let w = |name: &str, prep, args: Vec<&'static str>| Workload {
+        name: name.to_string(),
+        prep,
+        action: Action::Cmd(args),
+        ops: 1,
+    };
+    let mut v = vec![
+        w(
+            "find -name",
+            Prep::None,
+            vec!["find", "{D}/tree", "-name", "*.h"],
+        ),
+        w("du -s", Prep::None, vec!["du", "-s", "{D}/tree"]),
+        w("ls -lR", Prep::None, vec!["ls", "-lR", "{D}/tree"]),
+        w(
+            "git status",
+            Prep::None,
+            vec![
+                "git",
+                "-C",
+                "{D}/tree",
+                "--no-optional-locks",
+                "-c",
+                "core.checkStat=minimal",
+                "status",
+                "--porcelain",
+            ],
+        ),
+        w(
+            "git diff",
+            Prep::None,
+            vec![
+                "git",
+                "-C",
+                "{D}/tree",
+                "--no-optional-locks",
+                "-c",
+                "core.checkStat=minimal",
+                "diff",
+            ],
+        ),
+        w(
+            "updatedb walk",
+            Prep::None,
+            vec![
+                "find",
+                "{D}/tree",
+                "-type",
+                "d",
+                "-printf",
+                "%T@ %p\\n",
+                "-o",
+                "-print",
+            ],
+        ),
+        w("tar xf", Prep::Empty, vec!["tar", "xf", "{T}", "-C", "{S}"]),
+        w("rm -r", Prep::Tree, vec!["rm", "-r", "{S}/tree"]),
+        w("cp -r", Prep::Empty, vec!["cp", "-r", "{D}/tree", "{S}/"]),
+    ];
+    let n = if quick { 2_000 } else { 20_000 };
+    for mode in ["stat", "open"] {
+        for (what, p) in STAT_PATHS {
+            v.push(Workload {
+                name: format!("{mode} {what} x{n}"),
+                prep: Prep::None,
+                action: Action::Loop(mode, n, p.to_string()),
+                ops: n,
+            });
+        }
+    }
+    for size in READDIR_SIZES {
+        let reps = ((if quick { 20_000 } else { 200_000 }) / size).max(5);
+        v.push(Workload {
+            name: format!("readdir {size} x{reps}"),
+            prep: Prep::None,
+            action: Action::Loop("readdir", reps, format!("dirs/n{size}")),
+            ops: reps,
+        });
+    }
+    let mk = if quick { 200 } else { 2_000 };
+    v.push(Workload {
+        name: format!("mkstemp x{mk}"),
+        prep: Prep::Empty,
+        action: Action::Loop("mkstemp", mk, "{S}".to_string()),
+        ops: mk,
+    });
+    v.push(Workload {
+        name: if quick {
+            "read 64 MiB".into()
+        } else {
+            "read 1 GiB".into()
+        },
+        prep: Prep::None,
+        action: Action::Loop("read", 1, "data/big.bin".to_string()),
+        ops: 1,
+    });
+    v
+}
+
+/// Generate SRC: `tree/` (source-like files, a deep chain, a symlink, a git repository with
+/// one commit and a few uncommitted changes), `dirs/nN`, `data/big.bin`, `scratch/`; and a
+/// tarball of `tree` next to SRC.
+fn generate(base: &Path, quick: bool) -> Result<(PathBuf, PathBuf)> {
+    let src = base.join("src");
+    let t = src.join("tree");
+    fs::create_dir_all(&t)?;
+    let (m, s, f) = if quick { (4, 4, 10) } else { (20, 8, 25) };
+    tree::source_tree(&t, "kernel", m, s, f)?;
+    fs::write(t.join("README"), "a generated source-like tree\n")?;
+    let mut d = t.join("deep");
+    for c in ["a", "b", "c", "d", "e", "f"] {
+        d = d.join(c);
+        fs::create_dir_all(&d)?;
+        fs::write(d.join("file.c"), "int x;\n")?;
+    }
+    fs::write(t.join("deep/file.c"), "int x;\n")?;
+    std::os::unix::fs::symlink("deep/a/b/c", t.join("lnk"))?;
+    let git = |args: &[&str]| -> Result<()> {
+        let o = Command::new("git")
+            .arg("-C")
+            .arg(&t)
+            .args([
+                "-c",
+                "user.name=bench",
+                "-c",
+                "user.email=bench@example.invalid",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .context("running git")?;
+        if !o.status.success() {
+            bail!("git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        Ok(())
+    };
+    git(&["init", "-q"])?;
+    git(&["add", "-A"])?;
+    git(&["commit", "-q", "-m", "initial import"])?;
+    git(&["gc", "-q"])?;
+    for i in 0..3 {
+        fs::write(
+            t.join(format!("kernel/module0{i}/Makefile")),
+            format!("obj-y += changed{i}.o\n"),
+        )?;
+    }
+    for n in READDIR_SIZES {
+        tree::flat_dir(&src.join(format!("dirs/n{n}")), n)?;
+    }
+    fs::create_dir_all(src.join("scratch"))?;
+    fs::create_dir_all(src.join("data"))?;
+    let size: usize = if quick { 64 << 20 } else { 1 << 30 };
+    let mut f = fs::File::create(src.join("data/big.bin"))?;
+    let chunk: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 31 % 251) as u8).collect();
+    for _ in 0..size / chunk.len() {
+        f.write_all(&chunk)?;
+    }
+    f.sync_all()?;
+    let tar = base.join("tree.tar");
+    let st = Command::new("tar")
+        .arg("cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&src)
+        .arg("tree")
+        .status()?;
+    if !st.success() {
+        bail!("tar cf failed");
+    }
+    Ok((src, tar))
+}
+
+fn drop_caches() -> Result<()> {
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    fs::write("/proc/sys/vm/drop_caches", "3\n").context("echo 3 > /proc/sys/vm/drop_caches")
+}
+
+fn run_quiet(cmd: &mut Command) -> Result<()> {
+    let o = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()?;
+    if !o.status.success() {
+        bail!(
+            "{:?} failed ({}): {}",
+            cmd,
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+struct Ctx {
+    exe: PathBuf,
+    tar: PathBuf,
+    work: PathBuf,
+    perf: bool,
+}
+
+/// One measured run of `w` on `s`: (seconds, requests).
+fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<(f64, Option<u64>)> {
+    // One scratch directory per system: a change made natively must not race the FUSE
+    // daemons' coherence (that is tested elsewhere, not timed here).
+    let scratch = s.dir.join(format!("scratch/run-{}", s.sys.name()));
+    match w.prep {
+        Prep::None => {}
+        Prep::Empty => {
+            fs::create_dir_all(&scratch).with_context(|| format!("mkdir {}", scratch.display()))?
+        }
+        Prep::Tree => {
+            fs::create_dir_all(&scratch)?;
+            run_quiet(
+                Command::new("tar")
+                    .arg("xf")
+                    .arg(&ctx.tar)
+                    .arg("-C")
+                    .arg(&scratch),
+            )?;
+        }
+    }
+    if cold {
+        if let Some(m) = s.mount.as_mut() {
+            m.recycle()?;
+        }
+        drop_caches()?;
+    } else {
+        // Write back what earlier runs left dirty, so no run pays for another's writeback
+        // (drop_caches syncs first for the cold runs).
+        // SAFETY: sync(2) has no preconditions.
+        unsafe { libc::sync() };
+    }
+    let sub = |a: &str| -> String {
+        a.replace("{D}", &s.dir.to_string_lossy())
+            .replace("{S}", &scratch.to_string_lossy())
+            .replace("{T}", &ctx.tar.to_string_lossy())
+    };
+    let mut cmd = match &w.action {
+        Action::Cmd(args) => {
+            let mut c = Command::new(args[0]);
+            c.args(args[1..].iter().map(|a| sub(a)));
+            c
+        }
+        Action::Loop(mode, n, path) => {
+            let mut c = Command::new(&ctx.exe);
+            c.args([
+                "bench",
+                "stat-loop",
+                "--mode",
+                mode,
+                "--n",
+                &n.to_string(),
+                "--dir",
+            ])
+            .arg(&s.dir)
+            .arg(sub(path));
+            if path.contains("missing") {
+                c.arg("--missing");
+            }
+            c
+        }
+    };
+    if cold {
+        // drop_caches also evicted the program and its libraries: load them again (for every
+        // system alike) so that "cold" means a cold file system, not a cold program.
+        let prog = match &w.action {
+            Action::Cmd(args) => PathBuf::from(args[0]),
+            Action::Loop(..) => ctx.exe.clone(),
+        };
+        let _ = Command::new(prog)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let perf = match (&s.mount, ctx.perf) {
+        (Some(m), true) => Some(PerfCounter::start(&ctx.work, m.connection()?)?),
+        _ => None,
+    };
+    let t0 = Instant::now();
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", w.name))?;
+    let wall = t0.elapsed().as_secs_f64();
+    let requests = match perf {
+        Some(p) => Some(p.finish()?),
+        None => None,
+    };
+    let cleanup = if w.prep != Prep::None {
+        fs::remove_dir_all(&scratch)
+    } else {
+        Ok(())
+    };
+    // git diff exits 0; find over a mount may print errors: any failure is reported.
+    if !out.status.success() {
+        bail!(
+            "{} on {}: {} {}",
+            w.name,
+            s.sys.name(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    cleanup.with_context(|| format!("removing {} after {}", scratch.display(), w.name))?;
+    let secs = match w.action {
+        Action::Loop(..) => {
+            let so = String::from_utf8_lossy(&out.stdout);
+            so.trim()
+                .parse::<f64>()
+                .map_err(|_| anyhow!("stat-loop printed {so:?}"))?
+        }
+        Action::Cmd(_) => wall,
+    };
+    Ok((secs, requests))
+}
+
+struct Row {
+    workload: String,
+    system: &'static str,
+    cache: &'static str,
+    times: Vec<f64>,
+    requests: Vec<u64>,
+    ops: usize,
+    error: Option<String>,
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    let runs = a.runs.unwrap_or(if a.quick { 2 } else { 5 }).max(1);
+    let note = |s: &str| eprintln!("bench apps: {s}");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        note("not root: mounts, perf -a and drop_caches will probably fail");
+    }
+    let base = TempDir::new("bench-apps", a.base.as_deref())?;
+    note(&format!("generating the tree in {}", base.path().display()));
+    let (src, tar) = generate(base.path(), a.quick)?;
+    let perf_ok = Command::new("perf")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !perf_ok {
+        note("perf not found (apt-get install linux-perf): requests will be null");
+    }
+    let ctx = Ctx {
+        exe: std::env::current_exe()?,
+        tar,
+        work: base.path().to_path_buf(),
+        perf: perf_ok,
+    };
+
+    let want = |s: Sys| a.systems.is_empty() || a.systems.iter().any(|x| x == s.name());
+    // Declared after `base`, so dropped (unmounted) before the tree is removed.
+    let mut systems: Vec<System> = Vec::new();
+    if want(Sys::Native) {
+        systems.push(System {
+            sys: Sys::Native,
+            dir: src.clone(),
+            mount: None,
+        });
+    }
+    for sys in [Sys::Bindfs, Sys::Dircache] {
+        if !want(sys) {
+            continue;
+        }
+        let mnt = base.path().join(format!("mnt-{}", sys.name()));
+        let log = base.path().join(format!("{}.log", sys.name()));
+        match Mount::start(sys, &src, &mnt, &log) {
+            Ok(m) => systems.push(System {
+                sys,
+                dir: mnt,
+                mount: Some(m),
+            }),
+            Err(e) => note(&format!("skipping {}: {e:#}", sys.name())),
+        }
+    }
+    if systems.is_empty() {
+        bail!("no system to run on");
+    }
+
+    let mut rows: Vec<Row> = Vec::new();
+    let wls: Vec<Workload> = workloads(a.quick)
+        .into_iter()
+        .filter(|w| a.only.is_empty() || a.only.iter().any(|o| w.name.contains(o.as_str())))
+        .collect();
+    for w in &wls {
+        note(&format!(
+            "{} ({runs} runs x {} systems x cold/warm)",
+            w.name,
+            systems.len()
+        ));
+        for cache in ["cold", "warm"] {
+            let cold = cache == "cold";
+            let first = rows.len();
+            for s in &systems {
+                rows.push(Row {
+                    workload: w.name.clone(),
+                    system: s.sys.name(),
+                    cache,
+                    times: vec![],
+                    requests: vec![],
+                    ops: w.ops,
+                    error: None,
+                });
+            }
+            if !cold {
+                for (i, s) in systems.iter_mut().enumerate() {
+                    if let Err(e) = run_once(&ctx, s, w, false) {
+                        rows[first + i].error = Some(format!("{e:#}"));
+                    }
+                }
+            }
+            for r in 0..runs {
+                let n = systems.len();
+                for k in 0..n {
+                    let i = (k + r) % n;
+                    if rows[first + i].error.is_some() {
+                        continue;
+                    }
+                    match run_once(&ctx, &mut systems[i], w, cold) {
+                        Ok((t, req)) => {
+                            rows[first + i].times.push(t);
+                            if let Some(q) = req {
+                                rows[first + i].requests.push(q);
+                            }
+                        }
+                        Err(e) => {
+                            note(&format!("{e:#}"));
+                            rows[first + i].error = Some(format!("{e:#}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Unmount before printing (and before `base` goes).
+    drop(systems);
+
+    if a.json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                let has = !r.times.is_empty();
+                let mut o = json!({
+                    "workload": r.workload,
+                    "system": r.system,
+                    "cache": r.cache,
+                    "median_s": if has { json!(stats::median(&r.times)) } else { json!(null) },
+                    "min_s": if has { json!(stats::min(&r.times)) } else { json!(null) },
+                    "max_s": if has { json!(stats::max(&r.times)) } else { json!(null) },
+                    "requests": if r.requests.is_empty() { json!(null) } else { json!(median_u64(&r.requests)) },
+                });
+                if let (Some(e), Some(m)) = (&r.error, o.as_object_mut()) {
+                    m.insert("error".into(), json!(e));
+                }
+                o
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_table(&rows, runs);
+    }
+    Ok(0)
+}
+
+fn median_u64(v: &[u64]) -> u64 {
+    let f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
+    stats::median(&f).round() as u64
+}
+
+fn print_table(rows: &[Row], runs: usize) {
+    println!("dircache bench apps: median of {runs} interleaved runs [min-max]; ratio to native; requests = FUSE requests reaching the daemon (median); load average at end {}", super::lookup::loadavg());
+    let mut by: BTreeMap<(String, &str), Vec<&Row>> = BTreeMap::new();
+    let mut order: Vec<(String, &str)> = Vec::new();
+    for r in rows {
+        let k = (r.workload.clone(), r.cache);
+        if !by.contains_key(&k) {
+            order.push(k.clone());
+        }
+        by.entry(k).or_default().push(r);
+    }
+    for k in order {
+        let Some(rs) = by.get(&k) else { continue };
+        let native = rs
+            .iter()
+            .find(|r| r.system == "native")
+            .map(|r| stats::median(&r.times));
+        let mut line = format!("{:<28} {:<5}", k.0, k.1);
+        for r in rs {
+            if let Some(e) = &r.error {
+                let short: String = e.chars().take(40).collect();
+                line.push_str(&format!(" | {}: ERROR {short}", r.system));
+                continue;
+            }
+            let med = stats::median(&r.times);
+            let mut cell = if r.ops > 1 {
+                format!(" | {} {:.2} us/op", r.system, med / r.ops as f64 * 1e6)
+            } else {
+                format!(
+                    " | {} {:.4}s [{:.4}-{:.4}]",
+                    r.system,
+                    med,
+                    stats::min(&r.times),
+                    stats::max(&r.times)
+                )
+            };
+            if let Some(n) = native {
+                if r.system != "native" && n > 0.0 {
+                    cell.push_str(&format!(" {:.2}x", med / n));
+                }
+            }
+            if !r.requests.is_empty() {
+                cell.push_str(&format!(" req {}", median_u64(&r.requests)));
+            }
+            line.push_str(&cell);
+        }
+        println!("{line}");
+    }
+    print_targets(rows);
+}
+
+/// Issue 3's targets, judged on the dircache rows.
+fn print_targets(rows: &[Row]) {
+    let med = |w: &str, sys: &str, cache: &str| -> Option<f64> {
+        rows.iter()
+            .find(|r| r.workload == w && r.system == sys && r.cache == cache && !r.times.is_empty())
+            .map(|r| stats::median(&r.times))
+    };
+    let has_dc = rows
+        .iter()
+        .any(|r| r.system == "dircache" && !r.times.is_empty());
+    if !has_dc {
+        println!("\ntargets (issue 3): no dircache rows (mount unavailable), nothing to judge");
+        return;
+    }
+    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
+    let mut names: Vec<&str> = Vec::new();
+    for r in rows {
+        if !names.contains(&r.workload.as_str()) {
+            names.push(&r.workload);
+        }
+    }
+    println!("\ntargets (issue 3):");
+    // Warm <= 1.10x native on every metadata workload.
+    let mut worst: Vec<(f64, &str)> = Vec::new();
+    let mut missing = Vec::new();
+    for w in names.iter().filter(|w| !w.starts_with("read ")) {
+        match (med(w, "dircache", "warm"), med(w, "native", "warm")) {
+            (Some(d), Some(n)) if n > 0.0 => worst.push((d / n, w)),
+            _ => missing.push(*w),
+        }
+    }
+    worst.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let over: Vec<String> = worst
+        .iter()
+        .filter(|(r, _)| *r > 1.10)
+        .map(|(r, w)| format!("{w} {r:.2}x"))
+        .collect();
+    println!(
+        "  {} warm <= 1.10x native on every metadata workload: {} of {} over{}{}",
+        verdict(over.is_empty() && missing.is_empty()),
+        over.len(),
+        worst.len(),
+        if over.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", over.join(", "))
+        },
+        if missing.is_empty() {
+            String::new()
+        } else {
+            format!("; no result: {}", missing.join(", "))
+        }
+    );
+    // Warm stat of an 8-component path with 0 requests.
+    if let Some(r) = rows.iter().find(|r| {
+        r.workload.starts_with("stat 8 components") && r.system == "dircache" && r.cache == "warm"
+    }) {
+        let q = if r.requests.is_empty() {
+            None
+        } else {
+            Some(median_u64(&r.requests))
+        };
+        println!(
+            "  {} warm stat of an 8-component path reaches the daemon 0 times: {q:?} requests",
+            verdict(q == Some(0))
+        );
+    }
+    // Readdir of a cached 10,000-entry directory faster than native.
+    if let Some(w) = names.iter().find(|w| w.starts_with("readdir 10000")) {
+        if let (Some(d), Some(n)) = (med(w, "dircache", "warm"), med(w, "native", "warm")) {
+            println!(
+                "  {} warm readdir of 10,000 entries faster than native: {:.2}x native",
+                verdict(d < n),
+                d / n
+            );
+        }
+    }
+    // Cold <= 2x native and faster than bindfs on every workload.
+    let mut bad = Vec::new();
+    let mut judged = 0;
+    for w in &names {
+        let (Some(d), Some(n)) = (med(w, "dircache", "cold"), med(w, "native", "cold")) else {
+            continue;
+        };
+        judged += 1;
+        let b = med(w, "bindfs", "cold");
+        if d > 2.0 * n || b.map(|b| d >= b).unwrap_or(false) {
+            bad.push(format!(
+                "{w} {:.2}x{}",
+                d / n,
+                b.map(|b| format!(" (bindfs {:.2}x)", b / n))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    println!(
+        "  {} cold <= 2x native and faster than bindfs: {} of {judged} fail{}",
+        verdict(bad.is_empty()),
+        bad.len(),
+        if bad.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", bad.join(", "))
+        }
+    );
+    // Sequential read >= 0.9x native throughput.
+    if let Some(w) = names.iter().find(|w| w.starts_with("read ")) {
+        for cache in ["warm", "cold"] {
+            if let (Some(d), Some(n)) = (med(w, "dircache", cache), med(w, "native", cache)) {
+                println!(
+                    "  {} {w} ({cache}) >= 0.9x native throughput: {:.2}x",
+                    verdict(n / d >= 0.9),
+                    n / d
+                );
+            }
+        }
+    }
+}
