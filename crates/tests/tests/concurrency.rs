@@ -12,7 +12,8 @@
 //! * a directory handle opened on `p/q` keeps resolving `r/s/t/x` whatever happens to `p`
 //!   ("directory references").
 //!
-//! Bounded in time (`CONC_MILLIS`, default 3000 ms per config); `CONC_SEED` replays a seed.
+//! Bounded in time (`CONC_MILLIS`, default 5000 ms for the default config, a third of it for
+//! the baseline); `CONC_SEED` replays a seed.
 
 use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -239,7 +240,7 @@ fn millis() -> u64 {
     std::env::var("CONC_MILLIS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2500)
+        .unwrap_or(5000)
 }
 
 #[test]
@@ -253,5 +254,5 @@ fn lookups_racing_chmod_and_rename_default_config() {
 fn lookups_racing_chmod_and_rename_baseline_config() {
     let s = seed() + 1;
     eprintln!("concurrency seed {s} (CONC_SEED to replay)");
-    run(Config::baseline(), s, millis() / 2);
+    run(Config::baseline(), s, millis() / 3);
 }
