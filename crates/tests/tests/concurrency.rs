@@ -206,12 +206,32 @@ fn run(config: Config, seed: u64, millis: u64) {
         sh.a_ino.load(Ordering::Relaxed),
         "writer bookkeeping"
     );
+    // Quiescent: with no writer left, the cache must agree with the disk (a stale entry that
+    // outlives every race is a lasting corruption, worse than a transient one).
+    let final_a = sh.a_ino.load(Ordering::Relaxed);
+    for (who, c) in [("root", &root), ("A", &user)] {
+        let got = cache
+            .stat(c, At::Root, b"a/y/z/f", LookupFlags::FOLLOW)
+            .map(|a| a.ino);
+        if got != Ok(final_a) {
+            sh.violations.lock().unwrap().push(format!(
+                "seed={seed} quiescent: {who} stat a/y/z/f = {got:?}, disk has {final_a} (fa {fa}, fb {fb})"
+            ));
+        }
+    }
     let v = sh.violations.lock().unwrap();
+    let mut shown: Vec<String> = v.iter().take(10).cloned().collect();
+    shown.extend(
+        v.iter()
+            .skip(10)
+            .filter(|l| l.contains("quiescent") || l.contains("writer"))
+            .cloned(),
+    );
     assert!(
         v.is_empty(),
         "{} violations (config {config:?}), first ones:\n{}",
         v.len(),
-        v.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
+        shown.join("\n")
     );
     let checked = sh.checked.load(Ordering::Relaxed);
     assert!(
