@@ -276,3 +276,66 @@ fn lookups_racing_chmod_and_rename_baseline_config() {
     eprintln!("concurrency seed {s} (CONC_SEED to replay)");
     run(Config::baseline(), s, millis() / 3);
 }
+
+/// Focused: one thread renames `a -> c`, `b -> a`, `c -> b` (through a moment where `a` does
+/// not exist) while another looks up `a/y/z/f`; once both stop, the cache must agree with the
+/// disk. A slow walk that saw `a` missing must not leave a negative entry behind.
+#[test]
+fn no_lasting_negative_after_renames_race_lookups() {
+    let s = seed() + 2;
+    eprintln!("concurrency seed {s} (CONC_SEED to replay)");
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let cache = Cache::new(
+        Arc::new(dircache_local::LocalBackend::new(tmp.path()).expect("LocalBackend::new")),
+        Config::default(),
+    )
+    .expect("Cache::new");
+    let root = cache.credentials(Cred::root());
+    let user = cache.credentials(Cred::new(1001, 1001, [3000]));
+    let stop = AtomicBool::new(false);
+    let deadline = Instant::now() + Duration::from_millis(millis() / 3);
+    let mut bad = Vec::new();
+    let mut rounds = 0u64;
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Ordering::Acquire) {
+                let _ = cache.stat(&user, At::Root, b"a/y/z/f", LookupFlags::FOLLOW);
+                let _ = cache.stat(&root, At::Root, b"a/y", LookupFlags::FOLLOW);
+            }
+        });
+        while Instant::now() < deadline {
+            rounds += 1;
+            cache
+                .rename(&root, At::Root, b"a", b"c", RenameMode::NoReplace)
+                .expect("a->c");
+            cache
+                .rename(&root, At::Root, b"b", b"a", RenameMode::NoReplace)
+                .expect("b->a");
+            cache
+                .rename(&root, At::Root, b"c", b"b", RenameMode::NoReplace)
+                .expect("c->b");
+            // The writer's own view right after the swap (no rename in flight now).
+            let disk = std::fs::metadata(tmp.path().join("a/y/z/f")).unwrap().ino();
+            let got = cache
+                .stat(&root, At::Root, b"a/y/z/f", LookupFlags::FOLLOW)
+                .map(|a| a.ino);
+            if got != Ok(disk) && bad.len() < 5 {
+                bad.push(format!(
+                    "seed={s} round {rounds}: root stat a/y/z/f = {got:?}, disk {disk}"
+                ));
+            }
+        }
+        stop.store(true, Ordering::Release);
+    });
+    let disk = std::fs::metadata(tmp.path().join("a/y/z/f")).unwrap().ino();
+    for (who, c) in [("root", &root), ("A", &user)] {
+        let got = cache
+            .stat(c, At::Root, b"a/y/z/f", LookupFlags::FOLLOW)
+            .map(|a| a.ino);
+        if got != Ok(disk) {
+            bad.push(format!("seed={s} quiescent after {rounds} rounds: {who} stat a/y/z/f = {got:?}, disk {disk}"));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
