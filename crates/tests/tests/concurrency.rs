@@ -294,7 +294,7 @@ fn no_lasting_negative_after_renames_race_lookups() {
     let root = cache.credentials(Cred::root());
     let user = cache.credentials(Cred::new(1001, 1001, [3000]));
     let stop = AtomicBool::new(false);
-    let deadline = Instant::now() + Duration::from_millis(millis() / 3);
+    let deadline = Instant::now() + Duration::from_millis(millis() / 2);
     let mut bad = Vec::new();
     let mut rounds = 0u64;
     std::thread::scope(|sc| {
