@@ -52,16 +52,10 @@ impl Cache {
             if f & HAS_CHILDREN == 0 {
                 continue;
             }
+            // Leaves are not visited: their entries check this (their parent's) version.
             let inner = d.inner.read();
             if let Some(ch) = &inner.children {
-                for c in ch.values() {
-                    if c.flags.load(Ordering::Relaxed) & (HAS_CHILDREN | MOUNTED) != 0 {
-                        stack.push(c.clone());
-                    } else {
-                        c.version.store(v, Ordering::Release);
-                        n += 1;
-                    }
-                }
+                stack.extend(ch.interior.iter().filter_map(Weak::upgrade));
             }
         }
         self.stats.invalidated_entries.add(n);

@@ -48,6 +48,11 @@ fn name_hash(name: &[u8]) -> u64 {
 #[derive(Default)]
 pub(crate) struct ChildMap {
     t: HashTable<NodeRef>,
+    /// The children that can have children of their own (directories, and entries below which
+    /// deep negatives hang): what an invalidation must visit. Leaves are never listed, so
+    /// invalidating a directory of 10,000 files touches none of them. May hold stale weak
+    /// references (removed or moved children); visiting those only over-invalidates.
+    pub(crate) interior: Vec<Weak<Dentry>>,
     /// Target of a symbolic link (symlinks have no children; they share this box).
     pub(crate) target: Option<Box<[u8]>>,
 }
@@ -60,6 +65,9 @@ impl ChildMap {
 
     /// Insert `node` under its current name; returns the child it displaced.
     pub(crate) fn insert(&mut self, node: NodeRef) -> Option<NodeRef> {
+        if node.is_dir() || node.has(HAS_CHILDREN) {
+            self.add_interior(&node);
+        }
         let name = node.link.load().name.clone();
         let h = name_hash(&name);
         match self.t.find_entry(h, |n| *n.link.load().name == *name) {
@@ -91,6 +99,14 @@ impl ChildMap {
             }
             Err(_) => false,
         }
+    }
+
+    pub(crate) fn add_interior(&mut self, node: &NodeRef) {
+        if self.interior.len() >= 16 && self.interior.len() > 2 * self.t.len() {
+            self.interior
+                .retain(|w| w.upgrade().is_some_and(|d| !d.has(DEAD)));
+        }
+        self.interior.push(Arc::downgrade(node));
     }
 
     pub(crate) fn values(&self) -> impl Iterator<Item = &NodeRef> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use siphasher::sip128::SipHasher13;
 
 use super::dentry::{Dentry, COMPLETE, DEAD, HAS_CHILDREN, MOUNTED};
-use super::fast::{finish, sig_of, FastEntry, FOLLOW_MARK};
+use super::fast::{finish, sig_of, FastEntry, Seen, FOLLOW_MARK};
 use super::path::{self, check_path, shape, Shape};
 use super::{
     At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
@@ -32,15 +32,17 @@ pub(crate) struct Walk {
     pub(crate) node: NodeRef,
     /// Version of `node` when the walk reached it.
     pub(crate) ver: u64,
-    /// Symlinks followed, with their versions when followed.
-    pub(crate) deps: Vec<(NodeRef, u64)>,
+    /// `node`'s parent and its version then.
+    pub(crate) up: Option<(NodeRef, u64)>,
+    /// Symlinks followed, as seen when followed.
+    pub(crate) deps: Vec<Seen>,
     /// Index in `deps` of the symlink that was the path's own final component, when it was
     /// followed.
     pub(crate) final_link: Option<usize>,
     /// Nodes reached right before a `..` in the original path while no symlink had been
     /// followed yet: (byte offset of the `..`, node, version), published as prefixes so the
     /// fast path can check `..` later.
-    pub(crate) dotdot: Vec<(usize, Arc<Mount>, NodeRef, u64)>,
+    pub(crate) dotdot: Vec<(usize, Arc<Mount>, Seen)>,
 }
 
 enum Next {
@@ -384,6 +386,7 @@ impl Cache {
         let mut w = Walk {
             mnt: mnt.clone(),
             ver: cur.version(),
+            up: None,
             node: cur.clone(),
             deps: Vec::new(),
             final_link: None,
@@ -429,7 +432,7 @@ impl Cache {
             }
             if comp == b".." {
                 if depth == 1 && w.deps.is_empty() {
-                    w.dotdot.push((at, mnt.clone(), cur.clone(), cur.version()));
+                    w.dotdot.push((at, mnt.clone(), Seen::now(&cur)));
                 }
                 let (m, n) = self.dotdot(ns, &mnt, &cur);
                 mnt = m;
@@ -446,12 +449,11 @@ impl Cache {
                 if links > MAX_SYMLINKS {
                     return Err(Error::Loop);
                 }
-                let ver = child.version();
                 let target = self.link_target_counted(&child, &mut missed)?;
                 if last && depth == 1 {
                     w.final_link = Some(w.deps.len());
                 }
-                w.deps.push((child.clone(), ver));
+                w.deps.push(Seen::now(&child));
                 if target.is_empty() {
                     return Err(Error::NotFound);
                 }
@@ -476,7 +478,9 @@ impl Cache {
         } else {
             self.stats.hits.inc();
         }
-        w.ver = cur.version();
+        let seen = Seen::now(&cur);
+        w.ver = seen.ver;
+        w.up = seen.up;
         w.node = cur;
         w.mnt = mnt;
         Ok(w)
@@ -556,12 +560,12 @@ impl Cache {
         };
         let mut published: Vec<(u128, u64)> = Vec::new();
         // Prefixes before `..` components.
-        for (at, mnt, node, ver) in &w.dotdot {
+        for (at, mnt, seen) in &w.dotdot {
             let full = norm_lex(lex, &path[..*at]);
             if full.is_empty() {
                 continue;
             }
-            if let Some(p) = self.publish_one(cs, ns, &full, false, node, *ver, &[], mnt.opts) {
+            if let Some(p) = self.publish_one(cs, ns, &full, false, seen, &[], mnt.opts) {
                 published.push(p);
             }
         }
@@ -574,23 +578,27 @@ impl Cache {
                     Some(i) => (&w.deps[..i], w.deps.get(i)),
                     None => (&w.deps[..], None),
                 };
+                let target = Seen {
+                    node: w.node.clone(),
+                    ver: w.ver,
+                    up: w.up.clone(),
+                };
                 match link {
-                    Some((l, lver)) => {
+                    Some(l) => {
                         // path -> the link itself; path + FOLLOW_MARK -> the target.
-                        if let Some(p) =
-                            self.publish_one(cs, ns, &full, false, l, *lver, deps, w.mnt.opts)
+                        if let Some(p) = self.publish_one(cs, ns, &full, false, l, deps, w.mnt.opts)
                         {
                             published.push(p);
                         }
-                        if let Some(p) = self
-                            .publish_one(cs, ns, &full, true, &w.node, w.ver, &w.deps, w.mnt.opts)
+                        if let Some(p) =
+                            self.publish_one(cs, ns, &full, true, &target, &w.deps, w.mnt.opts)
                         {
                             published.push(p);
                         }
                     }
                     None => {
                         if let Some(p) =
-                            self.publish_one(cs, ns, &full, false, &w.node, w.ver, deps, w.mnt.opts)
+                            self.publish_one(cs, ns, &full, false, &target, deps, w.mnt.opts)
                         {
                             published.push(p);
                         }
@@ -615,12 +623,11 @@ impl Cache {
         ns: &Namespace,
         full: &[u8],
         follow_key: bool,
-        node: &NodeRef,
-        ver: u64,
-        deps: &[(NodeRef, u64)],
+        seen: &Seen,
+        deps: &[Seen],
         mount: MountOptions,
     ) -> Option<(u128, u64)> {
-        if node.has(DEAD) || node.version() != ver {
+        if !seen.valid() {
             return None;
         }
         let mut h = ns.base;
@@ -631,13 +638,9 @@ impl Cache {
         let sig = finish(&h);
         let guard = ns.dlht.guard();
         let reuse = ns.dlht.get(&sig, &guard).and_then(|e| {
-            let same = Arc::ptr_eq(&e.node, node)
-                && e.ver == ver
+            let same = e.seen().same(seen)
                 && e.deps.len() == deps.len()
-                && e.deps
-                    .iter()
-                    .zip(deps)
-                    .all(|(a, b)| Arc::ptr_eq(&a.0, &b.0) && a.1 == b.1)
+                && e.deps.iter().zip(deps).all(|(a, b)| a.same(b))
                 && e.valid();
             same.then_some(e.stamp)
         });
@@ -646,8 +649,9 @@ impl Cache {
             None => {
                 let stamp = self.seq.fetch_add(1, Ordering::AcqRel);
                 let e = FastEntry {
-                    node: node.clone(),
-                    ver,
+                    node: seen.node.clone(),
+                    ver: seen.ver,
+                    up: seen.up.clone(),
                     stamp,
                     deps: deps.to_vec().into_boxed_slice(),
                     mount,
@@ -770,8 +774,15 @@ impl Cache {
         let node = revived.unwrap_or_else(|| self.new_dentry(dir, name, kind, attr));
         if cacheable && fresh {
             inner.children_mut().insert(node.clone());
-            dir.set(HAS_CHILDREN);
+            let first = dir.flags.fetch_or(HAS_CHILDREN, Ordering::AcqRel) & HAS_CHILDREN == 0;
             drop(inner);
+            if first && !dir.is_dir() {
+                // A file or negative with deep negatives below it is now interior: its parent's
+                // invalidations must reach it (directories were listed when inserted).
+                if let Some(p) = dir.parent_ref() {
+                    p.inner.write().children_mut().add_interior(dir);
+                }
+            }
             self.account_new(&node);
         } else {
             node.set(DEAD);
