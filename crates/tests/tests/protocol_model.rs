@@ -238,27 +238,34 @@ fn broken_variant_without_version_bump_is_caught() {
 }
 
 // ------------------------------------------------------------------------------------------
-// The protocol as the core implements it (crates/core/src/cache/{walk,fast,coherence}.rs):
-// two counters `inval_start`/`inval_end` (a writer opens a window with start += 1, makes the
-// change, bumps the versions of the subtree, closes it with end += 1); a slow walk reads end
-// then start, walks checking search permission, records the target's version *at the end of
-// the walk*, publishes (DLHT entry {node, ver, stamp} + PCC slot (sig, stamp)) if start == end
-// was seen and the node's version still equals the recorded one, then re-reads start and
-// retracts what it published if start moved. The fast path: DLHT entry valid (version
-// unchanged) and the credential's PCC holds the entry's stamp.
+// The protocol as the core implements it (crates/core/src/cache/{walk,fast,coherence}.rs and
+// docs/core.md I4): two counters `inval_start`/`inval_end` (a writer opens a window with
+// start += 1, makes the change, bumps the versions of the *interior* dentries of the subtree,
+// closes it with end += 1); a slow walk reads end then start, walks checking search permission
+// and recording the versions it relies on (the target's, and for a leaf its parent's, since
+// leaves are not bumped: their entries are validated through the parent's version), then
+// publishes (DLHT entry {node, ver, up, stamp} + PCC slot) only if start == end was seen and
+// start is still unchanged after the walk; after publishing it re-reads start and retracts by
+// stamp if it moved. The fast path: DLHT entry valid (versions unchanged) and the credential's
+// PCC holds the entry's stamp.
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum CoreVariant {
-    /// As implemented: publish, then retract if a window opened meanwhile.
+    /// The core before ca6be44: publish, then retract if a window opened meanwhile.
     PublishThenRetract,
-    /// Also check `inval_start` before publishing (after reading the version).
-    CheckBeforePublish,
+    /// The core now: check `inval_start` before publishing; leaves not bumped, their entries
+    /// validated through the parent's version.
+    Current,
+    /// Broken: leaves not bumped and their entries do not check the parent's version.
+    LeafWithoutParentCheck,
 }
 
 #[derive(Clone, Copy)]
 struct Entry {
     node: usize,
     ver: u64,
+    /// (parent, its version) for a leaf validated through its parent.
+    up: Option<(usize, u64)>,
     stamp: u64,
 }
 
@@ -298,21 +305,28 @@ impl CoreModel {
         let bit = if who == 0 { 0o100 } else { 0o001 };
         let e = self.dlht.lock().unwrap().get(PATH).copied();
         if let Some(e) = e {
-            let valid = self.nodes[e.node].version.load(SeqCst) == e.ver;
+            let valid = self.nodes[e.node].version.load(SeqCst) == e.ver
+                && e.up
+                    .is_none_or(|(p, v)| self.nodes[p].version.load(SeqCst) == v);
             if valid && self.pcc[who].lock().unwrap().get(PATH) == Some(&e.stamp) {
                 return Answer::FastGrant;
             }
         }
         let e0 = self.end.load(SeqCst);
         let s0 = self.start.load(SeqCst);
+        let mut up_ver = 0;
         for dir in [ROOT, D, E] {
             if self.nodes[dir].mode.load(SeqCst) & bit == 0 {
                 return Answer::Denied;
             }
+            if dir == E {
+                up_ver = self.nodes[E].version.load(SeqCst);
+            }
         }
         let ver = self.nodes[F].version.load(SeqCst);
+        let up = (self.variant == CoreVariant::Current).then_some((E, up_ver));
         if s0 == e0 {
-            if self.variant == CoreVariant::CheckBeforePublish && self.start.load(SeqCst) != s0 {
+            if self.variant != CoreVariant::PublishThenRetract && self.start.load(SeqCst) != s0 {
                 return Answer::SlowGrant;
             }
             let mut published = None;
@@ -323,6 +337,7 @@ impl CoreModel {
                     Entry {
                         node: F,
                         ver,
+                        up,
                         stamp,
                     },
                 );
@@ -351,7 +366,13 @@ impl CoreModel {
         self.start.fetch_add(1, SeqCst);
         self.nodes[D].mode.store(0o700, SeqCst);
         let v = self.seq.fetch_add(1, SeqCst);
-        for n in [D, E, F] {
+        // F is a leaf: the current core does not visit it.
+        let bumped: &[usize] = if self.variant == CoreVariant::PublishThenRetract {
+            &[D, E, F]
+        } else {
+            &[D, E]
+        };
+        for &n in bumped {
             self.nodes[n].version.store(v, SeqCst);
         }
         self.end.fetch_add(1, SeqCst);
@@ -419,36 +440,47 @@ fn core_scenario(variant: CoreVariant, warm: bool) {
     );
 }
 
-/// The core's protocol as implemented. A slow walk that checked permissions before the chmod
-/// but read the target's version after the bump publishes a *valid* entry and retracts it only
-/// afterwards: a lookup starting after the chmod completed can hit it in between.
+fn core_fails(variant: CoreVariant) -> bool {
+    [false, true].into_iter().any(|warm| {
+        std::panic::catch_unwind(|| {
+            shuttle::check_random(move || core_scenario(variant, warm), 3000)
+        })
+        .is_err()
+            || std::panic::catch_unwind(|| {
+                shuttle::check_pct(move || core_scenario(variant, warm), 3000, 3)
+            })
+            .is_err()
+    })
+}
+
+/// The core's protocol as implemented now (check before publishing, leaves validated through
+/// their parent's version): no lookup that starts after the revoking chmod completed is
+/// granted.
 #[test]
 fn core_protocol_never_grants_after_revocation() {
     for warm in [false, true] {
-        shuttle::check_random(
-            move || core_scenario(CoreVariant::PublishThenRetract, warm),
-            3000,
-        );
-        shuttle::check_pct(
-            move || core_scenario(CoreVariant::PublishThenRetract, warm),
-            3000,
-            3,
-        );
+        shuttle::check_random(move || core_scenario(CoreVariant::Current, warm), 3000);
+        shuttle::check_pct(move || core_scenario(CoreVariant::Current, warm), 3000, 3);
     }
 }
 
-/// The suggested fix: re-check `inval_start` after reading the version and before publishing.
+/// The earlier core (publish, then retract): a slow walk that checked permissions before the
+/// chmod but read the target's version after the bump published a valid entry and retracted
+/// it only afterwards; a lookup starting after the chmod completed could hit it in between.
+/// Shuttle must find it (this is how the bug was found; it shows the scenario can fail).
 #[test]
-fn core_protocol_with_check_before_publish() {
-    for warm in [false, true] {
-        shuttle::check_random(
-            move || core_scenario(CoreVariant::CheckBeforePublish, warm),
-            3000,
-        );
-        shuttle::check_pct(
-            move || core_scenario(CoreVariant::CheckBeforePublish, warm),
-            3000,
-            3,
-        );
-    }
+fn core_old_publish_then_retract_is_caught() {
+    assert!(
+        core_fails(CoreVariant::PublishThenRetract),
+        "shuttle should find publish-then-retract"
+    );
+}
+
+/// Leaves not bumped and no parent check: the stale PCC slot of a leaf stays valid.
+#[test]
+fn core_leaf_without_parent_check_is_caught() {
+    assert!(
+        core_fails(CoreVariant::LeafWithoutParentCheck),
+        "shuttle should find the missing parent check"
+    );
 }
