@@ -16,7 +16,8 @@
 //! `ORACLE_NO_TIMES=1` leaves mtime/ctime out of attribute comparisons, `ORACLE_LOG=file`
 //! writes the whole operation log there on failure. For exploring past a known bug class:
 //! `ORACLE_NO_BEHIND=1` (no outside changes), `ORACLE_NO_HANDLES=1` (no directory handles);
-//! `ORACLE_STOP_AT=i` makes an errno disagreement at op i fatal (to shrink it).
+//! `ORACLE_STOP_AT=i` makes an errno disagreement at op i fatal (to shrink it);
+//! `ORACLE_TRACE=1` prints every operation before it runs (to find a hang).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -1259,14 +1260,20 @@ fn run(kind: BackendKind, config: &Config, seed: u64, ops: usize) {
     let _stop = Stop(done.clone());
     let watchdog = {
         let (current, done) = (current.clone(), done.clone());
-        let limit = Duration::from_secs(env_u64("ORACLE_TIMEOUT").unwrap_or(300));
+        let limit = Duration::from_secs(env_u64("ORACLE_TIMEOUT").unwrap_or(40));
         std::thread::spawn(move || {
             let start = Instant::now();
             while !done.load(Ordering::Acquire) {
                 if start.elapsed() > limit {
-                    eprintln!(
-                        "oracle watchdog: seed={seed} stuck at op#{} after {limit:?}; aborting",
-                        current.load(Ordering::Acquire)
+                    // Straight to fd 2: the test harness captures eprintln! output, and the
+                    // abort below would lose it.
+                    use std::io::Write;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "oracle watchdog: seed={seed} stuck at op#{} after {limit:?}; aborting \
+                         (replay with ORACLE_SEED={seed} ORACLE_OPS={} ORACLE_LOG=file)",
+                        current.load(Ordering::Acquire),
+                        current.load(Ordering::Acquire) + 1
                     );
                     std::process::abort();
                 }
@@ -1288,6 +1295,10 @@ fn run(kind: BackendKind, config: &Config, seed: u64, ops: usize) {
         };
         history.push(op.clone());
         current.store(i, Ordering::Release);
+        if std::env::var("ORACLE_TRACE").is_ok() {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "#{i} {op}");
+        }
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.apply(&op)));
         let res = match res {
             Ok(r) => r,
