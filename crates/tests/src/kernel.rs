@@ -184,7 +184,24 @@ pub fn setattr_follow(dirfd: i32, path: &CStr, set: &SetAttr, follow: bool) -> K
         chk(unsafe { libc::fchmodat(dirfd, path.as_ptr(), m & 0o7777, 0) })?;
     }
     if let Some(sz) = set.size {
-        let fd = unsafe { libc::openat(dirfd, path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        // As truncate(2): EISDIR for directories, EINVAL for other non-regular files (never
+        // open a FIFO), then write permission.
+        let a = fstatat(dirfd, path, follow)?;
+        match a.mode & libc::S_IFMT {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => return Err(libc::EISDIR),
+            _ => return Err(libc::EINVAL),
+        }
+        let fd = unsafe {
+            libc::openat(
+                dirfd,
+                path.as_ptr(),
+                libc::O_WRONLY
+                    | libc::O_NONBLOCK
+                    | libc::O_CLOEXEC
+                    | if follow { 0 } else { libc::O_NOFOLLOW },
+            )
+        };
         if fd < 0 {
             return Err(errno());
         }

@@ -221,6 +221,17 @@ fn mutations_fail_like_linux(fx: &Fixture, path: &[u8], expect: i32) -> Vec<Stri
             fx.cache.link(root, At::Root, b"a/f", path)
         })),
     );
+    let set = dircache_core::SetAttr {
+        mode: Some(0o700),
+        ..Default::default()
+    };
+    check(
+        "chmod",
+        err(&no_panic("setattr", path, || {
+            fx.cache
+                .setattr(root, At::Root, path, &set, LookupFlags::FOLLOW)
+        })),
+    );
     bad
 }
 
@@ -304,6 +315,11 @@ fn name_max_and_path_max() {
     p.insert(0, b'/');
     assert_eq!(kernel_errno(&fx, &p), Some(libc::ENAMETOOLONG));
     bad.extend(mutations_fail_like_linux(&fx, &p, libc::ENAMETOOLONG));
+    let mut q = b"/.".repeat(2047);
+    q.extend_from_slice(b"/a");
+    assert_eq!(q.len(), 4096);
+    bad.extend(queries_match(&fx, &q));
+    bad.extend(mutations_fail_like_linux(&fx, &q, libc::ENAMETOOLONG));
     bad.extend(mutations_fail_like_linux(
         &fx,
         &[b"a/".as_slice(), &n256].concat(),

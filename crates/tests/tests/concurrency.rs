@@ -12,7 +12,8 @@
 //! * a directory handle opened on `p/q` keeps resolving `r/s/t/x` whatever happens to `p`
 //!   ("directory references").
 //!
-//! Bounded in time (`CONC_MILLIS`, default 3000 ms per config); `CONC_SEED` replays a seed.
+//! Bounded in time (`CONC_MILLIS`, default 5000 ms for the default config, a third of it for
+//! the baseline); `CONC_SEED` replays a seed.
 
 use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -205,12 +206,32 @@ fn run(config: Config, seed: u64, millis: u64) {
         sh.a_ino.load(Ordering::Relaxed),
         "writer bookkeeping"
     );
+    // Quiescent: with no writer left, the cache must agree with the disk (a stale entry that
+    // outlives every race is a lasting corruption, worse than a transient one).
+    let final_a = sh.a_ino.load(Ordering::Relaxed);
+    for (who, c) in [("root", &root), ("A", &user)] {
+        let got = cache
+            .stat(c, At::Root, b"a/y/z/f", LookupFlags::FOLLOW)
+            .map(|a| a.ino);
+        if got != Ok(final_a) {
+            sh.violations.lock().unwrap().push(format!(
+                "seed={seed} quiescent: {who} stat a/y/z/f = {got:?}, disk has {final_a} (fa {fa}, fb {fb})"
+            ));
+        }
+    }
     let v = sh.violations.lock().unwrap();
+    let mut shown: Vec<String> = v.iter().take(10).cloned().collect();
+    shown.extend(
+        v.iter()
+            .skip(10)
+            .filter(|l| l.contains("quiescent") || l.contains("writer"))
+            .cloned(),
+    );
     assert!(
         v.is_empty(),
         "{} violations (config {config:?}), first ones:\n{}",
         v.len(),
-        v.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
+        shown.join("\n")
     );
     let checked = sh.checked.load(Ordering::Relaxed);
     assert!(
@@ -239,7 +260,7 @@ fn millis() -> u64 {
     std::env::var("CONC_MILLIS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2500)
+        .unwrap_or(5000)
 }
 
 #[test]
@@ -253,5 +274,68 @@ fn lookups_racing_chmod_and_rename_default_config() {
 fn lookups_racing_chmod_and_rename_baseline_config() {
     let s = seed() + 1;
     eprintln!("concurrency seed {s} (CONC_SEED to replay)");
-    run(Config::baseline(), s, millis() / 2);
+    run(Config::baseline(), s, millis() / 3);
+}
+
+/// Focused: one thread renames `a -> c`, `b -> a`, `c -> b` (through a moment where `a` does
+/// not exist) while another looks up `a/y/z/f`; once both stop, the cache must agree with the
+/// disk. A slow walk that saw `a` missing must not leave a negative entry behind.
+#[test]
+fn no_lasting_negative_after_renames_race_lookups() {
+    let s = seed() + 2;
+    eprintln!("concurrency seed {s} (CONC_SEED to replay)");
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let cache = Cache::new(
+        Arc::new(dircache_local::LocalBackend::new(tmp.path()).expect("LocalBackend::new")),
+        Config::default(),
+    )
+    .expect("Cache::new");
+    let root = cache.credentials(Cred::root());
+    let user = cache.credentials(Cred::new(1001, 1001, [3000]));
+    let stop = AtomicBool::new(false);
+    let deadline = Instant::now() + Duration::from_millis(millis() / 2);
+    let mut bad = Vec::new();
+    let mut rounds = 0u64;
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Ordering::Acquire) {
+                let _ = cache.stat(&user, At::Root, b"a/y/z/f", LookupFlags::FOLLOW);
+                let _ = cache.stat(&root, At::Root, b"a/y", LookupFlags::FOLLOW);
+            }
+        });
+        while Instant::now() < deadline {
+            rounds += 1;
+            cache
+                .rename(&root, At::Root, b"a", b"c", RenameMode::NoReplace)
+                .expect("a->c");
+            cache
+                .rename(&root, At::Root, b"b", b"a", RenameMode::NoReplace)
+                .expect("b->a");
+            cache
+                .rename(&root, At::Root, b"c", b"b", RenameMode::NoReplace)
+                .expect("c->b");
+            // The writer's own view right after the swap (no rename in flight now).
+            let disk = std::fs::metadata(tmp.path().join("a/y/z/f")).unwrap().ino();
+            let got = cache
+                .stat(&root, At::Root, b"a/y/z/f", LookupFlags::FOLLOW)
+                .map(|a| a.ino);
+            if got != Ok(disk) && bad.len() < 5 {
+                bad.push(format!(
+                    "seed={s} round {rounds}: root stat a/y/z/f = {got:?}, disk {disk}"
+                ));
+            }
+        }
+        stop.store(true, Ordering::Release);
+    });
+    let disk = std::fs::metadata(tmp.path().join("a/y/z/f")).unwrap().ino();
+    for (who, c) in [("root", &root), ("A", &user)] {
+        let got = cache
+            .stat(c, At::Root, b"a/y/z/f", LookupFlags::FOLLOW)
+            .map(|a| a.ino);
+        if got != Ok(disk) {
+            bad.push(format!("seed={s} quiescent after {rounds} rounds: {who} stat a/y/z/f = {got:?}, disk {disk}"));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -495,3 +495,340 @@ fn handle_directory_is_not_evicted() {
     cache.mknod(&root, At::Dir(&h), b"x", 0o644, 0).unwrap();
     assert!(f.root.join("d/x").exists());
 }
+
+// ---------------------------------------------------------------------------------------
+// From the oracle (tests branch).
+
+/// oracle seed 3 op#773 (ORACLE_NO_BEHIND=1), reduced: B holds a handle on `c/d` (its own
+/// directory); root then makes `c` unsearchable. Lookups through the handle keep working
+/// ("Directory References", §3.2) and so must creations: Linux lets B create `x` through the
+/// descriptor. The cache answered EACCES.
+#[test]
+fn mutation_through_handle_after_ancestor_chmod() {
+    let f = fx(
+        &[("c", 0o755, 0, 0), ("c/d", 0o755, B, B)],
+        &[("c/d/f", 0o644, B, B)],
+    );
+    let h = f.cache.opendir(&f.b, At::Root, b"c/d").unwrap();
+    let set = dircache_core::SetAttr {
+        mode: Some(0o700),
+        ..Default::default()
+    };
+    f.cache
+        .setattr(&f.root_c, At::Root, b"c", &set, LookupFlags::FOLLOW)
+        .unwrap();
+    let st = f.cache.stat(&f.b, At::Dir(&h), b"f", LookupFlags::NOFOLLOW);
+    assert!(st.is_ok(), "lookup through the handle: {st:?}");
+    let r = f.cache.mknod(&f.b, At::Dir(&h), b"x", 0o644, 0);
+    assert!(r.is_ok(), "mknod through the handle: {r:?}");
+    let t = dircache_core::SetAttr {
+        size: Some(1),
+        ..Default::default()
+    };
+    let r = f
+        .cache
+        .setattr(&f.b, At::Dir(&h), b"f", &t, LookupFlags::FOLLOW);
+    assert!(r.is_ok(), "truncate through the handle: {r:?}");
+    let r = f.cache.unlink(&f.b, At::Dir(&h), b"x");
+    assert!(r.is_ok(), "unlink through the handle: {r:?}");
+}
+
+/// oracle seed 2 op#1196 (ORACLE_NO_BEHIND=1), reduced: chmod through a symlink (setattr with
+/// FOLLOW) must leave `lstat(link)` reporting the link itself, not its target.
+#[test]
+fn chmod_through_symlink_keeps_lstat_of_link() {
+    let f = fx(&[("a", 0o755, 0, 0), ("a/b", 0o755, A, A)], &[]);
+    symlink("a/b", f.root.join("l1")).unwrap();
+    let link_ino = ino(&f.root, "l1");
+    let before = f
+        .cache
+        .stat(&f.b, At::Root, b"l1", LookupFlags::NOFOLLOW)
+        .map(|a| a.ino);
+    assert_eq!(before, Ok(link_ino));
+    let set = dircache_core::SetAttr {
+        mode: Some(0o711),
+        ..Default::default()
+    };
+    let r = f
+        .cache
+        .setattr(&f.root_c, At::Root, b"l1", &set, LookupFlags::FOLLOW)
+        .unwrap();
+    assert_eq!(
+        r.ino,
+        ino(&f.root, "a/b"),
+        "setattr returns the target's attributes"
+    );
+    let after = f
+        .cache
+        .stat(&f.b, At::Root, b"l1", LookupFlags::NOFOLLOW)
+        .map(|a| (a.ino, a.mode));
+    assert_eq!(
+        after,
+        Ok((link_ino, libc::S_IFLNK | 0o777)),
+        "lstat(l1) after chmod(l1)"
+    );
+    let followed = f
+        .cache
+        .stat(&f.b, At::Root, b"l1", LookupFlags::FOLLOW)
+        .map(|a| a.mode);
+    assert_eq!(followed, Ok(libc::S_IFDIR | 0o711));
+}
+
+/// The same with chown (seed 2 also chowned through the link).
+#[test]
+fn chown_through_symlink_keeps_lstat_of_link() {
+    let f = fx(&[("a", 0o755, 0, 0), ("a/b", 0o755, A, A)], &[]);
+    symlink("a/b", f.root.join("l1")).unwrap();
+    let link_ino = ino(&f.root, "l1");
+    let set = dircache_core::SetAttr {
+        gid: Some(3001),
+        ..Default::default()
+    };
+    f.cache
+        .setattr(&f.root_c, At::Root, b"l1", &set, LookupFlags::FOLLOW)
+        .unwrap();
+    let after = f
+        .cache
+        .stat(&f.b, At::Root, b"l1", LookupFlags::NOFOLLOW)
+        .map(|a| (a.ino, a.gid));
+    assert_eq!(after, Ok((link_ino, 0)), "lstat(l1) after chown(l1)");
+}
+
+/// oracle seeds 7, 8 (ORACLE_NO_BEHIND=1): rename(x, x) (any mode) succeeds on Linux without
+/// write permission on the directory (vfs_rename returns 0 when source == target before
+/// may_delete); the cache said EACCES.
+#[test]
+fn rename_onto_itself_needs_no_write_permission() {
+    let f = fx(&[("a", 0o755, 0, 0)], &[("a/f", 0o644, 0, 0)]);
+    for mode in [RenameMode::Replace, RenameMode::Exchange] {
+        let k = f.jail.run_as(&cred_b(), move || {
+            kernel::renameat2(libc::AT_FDCWD, c"a/f", libc::AT_FDCWD, c"a/f", mode).err()
+        });
+        assert_eq!(k, None);
+        assert_eq!(
+            e(f.cache.rename(&f.b, At::Root, b"a/f", b"a/f", mode)),
+            k,
+            "{mode:?}"
+        );
+    }
+}
+
+/// oracle seeds 6, 11, 12 (ORACLE_NO_BEHIND=1): a 4096-byte path of "./" is ENAMETOOLONG for
+/// chmod too (the cache applied the chmod).
+#[test]
+fn setattr_enforces_path_max() {
+    let f = fx(&[("a", 0o755, 0, 0)], &[]);
+    // Warm the fast path, then the same path padded to 4096 bytes, with and without a leading
+    // slash (the oracle's failing form was "/./././…" of 4096 bytes).
+    assert!(f
+        .cache
+        .stat(&f.root_c, At::Root, b"a", LookupFlags::FOLLOW)
+        .is_ok());
+    let set = dircache_core::SetAttr {
+        mode: Some(0o700),
+        ..Default::default()
+    };
+    let mut p = b"./".repeat(2047);
+    p.extend_from_slice(b"a/");
+    let mut q = b"/.".repeat(2047);
+    q.extend_from_slice(b"/a");
+    for path in [p, q] {
+        assert_eq!(path.len(), 4096);
+        let r = f
+            .cache
+            .setattr(&f.root_c, At::Root, &path, &set, LookupFlags::FOLLOW);
+        assert_eq!(
+            e(r),
+            Some(libc::ENAMETOOLONG),
+            "{}",
+            String::from_utf8_lossy(&path[..8])
+        );
+        assert_eq!(
+            std::fs::metadata(f.root.join("a")).unwrap().mode() & 0o7777,
+            0o755
+        );
+    }
+}
+
+/// oracle seed 2 (ORACLE_NO_BEHIND=1), shrunk by the oracle from 1196 ops to 2:
+/// `readdir("l1/.")` then `lstat("l1")` returns the *target* directory's attributes: the walk of
+/// `l1/.` (which follows the link) is published under the key of `l1` itself.
+#[test]
+fn trailing_dot_after_symlink_does_not_alias_the_link() {
+    for first in [&b"l1/."[..], b"l1/", b"l1/./", b"l1//."] {
+        let f = fx(&[("a", 0o755, 0, 0), ("a/b", 0o755, A, A)], &[]);
+        symlink("a/b", f.root.join("l1")).unwrap();
+        let link = (ino(&f.root, "l1"), libc::S_IFLNK | 0o777);
+        let d = f
+            .cache
+            .stat(&f.b, At::Root, first, LookupFlags::NOFOLLOW)
+            .map(|a| a.ino);
+        assert_eq!(
+            d,
+            Ok(ino(&f.root, "a/b")),
+            "lstat({}) follows",
+            String::from_utf8_lossy(first)
+        );
+        let _ = f.cache.readdir(&f.b, At::Root, first);
+        let l = f
+            .cache
+            .stat(&f.b, At::Root, b"l1", LookupFlags::NOFOLLOW)
+            .map(|a| (a.ino, a.mode));
+        assert_eq!(
+            l,
+            Ok(link),
+            "lstat(l1) after a lookup of {}",
+            String::from_utf8_lossy(first)
+        );
+        let r = f.cache.readlink(&f.b, At::Root, b"l1");
+        assert_eq!(r, Ok(b"a/b".to_vec()));
+    }
+}
+
+/// oracle seed 10 (ORACLE_NO_BEHIND=1 ORACLE_NO_HANDLES=1), shrunk from 394 ops to 2: mkdir
+/// `a/b/N`, then `rename(a/b/N, "b/l2/", RENAME_EXCHANGE)` where `b/l2` is a symlink: Linux says
+/// ENOTDIR (a trailing slash on a non-directory), the cache performed the exchange.
+/// Table-driven against the kernel on an identical tree.
+#[test]
+fn rename_trailing_slash_on_non_directory() {
+    let cases: &[(&[u8], &[u8], RenameMode)] = &[
+        (b"a/x", b"l/", RenameMode::Exchange),
+        (b"a/x/", b"l/", RenameMode::Exchange),
+        (b"a/x", b"f/", RenameMode::Exchange),
+        (b"f", b"a/x/", RenameMode::Exchange),
+        (b"f/", b"a/x", RenameMode::Exchange),
+        (b"f", b"g/", RenameMode::Replace),
+        (b"f", b"new/", RenameMode::Replace),
+        (b"f", b"new/", RenameMode::NoReplace),
+        (b"a/x", b"new/", RenameMode::Replace),
+        (b"l/", b"m", RenameMode::Replace),
+    ];
+    let mut bad = Vec::new();
+    for (old, new, mode) in cases {
+        let mk = || {
+            let f = fx(
+                &[("a", 0o755, 0, 0), ("a/x", 0o755, 0, 0)],
+                &[("f", 0o644, 0, 0), ("g", 0o644, 0, 0)],
+            );
+            symlink("f", f.root.join("l")).unwrap();
+            f
+        };
+        let fc = mk();
+        let fk = mk();
+        let r = e(fc.cache.rename(&fc.root_c, At::Root, old, new, *mode));
+        let (o, n, m) = (old.to_vec(), new.to_vec(), *mode);
+        let k = fk.jail.run(move || {
+            kernel::renameat2(libc::AT_FDCWD, &c(&o), libc::AT_FDCWD, &c(&n), m).err()
+        });
+        if r != k {
+            bad.push(format!(
+                "rename({}, {}, {mode:?}): cache {r:?} kernel {k:?}",
+                String::from_utf8_lossy(old),
+                String::from_utf8_lossy(new)
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "errno values (ENOTDIR = 20):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// oracle seed 11 (ORACLE_NO_HANDLES=1), shrunk from 2390 ops to 3: a symlink whose target has a
+/// trailing slash (`c -> "f/"`, `f` a regular file) does not resolve: Linux gives ENOTDIR for
+/// stat/access of `c`; the cache answered Ok with `f`'s attributes.
+#[test]
+fn symlink_target_with_trailing_slash_must_be_a_directory() {
+    let f = fx(&[("d", 0o755, 0, 0)], &[("f", 0o644, 0, 0)]);
+    symlink("f/", f.root.join("c")).unwrap();
+    symlink("d/", f.root.join("e")).unwrap();
+    symlink("/f/.", f.root.join("g")).unwrap();
+    for (p, cp) in [("c", c"c"), ("e", c"e"), ("g", c"g"), ("c/", c"c/")] {
+        let k = f.jail.run_as(&cred_b(), move || {
+            kernel::fstatat(libc::AT_FDCWD, cp, true).map(|a| a.ino)
+        });
+        let r = f
+            .cache
+            .stat(&f.b, At::Root, p.as_bytes(), LookupFlags::FOLLOW)
+            .map(|a| a.ino);
+        assert_eq!(r.map_err(|e| e.errno()), k, "stat({p})");
+        let k = f
+            .jail
+            .run_as(&cred_b(), move || kernel::faccess(libc::AT_FDCWD, cp, 0));
+        let r = f.cache.access(&f.b, At::Root, p.as_bytes(), 0);
+        assert_eq!(r.map_err(|e| e.errno()), k, "access({p})");
+    }
+}
+
+/// oracle seed 12 (ORACLE_NO_HANDLES=1 ORACLE_STOP_AT=1766), shrunk from 1767 ops to 9 and
+/// reduced to: the cache knows directory `x/a` with a negative child (`stat x/a/missing`) or
+/// as complete (`readdir x/a`, empty); outside, `mv y x/a` replaces it by a directory holding
+/// `d`; `invalidate("x/a")`. Then `stat x/a/d` must find `d`; the cache answers ENOENT (the
+/// invalidated directory keeps its negative children / completeness). Plain `stat x/a`
+/// before the change does not trigger it.
+#[test]
+fn outside_rename_over_cached_directory_then_invalidate() {
+    for warm in [&b"x/a/missing"[..], b"readdir"] {
+        let f = fx(
+            &[
+                ("x", 0o755, 0, 0),
+                ("x/a", 0o755, 0, 0),
+                ("y", 0o755, 0, 0),
+                ("y/d", 0o755, 0, 0),
+            ],
+            &[],
+        );
+        if warm == b"readdir" {
+            assert_eq!(
+                f.cache.readdir(&f.b, At::Root, b"x/a").map(|v| v.len()),
+                Ok(0)
+            );
+        } else {
+            let r = f.cache.stat(&f.b, At::Root, warm, LookupFlags::FOLLOW);
+            assert_eq!(e(r), Some(libc::ENOENT));
+        }
+        std::fs::rename(f.root.join("y"), f.root.join("x/a")).unwrap();
+        f.cache.invalidate(b"x/a");
+        let got = f
+            .cache
+            .stat(&f.a, At::Root, b"x/a/d", LookupFlags::FOLLOW)
+            .map(|a| a.ino);
+        let w = String::from_utf8_lossy(warm);
+        assert_eq!(
+            got,
+            Ok(ino(&f.root, "x/a/d")),
+            "x/a/d after outside rename + invalidate (warm: {w})"
+        );
+        let l = f.cache.readdir(&f.a, At::Root, b"x/a").map(|v| v.len());
+        assert_eq!(l, Ok(1), "readdir x/a after invalidate (warm: {w})");
+    }
+}
+
+/// oracle seed 4 (full features), shrunk from 1400 ops to 3: B opens a handle on `a/b/c`; the
+/// directory `a/b` is renamed from outside to `c/d/l2` and both paths are invalidated; a lookup
+/// of `d` relative to the handle must still work (the handle is like an `O_PATH` descriptor:
+/// it names the directory, wherever it moved). The cache answers ENOENT.
+#[test]
+fn handle_survives_outside_rename_of_an_ancestor() {
+    let f = fx(
+        &[
+            ("a", 0o755, 0, 0),
+            ("a/b", 0o755, 0, 0),
+            ("a/b/c", 0o755, 0, 0),
+            ("a/b/c/d", 0o755, 0, 0),
+            ("c", 0o755, 0, 0),
+            ("c/d", 0o755, 0, 0),
+        ],
+        &[],
+    );
+    let h = f.cache.opendir(&f.b, At::Root, b"a/b/c").unwrap();
+    std::fs::rename(f.root.join("a/b"), f.root.join("c/d/l2")).unwrap();
+    f.cache.invalidate(b"a/b");
+    f.cache.invalidate(b"c/d/l2");
+    let got = f
+        .cache
+        .stat(&f.a, At::Dir(&h), b"d", LookupFlags::NOFOLLOW)
+        .map(|a| a.ino);
+    assert_eq!(got, Ok(ino(&f.root, "c/d/l2/c/d")));
+}
