@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use super::dentry::{Dentry, COMPLETE, DEAD, HAS_CHILDREN, MOUNTED, REFERENCED};
+use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN, MOUNTED, REFERENCED};
 use super::path;
 use super::{
     Cache, Creds, Invalidation, Mount, MountOptions, MountSource, Namespace, NodeKind, NodeRef,
@@ -82,7 +82,7 @@ impl Cache {
     /// already removed it from its parent's map.
     pub(crate) fn kill(&self, node: &NodeRef) {
         let prev = node.flags.fetch_or(DEAD, Ordering::AcqRel);
-        if prev & DEAD == 0 {
+        if prev & (DEAD | EVICTED) == 0 {
             self.entries.fetch_sub(1, Ordering::Relaxed);
         }
         self.bump_subtree(node);
@@ -95,6 +95,8 @@ impl Cache {
 
     /// Count a dentry just inserted in the tree; evict if over the bound.
     pub(crate) fn account_new(&self, node: &NodeRef) {
+        // New dentries start referenced: the caller is about to use them.
+        node.touch();
         let n = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
         {
             let mut q = self.lru.lock();
@@ -115,13 +117,14 @@ impl Cache {
             return;
         };
         let mut evicted = 0;
-        let mut budget = q.len() * 2;
+        // One pass at most: a dentry just inserted (marked referenced) survives this call.
+        let mut budget = q.len();
         while evicted < want && budget > 0 {
             budget -= 1;
             let Some(w) = q.pop_front() else { break };
             let Some(n) = w.upgrade() else { continue };
             let f = n.flags.load(Ordering::Acquire);
-            if f & DEAD != 0 {
+            if f & (DEAD | EVICTED) != 0 {
                 continue;
             }
             if f & REFERENCED != 0 {
@@ -157,7 +160,7 @@ impl Cache {
                     parent.clear(COMPLETE);
                 }
             }
-            if n.flags.fetch_or(DEAD, Ordering::AcqRel) & DEAD == 0 {
+            if n.flags.fetch_or(EVICTED, Ordering::AcqRel) & (DEAD | EVICTED) == 0 {
                 self.entries.fetch_sub(1, Ordering::Relaxed);
             }
             n.version

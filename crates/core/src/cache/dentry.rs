@@ -23,6 +23,10 @@ use super::{NodeKind, NodeRef, Super};
 use crate::{Attr, FileType};
 
 pub(crate) const DEAD: u32 = 1;
+/// Taken out of the tree to reclaim memory. Unlike `DEAD`, the name still refers to it (its
+/// backend path is still right for whoever holds it), but it is no longer kept coherent, so no
+/// fast-path entry may use it.
+pub(crate) const EVICTED: u32 = 32;
 pub(crate) const COMPLETE: u32 = 2;
 pub(crate) const REFERENCED: u32 = 4;
 pub(crate) const MOUNTED: u32 = 8;

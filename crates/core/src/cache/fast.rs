@@ -26,7 +26,7 @@ use std::sync::Arc;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 use super::{MountOptions, NodeRef};
-use crate::cache::dentry::DEAD;
+use crate::cache::dentry::{DEAD, EVICTED};
 
 pub(crate) type Sig = u128;
 
@@ -97,7 +97,7 @@ impl Seen {
     #[inline]
     pub(crate) fn valid(&self) -> bool {
         self.node.version.load(Ordering::Acquire) == self.ver
-            && self.node.flags.load(Ordering::Acquire) & DEAD == 0
+            && self.node.flags.load(Ordering::Acquire) & (DEAD | EVICTED) == 0
             && self
                 .up
                 .as_ref()
@@ -133,7 +133,7 @@ impl FastEntry {
     #[inline]
     pub(crate) fn valid(&self) -> bool {
         self.node.version.load(Ordering::Acquire) == self.ver
-            && self.node.flags.load(Ordering::Acquire) & DEAD == 0
+            && self.node.flags.load(Ordering::Acquire) & (DEAD | EVICTED) == 0
             && self
                 .up
                 .as_ref()

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use siphasher::sip128::SipHasher13;
 
-use super::dentry::{Dentry, COMPLETE, DEAD, HAS_CHILDREN, MOUNTED};
+use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN, MOUNTED};
 use super::fast::{finish, sig_of, FastEntry, Seen, FOLLOW_MARK};
 use super::path::{self, check_path};
 use super::{
@@ -786,7 +786,7 @@ impl Cache {
         if let Some(c) = inner.child(name) {
             return c.clone();
         }
-        let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD);
+        let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
         let revived = match (kind, attr) {
             (NodeKind::Positive(FileType::Directory), Some(a)) if fresh => {
                 self.revive(dir, name, &a)
