@@ -33,7 +33,8 @@ pub struct Config {
     pub dotdot: DotDot,
     /// Most dentries kept (positive and negative); eviction starts from the leaves above this.
     pub max_entries: usize,
-    /// Slots of each credential's prefix-check cache (rounded up to a power of two).
+    /// Slots of each credential's prefix-check cache (rounded up to a power of two; 8 bytes
+    /// each, 2-way set-associative).
     pub pcc_slots: usize,
     /// Linux's `fs.protected_hardlinks=1`: only the owner (or root) may hard-link a file that
     /// is not a plain regular file the caller can read and write.
@@ -51,7 +52,7 @@ impl Default for Config {
             symlink_aliases: true,
             dotdot: DotDot::Posix,
             max_entries: 1 << 20,
-            pcc_slots: 1 << 14,
+            pcc_slots: 1 << 16,
             protected_hardlinks: true,
         }
     }

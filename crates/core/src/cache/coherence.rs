@@ -52,16 +52,10 @@ impl Cache {
             if f & HAS_CHILDREN == 0 {
                 continue;
             }
+            // Leaves are not visited: their entries check this (their parent's) version.
             let inner = d.inner.read();
             if let Some(ch) = &inner.children {
-                for c in ch.values() {
-                    if c.flags.load(Ordering::Relaxed) & (HAS_CHILDREN | MOUNTED) != 0 {
-                        stack.push(c.clone());
-                    } else {
-                        c.version.store(v, Ordering::Release);
-                        n += 1;
-                    }
-                }
+                stack.extend(ch.interior.iter().filter_map(Weak::upgrade));
             }
         }
         self.stats.invalidated_entries.add(n);
@@ -353,6 +347,41 @@ impl Cache {
     // Changes made behind the cache's back.
 
     pub(crate) fn external_change(&self, change: &Change) -> Vec<Invalidation> {
+        let mut out = self.external_change_at(change);
+        if let Change::Entry { path } = change {
+            out.extend(self.follow_changed_link(path));
+        }
+        out
+    }
+
+    /// A change at `path` that names a symbolic link may have been made through it (a file
+    /// created or written via a link, perhaps a dangling one): what the link leads to changed
+    /// too. Drop a negative found there, and forget the attributes of a positive.
+    fn follow_changed_link(&self, path: &[u8]) -> Vec<Invalidation> {
+        if path::components(path).next().is_none() {
+            return Vec::new();
+        }
+        let cs = self.kernel_checked(Cred::root());
+        let st = self.start(super::At::Root);
+        match self.walk(&cs.0, &st, path, LookupFlags::NOFOLLOW) {
+            Ok(w) if w.node.kind == NodeKind::Positive(FileType::Symlink) => {}
+            _ => return Vec::new(),
+        }
+        let Ok(w) = self.walk(&cs.0, &st, path, LookupFlags::FOLLOW) else {
+            return Vec::new();
+        };
+        match w.node.kind {
+            NodeKind::Negative(_) => self.drop_negative_chain(&w.node),
+            NodeKind::Positive(_) => {
+                let _w = self.inval_window();
+                w.node.set_attr(None);
+                self.forget_links_unknown(&w.node);
+                Vec::new()
+            }
+        }
+    }
+
+    fn external_change_at(&self, change: &Change) -> Vec<Invalidation> {
         let root = self.ns.root.root.clone();
         let (path, attr_only) = match change {
             Change::Overflow => {
@@ -472,14 +501,21 @@ impl Cache {
         parent.set_attr(None);
         if let Some(r) = &removed {
             self.forget_links_unknown(r);
+            let dirs = self.cached_dirs(r);
             self.kill(r);
-            if let (true, Some(a)) = (r.is_dir(), r.attr_copy()) {
-                let mut d = self.detached.lock();
+            let mut d = self.detached.lock();
+            for n in dirs {
                 if d.len() >= 256 {
                     d.pop_front();
                 }
-                d.push_back((a.dev, a.ino, Arc::downgrade(r)));
+                d.push_back((n.attr.dev(), n.attr.ino(), n));
             }
+        }
+        drop(_w);
+        if !self.detached.lock().is_empty() {
+            // Perhaps a directory we lost track of moved here: look, so it revives.
+            let mut missed = false;
+            let _ = self.child(&parent, &name, &mut missed);
         }
         vec![Invalidation {
             parent: Some(parent),
@@ -487,6 +523,27 @@ impl Cache {
             node: removed,
             attr_only: false,
         }]
+    }
+
+    /// The directories cached at and below `top` whose inode number is known (candidates
+    /// for revival if they turn up elsewhere), top first, at most 256.
+    fn cached_dirs(&self, top: &NodeRef) -> Vec<NodeRef> {
+        let mut out = Vec::new();
+        let mut queue = std::collections::VecDeque::from([top.clone()]);
+        while let Some(d) = queue.pop_front() {
+            if !d.is_dir() || out.len() >= 256 {
+                continue;
+            }
+            if d.attr.ino() != 0 {
+                out.push(d.clone());
+            }
+            if d.has(HAS_CHILDREN) {
+                if let Some(ch) = &d.inner.read().children {
+                    queue.extend(ch.values().filter(|c| c.is_dir()).cloned());
+                }
+            }
+        }
+        out
     }
 
     /// Whether `parent/name` still names the inode of the cached positive `node`.

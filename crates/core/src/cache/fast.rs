@@ -20,7 +20,8 @@
 //! special alias dentries: each lexical path carries its own prefix-check result.
 
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 
@@ -68,14 +69,61 @@ pub(crate) fn sig_of(h: &SipHasher13, path: &[u8]) -> Sig {
     finish(&h)
 }
 
+/// A dentry as a walk saw it: its version and its parent's. Invalidations bump the versions
+/// of the changed dentry and of every *interior* dentry below it (directories and entries with
+/// cached children) but not of leaves, so a leaf is only current while its parent's version
+/// is unchanged too (docs/core.md, I1).
+#[derive(Clone)]
+pub(crate) struct Seen {
+    pub(crate) node: NodeRef,
+    pub(crate) ver: u64,
+    pub(crate) up: Option<(NodeRef, u64)>,
+}
+
+impl Seen {
+    /// The dentry's versions now (slow path: upgrades the parent link).
+    pub(crate) fn now(node: &NodeRef) -> Seen {
+        let up = node.parent_ref().map(|p| {
+            let v = p.version.load(Ordering::Acquire);
+            (p, v)
+        });
+        Seen {
+            node: node.clone(),
+            ver: node.version.load(Ordering::Acquire),
+            up,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn valid(&self) -> bool {
+        self.node.version.load(Ordering::Acquire) == self.ver
+            && self.node.flags.load(Ordering::Acquire) & DEAD == 0
+            && self
+                .up
+                .as_ref()
+                .is_none_or(|(p, v)| p.version.load(Ordering::Acquire) == *v)
+    }
+
+    pub(crate) fn same(&self, o: &Seen) -> bool {
+        let up = match (&self.up, &o.up) {
+            (None, None) => true,
+            (Some((a, x)), Some((b, y))) => Arc::ptr_eq(a, b) && x == y,
+            _ => false,
+        };
+        Arc::ptr_eq(&self.node, &o.node) && self.ver == o.ver && up
+    }
+}
+
 /// One DLHT entry.
 pub(crate) struct FastEntry {
     pub(crate) node: NodeRef,
     pub(crate) ver: u64,
+    /// The parent and its version when inserted (see [`Seen`]).
+    pub(crate) up: Option<(NodeRef, u64)>,
     /// Unique id of this entry; PCC slots name the entry they confirm.
     pub(crate) stamp: u64,
-    /// Symlinks the path went through, with their versions at insertion.
-    pub(crate) deps: Box<[(NodeRef, u64)]>,
+    /// Symlinks the path went through, as the walk saw them.
+    pub(crate) deps: Box<[Seen]>,
     pub(crate) mount: MountOptions,
     /// The full lexical path, kept only when `Config::verify_path` is on.
     pub(crate) path: Option<Box<[u8]>>,
@@ -87,9 +135,18 @@ impl FastEntry {
         self.node.version.load(Ordering::Acquire) == self.ver
             && self.node.flags.load(Ordering::Acquire) & DEAD == 0
             && self
-                .deps
-                .iter()
-                .all(|(n, v)| n.version.load(Ordering::Acquire) == *v)
+                .up
+                .as_ref()
+                .is_none_or(|(p, v)| p.version.load(Ordering::Acquire) == *v)
+            && self.deps.iter().all(Seen::valid)
+    }
+
+    pub(crate) fn seen(&self) -> Seen {
+        Seen {
+            node: self.node.clone(),
+            ver: self.ver,
+            up: self.up.clone(),
+        }
     }
 }
 
@@ -123,83 +180,65 @@ pub(crate) fn new_dlht() -> Dlht {
 }
 
 const EMPTY: u64 = 0;
-const LOCKED: u64 = u64::MAX;
 
-struct Slot {
-    lo: AtomicU64,
-    hi: AtomicU64,
-    stamp: AtomicU64,
-}
-
-/// A bounded, lock-free prefix-check cache: readers never write; writers claim a slot with a
-/// compare-and-swap and give up if another writer holds it (it is only a cache).
+/// A bounded, lock-free prefix-check cache: 2-way set-associative slots holding DLHT entry
+/// stamps. A slot needs no signature: stamps are unique per DLHT entry and an entry lives under
+/// exactly one signature, so "the slot for `sig` holds the stamp of the entry found under `sig`"
+/// can only be true if this credential's walk produced (or re-used) exactly that entry. One
+/// 64-bit atomic per slot: no torn reads, no locks; readers never write.
 pub(crate) struct Pcc {
-    slots: Box<[Slot]>,
+    slots: Box<[AtomicU64]>,
     mask: usize,
 }
 
 impl Pcc {
     pub(crate) fn new(slots: usize) -> Pcc {
         let n = slots.max(2).next_power_of_two();
-        let slots = (0..n)
-            .map(|_| Slot {
-                lo: AtomicU64::new(0),
-                hi: AtomicU64::new(0),
-                stamp: AtomicU64::new(EMPTY),
-            })
-            .collect();
+        let slots = (0..n).map(|_| AtomicU64::new(EMPTY)).collect();
         Pcc { slots, mask: n - 1 }
     }
 
+    /// First slot of `sig`'s 2-slot set. The DLHT indexes by the low half; use the high half.
     #[inline]
-    fn slot(&self, sig: Sig) -> &Slot {
-        // The DLHT indexes by the low half; use the high half here.
-        &self.slots[((sig >> 64) as usize) & self.mask]
+    fn set(&self, sig: Sig) -> usize {
+        ((sig >> 64) as usize) & self.mask & !1
     }
 
     /// Whether this credential's walk of `sig` produced the DLHT entry `stamp`.
     #[inline]
     pub(crate) fn check(&self, sig: Sig, stamp: u64) -> bool {
-        let s = self.slot(sig);
-        let v1 = s.stamp.load(Ordering::Acquire);
-        if v1 != stamp {
-            return false;
-        }
-        let lo = s.lo.load(Ordering::Relaxed);
-        let hi = s.hi.load(Ordering::Relaxed);
-        fence(Ordering::Acquire);
-        let v2 = s.stamp.load(Ordering::Relaxed);
-        v1 == v2 && lo == sig as u64 && hi == (sig >> 64) as u64
+        let i = self.set(sig);
+        self.slots[i].load(Ordering::Acquire) == stamp
+            || self.slots[i + 1].load(Ordering::Acquire) == stamp
     }
 
     pub(crate) fn insert(&self, sig: Sig, stamp: u64) {
-        debug_assert!(stamp != EMPTY && stamp != LOCKED);
-        let s = self.slot(sig);
-        let cur = s.stamp.load(Ordering::Relaxed);
-        if cur == LOCKED
-            || s.stamp
-                .compare_exchange(cur, LOCKED, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-        {
+        debug_assert!(stamp != EMPTY);
+        let i = self.set(sig);
+        let (a, b) = (&self.slots[i], &self.slots[i + 1]);
+        let (va, vb) = (a.load(Ordering::Relaxed), b.load(Ordering::Relaxed));
+        if va == stamp || vb == stamp {
             return;
         }
-        s.lo.store(sig as u64, Ordering::Relaxed);
-        s.hi.store((sig >> 64) as u64, Ordering::Relaxed);
-        s.stamp.store(stamp, Ordering::Release);
+        // Prefer an empty slot; otherwise replace the older stamp (stamps grow with time).
+        let victim = if va == EMPTY || (vb != EMPTY && va < vb) {
+            a
+        } else {
+            b
+        };
+        victim.store(stamp, Ordering::Release);
     }
 
-    /// Drop the slot for (`sig`, `stamp`) if it still holds exactly that.
+    /// Drop `stamp` from `sig`'s set if it is there.
     pub(crate) fn remove(&self, sig: Sig, stamp: u64) {
-        let s = self.slot(sig);
-        if self.check(sig, stamp) {
-            let _ = s
-                .stamp
-                .compare_exchange(stamp, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
+        let i = self.set(sig);
+        for s in &self.slots[i..i + 2] {
+            let _ = s.compare_exchange(stamp, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        self.slots.len() * std::mem::size_of::<Slot>()
+        self.slots.len() * std::mem::size_of::<AtomicU64>()
     }
 }
 
@@ -229,8 +268,11 @@ mod tests {
         p.insert(42, 7);
         assert!(p.check(42, 7));
         assert!(!p.check(42, 8));
-        assert!(!p.check(43 | (42 << 64), 7));
-        p.remove(42, 7);
-        assert!(!p.check(42, 7));
+        p.insert(42, 9);
+        assert!(p.check(42, 7) && p.check(42, 9), "two ways");
+        p.insert(42, 11);
+        assert!(!p.check(42, 7), "the older stamp is replaced");
+        p.remove(42, 9);
+        assert!(!p.check(42, 9));
     }
 }

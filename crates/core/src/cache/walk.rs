@@ -9,8 +9,8 @@ use std::sync::Arc;
 use siphasher::sip128::SipHasher13;
 
 use super::dentry::{Dentry, COMPLETE, DEAD, HAS_CHILDREN, MOUNTED};
-use super::fast::{finish, sig_of, FastEntry, FOLLOW_MARK};
-use super::path::{self, check_path, shape, Shape};
+use super::fast::{finish, sig_of, FastEntry, Seen, FOLLOW_MARK};
+use super::path::{self, check_path};
 use super::{
     At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
 };
@@ -32,15 +32,17 @@ pub(crate) struct Walk {
     pub(crate) node: NodeRef,
     /// Version of `node` when the walk reached it.
     pub(crate) ver: u64,
-    /// Symlinks followed, with their versions when followed.
-    pub(crate) deps: Vec<(NodeRef, u64)>,
+    /// `node`'s parent and its version then.
+    pub(crate) up: Option<(NodeRef, u64)>,
+    /// Symlinks followed, as seen when followed.
+    pub(crate) deps: Vec<Seen>,
     /// Index in `deps` of the symlink that was the path's own final component, when it was
     /// followed.
     pub(crate) final_link: Option<usize>,
     /// Nodes reached right before a `..` in the original path while no symlink had been
     /// followed yet: (byte offset of the `..`, node, version), published as prefixes so the
     /// fast path can check `..` later.
-    pub(crate) dotdot: Vec<(usize, Arc<Mount>, NodeRef, u64)>,
+    pub(crate) dotdot: Vec<(usize, Arc<Mount>, Seen)>,
 }
 
 enum Next {
@@ -170,13 +172,24 @@ impl Cache {
         let mut follow = flags.follow;
         let mut x_final = false;
         let normalized;
-        let (h, full): (SipHasher13, Option<Vec<u8>>) = match shape(rel) {
-            Shape::Clean => {
+        // Paths without `..` are keyed by their bytes as given (`a//b/./c` is its own key,
+        // published by the slow path when it resolved exactly that string); only `..` needs the
+        // lexical form, checked against the prefix it climbs out of.
+        let (h, full): (SipHasher13, Option<Vec<u8>>) = match path::has_dotdot(rel) {
+            false => {
+                if rel.last() == Some(&b'/') {
+                    must_dir = true;
+                    follow = true;
+                } else if rel == b"." || rel.ends_with(b"/.") {
+                    must_dir = true;
+                    follow = true;
+                    x_final = true;
+                }
                 let mut h = *base;
                 h.write(rel);
                 (h, None)
             }
-            Shape::Other => {
+            true => {
                 normalized = self.fast_normalize(cs, ns, lex, rel)?;
                 let (buf, md, xf) = normalized;
                 if md {
@@ -384,6 +397,7 @@ impl Cache {
         let mut w = Walk {
             mnt: mnt.clone(),
             ver: cur.version(),
+            up: None,
             node: cur.clone(),
             deps: Vec::new(),
             final_link: None,
@@ -429,7 +443,7 @@ impl Cache {
             }
             if comp == b".." {
                 if depth == 1 && w.deps.is_empty() {
-                    w.dotdot.push((at, mnt.clone(), cur.clone(), cur.version()));
+                    w.dotdot.push((at, mnt.clone(), Seen::now(&cur)));
                 }
                 let (m, n) = self.dotdot(ns, &mnt, &cur);
                 mnt = m;
@@ -446,14 +460,19 @@ impl Cache {
                 if links > MAX_SYMLINKS {
                     return Err(Error::Loop);
                 }
-                let ver = child.version();
                 let target = self.link_target_counted(&child, &mut missed)?;
                 if last && depth == 1 {
                     w.final_link = Some(w.deps.len());
                 }
-                w.deps.push((child.clone(), ver));
+                w.deps.push(Seen::now(&child));
                 if target.is_empty() {
                     return Err(Error::NotFound);
+                }
+                if last && path::wants_dir(&target) {
+                    // The path ends in this link and its body ends in a slash (or `.`/`..`):
+                    // what it leads to must be a directory, as for a trailing slash.
+                    follow_final = true;
+                    must_dir = true;
                 }
                 if target[0] == b'/' {
                     mnt = ns.root.clone();
@@ -476,7 +495,9 @@ impl Cache {
         } else {
             self.stats.hits.inc();
         }
-        w.ver = cur.version();
+        let seen = Seen::now(&cur);
+        w.ver = seen.ver;
+        w.up = seen.up;
         w.node = cur;
         w.mnt = mnt;
         Ok(w)
@@ -536,6 +557,15 @@ impl Cache {
     /// Publish a slow-path result in the DLHT and this credential's PCC, then undo it if an
     /// invalidation started meanwhile (SOSP'15 §3.2's global counter protocol).
     fn publish(&self, cs: &CredState, st: &Start<'_>, path: &[u8], w: &Walk, s0: u64) {
+        // Every version this walk recorded was read before this point. If no invalidation
+        // window opened since the walk began, any window opening later bumps those versions
+        // after we read them, so what we publish can only be invalidated, never stale.
+        // Checking only after publishing (and retracting) would leave a gap in which a lookup
+        // starting after a completed chmod could hit the entry (found by the shuttle model and
+        // the concurrency test).
+        if self.inval_start.load(Ordering::SeqCst) != s0 {
+            return;
+        }
         let ns = st.ns;
         let abs = path.first() == Some(&b'/');
         let lex: &[u8] = match (abs, st.handle) {
@@ -547,41 +577,50 @@ impl Cache {
         };
         let mut published: Vec<(u128, u64)> = Vec::new();
         // Prefixes before `..` components.
-        for (at, mnt, node, ver) in &w.dotdot {
+        for (at, mnt, seen) in &w.dotdot {
             let full = norm_lex(lex, &path[..*at]);
             if full.is_empty() {
                 continue;
             }
-            if let Some(p) = self.publish_one(cs, ns, &full, false, node, *ver, &[], mnt.opts) {
+            if let Some(p) = self.publish_one(cs, ns, &full, false, seen, &[], mnt.opts) {
                 published.push(p);
             }
         }
         // The path itself, when its lexical form names what the walk found.
         let has_dotdot = path::components(path).any(|c| c == b"..");
         if !has_dotdot || w.deps.is_empty() {
-            let full = norm_lex(lex, path);
+            // The same key the fast path computes: bytes as given unless `..` may occur.
+            let full = if path::has_dotdot(path) {
+                norm_lex(lex, path)
+            } else {
+                raw_key(lex, path)
+            };
             if !full.is_empty() && (w.node.kind != NodeKind::Negative(Error::Loop)) {
                 let (deps, link) = match w.final_link {
                     Some(i) => (&w.deps[..i], w.deps.get(i)),
                     None => (&w.deps[..], None),
                 };
+                let target = Seen {
+                    node: w.node.clone(),
+                    ver: w.ver,
+                    up: w.up.clone(),
+                };
                 match link {
-                    Some((l, lver)) => {
+                    Some(l) => {
                         // path -> the link itself; path + FOLLOW_MARK -> the target.
-                        if let Some(p) =
-                            self.publish_one(cs, ns, &full, false, l, *lver, deps, w.mnt.opts)
+                        if let Some(p) = self.publish_one(cs, ns, &full, false, l, deps, w.mnt.opts)
                         {
                             published.push(p);
                         }
-                        if let Some(p) = self
-                            .publish_one(cs, ns, &full, true, &w.node, w.ver, &w.deps, w.mnt.opts)
+                        if let Some(p) =
+                            self.publish_one(cs, ns, &full, true, &target, &w.deps, w.mnt.opts)
                         {
                             published.push(p);
                         }
                     }
                     None => {
                         if let Some(p) =
-                            self.publish_one(cs, ns, &full, false, &w.node, w.ver, deps, w.mnt.opts)
+                            self.publish_one(cs, ns, &full, false, &target, deps, w.mnt.opts)
                         {
                             published.push(p);
                         }
@@ -606,12 +645,11 @@ impl Cache {
         ns: &Namespace,
         full: &[u8],
         follow_key: bool,
-        node: &NodeRef,
-        ver: u64,
-        deps: &[(NodeRef, u64)],
+        seen: &Seen,
+        deps: &[Seen],
         mount: MountOptions,
     ) -> Option<(u128, u64)> {
-        if node.has(DEAD) || node.version() != ver {
+        if !seen.valid() {
             return None;
         }
         let mut h = ns.base;
@@ -622,13 +660,9 @@ impl Cache {
         let sig = finish(&h);
         let guard = ns.dlht.guard();
         let reuse = ns.dlht.get(&sig, &guard).and_then(|e| {
-            let same = Arc::ptr_eq(&e.node, node)
-                && e.ver == ver
+            let same = e.seen().same(seen)
                 && e.deps.len() == deps.len()
-                && e.deps
-                    .iter()
-                    .zip(deps)
-                    .all(|(a, b)| Arc::ptr_eq(&a.0, &b.0) && a.1 == b.1)
+                && e.deps.iter().zip(deps).all(|(a, b)| a.same(b))
                 && e.valid();
             same.then_some(e.stamp)
         });
@@ -637,8 +671,9 @@ impl Cache {
             None => {
                 let stamp = self.seq.fetch_add(1, Ordering::AcqRel);
                 let e = FastEntry {
-                    node: node.clone(),
-                    ver,
+                    node: seen.node.clone(),
+                    ver: seen.ver,
+                    up: seen.up.clone(),
                     stamp,
                     deps: deps.to_vec().into_boxed_slice(),
                     mount,
@@ -708,12 +743,12 @@ impl Cache {
             NodeKind::Positive(_) => return Err(Error::NotDir),
             NodeKind::Negative(e) => return Err(e),
         }
-        if dir.has(DEAD) {
-            return Err(Error::NotFound);
-        }
         if c.0.check {
             let a = self.attr_of(dir)?;
             self.policy.permission(&c.0.cred, &a, X_OK)?;
+        }
+        if dir.has(DEAD) {
+            return Err(Error::NotFound);
         }
         match name {
             b"" => Err(Error::NotFound),
@@ -758,12 +793,23 @@ impl Cache {
             }
             _ => None,
         };
+        let was_revived = revived.is_some();
         let node = revived.unwrap_or_else(|| self.new_dentry(dir, name, kind, attr));
         if cacheable && fresh {
             inner.children_mut().insert(node.clone());
-            dir.set(HAS_CHILDREN);
+            let first = dir.flags.fetch_or(HAS_CHILDREN, Ordering::AcqRel) & HAS_CHILDREN == 0;
             drop(inner);
+            if first && !dir.is_dir() {
+                // A file or negative with deep negatives below it is now interior: its parent's
+                // invalidations must reach it (directories were listed when inserted).
+                if let Some(p) = dir.parent_ref() {
+                    p.inner.write().children_mut().add_interior(dir);
+                }
+            }
             self.account_new(&node);
+            if was_revived {
+                self.revive_below(&node);
+            }
         } else {
             node.set(DEAD);
         }
@@ -779,9 +825,8 @@ impl Cache {
         }
         let i = d
             .iter()
-            .position(|(dev, ino, _)| *dev == a.dev && *ino == a.ino)?;
-        let (_, _, w) = d.remove(i)?;
-        let node = w.upgrade()?;
+            .position(|(dev, ino, _)| (*dev == a.dev || *dev == 0) && *ino == a.ino)?;
+        let (_, _, node) = d.remove(i)?;
         if !node.has(DEAD) || !Arc::ptr_eq(&node.sb, &dir.sb) {
             return None;
         }
@@ -795,6 +840,39 @@ impl Cache {
             .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
         node.clear(DEAD);
         Some(node)
+    }
+
+    /// After `dir` was revived: bring back the directories that were cached below it when it
+    /// vanished and are still there (same name and inode), so handles on them work again.
+    fn revive_below(&self, dir: &NodeRef) {
+        let below: Vec<NodeRef> = {
+            let d = self.detached.lock();
+            d.iter()
+                .map(|(_, _, n)| n.clone())
+                .filter(|n| {
+                    n.has(DEAD)
+                        && n.link
+                            .load()
+                            .parent
+                            .as_ref()
+                            .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(dir)))
+                })
+                .collect()
+        };
+        for n in below {
+            let name = n.name();
+            let Ok(dpath) = self.path_of(dir) else {
+                return;
+            };
+            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+            self.stats.backend.lookup.inc();
+            if let Ok(a) = dir.sb.backend.lookup(&dpath, &name) {
+                if a.is_dir() && a.ino == n.attr.ino() {
+                    let kind = NodeKind::Positive(FileType::Directory);
+                    self.insert_child(dir, &name, gen0, ver0, kind, Some(a));
+                }
+            }
+        }
     }
 
     /// A negative child of `dir` (deep negatives under negatives and non-directories, or a
@@ -847,6 +925,11 @@ impl Cache {
         }
         if let Some(a) = node.attr_copy() {
             return Ok(a);
+        }
+        if node.has(DEAD) {
+            // Removed (or moved out of sight): Linux still checks an open descriptor's inode
+            // with its last attributes before saying ENOENT.
+            return node.attr.load_last().ok_or(Error::NotFound);
         }
         *missed = true;
         loop {
@@ -951,6 +1034,7 @@ impl Cache {
                 hasher.write(b"/");
             }
         }
+        w.node.pin();
         Ok(DirHandle {
             ns: st.ns.clone(),
             mnt: w.mnt,
@@ -1026,6 +1110,22 @@ impl Cache {
         }
         Ok((node, opts))
     }
+}
+
+/// The fast path's key for a path without `..`: its bytes as given, after the handle's
+/// lexical path (or alone for an absolute path, leading slashes dropped).
+fn raw_key(lex: &[u8], path: &[u8]) -> Vec<u8> {
+    if path.first() == Some(&b'/') {
+        let i = path.iter().position(|&b| b != b'/').unwrap_or(path.len());
+        return path[i..].to_vec();
+    }
+    let mut out = Vec::with_capacity(lex.len() + 1 + path.len());
+    out.extend_from_slice(lex);
+    if !lex.is_empty() {
+        out.push(b'/');
+    }
+    out.extend_from_slice(path);
+    out
 }
 
 /// `lex` joined with the lexical form of `path` (no `.`, no empty components; `..` kept).
