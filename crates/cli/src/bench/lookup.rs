@@ -649,6 +649,10 @@ pub fn run(a: Args) -> Result<i32> {
                 "chmod": keyed(&inv, "chmod.stub.", &INV_SIZES, 2),
                 "rename": keyed(&inv, "rename.stub.", &INV_SIZES, 2),
             },
+            "invalidate_us_backend_alone": {
+                "chmod": keyed(&inv, "chmod.backend.", &INV_SIZES, 2),
+                "rename": keyed(&inv, "rename.backend.", &INV_SIZES, 2),
+            },
             "invalidate_us_syscall": {
                 "chmod": keyed(&inv, "chmod.sys.", &INV_SIZES, 2),
                 "rename": keyed(&inv, "rename.sys.", &INV_SIZES, 2),
@@ -705,6 +709,9 @@ fn bench_invalidate(t: &Tree, p: &Params) -> Result<BTreeMap<String, f64>> {
     let stub = Cache::new(stub_b, Config::default()).context("Cache::new (inv stub)")?;
     let rc = real.credentials(Cred::root());
     let sc = stub.credentials(Cred::root());
+    // The local backend alone (no cache in front), to split "total" into backend and cache.
+    let bare = local_backend(root)?;
+
     let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
 
     let populate = |cache: &Cache, c: &Creds, dir: &str, desc: &[String]| -> Result<()> {
@@ -779,6 +786,43 @@ fn bench_invalidate(t: &Tree, p: &Params) -> Result<BTreeMap<String, f64>> {
                             .push(inval_r);
                     }
                 }
+            }
+            // The local backend alone.
+            flip = !flip;
+            let set = SetAttr {
+                mode: Some(if flip { 0o751 } else { 0o755 }),
+                ..SetAttr::default()
+            };
+            let _ = bare.getattr(dir.as_bytes());
+            let t0 = Instant::now();
+            bare.setattr(&Cred::root(), dir.as_bytes(), &set)
+                .with_context(|| format!("backend chmod {dir}"))?;
+            let us = t0.elapsed().as_nanos() as f64 / 1000.0;
+            let t0 = Instant::now();
+            bare.rename(
+                &Cred::root(),
+                dir.as_bytes(),
+                renamed.as_bytes(),
+                RenameMode::Replace,
+            )
+            .with_context(|| format!("backend rename {dir}"))?;
+            let us_r = t0.elapsed().as_nanos() as f64 / 1000.0;
+            bare.rename(
+                &Cred::root(),
+                renamed.as_bytes(),
+                dir.as_bytes(),
+                RenameMode::Replace,
+            )
+            .with_context(|| format!("backend rename {renamed} back"))?;
+            if round > 0 {
+                samples
+                    .entry(format!("chmod.backend.{n}"))
+                    .or_default()
+                    .push(us);
+                samples
+                    .entry(format!("rename.backend.{n}"))
+                    .or_default()
+                    .push(us_r);
             }
             // The bare system calls, on the same directory.
             let cd = cstr(dir)?;
@@ -1041,17 +1085,18 @@ fn print_human(
         );
     }
     println!(
-        "\n{:<36} {:>9} {:>9} {:>9} {:>9}",
-        "invalidate (us)", "total", "cache", "syscall", "entries"
+        "\n{:<36} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "invalidate (us)", "total", "cache", "backend", "syscall", "entries"
     );
-    println!("{:<36}", "  total = Cache op on the local backend; cache = same with mutations stubbed; syscall = bare fchmodat/renameat");
+    println!("{:<36}", "  total = Cache op on the local backend; cache = same with the backend's mutations stubbed;\n  backend = LocalBackend op alone, no cache; syscall = bare fchmodat/renameat; entries = invalidated_entries counted by the cache");
     for op in ["chmod", "rename"] {
         for n in INV_SIZES {
             println!(
-                "{:<36} {:>9.2} {:>9.2} {:>9.2} {:>9.0}",
+                "{:<36} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0}",
                 format!("{op}, {n} cached descendants"),
                 get(inv, &format!("{op}.cache.{n}")),
                 get(inv, &format!("{op}.stub.{n}")),
+                get(inv, &format!("{op}.backend.{n}")),
                 get(inv, &format!("{op}.sys.{n}")),
                 get(inv, &format!("{op}.invalidated.{n}"))
             );
