@@ -114,4 +114,11 @@ pub trait Backend: Send + Sync + 'static {
     fn watch(&self) -> Result<Option<ChangeFeed>> {
         Ok(None)
     }
+
+    /// Told by [`Cache::apply_change`](crate::Cache::apply_change) (and `invalidate`) before
+    /// the cache applies a change made behind its back: a backend with caches of its own
+    /// (e.g. directory descriptors keyed by path) must drop what the change may have made
+    /// stale, or the cache's promise that the change is reflected once `apply_change`
+    /// returns cannot hold. Default: nothing to forget.
+    fn changed(&self, _change: &Change) {}
 }

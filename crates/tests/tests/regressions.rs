@@ -6,7 +6,7 @@ use std::os::unix::fs::{chown, symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
-use dircache_core::{At, Cache, Config, Cred, Creds, Error, LookupFlags, RenameMode};
+use dircache_core::{At, Cache, Change, Config, Cred, Creds, Error, LookupFlags, RenameMode};
 use dircache_tests::kernel::{self, c};
 use dircache_tests::Jail;
 
@@ -257,7 +257,247 @@ fn fast_path_enforces_path_max() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Directory references for mutations.
+// Changes behind the cache's back (oracle `Behind` ops) and handles on moved or removed
+// directories.
+
+/// oracle seed 5 op#1761: a file created behind the cache's back through a dangling symlink
+/// (`f/d -> ../l3`) appears at the link's target. Invalidating the link's path must drop the
+/// cached negative of the target (the cache said ENOENT for `l3`).
+#[test]
+fn behind_create_through_dangling_symlink_drops_target_negative() {
+    let f = fx(&[("f", 0o755, 0, 0)], &[("g", 0o644, 0, 0)]);
+    symlink("../l3", f.root.join("f/d")).unwrap();
+    symlink("../g", f.root.join("f/s")).unwrap();
+    let st = |p: &[u8]| f.cache.stat(&f.a, At::Root, p, LookupFlags::FOLLOW);
+    assert_eq!(e(st(b"l3")), Some(libc::ENOENT));
+    assert_eq!(e(st(b"f/d")), Some(libc::ENOENT));
+    assert_eq!(st(b"f/s").map(|a| a.size), Ok(1));
+    std::fs::write(f.root.join("f/d"), b"behind").unwrap();
+    std::fs::write(f.root.join("f/s"), b"behind").unwrap();
+    for p in [&b"f/d"[..], b"f/s"] {
+        f.cache.invalidate(p);
+    }
+    f.cache.apply_change(&Change::Attr {
+        path: b"f".to_vec(),
+    });
+    assert_eq!(st(b"l3").map(|a| a.ino), Ok(ino(&f.root, "l3")));
+    assert_eq!(st(b"f/d").map(|a| a.ino), Ok(ino(&f.root, "l3")));
+    // Written through a link to an existing file: the target's attributes changed.
+    assert_eq!(st(b"g").map(|a| a.size), Ok(6));
+}
+
+/// oracle seed 4 op#191: a handle on `a/b/c`; `a/b` is renamed behind the cache's back to
+/// `c/l2` (whose negative was cached) and both paths are invalidated. The handle keeps naming
+/// its directory at the new place, as an fd does.
+#[test]
+fn handle_follows_behind_rename_of_an_ancestor() {
+    let f = fx(
+        &[
+            ("a", 0o755, 0, 0),
+            ("a/b", 0o755, 0, 0),
+            ("a/b/c", 0o777, 0, 0),
+            ("c", 0o755, 0, 0),
+        ],
+        &[("a/b/c/f", 0o644, 0, 0)],
+    );
+    let h = f.cache.opendir(&f.a, At::Root, b"a/b/c").unwrap();
+    let nf = LookupFlags::NOFOLLOW;
+    assert_eq!(
+        e(f.cache.stat(&f.a, At::Root, b"c/l2", nf)),
+        Some(libc::ENOENT)
+    );
+    std::fs::rename(f.root.join("a/b"), f.root.join("c/l2")).unwrap();
+    f.cache.invalidate(b"a/b");
+    f.cache.invalidate(b"c/l2");
+    f.cache.apply_change(&Change::Attr {
+        path: b"a".to_vec(),
+    });
+    f.cache.apply_change(&Change::Attr {
+        path: b"c".to_vec(),
+    });
+    let st = f.cache.stat(&f.a, At::Dir(&h), b"f", nf);
+    assert_eq!(st.map(|a| a.ino), Ok(ino(&f.root, "c/l2/c/f")));
+    f.cache.mknod(&f.a, At::Dir(&h), b"x", 0o644, 0).unwrap();
+    assert!(f.root.join("c/l2/c/x").exists());
+    let up = f.cache.stat(&f.a, At::Dir(&h), b"..", nf);
+    assert_eq!(up.map(|a| a.ino), Ok(ino(&f.root, "c/l2")));
+    assert_eq!(
+        e(f.cache.stat(&f.a, At::Root, b"a/b", nf)),
+        Some(libc::ENOENT)
+    );
+}
+
+/// oracle seed 2 op#1514: a handle on a directory removed behind the cache's back whose
+/// attributes had been forgotten. Linux checks search permission on the dead inode first:
+/// EACCES for a user who may not search it, ENOENT for one who may.
+#[test]
+fn handle_on_removed_directory_checks_search_before_enoent() {
+    let f = fx(&[("a", 0o755, 0, 0), ("a/b", 0o700, 0, 0)], &[]);
+    let h = f.cache.opendir(&f.root_c, At::Root, b"a/b").unwrap();
+    let kfd = f
+        .jail
+        .run(|| kernel::open_dir_path(libc::AT_FDCWD, &c(b"a/b")))
+        .unwrap();
+    // A change inside it makes the cache forget its attributes.
+    std::fs::write(f.root.join("a/b/x"), b"x").unwrap();
+    f.cache.invalidate(b"a/b/x");
+    std::fs::remove_dir_all(f.root.join("a/b")).unwrap();
+    f.cache.invalidate(b"a/b");
+    let k = |cred: Cred| {
+        f.jail
+            .run_as(&cred, move || kernel::fstatat(kfd, &c(b"x"), false).err())
+    };
+    assert_eq!(k(cred_a()), Some(libc::EACCES));
+    assert_eq!(k(Cred::root()), Some(libc::ENOENT));
+    let nf = LookupFlags::NOFOLLOW;
+    assert_eq!(
+        e(f.cache.stat(&f.a, At::Dir(&h), b"x", nf)),
+        Some(libc::EACCES)
+    );
+    assert_eq!(
+        e(f.cache.mknod(&f.a, At::Dir(&h), b"y", 0o644, 0)),
+        Some(libc::EACCES)
+    );
+    assert_eq!(
+        e(f.cache.stat(&f.root_c, At::Dir(&h), b"x", nf)),
+        Some(libc::ENOENT)
+    );
+    f.jail.run(move || kernel::close(kfd));
+}
+
+// ---------------------------------------------------------------------------------------
+// rename(2) error order (do_renameat2).
+
+fn kren(j: &Jail, old: &'static [u8], new: &'static [u8], mode: RenameMode) -> Option<i32> {
+    j.run(move || kernel::renameat2(libc::AT_FDCWD, &c(old), libc::AT_FDCWD, &c(new), mode).err())
+}
+
+/// oracle seed 3 op#182: a target whose last component is `..` is EEXIST under
+/// RENAME_NOREPLACE (checked before the type of the last component), EBUSY otherwise.
+#[test]
+fn rename_noreplace_onto_dotdot_is_eexist() {
+    let f = fx(
+        &[("a", 0o755, 0, 0), ("a/b", 0o755, 0, 0)],
+        &[("a/f", 0o644, 0, 0)],
+    );
+    for (mode, want) in [
+        (RenameMode::NoReplace, libc::EEXIST),
+        (RenameMode::Replace, libc::EBUSY),
+        (RenameMode::Exchange, libc::EBUSY),
+    ] {
+        assert_eq!(
+            kren(&f.jail, b"a/f", b"a/b/..", mode),
+            Some(want),
+            "{mode:?}"
+        );
+        let r = f.cache.rename(&f.root_c, At::Root, b"a/f", b"a/b/..", mode);
+        assert_eq!(e(r), Some(want), "{mode:?}");
+    }
+    assert_eq!(
+        kren(&f.jail, b"a/b/..", b"a/g", RenameMode::NoReplace),
+        Some(libc::EBUSY)
+    );
+    let r = f.cache.rename(
+        &f.root_c,
+        At::Root,
+        b"a/b/..",
+        b"a/g",
+        RenameMode::NoReplace,
+    );
+    assert_eq!(e(r), Some(libc::EBUSY));
+}
+
+/// oracle seeds 2 op#2249, 11 op#1917 and 4 op#1802: a trailing slash on a non-directory
+/// source gives ENOTDIR only after the target's existence checks (EEXIST under
+/// RENAME_NOREPLACE, ENOENT for an exchange with a missing target).
+#[test]
+fn rename_trailing_slash_after_target_checks() {
+    let f = fx(
+        &[("a", 0o755, 0, 0)],
+        &[("a/f", 0o644, 0, 0), ("a/g", 0o644, 0, 0)],
+    );
+    let cases: [(&'static [u8], &'static [u8], RenameMode, i32); 5] = [
+        (b"a/f/", b"a/g", RenameMode::NoReplace, libc::EEXIST),
+        (b"a/f/", b"a/n", RenameMode::Exchange, libc::ENOENT),
+        (b"a/f/", b"a/g", RenameMode::Replace, libc::ENOTDIR),
+        (b"a/f", b"a/n/", RenameMode::Replace, libc::ENOTDIR),
+        (b"a/f", b"a/g/", RenameMode::Exchange, libc::ENOTDIR),
+    ];
+    for (old, new, mode, want) in cases {
+        let what = format!(
+            "{} -> {} {mode:?}",
+            String::from_utf8_lossy(old),
+            String::from_utf8_lossy(new)
+        );
+        assert_eq!(kren(&f.jail, old, new, mode), Some(want), "kernel {what}");
+        let r = f.cache.rename(&f.root_c, At::Root, old, new, mode);
+        assert_eq!(e(r), Some(want), "cache {what}");
+    }
+}
+
+/// oracle seed 6 op#1816 (reference backend) and seed 8 op#2151: a path ending in a symlink
+/// whose body ends in a slash (`l3 -> g/` with `g` a file) is ENOTDIR, as a trailing slash
+/// on the path itself; the cache followed the link and said Ok.
+#[test]
+fn symlink_body_with_trailing_slash_demands_a_directory() {
+    let f = fx(&[("d", 0o755, 0, 0)], &[("g", 0o644, 0, 0)]);
+    symlink("g/", f.root.join("l3")).unwrap();
+    symlink("d/", f.root.join("l4")).unwrap();
+    symlink("l3", f.root.join("l5")).unwrap();
+    for (p, want) in [
+        ("l3", Some(libc::ENOTDIR)),
+        ("l5", Some(libc::ENOTDIR)),
+        ("l4", None),
+    ] {
+        assert_eq!(kstat(&f.jail, Cred::root(), p), want, "kernel {p}");
+        for _ in 0..2 {
+            // Twice: the second answer may come from the fast path.
+            let r = f
+                .cache
+                .stat(&f.root_c, At::Root, p.as_bytes(), LookupFlags::FOLLOW);
+            assert_eq!(e(r), want, "cache {p}");
+        }
+    }
+    let lst = f
+        .cache
+        .stat(&f.root_c, At::Root, b"l3", LookupFlags::NOFOLLOW);
+    assert!(lst.is_ok());
+}
+
+/// A handle's directory is pinned: with a small `max_entries`, a burst of other lookups must
+/// not evict it (an evicted dentry is dead, and the handle said ENOENT where an fd works).
+#[test]
+fn handle_directory_is_not_evicted() {
+    let f = fx(&[("d", 0o755, 0, 0), ("many", 0o755, 0, 0)], &[]);
+    for i in 0..300 {
+        std::fs::write(f.root.join(format!("many/f{i}")), b"x").unwrap();
+    }
+    let config = Config {
+        max_entries: 64,
+        ..Config::default()
+    };
+    let cache = Cache::new(
+        Arc::new(dircache_local::LocalBackend::new(&f.root).unwrap()),
+        config,
+    )
+    .unwrap();
+    let root = cache.credentials(Cred::root());
+    let h = cache.opendir(&root, At::Root, b"d").unwrap();
+    for _ in 0..3 {
+        for i in 0..300 {
+            let p = format!("many/f{i}");
+            cache
+                .stat(&root, At::Root, p.as_bytes(), LookupFlags::NOFOLLOW)
+                .unwrap();
+        }
+    }
+    assert!(!h.node().is_dead(), "the handle's directory was evicted");
+    cache.mknod(&root, At::Dir(&h), b"x", 0o644, 0).unwrap();
+    assert!(f.root.join("d/x").exists());
+}
+
+// ---------------------------------------------------------------------------------------
+// From the oracle (tests branch).
 
 /// oracle seed 3 op#773 (ORACLE_NO_BEHIND=1), reduced: B holds a handle on `c/d` (its own
 /// directory); root then makes `c` unsearchable. Lookups through the handle keep working
@@ -292,9 +532,6 @@ fn mutation_through_handle_after_ancestor_chmod() {
     let r = f.cache.unlink(&f.b, At::Dir(&h), b"x");
     assert!(r.is_ok(), "unlink through the handle: {r:?}");
 }
-
-// ---------------------------------------------------------------------------------------
-// Symlinks and setattr.
 
 /// oracle seed 2 op#1196 (ORACLE_NO_BEHIND=1), reduced: chmod through a symlink (setattr with
 /// FOLLOW) must leave `lstat(link)` reporting the link itself, not its target.
@@ -356,9 +593,6 @@ fn chown_through_symlink_keeps_lstat_of_link() {
         .map(|a| (a.ino, a.gid));
     assert_eq!(after, Ok((link_ino, 0)), "lstat(l1) after chown(l1)");
 }
-
-// ---------------------------------------------------------------------------------------
-// rename onto itself.
 
 /// oracle seeds 7, 8 (ORACLE_NO_BEHIND=1): rename(x, x) (any mode) succeeds on Linux without
 /// write permission on the directory (vfs_rename returns 0 when source == target before

@@ -39,7 +39,12 @@ impl Cache {
         let mut n = 0u64;
         let mut stack: Vec<NodeRef> = vec![root.clone()];
         while let Some(d) = stack.pop() {
-            d.version.store(v, Ordering::Release);
+            // `v` is fresh, so a dentry already holding it was visited in this walk: stale
+            // interior references (children moved elsewhere) and bind mounts of a directory
+            // inside itself cannot make the walk go round in circles.
+            if d.version.swap(v, Ordering::AcqRel) == v {
+                continue;
+            }
             n += 1;
             let f = d.flags.load(Ordering::Acquire);
             if f & MOUNTED != 0 {
@@ -55,7 +60,19 @@ impl Cache {
             // Leaves are not visited: their entries check this (their parent's) version.
             let inner = d.inner.read();
             if let Some(ch) = &inner.children {
-                stack.extend(ch.interior.iter().filter_map(Weak::upgrade));
+                for c in ch.interior.iter().filter_map(Weak::upgrade) {
+                    // Only children still filed here; moved ones are reached from their new
+                    // parent (or were bumped by the move itself).
+                    let here = c
+                        .link
+                        .load()
+                        .parent
+                        .as_ref()
+                        .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(&d)));
+                    if here {
+                        stack.push(c);
+                    }
+                }
             }
         }
         self.stats.invalidated_entries.add(n);
@@ -347,6 +364,41 @@ impl Cache {
     // Changes made behind the cache's back.
 
     pub(crate) fn external_change(&self, change: &Change) -> Vec<Invalidation> {
+        let mut out = self.external_change_at(change);
+        if let Change::Entry { path } = change {
+            out.extend(self.follow_changed_link(path));
+        }
+        out
+    }
+
+    /// A change at `path` that names a symbolic link may have been made through it (a file
+    /// created or written via a link, perhaps a dangling one): what the link leads to changed
+    /// too. Drop a negative found there, and forget the attributes of a positive.
+    fn follow_changed_link(&self, path: &[u8]) -> Vec<Invalidation> {
+        if path::components(path).next().is_none() {
+            return Vec::new();
+        }
+        let cs = self.kernel_checked(Cred::root());
+        let st = self.start(super::At::Root);
+        match self.walk(&cs.0, &st, path, LookupFlags::NOFOLLOW) {
+            Ok(w) if w.node.kind == NodeKind::Positive(FileType::Symlink) => {}
+            _ => return Vec::new(),
+        }
+        let Ok(w) = self.walk(&cs.0, &st, path, LookupFlags::FOLLOW) else {
+            return Vec::new();
+        };
+        match w.node.kind {
+            NodeKind::Negative(_) => self.drop_negative_chain(&w.node),
+            NodeKind::Positive(_) => {
+                let _w = self.inval_window();
+                w.node.set_attr(None);
+                self.forget_links_unknown(&w.node);
+                Vec::new()
+            }
+        }
+    }
+
+    fn external_change_at(&self, change: &Change) -> Vec<Invalidation> {
         let root = self.ns.root.root.clone();
         let (path, attr_only) = match change {
             Change::Overflow => {
@@ -466,14 +518,21 @@ impl Cache {
         parent.set_attr(None);
         if let Some(r) = &removed {
             self.forget_links_unknown(r);
+            let dirs = self.cached_dirs(r);
             self.kill(r);
-            if let (true, Some(a)) = (r.is_dir(), r.attr_copy()) {
-                let mut d = self.detached.lock();
+            let mut d = self.detached.lock();
+            for n in dirs {
                 if d.len() >= 256 {
                     d.pop_front();
                 }
-                d.push_back((a.dev, a.ino, Arc::downgrade(r)));
+                d.push_back((n.attr.dev(), n.attr.ino(), n));
             }
+        }
+        drop(_w);
+        if !self.detached.lock().is_empty() {
+            // Perhaps a directory we lost track of moved here: look, so it revives.
+            let mut missed = false;
+            let _ = self.child(&parent, &name, &mut missed);
         }
         vec![Invalidation {
             parent: Some(parent),
@@ -481,6 +540,27 @@ impl Cache {
             node: removed,
             attr_only: false,
         }]
+    }
+
+    /// The directories cached at and below `top` whose inode number is known (candidates
+    /// for revival if they turn up elsewhere), top first, at most 256.
+    fn cached_dirs(&self, top: &NodeRef) -> Vec<NodeRef> {
+        let mut out = Vec::new();
+        let mut queue = std::collections::VecDeque::from([top.clone()]);
+        while let Some(d) = queue.pop_front() {
+            if !d.is_dir() || out.len() >= 256 {
+                continue;
+            }
+            if d.attr.ino() != 0 {
+                out.push(d.clone());
+            }
+            if d.has(HAS_CHILDREN) {
+                if let Some(ch) = &d.inner.read().children {
+                    queue.extend(ch.values().filter(|c| c.is_dir()).cloned());
+                }
+            }
+        }
+        out
     }
 
     /// Whether `parent/name` still names the inode of the cached positive `node`.

@@ -250,6 +250,10 @@ impl Drop for Dentry {
 pub(crate) struct AttrCell {
     seq: AtomicU64,
     w: [AtomicU64; 12],
+    /// Word 2 (mode, nlink) of the last attributes stored, kept when they are forgotten: a
+    /// directory removed behind the cache's back is still permission-checked with them, as
+    /// Linux checks an open descriptor's (dead) inode.
+    last: AtomicU64,
 }
 
 impl AttrCell {
@@ -257,6 +261,7 @@ impl AttrCell {
         let c = AttrCell {
             seq: AtomicU64::new(0),
             w: std::array::from_fn(|_| AtomicU64::new(0)),
+            last: AtomicU64::new(0),
         };
         c.w[0].store(ino, Ordering::Relaxed);
         if let Some(a) = a {
@@ -287,13 +292,26 @@ impl AttrCell {
 
     #[inline]
     pub(crate) fn load(&self) -> Option<Attr> {
+        self.load_words(false)
+    }
+
+    /// The attributes, or the last ones stored if they were forgotten since.
+    pub(crate) fn load_last(&self) -> Option<Attr> {
+        self.load_words(true)
+    }
+
+    #[inline]
+    fn load_words(&self, last: bool) -> Option<Attr> {
         loop {
             let s1 = self.seq.load(Ordering::Acquire);
             if s1 & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
-            let w: [u64; 12] = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
+            let mut w: [u64; 12] = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
+            if last && w[2] as u32 == 0 {
+                w[2] = self.last.load(Ordering::Relaxed);
+            }
             std::sync::atomic::fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) != s1 {
                 continue;
@@ -351,7 +369,13 @@ impl AttrCell {
     pub(crate) fn store(&self, a: Option<Attr>) {
         self.write(|| match a {
             Some(a) => self.store_words(&a),
-            None => self.w[2].store(0, Ordering::Relaxed),
+            None => {
+                let w2 = self.w[2].load(Ordering::Relaxed);
+                if w2 as u32 != 0 {
+                    self.last.store(w2, Ordering::Relaxed);
+                }
+                self.w[2].store(0, Ordering::Relaxed);
+            }
         });
     }
 
@@ -361,5 +385,10 @@ impl AttrCell {
 
     pub(crate) fn ino(&self) -> u64 {
         self.w[0].load(Ordering::Relaxed)
+    }
+
+    /// The device number, if attributes were ever stored (0 otherwise).
+    pub(crate) fn dev(&self) -> u64 {
+        self.w[1].load(Ordering::Relaxed)
     }
 }

@@ -31,9 +31,6 @@ use crate::{
     PosixPolicy, RenameMode, Result, SetAttr, StatsSnapshot, X_OK,
 };
 
-/// Cached names of multiply-linked inodes, by (dev, ino).
-pub(crate) type LinkTable = hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>;
-
 /// Shared reference to a dentry. Front ends may hold these as long as they like; a dentry that
 /// was unlinked, replaced or evicted stays valid as an object but reports [`Dentry::is_dead`].
 pub type NodeRef = Arc<Dentry>;
@@ -96,6 +93,9 @@ impl Dentry {
     }
 }
 
+/// Cached names of multiply linked inodes, by (dev, ino).
+pub(crate) type HardLinks = hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>;
+
 /// A file system instance: one backend.
 pub(crate) struct Super {
     pub(crate) backend: Arc<dyn Backend>,
@@ -134,6 +134,14 @@ pub struct DirHandle {
     pub(crate) lex: Option<Box<[u8]>>,
     /// Signature state after hashing `lex` and a separating slash.
     pub(crate) hasher: SipHasher13,
+}
+
+/// A handle pins its directory: eviction must not take the dentry out of the tree under it
+/// (an evicted dentry is dead, and relative lookups from it would fail with ENOENT).
+impl Drop for DirHandle {
+    fn drop(&mut self) {
+        self.node.unpin();
+    }
 }
 
 impl DirHandle {
@@ -239,11 +247,13 @@ pub struct Cache {
     pub(crate) dlht_inserts: AtomicU64,
     /// Cached non-directories with more than one link, by (dev, ino): their attributes change
     /// together.
-    pub(crate) hardlinks: Mutex<LinkTable>,
+    pub(crate) hardlinks: Mutex<HardLinks>,
     /// Directories that vanished from their place behind the cache's back, by (dev, ino), so
     /// that if they turn up elsewhere (an outside rename) the same dentry comes back to life
-    /// and whoever held it (a directory handle, a kernel inode) follows the move.
-    pub(crate) detached: Mutex<VecDeque<(u64, u64, Weak<Dentry>)>>,
+    /// and whoever held it (a directory handle, a kernel inode) follows the move. Held strongly
+    /// (at most 256, oldest dropped first): a handle's dentry keeps only a weak reference to
+    /// its parent, and every directory between a moved one and a handle must come back too.
+    pub(crate) detached: Mutex<VecDeque<(u64, u64, NodeRef)>>,
 }
 
 impl Cache {
@@ -403,6 +413,7 @@ impl Cache {
     /// A handle on the root of a namespace.
     pub fn root_handle(&self, ns: &Arc<Namespace>) -> DirHandle {
         let node = ns.root.root.clone();
+        node.pin();
         DirHandle {
             ns: ns.clone(),
             mnt: ns.root.clone(),
@@ -523,19 +534,10 @@ impl Cache {
     ) -> Result<()> {
         let (op, on) = self.parent_for_remove(c, at, old)?;
         let (np, nn) = self.parent_for_remove(c, at, new)?;
-        if matches!(on, b"." | b"..") || matches!(nn, b"." | b"..") {
-            return Err(Error::Busy);
-        }
-        if path::wants_dir(old) || path::wants_dir(new) {
-            // A trailing slash demands directories: the source must be one.
-            let s = self.lookup_child(c, &op, on)?;
-            match s.kind {
-                NodeKind::Negative(e) => return Err(e),
-                NodeKind::Positive(FileType::Directory) => {}
-                NodeKind::Positive(_) => return Err(Error::NotDir),
-            }
-        }
-        self.rename_at(c, &op, on, &np, nn, mode)
+        // As do_renameat2: `.`/`..` as the source is EBUSY; as the target, EEXIST under
+        // RENAME_NOREPLACE, else EBUSY (both checked in `rename_slashes`).
+        let slash = [path::wants_dir(old), path::wants_dir(new)];
+        self.rename_slashes(c, &op, on, &np, nn, mode, slash)
     }
 
     /// chmod / chown / truncate / utimens of `path`.
@@ -615,6 +617,7 @@ impl Cache {
     /// Apply a change reported by a backend's change feed (or by anyone who knows the tree
     /// changed). Returns what was dropped, for front ends with caches of their own.
     pub fn apply_change(&self, change: &Change) -> Vec<Invalidation> {
+        self.root_sb.backend.changed(change);
         self.external_change(change)
     }
 

@@ -304,10 +304,33 @@ impl Cache {
         newname: &[u8],
         mode: RenameMode,
     ) -> Result<()> {
+        self.rename_slashes(c, parent, name, newparent, newname, mode, [false, false])
+    }
+
+    /// `rename_at`; `slash` says whether the old and the new path had a trailing slash, which
+    /// Linux's `do_renameat2` checks only after the existence checks of both names.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rename_slashes(
+        &self,
+        c: &Creds,
+        parent: &NodeRef,
+        name: &[u8],
+        newparent: &NodeRef,
+        newname: &[u8],
+        mode: RenameMode,
+        slash: [bool; 2],
+    ) -> Result<()> {
         want_dir(parent)?;
         want_dir(newparent)?;
-        if matches!(name, b"." | b"..") || matches!(newname, b"." | b"..") {
+        if matches!(name, b"." | b"..") {
             return Err(Error::Busy);
+        }
+        if matches!(newname, b"." | b"..") {
+            return Err(if mode == RenameMode::NoReplace {
+                Error::Exists
+            } else {
+                Error::Busy
+            });
         }
         check_name(newname)?;
         let _t = self.tree_lock.write();
@@ -323,9 +346,14 @@ impl Cache {
         match mode {
             RenameMode::Exchange if !dst_pos => return Err(Error::NotFound),
             RenameMode::NoReplace if dst_pos => return Err(Error::Exists),
+            RenameMode::Exchange if slash[1] && !dst.is_dir() => return Err(Error::NotDir),
             _ => {}
         }
         let src_dir = src.is_dir();
+        // Unless the source is a directory, trailing slashes give ENOTDIR.
+        if !src_dir && (slash[0] || (mode != RenameMode::Exchange && slash[1])) {
+            return Err(Error::NotDir);
+        }
         if Arc::ptr_eq(&src, &dst) {
             return Ok(());
         }

@@ -10,7 +10,7 @@ use siphasher::sip128::SipHasher13;
 
 use super::dentry::{Dentry, COMPLETE, DEAD, HAS_CHILDREN, MOUNTED};
 use super::fast::{finish, sig_of, FastEntry, Seen, FOLLOW_MARK};
-use super::path::{self, check_path, shape, Shape};
+use super::path::{self, check_path};
 use super::{
     At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
 };
@@ -172,13 +172,24 @@ impl Cache {
         let mut follow = flags.follow;
         let mut x_final = false;
         let normalized;
-        let (h, full): (SipHasher13, Option<Vec<u8>>) = match shape(rel) {
-            Shape::Clean => {
+        // Paths without `..` are keyed by their bytes as given (`a//b/./c` is its own key,
+        // published by the slow path when it resolved exactly that string); only `..` needs the
+        // lexical form, checked against the prefix it climbs out of.
+        let (h, full): (SipHasher13, Option<Vec<u8>>) = match path::has_dotdot(rel) {
+            false => {
+                if rel.last() == Some(&b'/') {
+                    must_dir = true;
+                    follow = true;
+                } else if rel == b"." || rel.ends_with(b"/.") {
+                    must_dir = true;
+                    follow = true;
+                    x_final = true;
+                }
                 let mut h = *base;
                 h.write(rel);
                 (h, None)
             }
-            Shape::Other => {
+            true => {
                 normalized = self.fast_normalize(cs, ns, lex, rel)?;
                 let (buf, md, xf) = normalized;
                 if md {
@@ -457,6 +468,12 @@ impl Cache {
                 if target.is_empty() {
                     return Err(Error::NotFound);
                 }
+                if last && path::wants_dir(&target) {
+                    // The path ends in this link and its body ends in a slash (or `.`/`..`):
+                    // what it leads to must be a directory, as for a trailing slash.
+                    follow_final = true;
+                    must_dir = true;
+                }
                 if target[0] == b'/' {
                     mnt = ns.root.clone();
                     cur = ns.root.root.clone();
@@ -572,7 +589,12 @@ impl Cache {
         // The path itself, when its lexical form names what the walk found.
         let has_dotdot = path::components(path).any(|c| c == b"..");
         if !has_dotdot || w.deps.is_empty() {
-            let full = norm_lex(lex, path);
+            // The same key the fast path computes: bytes as given unless `..` may occur.
+            let full = if path::has_dotdot(path) {
+                norm_lex(lex, path)
+            } else {
+                raw_key(lex, path)
+            };
             if !full.is_empty() && (w.node.kind != NodeKind::Negative(Error::Loop)) {
                 let (deps, link) = match w.final_link {
                     Some(i) => (&w.deps[..i], w.deps.get(i)),
@@ -721,12 +743,12 @@ impl Cache {
             NodeKind::Positive(_) => return Err(Error::NotDir),
             NodeKind::Negative(e) => return Err(e),
         }
-        if dir.has(DEAD) {
-            return Err(Error::NotFound);
-        }
         if c.0.check {
             let a = self.attr_of(dir)?;
             self.policy.permission(&c.0.cred, &a, X_OK)?;
+        }
+        if dir.has(DEAD) {
+            return Err(Error::NotFound);
         }
         match name {
             b"" => Err(Error::NotFound),
@@ -771,6 +793,7 @@ impl Cache {
             }
             _ => None,
         };
+        let was_revived = revived.is_some();
         let node = revived.unwrap_or_else(|| self.new_dentry(dir, name, kind, attr));
         if cacheable && fresh {
             inner.children_mut().insert(node.clone());
@@ -784,6 +807,9 @@ impl Cache {
                 }
             }
             self.account_new(&node);
+            if was_revived {
+                self.revive_below(&node);
+            }
         } else {
             node.set(DEAD);
         }
@@ -799,9 +825,8 @@ impl Cache {
         }
         let i = d
             .iter()
-            .position(|(dev, ino, _)| *dev == a.dev && *ino == a.ino)?;
-        let (_, _, w) = d.remove(i)?;
-        let node = w.upgrade()?;
+            .position(|(dev, ino, _)| (*dev == a.dev || *dev == 0) && *ino == a.ino)?;
+        let (_, _, node) = d.remove(i)?;
         if !node.has(DEAD) || !Arc::ptr_eq(&node.sb, &dir.sb) {
             return None;
         }
@@ -815,6 +840,39 @@ impl Cache {
             .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
         node.clear(DEAD);
         Some(node)
+    }
+
+    /// After `dir` was revived: bring back the directories that were cached below it when it
+    /// vanished and are still there (same name and inode), so handles on them work again.
+    fn revive_below(&self, dir: &NodeRef) {
+        let below: Vec<NodeRef> = {
+            let d = self.detached.lock();
+            d.iter()
+                .map(|(_, _, n)| n.clone())
+                .filter(|n| {
+                    n.has(DEAD)
+                        && n.link
+                            .load()
+                            .parent
+                            .as_ref()
+                            .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(dir)))
+                })
+                .collect()
+        };
+        for n in below {
+            let name = n.name();
+            let Ok(dpath) = self.path_of(dir) else {
+                return;
+            };
+            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+            self.stats.backend.lookup.inc();
+            if let Ok(a) = dir.sb.backend.lookup(&dpath, &name) {
+                if a.is_dir() && a.ino == n.attr.ino() {
+                    let kind = NodeKind::Positive(FileType::Directory);
+                    self.insert_child(dir, &name, gen0, ver0, kind, Some(a));
+                }
+            }
+        }
     }
 
     /// A negative child of `dir` (deep negatives under negatives and non-directories, or a
@@ -867,6 +925,11 @@ impl Cache {
         }
         if let Some(a) = node.attr_copy() {
             return Ok(a);
+        }
+        if node.has(DEAD) {
+            // Removed (or moved out of sight): Linux still checks an open descriptor's inode
+            // with its last attributes before saying ENOENT.
+            return node.attr.load_last().ok_or(Error::NotFound);
         }
         *missed = true;
         loop {
@@ -971,6 +1034,7 @@ impl Cache {
                 hasher.write(b"/");
             }
         }
+        w.node.pin();
         Ok(DirHandle {
             ns: st.ns.clone(),
             mnt: w.mnt,
@@ -1046,6 +1110,22 @@ impl Cache {
         }
         Ok((node, opts))
     }
+}
+
+/// The fast path's key for a path without `..`: its bytes as given, after the handle's
+/// lexical path (or alone for an absolute path, leading slashes dropped).
+fn raw_key(lex: &[u8], path: &[u8]) -> Vec<u8> {
+    if path.first() == Some(&b'/') {
+        let i = path.iter().position(|&b| b != b'/').unwrap_or(path.len());
+        return path[i..].to_vec();
+    }
+    let mut out = Vec::with_capacity(lex.len() + 1 + path.len());
+    out.extend_from_slice(lex);
+    if !lex.is_empty() {
+        out.push(b'/');
+    }
+    out.extend_from_slice(path);
+    out
 }
 
 /// `lex` joined with the lexical form of `path` (no `.`, no empty components; `..` kept).
