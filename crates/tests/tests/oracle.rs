@@ -17,7 +17,8 @@
 //! writes the whole operation log there on failure. For exploring past a known bug class:
 //! `ORACLE_NO_BEHIND=1` (no outside changes), `ORACLE_NO_HANDLES=1` (no directory handles);
 //! `ORACLE_STOP_AT=i` makes an errno disagreement at op i fatal (to shrink it);
-//! `ORACLE_TRACE=1` prints every operation before it runs (to find a hang).
+//! `ORACLE_TRACE=1` prints every operation before it runs (to find a hang);
+//! `ORACLE_SHRINK_HANG=i` shrinks the sequence ending in op i that hangs (forked replays).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -1285,6 +1286,7 @@ fn run(kind: BackendKind, config: &Config, seed: u64, ops: usize) {
     let mut soft: Vec<(String, String)> = Vec::new();
     let mut history: Vec<Op> = Vec::new();
     let mut rng = StdRng::seed_from_u64(seed);
+    let shrink_hang = env_u64("ORACLE_SHRINK_HANG");
     for i in 0..ops {
         let op = {
             let mut g = Gen {
@@ -1295,6 +1297,19 @@ fn run(kind: BackendKind, config: &Config, seed: u64, ops: usize) {
         };
         history.push(op.clone());
         current.store(i, Ordering::Release);
+        if shrink_hang == Some(i as u64) {
+            // The op that hung under the watchdog: shrink the sequence that still hangs.
+            done.store(true, Ordering::Release);
+            let min = shrink(kind, config, &history, "HANG");
+            panic!(
+                "seed={seed}: op#{i} hangs; shrunk to {} ops:\n{}",
+                min.len(),
+                min.iter()
+                    .map(|o| format!("  {o}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
         if std::env::var("ORACLE_TRACE").is_ok() {
             use std::io::Write;
             let _ = writeln!(std::io::stderr(), "#{i} {op}");
@@ -1419,8 +1434,42 @@ fn signature(e: &str) -> String {
     e[..cut.min(60)].to_string()
 }
 
+/// Replay `ops` in a forked child (so a hang can be killed); whether the last op hangs (more
+/// than 5 s). For shrinking a hang found by the watchdog (`ORACLE_SHRINK_HANG=1`).
+fn replay_hangs(kind: BackendKind, config: &Config, ops: &[Op]) -> bool {
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut w = World::new(kind, config);
+            for op in ops {
+                let _ = w.apply(op);
+            }
+        }));
+        unsafe { libc::_exit(if r.is_ok() { 0 } else { 1 }) };
+    }
+    let start = Instant::now();
+    loop {
+        let mut status = 0;
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return false;
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Replay `ops` on a fresh world; whether the last op fails with `sig`.
 fn replay_fails(kind: BackendKind, config: &Config, ops: &[Op], sig: &str) -> bool {
+    if sig == "HANG" {
+        return replay_hangs(kind, config, ops);
+    }
     let mut w = World::new(kind, config);
     for (i, op) in ops.iter().enumerate() {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.apply(op)));

@@ -832,3 +832,71 @@ fn handle_survives_outside_rename_of_an_ancestor() {
         .map(|a| a.ino);
     assert_eq!(got, Ok(ino(&f.root, "c/d/l2/c/d")));
 }
+
+/// oracle seed 101 (both backends) hangs at op#1587, `rename(a, f/c/c, RENAME_EXCHANGE)`:
+/// `bump_subtree` (coherence.rs) loops forever. Shrunk (forked replays) to 46 ops, then by hand
+/// to: the cache knows `a/b/c/x` and `a/b/g`; outside, `mv a/b f/c`; invalidate both paths;
+/// the cache learns `f/c/c/x` and `f/c/g`; then exchange `a` and `f/c/c`. Without `a/b/g`
+/// (one interior child) it does not hang. The exchange runs on a thread so that the test
+/// fails after 5 s instead of hanging (the spinning thread is left behind).
+#[test]
+fn exchange_after_outside_rename_does_not_hang() {
+    let f = fx(
+        &[
+            ("a", 0o755, 0, 0),
+            ("a/b", 0o755, 0, 0),
+            ("a/b/c", 0o755, 0, 0),
+            ("a/b/c/x", 0o755, 0, 0),
+            ("a/b/g", 0o755, 0, 0),
+            ("f", 0o755, 0, 0),
+        ],
+        &[],
+    );
+    for p in [&b"a/b/c/x"[..], b"a/b/g"] {
+        f.cache
+            .stat(&f.root_c, At::Root, p, LookupFlags::FOLLOW)
+            .unwrap();
+    }
+    std::fs::rename(f.root.join("a/b"), f.root.join("f/c")).unwrap();
+    f.cache.invalidate(b"a/b");
+    f.cache.invalidate(b"f/c");
+    for p in [&b"f/c/c/x"[..], b"f/c/g"] {
+        f.cache
+            .stat(&f.root_c, At::Root, p, LookupFlags::FOLLOW)
+            .unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (cache, c) = (f.cache.clone(), f.root_c.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(cache.rename(&c, At::Root, b"a", b"f/c/c", RenameMode::Exchange));
+    });
+    let r = rx.recv_timeout(std::time::Duration::from_secs(5));
+    assert!(
+        r.is_ok(),
+        "rename(a, f/c/c, EXCHANGE) did not return within 5 s"
+    );
+    assert_eq!(r.unwrap(), Ok(()));
+    let got = f
+        .cache
+        .stat(&f.root_c, At::Root, b"a/x", LookupFlags::FOLLOW)
+        .map(|a| a.ino);
+    assert_eq!(got, Ok(ino(&f.root, "a/x")));
+}
+
+/// oracle seed 2 (local backend, latest main), shrunk from 2666 ops to 31, reduced by hand: a
+/// handle on directory `d` itself (not an ancestor) after `d` is renamed from outside and both
+/// paths are invalidated: creating `a` through the handle must work, as through an fd.
+#[test]
+fn handle_survives_outside_rename_of_its_own_directory() {
+    let f = fx(&[("d", 0o777, 0, 0), ("x", 0o755, 0, 0)], &[]);
+    let h = f.cache.opendir(&f.root_c, At::Root, b"d/").unwrap();
+    std::fs::rename(f.root.join("d"), f.root.join("x/c")).unwrap();
+    f.cache.invalidate(b"d");
+    f.cache.invalidate(b"x/c");
+    let r = f.cache.mkdir(&f.b, At::Dir(&h), b"a", 0o755).map(|a| a.ino);
+    assert!(
+        r.is_ok(),
+        "mkdir through the handle after its directory moved: {r:?}"
+    );
+    assert_eq!(r, Ok(ino(&f.root, "x/c/a")));
+}
