@@ -572,8 +572,13 @@ impl Cache {
         }
     }
 
-    /// Attributes of a dentry, from the cache or the backend.
+    /// Attributes of a dentry, from the cache or the backend. A dentry whose name was removed
+    /// or replaced has no attributes to give (ENOENT): its last ones are stale (nlink, ctime),
+    /// and a front end holding the file open should ask the open descriptor instead.
     pub fn getattr(&self, node: &NodeRef) -> Result<Attr> {
+        if node.is_dead() {
+            return Err(Error::NotFound);
+        }
         self.attr_of(node)
     }
 
