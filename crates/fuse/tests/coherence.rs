@@ -81,3 +81,29 @@ fn outside_changes_visible_within_100ms() {
     let d = wait_for(LIMIT, || std::fs::read(t.m("dir/x/y/z")).is_ok());
     assert!(d.is_some(), "new tree not visible");
 }
+
+/// SRC removed while mounted: callers get errors, nothing hangs, and the mount still
+/// unmounts cleanly (the guard's Drop).
+#[test]
+fn src_removed_while_mounted_gives_errors_not_hangs() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    std::fs::create_dir(t.s("d")).unwrap();
+    std::fs::write(t.s("d/f"), b"x").unwrap();
+    assert_eq!(std::fs::read(t.m("d/f")).unwrap(), b"x");
+    std::fs::remove_dir_all(&t.src).unwrap();
+    // Every call returns (a hang would stall the test until the harness kills it).
+    let start = std::time::Instant::now();
+    let read = wait_for(Duration::from_secs(2), || {
+        std::fs::read(t.m("d/f")).is_err()
+    });
+    assert!(read.is_some(), "reading a removed file must fail");
+    assert!(
+        std::fs::write(t.m("new"), b"y").is_err(),
+        "creating in a removed SRC"
+    );
+    assert!(std::fs::metadata(t.m("zz")).is_err());
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
