@@ -173,12 +173,10 @@ pub struct DircacheFs {
     notify: Sender<NotifyMsg>,
     passthrough: bool,
     socket_path: Option<PathBuf>,
-    own: Arc<crate::notifier::OwnChanges>,
 }
 
 /// What the front end needs besides the cache.
 pub struct FsParts {
-    pub own: Arc<crate::notifier::OwnChanges>,
     pub inodes: Arc<Inodes>,
     pub counters: Arc<RequestCounters>,
 }
@@ -197,7 +195,6 @@ impl DircacheFs {
         let root_attr = cache.getattr(&root).ok();
         let inodes = Arc::new(Inodes::new(root, root_attr.as_ref()));
         let counters = Arc::new(RequestCounters::default());
-        let own = Arc::new(crate::notifier::OwnChanges::default());
         let src_fd = rustix::fs::open(
             src,
             rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
@@ -218,30 +215,16 @@ impl DircacheFs {
             notify,
             passthrough: false,
             socket_path,
-            own: own.clone(),
         };
         (
             fs,
             FsParts {
-                own,
                 inodes,
                 counters,
             },
         )
     }
 
-    /// Remember that the mount itself changed `dir/name` (or `dir` when `name` is empty).
-    fn own(&self, dir: &NodeRef, name: &[u8]) {
-        if let Ok(mut p) = self.cache.node_path(dir) {
-            if !name.is_empty() {
-                if !p.is_empty() {
-                    p.push(b'/');
-                }
-                p.extend_from_slice(name);
-            }
-            self.own.note(p);
-        }
-    }
 
     fn count(&self, op: Op) {
         self.counters.inc(op);
@@ -646,7 +629,6 @@ impl fuser::Filesystem for DircacheFs {
             mtime: time_set(mtime),
         };
         let c = self.creds(req);
-        self.own(&node, b"");
         match self.with_node(ino, |n| self.cache.setattr_node(&c, n, &set)) {
             Ok(a) => {
                 if a.nlink > 1 {
@@ -732,8 +714,6 @@ impl fuser::Filesystem for DircacheFs {
         };
         let c = self.creds(req);
         let victim = self.child(&c, &dir, name);
-        self.own(&dir, name.as_bytes());
-        self.own(&dir, b"");
         match self.with_node(parent, |d| self.cache.unlink_at(&c, d, name.as_bytes())) {
             Ok(()) => {
                 self.dir_changed(&dir);
@@ -753,8 +733,6 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
-        self.own(&dir, name.as_bytes());
-        self.own(&dir, b"");
         match self.with_node(parent, |d| self.cache.rmdir_at(&c, d, name.as_bytes())) {
             Ok(()) => {
                 self.dir_changed(&dir);
@@ -778,8 +756,6 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
-        self.own(&dir, link_name.as_bytes());
-        self.own(&dir, b"");
         match self.cache.symlink_at(
             &c,
             &dir,
@@ -816,10 +792,6 @@ impl fuser::Filesystem for DircacheFs {
         let c = self.creds(req);
         let moved = self.child(&c, &dir, name);
         let victim = self.child(&c, &newdir, newname);
-        self.own(&dir, name.as_bytes());
-        self.own(&newdir, newname.as_bytes());
-        self.own(&dir, b"");
-        self.own(&newdir, b"");
         let moved_id = moved.as_ref().and_then(|m| self.inodes.nodeid_of(m));
         let victim_id = victim.as_ref().and_then(|v| self.inodes.nodeid_of(v));
         match self
@@ -864,9 +836,6 @@ impl fuser::Filesystem for DircacheFs {
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
         let c = self.creds(req);
-        self.own(&newdir, newname.as_bytes());
-        self.own(&newdir, b"");
-        self.own(&node, b"");
         match self.cache.link_at(&c, &node, &newdir, newname.as_bytes()) {
             Ok(n) => {
                 self.dir_changed(&newdir);
@@ -905,9 +874,6 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let writable = is_writable(flags.0);
-        if writable {
-            self.own(&node, b"");
-        }
         if flags.0 & libc::O_TRUNC != 0 {
             self.attrs_changed(&node);
         }
@@ -1030,7 +996,6 @@ impl fuser::Filesystem for DircacheFs {
         let of = self.files.lock().remove(&fh.0);
         if let Some(of) = of {
             if of.writable {
-                self.own(&of.node, b"");
                 self.inodes.add_writer(of.nodeid, -1);
                 self.cache.forget_attr(&of.node);
             }
@@ -1480,8 +1445,6 @@ impl fuser::Filesystem for DircacheFs {
         };
         let c = self.creds(req);
         let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
-        self.own(&dir, name.as_bytes());
-        self.own(&dir, b"");
         let (node, fd) =
             match self
                 .cache

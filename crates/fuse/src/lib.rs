@@ -128,7 +128,6 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         }
     };
     let state = notifier::NotifierState {
-        own: parts.own.clone(),
         cache: cache.clone(),
         inodes: parts.inodes.clone(),
         counters: parts.counters.clone(),

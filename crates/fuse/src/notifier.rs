@@ -34,36 +34,6 @@ pub enum NotifyMsg {
     Stop,
 }
 
-/// Paths the mount itself just changed. The local backend's change feed also reports the
-/// daemon's own mutations; applying those to the core would drop dentries the kernel is using
-/// right now (and invalidate kernel caches for nothing). Events for a path changed through the
-/// mount within [`OWN_WINDOW`] are skipped. (Better: the backend drops events whose fanotify
-/// pid is the daemon's own.)
-#[derive(Default)]
-pub struct OwnChanges {
-    recent: parking_lot::Mutex<std::collections::HashMap<Vec<u8>, std::time::Instant>>,
-}
-
-/// How long a mutation through the mount hides feed events for the same path.
-pub const OWN_WINDOW: std::time::Duration = std::time::Duration::from_millis(1000);
-
-impl OwnChanges {
-    pub fn note(&self, path: Vec<u8>) {
-        let now = std::time::Instant::now();
-        let mut m = self.recent.lock();
-        if m.len() > 65536 {
-            m.retain(|_, t| now.duration_since(*t) < OWN_WINDOW);
-        }
-        m.insert(path, now);
-    }
-
-    /// Whether a feed event for `path` is (probably) the echo of our own change.
-    pub fn is_own(&self, path: &[u8]) -> bool {
-        let m = self.recent.lock();
-        m.get(path).is_some_and(|t| t.elapsed() < OWN_WINDOW)
-    }
-}
-
 /// Where notifications go: the kernel in production, a recorder in tests.
 pub trait Sink: Send + 'static {
     fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()>;
@@ -110,7 +80,6 @@ pub fn split_path(path: &[u8]) -> (&[u8], &[u8]) {
 }
 
 pub struct NotifierState {
-    pub own: Arc<OwnChanges>,
     pub cache: Arc<Cache>,
     pub inodes: Arc<Inodes>,
     pub counters: Arc<RequestCounters>,
