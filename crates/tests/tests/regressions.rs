@@ -900,3 +900,50 @@ fn handle_survives_outside_rename_of_its_own_directory() {
     );
     assert_eq!(r, Ok(ino(&f.root, "x/c/a")));
 }
+
+/// oracle seed 2 (local backend) op#2665, shrunk to 31 ops, then reduced by hand: the cached
+/// directory `x/y` is removed from outside (and remembered by inode number, for revival);
+/// `mkdir d` through the cache gets the freed inode number back (ext4 reuses it at once); a
+/// handle is opened on `d`, `d` is moved from outside to `z/c` and both paths are invalidated.
+/// The revival at `z/c` must bring back `d`'s dentry, not the older one of the removed `x/y`
+/// with the same inode number: mkdir through the handle must work. The cache said ENOENT.
+#[test]
+fn handle_follows_move_of_directory_with_reused_inode_number() {
+    let f = fx(
+        &[("x", 0o755, 0, 0), ("x/y", 0o755, 0, 0), ("z", 0o755, 0, 0)],
+        &[],
+    );
+    let y = f
+        .cache
+        .stat(&f.root_c, At::Root, b"x/y", LookupFlags::NOFOLLOW)
+        .unwrap()
+        .ino;
+    std::fs::remove_dir(f.root.join("x/y")).unwrap();
+    f.cache.invalidate(b"x/y");
+    let mut reused = false;
+    for _ in 0..20 {
+        let d = f.cache.mkdir(&f.root_c, At::Root, b"d", 0o755).unwrap();
+        if d.ino == y {
+            reused = true;
+            break;
+        }
+        f.cache.rmdir(&f.root_c, At::Root, b"d").unwrap();
+    }
+    if !reused {
+        eprintln!("skipped: this file system did not reuse the freed inode number");
+        return;
+    }
+    let h = f.cache.opendir(&f.root_c, At::Root, b"d").unwrap();
+    std::fs::rename(f.root.join("d"), f.root.join("z/c")).unwrap();
+    f.cache.invalidate(b"d");
+    f.cache.invalidate(b"z/c");
+    let r = f
+        .cache
+        .mkdir(&f.root_c, At::Dir(&h), b"a", 0o755)
+        .map(|a| a.ino);
+    assert!(
+        r.is_ok(),
+        "mkdir through the handle on d after it moved: {r:?}"
+    );
+    assert_eq!(r, Ok(ino(&f.root, "z/c/a")));
+}

@@ -525,10 +525,14 @@ impl Cache {
             self.kill(r);
             let mut d = self.detached.lock();
             for n in dirs {
+                // An older entry for the same inode is a directory that lost that inode
+                // before `n` had it (removed, its number reused): never revive it instead.
+                let (dev, ino) = (n.attr.dev(), n.attr.ino());
+                d.retain(|(_, _, o)| !same_inode(o, &n.sb, dev, ino));
                 if d.len() >= 256 {
                     d.pop_front();
                 }
-                d.push_back((n.attr.dev(), n.attr.ino(), n));
+                d.push_back((dev, ino, n));
             }
         }
         drop(_w);
@@ -543,6 +547,17 @@ impl Cache {
             node: removed,
             attr_only: false,
         }]
+    }
+
+    /// A directory with inode `(dev, ino)` of `sb`'s file system was just created through the
+    /// cache: a remembered detached directory with that inode number was removed and its number
+    /// reused, so it must not be revived as the new directory (or in place of a later move of
+    /// it).
+    pub(crate) fn forget_detached(&self, sb: &Arc<Super>, dev: u64, ino: u64) {
+        let mut d = self.detached.lock();
+        if !d.is_empty() {
+            d.retain(|(_, _, o)| !same_inode(o, sb, dev, ino));
+        }
     }
 
     /// The directories cached at and below `top` whose inode number is known (candidates
@@ -759,4 +774,11 @@ impl Cache {
         self.bump_subtree(mp);
         Ok(())
     }
+}
+
+/// Whether the remembered directory `o` has inode `(dev, ino)` in `sb`'s file system (a device
+/// number of 0 is unknown and matches, as in `revive`).
+fn same_inode(o: &Dentry, sb: &Arc<Super>, dev: u64, ino: u64) -> bool {
+    let odev = o.attr.dev();
+    o.attr.ino() == ino && (odev == dev || odev == 0 || dev == 0) && Arc::ptr_eq(&o.sb, sb)
 }

@@ -75,6 +75,10 @@ impl Cache {
 
     /// Put a new positive dentry at `parent/name`, replacing whatever negative was there.
     fn install(&self, parent: &NodeRef, name: &[u8], attr: Attr, complete: bool) -> NodeRef {
+        if attr.is_dir() {
+            // A new inode: no directory that vanished earlier can turn up as it.
+            self.forget_detached(&parent.sb, attr.dev, attr.ino);
+        }
         let node = self.new_dentry(parent, name, NodeKind::Positive(attr.kind()), Some(attr));
         if complete && self.config.completeness {
             node.set(COMPLETE);
