@@ -216,15 +216,8 @@ impl DircacheFs {
             passthrough: false,
             socket_path,
         };
-        (
-            fs,
-            FsParts {
-                inodes,
-                counters,
-            },
-        )
+        (fs, FsParts { inodes, counters })
     }
-
 
     fn count(&self, op: Op) {
         self.counters.inc(op);
