@@ -122,8 +122,15 @@ pub(crate) struct FastEntry {
     pub(crate) up: Option<(NodeRef, u64)>,
     /// Unique id of this entry; PCC slots name the entry they confirm.
     pub(crate) stamp: u64,
+    /// What most entries do not need, in one optional box (keeps the common entry small).
+    pub(crate) extra: Option<Box<EntryExtra>>,
+}
+
+/// The uncommon parts of a DLHT entry.
+pub(crate) struct EntryExtra {
     /// Symlinks the path went through, as the walk saw them.
     pub(crate) deps: Box<[Seen]>,
+    /// Options of the mount the entry lies in, when not the defaults.
     pub(crate) mount: MountOptions,
     /// The full lexical path, kept only when `Config::verify_path` is on.
     pub(crate) path: Option<Box<[u8]>>,
@@ -138,7 +145,25 @@ impl FastEntry {
                 .up
                 .as_ref()
                 .is_none_or(|(p, v)| p.version.load(Ordering::Acquire) == *v)
-            && self.deps.iter().all(Seen::valid)
+            && self
+                .extra
+                .as_ref()
+                .is_none_or(|x| x.deps.iter().all(Seen::valid))
+    }
+
+    pub(crate) fn deps(&self) -> &[Seen] {
+        self.extra.as_ref().map_or(&[], |x| &x.deps)
+    }
+
+    #[inline]
+    pub(crate) fn mount(&self) -> MountOptions {
+        self.extra
+            .as_ref()
+            .map_or_else(MountOptions::default, |x| x.mount)
+    }
+
+    pub(crate) fn path(&self) -> Option<&[u8]> {
+        self.extra.as_ref().and_then(|x| x.path.as_deref())
     }
 
     pub(crate) fn seen(&self) -> Seen {

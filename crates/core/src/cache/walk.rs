@@ -9,7 +9,7 @@ use std::sync::Arc;
 use siphasher::sip128::SipHasher13;
 
 use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN, MOUNTED};
-use super::fast::{finish, sig_of, FastEntry, Seen, FOLLOW_MARK};
+use super::fast::{finish, sig_of, EntryExtra, FastEntry, Seen, FOLLOW_MARK};
 use super::path::{self, check_path};
 use super::{
     At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
@@ -241,7 +241,7 @@ impl Cache {
                 }
                 self.stats.fastpath_hits.inc();
                 let f = f.take()?;
-                Some(Ok(f(node, e.mount)))
+                Some(Ok(f(node, e.mount())))
             }
         }
     }
@@ -259,10 +259,10 @@ impl Cache {
         if !e.valid() {
             return false;
         }
-        if let Some(p) = &e.path {
+        if let Some(p) = e.path() {
             let same = match full {
-                Some(full) => **p == *full,
-                None if lex.is_empty() => **p == *rel,
+                Some(full) => *p == *full,
+                None if lex.is_empty() => *p == *rel,
                 None => {
                     p.len() == lex.len() + 1 + rel.len()
                         && p.starts_with(lex)
@@ -307,7 +307,7 @@ impl Cache {
                         let sig = sig_of(&ns.base, &buf);
                         let guard = ns.dlht.guard();
                         let e = ns.dlht.get(&sig, &guard)?;
-                        if !e.valid() || !e.deps.is_empty() || !e.node.is_dir() {
+                        if !e.valid() || !e.deps().is_empty() || !e.node.is_dir() {
                             return None;
                         }
                         if cs.check {
@@ -661,8 +661,8 @@ impl Cache {
         let guard = ns.dlht.guard();
         let reuse = ns.dlht.get(&sig, &guard).and_then(|e| {
             let same = e.seen().same(seen)
-                && e.deps.len() == deps.len()
-                && e.deps.iter().zip(deps).all(|(a, b)| a.same(b))
+                && e.deps().len() == deps.len()
+                && e.deps().iter().zip(deps).all(|(a, b)| a.same(b))
                 && e.valid();
             same.then_some(e.stamp)
         });
@@ -675,9 +675,16 @@ impl Cache {
                     ver: seen.ver,
                     up: seen.up.clone(),
                     stamp,
-                    deps: deps.to_vec().into_boxed_slice(),
-                    mount,
-                    path: self.config.verify_path.then(|| full.into()),
+                    extra: (!deps.is_empty()
+                        || mount != MountOptions::default()
+                        || self.config.verify_path)
+                        .then(|| {
+                            Box::new(EntryExtra {
+                                deps: deps.to_vec().into_boxed_slice(),
+                                mount,
+                                path: self.config.verify_path.then(|| full.into()),
+                            })
+                        }),
                 };
                 ns.dlht.insert(sig, e, &guard);
                 if self.dlht_inserts.fetch_add(1, Ordering::Relaxed)
