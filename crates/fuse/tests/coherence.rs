@@ -107,3 +107,59 @@ fn src_removed_while_mounted_gives_errors_not_hangs() {
     assert!(std::fs::metadata(t.m("zz")).is_err());
     assert!(start.elapsed() < Duration::from_secs(5));
 }
+
+/// The daemon remembers which inodes have no POSIX ACL (so `ls -l` re-fetches cost no
+/// syscall). That memo must never hide an ACL set from outside or through the mount.
+#[test]
+fn acl_memo_never_hides_a_new_acl() {
+    if !can_mount()
+        || std::process::Command::new("setfacl")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        // setfacl comes from Debian's `acl` package, which .ci/run installs.
+        assert!(std::env::var("CI").is_err(), "setfacl missing in CI");
+        return;
+    }
+    let t = TestMount::new();
+    std::fs::write(t.s("f"), b"x").unwrap();
+    let getfacl = |p: &std::path::Path| -> String {
+        let o = std::process::Command::new("getfacl")
+            .args(["-cn"])
+            .arg(p)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let setfacl = |args: &[&str], p: &std::path::Path| {
+        let st = std::process::Command::new("setfacl")
+            .args(args)
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success(), "setfacl {args:?} {}", p.display());
+    };
+    // No ACL yet: the memo learns that.
+    assert!(!getfacl(&t.m("f")).contains("user:1001"));
+    assert!(!getfacl(&t.m("f")).contains("user:1001"));
+    // Set from outside: visible through the mount within the coherence limit.
+    setfacl(&["-m", "u:1001:r"], &t.s("f"));
+    let d = wait_for(LIMIT, || getfacl(&t.m("f")).contains("user:1001:r--"));
+    assert!(
+        d.is_some(),
+        "ACL set outside not visible: {}",
+        getfacl(&t.m("f"))
+    );
+    // Through the mount: set, then remove, each visible at once, and in SRC.
+    setfacl(&["-m", "u:1002:rw"], &t.m("f"));
+    assert!(getfacl(&t.m("f")).contains("user:1002:rw-"));
+    assert!(getfacl(&t.s("f")).contains("user:1002:rw-"));
+    setfacl(&["-b"], &t.m("f"));
+    assert!(
+        !getfacl(&t.m("f")).contains("user:100"),
+        "{}",
+        getfacl(&t.m("f"))
+    );
+    assert!(!getfacl(&t.s("f")).contains("user:10"));
+}
