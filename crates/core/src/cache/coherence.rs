@@ -261,12 +261,26 @@ impl Cache {
                 return Ok(out);
             }
         }
-        let (gen0, ver0) = (node.inner.read().gen, node.version());
-        let p = self.path_of(node)?;
-        self.stats.backend.readdir.inc();
-        let entries = node.sb.backend.readdir(&p, want_attrs)?;
-        self.merge_listing(node, &entries, gen0, ver0);
-        Ok(entries)
+        let mut tries = 0;
+        loop {
+            let (gen0, ver0) = (node.inner.read().gen, node.version());
+            let q = self.quiet();
+            let p = self.path_of(node)?;
+            self.stats.backend.readdir.inc();
+            let entries = node.sb.backend.readdir(&p, want_attrs)?;
+            // As in `child`: a rename overlapping the listing may have made `p` another
+            // directory's path.
+            if !self.still_quiet(q) {
+                if tries < 100 {
+                    tries += 1;
+                    std::thread::yield_now();
+                    continue;
+                }
+                return Ok(entries);
+            }
+            self.merge_listing(node, &entries, gen0, ver0);
+            return Ok(entries);
+        }
     }
 
     /// The listing from the cache, or `None` if attributes were wanted and some are missing.

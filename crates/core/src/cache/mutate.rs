@@ -412,10 +412,12 @@ impl Cache {
         let old = join(&self.path_of(parent)?, name);
         let new = join(&self.path_of(newparent)?, newname);
         self.stats.backend.mutation.inc();
+        // The window opens before the backend renames: from then until the tree is updated,
+        // backend paths computed from the old links are wrong, and every lookup that asks the
+        // backend meanwhile sees the window and asks again (`Cache::child`, `attr_of`, `list`).
+        let _w = self.inval_window();
         parent.sb.backend.rename(&c.0.cred, &old, &new, mode)?;
 
-        // Update the tree inside an invalidation window: the paths of both subtrees change.
-        let _w = self.inval_window();
         let neg = (mode != RenameMode::Exchange && self.config.negatives)
             .then(|| self.new_dentry(parent, name, NodeKind::Negative(Error::NotFound), None));
         {

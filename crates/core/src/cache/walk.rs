@@ -16,6 +16,9 @@ use super::{
 };
 use crate::{Attr, DotDot, Error, FileType, LookupFlags, Result, MAX_SYMLINKS, NAME_MAX, X_OK};
 
+/// How often a backend question is asked again when a rename overlapped it.
+const RETRIES: u32 = 100;
+
 /// Where a walk starts.
 pub(crate) struct Start<'a> {
     pub(crate) ns: &'a Arc<Namespace>,
@@ -88,6 +91,18 @@ fn next_component(stack: &mut Vec<(Cow<'_, [u8]>, usize)>) -> Next {
 }
 
 impl Cache {
+    /// The invalidation counter if no window is open, read before computing a backend path.
+    pub(crate) fn quiet(&self) -> Option<u64> {
+        let e0 = self.inval_end.load(Ordering::SeqCst);
+        let s0 = self.inval_start.load(Ordering::SeqCst);
+        (s0 == e0).then_some(s0)
+    }
+
+    /// Whether no window opened since [`Cache::quiet`]: a backend path computed then was right.
+    pub(crate) fn still_quiet(&self, q: Option<u64>) -> bool {
+        q.is_some_and(|s0| self.inval_start.load(Ordering::SeqCst) == s0)
+    }
+
     pub(crate) fn start<'a>(&'a self, at: At<'a>) -> Start<'a> {
         match at {
             At::Root => Start {
@@ -711,34 +726,39 @@ impl Cache {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let (gen0, ver0) = {
-            let inner = dir.inner.read();
-            if let Some(c) = inner.child(name) {
-                c.touch();
-                return Ok(c.clone());
+        let mut tries = 0;
+        loop {
+            let (gen0, ver0) = {
+                let inner = dir.inner.read();
+                if let Some(c) = inner.child(name) {
+                    c.touch();
+                    return Ok(c.clone());
+                }
+                if self.config.completeness && dir.has(COMPLETE) {
+                    drop(inner);
+                    return Ok(self.negative_child(dir, name, Error::NotFound));
+                }
+                (inner.gen, dir.version())
+            };
+            *missed = true;
+            let q = self.quiet();
+            let dpath = self.path_of(dir)?;
+            self.stats.backend.lookup.inc();
+            let r = dir.sb.backend.lookup(&dpath, name);
+            // A rename elsewhere may have moved a directory on `dpath` between computing it
+            // and asking: then the answer may be another directory's. Ask again.
+            let quiet = self.still_quiet(q);
+            if !quiet && tries < RETRIES {
+                tries += 1;
+                std::thread::yield_now();
+                continue;
             }
-            if self.config.completeness && dir.has(COMPLETE) {
-                drop(inner);
-                return Ok(self.negative_child(dir, name, Error::NotFound));
-            }
-            (inner.gen, dir.version())
-        };
-        *missed = true;
-        let dpath = self.path_of(dir)?;
-        self.stats.backend.lookup.inc();
-        match dir.sb.backend.lookup(&dpath, name) {
-            Ok(a) => {
-                Ok(self.insert_child(dir, name, gen0, ver0, NodeKind::Positive(a.kind()), Some(a)))
-            }
-            Err(Error::NotFound) => Ok(self.insert_child(
-                dir,
-                name,
-                gen0,
-                ver0,
-                NodeKind::Negative(Error::NotFound),
-                None,
-            )),
-            Err(e) => Err(e),
+            let kind = match r {
+                Ok(a) => (NodeKind::Positive(a.kind()), Some(a)),
+                Err(Error::NotFound) => (NodeKind::Negative(Error::NotFound), None),
+                Err(e) => return Err(e),
+            };
+            return Ok(self.insert_child_if(dir, name, gen0, ver0, kind.0, kind.1, quiet));
         }
     }
 
@@ -785,6 +805,21 @@ impl Cache {
         kind: NodeKind,
         attr: Option<Attr>,
     ) -> NodeRef {
+        self.insert_child_if(dir, name, gen0, ver0, kind, attr, true)
+    }
+
+    /// [`Cache::insert_child`], caching only if `quiet` (no rename overlapped the question).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert_child_if(
+        &self,
+        dir: &NodeRef,
+        name: &[u8],
+        gen0: u64,
+        ver0: u64,
+        kind: NodeKind,
+        attr: Option<Attr>,
+        quiet: bool,
+    ) -> NodeRef {
         let cacheable = match kind {
             NodeKind::Negative(_) => self.config.negatives,
             NodeKind::Positive(_) => true,
@@ -793,7 +828,7 @@ impl Cache {
         if let Some(c) = inner.child(name) {
             return c.clone();
         }
-        let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
+        let fresh = quiet && inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
         let revived = match (kind, attr) {
             (NodeKind::Positive(FileType::Directory), Some(a)) if fresh => {
                 self.revive(dir, name, &a)
@@ -939,11 +974,22 @@ impl Cache {
             return node.attr.load_last().ok_or(Error::NotFound);
         }
         *missed = true;
+        let mut tries = 0;
         loop {
             let v0 = node.version();
+            let q = self.quiet();
             let p = self.path_of(node)?;
             self.stats.backend.getattr.inc();
             let a = node.sb.backend.getattr(&p)?;
+            let quiet = self.still_quiet(q);
+            if !quiet && tries < RETRIES {
+                tries += 1;
+                std::thread::yield_now();
+                continue;
+            }
+            if !quiet {
+                return Ok(a);
+            }
             if node.version() == v0 {
                 if node.file_type() == Some(a.kind()) {
                     node.set_attr(Some(a));
@@ -999,11 +1045,23 @@ impl Cache {
             return Ok(t.to_vec());
         }
         *missed = true;
-        let p = self.path_of(node)?;
-        self.stats.backend.readlink.inc();
-        let t = node.sb.backend.readlink(&p)?;
-        node.inner.write().set_target(&t);
-        Ok(t)
+        let mut tries = 0;
+        loop {
+            let q = self.quiet();
+            let p = self.path_of(node)?;
+            self.stats.backend.readlink.inc();
+            let t = node.sb.backend.readlink(&p)?;
+            let quiet = self.still_quiet(q);
+            if !quiet && tries < RETRIES {
+                tries += 1;
+                std::thread::yield_now();
+                continue;
+            }
+            if quiet {
+                node.inner.write().set_target(&t);
+            }
+            return Ok(t);
+        }
     }
 
     pub(crate) fn open_dir_handle(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<DirHandle> {
