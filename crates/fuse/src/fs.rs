@@ -381,6 +381,19 @@ impl DircacheFs {
         .map_err(|e| Errno::from_i32(e.raw_os_error()))
     }
 
+    /// The real file behind `ino` for an xattr call: its O_PATH descriptor (keep it alive), its
+    /// /proc/self/fd path, and the attribute name as a C string.
+    fn xattr_target(
+        &self,
+        node: &NodeRef,
+        name: &OsStr,
+    ) -> Result<(OwnedFd, std::ffi::CString, std::ffi::CString), Errno> {
+        let fd = self.real_path_fd(node)?;
+        let p = Self::proc_path(&fd);
+        let n = std::ffi::CString::new(name.as_bytes()).unwrap_or_default();
+        Ok((fd, p, n))
+    }
+
     fn proc_path(fd: &OwnedFd) -> std::ffi::CString {
         // A decimal number never contains NUL.
         std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
@@ -1260,14 +1273,11 @@ impl fuser::Filesystem for DircacheFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let fd = match self.real_path_fd(&node) {
-            Ok(fd) => fd,
+        // `_fd` keeps the /proc path `p` valid until the call is done.
+        let (_fd, p, n) = match self.xattr_target(&node, name) {
+            Ok(t) => t,
             Err(e) => return reply.error(e),
         };
-        let (p, n) = (
-            Self::proc_path(&fd),
-            std::ffi::CString::new(name.as_bytes()).unwrap_or_default(),
-        );
         // SAFETY: p and n are NUL-terminated; value is valid for value.len() bytes.
         let r = unsafe {
             libc::setxattr(
@@ -1320,14 +1330,11 @@ impl fuser::Filesystem for DircacheFs {
             }
         }
         let acl_gen = self.inodes.acl_gen();
-        let fd = match self.node(ino).and_then(|n| self.real_path_fd(&n)) {
-            Ok(fd) => fd,
+        // `_fd` keeps the /proc path `p` valid until the call is done.
+        let (_fd, p, n) = match self.node(ino).and_then(|n| self.xattr_target(&n, name)) {
+            Ok(t) => t,
             Err(e) => return reply.error(e),
         };
-        let (p, n) = (
-            Self::proc_path(&fd),
-            std::ffi::CString::new(name.as_bytes()).unwrap_or_default(),
-        );
         let mut buf = vec![0u8; size as usize];
         // SAFETY: p and n are NUL-terminated; buf is valid for buf.len() bytes (a null
         // pointer with size 0 asks for the size).
@@ -1398,14 +1405,11 @@ impl fuser::Filesystem for DircacheFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let fd = match self.real_path_fd(&node) {
-            Ok(fd) => fd,
+        // `_fd` keeps the /proc path `p` valid until the call is done.
+        let (_fd, p, n) = match self.xattr_target(&node, name) {
+            Ok(t) => t,
             Err(e) => return reply.error(e),
         };
-        let (p, n) = (
-            Self::proc_path(&fd),
-            std::ffi::CString::new(name.as_bytes()).unwrap_or_default(),
-        );
         // SAFETY: p and n are NUL-terminated.
         let r = unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) };
         if r < 0 {
