@@ -25,7 +25,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              (always nosuid/nodev where SRC's file systems are)
   noexec / exec              forbid execution [exec]
   relatime / noatime / strictatime, atime, nodiratime / diratime  access times [relatime]
-  sync / async, dirsync, lazytime / nolazytime  synchronous I/O, lazy times [async]
+  sync / async, dirsync      synchronous I/O [async]
+  lazytime / nolazytime      passed to the kernel (which ignores it for FUSE)
   remount                    change the flags of the mount at MNT (ro/rw, nosuid, ...);
                              SRC is not used; other options are ignored
   nonempty                   mount over a non-empty MNT (refused otherwise)

@@ -4,8 +4,9 @@
 //! dircache mounts with mount(2) itself (not through fuser's mount code) so that every flag
 //! mount(8) and fstab hand it reaches the kernel: `ro`, `nosuid`/`suid`, `nodev`/`dev`,
 //! `noexec`, the atime family (`noatime`, `nodiratime`, `relatime`, `strictatime`), `sync`,
-//! `dirsync`, `lazytime`; the source shown in /proc/mounts (`fsname=`/`source=`) and SELinux
-//! context options (passed to the kernel as they are).
+//! `dirsync` (and `lazytime`, which the kernel ignores for FUSE); the source shown in
+//! /proc/mounts (`fsname=`/`source=`) and SELinux context options (passed to the kernel as
+//! they are).
 //!
 //! Set-user-ID bits and device files are never honoured through the mount when the source's
 //! own file system ignores them ([`src_restrictions`]): a mount by root never gives more than
@@ -260,7 +261,7 @@ pub fn mount_fuse(
     Ok(fd)
 }
 
-/// Change the flags of the mount at `mnt` (MS_REMOUNT): read-only/read-write, sync, lazytime
+/// Change the flags of the mount at `mnt` (MS_REMOUNT): read-only/read-write and sync
 /// on the super block; nosuid, nodev, noexec and the atime flags of the mount. The FUSE
 /// connection and the daemon serving it stay as they are.
 pub fn remount(mnt: &Path, flags: c_ulong) -> std::io::Result<()> {

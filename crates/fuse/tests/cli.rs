@@ -586,29 +586,41 @@ fn suid_dev_never_more_than_src_allows() {
     if !can_mount() {
         return;
     }
-    let d = tempfile::tempdir().unwrap();
-    let (src, mnt) = src_mnt(&d);
-    let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "nosuid,nodev,size=8m", "dctmp"])
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let _us = Umount(src.clone());
-    let _u = Umount(mnt.clone());
-    let sock = format!("socket={}", d.path().join("ctl.sock").display());
-    let o = run(&[
-        "mount",
-        src.to_str().unwrap(),
-        mnt.to_str().unwrap(),
-        "-o",
-        &format!("suid,dev,{sock}"),
-    ]);
-    assert_ok(&o, "suid,dev over a nosuid,nodev SRC");
-    let i = mountinfo(&mnt).expect("mounted");
-    assert!(i.has("nosuid") && i.has("nodev"), "{i:?}");
-    assert_eq!(suid_dev_probe(&src, &mnt), ("1000".to_string(), false));
-    drop(_u);
+    let tmpfs = |dir: &std::path::Path| {
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "nosuid,nodev,size=8m", "dctmp"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        chmod(dir, 0o755);
+    };
+    // SRC on a nosuid,nodev file system, and a nosuid,nodev file system mounted inside SRC.
+    for inside in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let (src, mnt) = src_mnt(&d);
+        let sub = if inside { src.join("sub") } else { src.clone() };
+        if inside {
+            std::fs::create_dir(&sub).unwrap();
+        }
+        tmpfs(&sub);
+        let _us = Umount(sub.clone());
+        let _u = Umount(mnt.clone());
+        let sock = format!("socket={}", d.path().join("ctl.sock").display());
+        let o = run(&[
+            "mount",
+            src.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "-o",
+            &format!("suid,dev,{sock}"),
+        ]);
+        assert_ok(&o, "suid,dev over a nosuid,nodev SRC");
+        let i = mountinfo(&mnt).expect("mounted");
+        assert!(i.has("nosuid") && i.has("nodev"), "inside={inside}: {i:?}");
+        let msub = if inside { mnt.join("sub") } else { mnt.clone() };
+        assert_eq!(suid_dev_probe(&sub, &msub), ("1000".to_string(), false));
+        drop(_u);
+    }
 }
 
 #[test]
