@@ -237,7 +237,7 @@ impl Mounted {
         // The session does not own the mount (dircache called mount(2)): if serving ends
         // with an error while still mounted, unmount rather than leave a dead mount.
         let r = session.run().map_err(Error::Io);
-        if r.is_err() && is_mount_point(&mnt) {
+        if r.is_err() && kmount::mount_entry(&mnt).is_some_and(|e| e.fstype == "fuse.dircache") {
             let _ = unmount(&mnt);
         }
         let _ = notify_tx.send(NotifyMsg::Stop);

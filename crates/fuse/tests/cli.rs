@@ -170,23 +170,8 @@ fn mount_t_fuse_dircache_helper() {
     if !can_mount() {
         return;
     }
-    let helper = std::path::Path::new("/sbin/mount.fuse.dircache");
-    let installed_here = !helper.exists();
-    if installed_here {
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mount.fuse.dircache");
-        std::fs::copy(&script, helper).unwrap();
-        chmod(helper, 0o755);
-    }
-    struct Remove(bool);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            if self.0 {
-                let _ = std::fs::remove_file("/sbin/mount.fuse.dircache");
-            }
-        }
-    }
-    let _r = Remove(installed_here);
+    // Installed for this test and the others of this file that use it (they run in parallel).
+    let _h = Helper::install();
     let d = tempfile::tempdir().unwrap();
     let (src, mnt) = (d.path().join("src"), d.path().join("mnt"));
     std::fs::create_dir(&src).unwrap();
@@ -443,6 +428,18 @@ fn dead_mount_says_unmount_first() {
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("fusermount3 -u"), "{err}");
+    let o = run(&[
+        "mount",
+        src.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        "-o",
+        "remount,ro",
+    ]);
+    assert_usage(
+        &o,
+        "remount of a dead mount",
+        &format!("umount {}", mnt.display()),
+    );
 }
 
 #[test]
