@@ -284,7 +284,8 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                     }
                     _ => return Err(Usage(format!("-o {k} needs an SELinux context"))),
                 },
-                "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd" => {
+                "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd"
+                | "seclabel" => {
                     kernel_shown.push(opt.to_string());
                 }
                 "max_entries" => o.max_entries = Some(num(v.unwrap_or(""), k, usize::MAX)?),
@@ -387,7 +388,30 @@ pub fn remount(mnt: &Path, o: &Options) -> Result<(), Usage> {
         )));
     }
     need_root("remount calls mount(2)")?;
-    let flags = kmount::apply_flags(entry.flags, &o.flags);
+    let mut flags = kmount::apply_flags(entry.flags, &o.flags);
+    // Turning suid/dev on: never where SRC's file systems ignore them (as at mount time).
+    // SRC is the mount's source, which is its path unless the mount was given an fsname.
+    let turning_on = entry.flags & !flags & (libc::MS_NOSUID | libc::MS_NODEV);
+    if turning_on != 0 {
+        let src = Path::new(&entry.source);
+        if !(src.is_absolute() && src.is_dir()) {
+            return Err(Usage(format!(
+                "{}: cannot turn suid/dev on by remount: the mount's source {:?} is not the \
+                 path of its SRC (fsname=); mount it again instead",
+                mnt.display(),
+                entry.source
+            )));
+        }
+        let kept = kmount::src_restrictions(src) & turning_on;
+        if kept != 0 {
+            eprintln!(
+                "dircache: {}: its file system ignores {}: so does the mount",
+                src.display(),
+                kmount::restriction_names(kept)
+            );
+            flags |= kept;
+        }
+    }
     kmount::remount(&entry.mnt, flags).map_err(|e| Usage(format!("remount {}: {e}", mnt.display())))
 }
 
@@ -475,6 +499,16 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
             return Ok(2);
         }
     };
+    // The mount keeps nosuid/nodev where SRC's file systems have them (dircache_fuse::mount
+    // enforces it); say so here, where the user sees it.
+    let kept = kmount::src_restrictions(&a.src) & !opts.kernel().flags;
+    if kept != 0 {
+        eprintln!(
+            "dircache: {}: its file system ignores {}: so does the mount",
+            a.src.display(),
+            kmount::restriction_names(kept)
+        );
+    }
     let mut status_pipe: Option<std::fs::File> = None;
     if !a.foreground {
         let (r, w) = pipe()?;

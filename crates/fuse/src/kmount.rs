@@ -102,6 +102,7 @@ pub fn selinux_enabled() -> bool {
 /// `MS_NOSUID`/`MS_NODEV` that the file systems under `src` impose: the flags of the file
 /// system holding `src` and of every mount below it. A dircache mount always carries them.
 pub fn src_restrictions(src: &Path) -> c_ulong {
+    let src = &src.canonicalize().unwrap_or_else(|_| src.to_path_buf());
     let mut out = 0;
     if let Ok(st) = rustix::fs::statvfs(src) {
         if st.f_flag.contains(rustix::fs::StatVfsMountFlags::NOSUID) {
@@ -121,6 +122,16 @@ pub fn src_restrictions(src: &Path) -> c_ulong {
         }
     }
     out
+}
+
+/// What `MS_NOSUID`/`MS_NODEV` in `flags` mean, for messages.
+pub fn restriction_names(flags: c_ulong) -> &'static str {
+    match flags & (libc::MS_NOSUID | libc::MS_NODEV) {
+        libc::MS_NOSUID => "set-user-ID bits",
+        libc::MS_NODEV => "device files",
+        0 => "nothing",
+        _ => "set-user-ID bits and device files",
+    }
 }
 
 /// One line of /proc/self/mountinfo.

@@ -171,11 +171,7 @@ fn mount_session(
         tracing::warn!(
             "{}: its file system ignores {}: so does the mount",
             cfg.src.display(),
-            match imposed {
-                libc::MS_NOSUID => "set-user-ID bits",
-                libc::MS_NODEV => "device files",
-                _ => "set-user-ID bits and device files",
-            }
+            kmount::restriction_names(imposed)
         );
         flags |= imposed;
     }

@@ -616,6 +616,21 @@ fn suid_dev_never_more_than_src_allows() {
         assert!(i.has("nosuid") && i.has("nodev"), "inside={inside}: {i:?}");
         let msub = if inside { mnt.join("sub") } else { mnt.clone() };
         assert_eq!(suid_dev_probe(&sub, &msub), ("1000".to_string(), false));
+        // Nor can a remount turn them on.
+        let o = run(&[
+            "mount",
+            src.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "-o",
+            "remount,suid,dev",
+        ]);
+        assert_ok(&o, "remount,suid,dev");
+        let i = mountinfo(&mnt).expect("mounted");
+        assert!(
+            i.has("nosuid") && i.has("nodev"),
+            "remount, inside={inside}: {i:?}"
+        );
+        assert_eq!(suid_dev_probe(&sub, &msub), ("1000".to_string(), false));
         drop(_u);
     }
 }
