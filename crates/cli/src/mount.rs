@@ -6,7 +6,9 @@
 //! cleanly; so do `umount MNT` and `fusermount -u MNT` from outside.
 //!
 //! `mount -t fuse.dircache SRC MNT -o OPTS` (and /etc/fstab) works through the helper
-//! `crates/fuse/scripts/mount.fuse.dircache`, installed as `/sbin/mount.fuse.dircache`.
+//! `crates/fuse/scripts/mount.fuse.dircache`, installed as `/sbin/mount.fuse.dircache`; so does
+//! `mount -o remount,ro MNT`, which reaches `dircache mount SRC MNT -o remount,...`: the flags
+//! of the existing mount change (mount(2) with MS_REMOUNT), the daemon keeps serving.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
