@@ -6,7 +6,9 @@
 //! cleanly; so do `umount MNT` and `fusermount -u MNT` from outside.
 //!
 //! `mount -t fuse.dircache SRC MNT -o OPTS` (and /etc/fstab) works through the helper
-//! `crates/fuse/scripts/mount.fuse.dircache`, installed as `/sbin/mount.fuse.dircache`.
+//! `crates/fuse/scripts/mount.fuse.dircache`, installed as `/sbin/mount.fuse.dircache`; so does
+//! `mount -o remount,ro MNT`, which reaches `dircache mount SRC MNT -o remount,...`: the flags
+//! of the existing mount change (mount(2) with MS_REMOUNT), the daemon keeps serving.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -15,23 +17,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use dircache_fuse::{CachePolicy, MountConfig};
+use dircache_fuse::{kmount, CachePolicy, KernelOptions, MountConfig};
 
 const OPTIONS_HELP: &str = "\
-Mount options (-o opt[,opt...]; defaults in brackets):
+Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab name them:
   ro / rw                    read-only or read-write mount [rw]
-  nosuid / suid              ignore set-user-id bits [nosuid]
-  nodev / dev                ignore device files [nodev]
+  nosuid / suid              ignore set-user-id bits [nosuid; suid through mount(8)]
+  nodev / dev                ignore device files [nodev; dev through mount(8)]
+                             (always nosuid/nodev where SRC's file systems are)
   noexec / exec              forbid execution [exec]
-  noatime / atime            atime updates [atime]
+  relatime / noatime / strictatime, atime, nodiratime / diratime  access times [relatime]
   sync / async, dirsync      synchronous I/O [async]
+  lazytime / nolazytime      passed to the kernel (which ignores it for FUSE)
+  remount                    change the flags of the mount at MNT (ro/rw, nosuid, ...);
+                             SRC is not used; other options are ignored
+  nonempty                   mount over a non-empty MNT (refused otherwise)
   allow_other / noallow_other  other users may use the mount [allow_other]
   default_permissions        always on: the kernel checks permissions
-  fsname=NAME                source shown in /proc/mounts [SRC]
-  threads=N                  FUSE request threads [4]
-  entry_timeout=SECS         kernel entry TTL [86400]
-  attr_timeout=SECS          kernel attribute TTL [86400]
-  negative_timeout=SECS      kernel negative-entry TTL, 0 = none [86400]
+  fsname=NAME, source=NAME   source shown in /proc/mounts [SRC]
+  context=, fscontext=, defcontext=, rootcontext=  SELinux labels (kernel options)
+  threads=N                  FUSE request threads, 1..=1024 [4]
+  entry_timeout=SECS         kernel entry TTL, 0..=31536000 [86400]
+  attr_timeout=SECS          kernel attribute TTL, 0..=31536000 [86400]
+  negative_timeout=SECS      kernel negative-entry TTL, 0 = none, 0..=31536000 [86400]
   cache=on|off               off = every kernel cache off, TTLs 0 (for comparisons) [on]
   readdirplus / noreaddirplus  listings carry attributes [readdirplus]
   cache_dir / nocache_dir    listings cached in the kernel [cache_dir]
@@ -41,9 +49,17 @@ Mount options (-o opt[,opt...]; defaults in brackets):
   acl / noacl                POSIX ACLs cached by the kernel [acl]
   security_xattrs / nosecurity_xattrs  pass security.* xattrs [nosecurity_xattrs]
   max_entries=N              core cache size in dentries [1048576]
-  socket=PATH                stats socket [/run/dircache/PID.sock]
+  socket=PATH                stats socket, an absolute path [/run/dircache/PID.sock]
 Accepted and ignored (for mount(8) and fstab): defaults, auto, noauto, user, nouser,
-  users, nofail, _netdev, relatime, norelatime, strictatime, lazytime, x-*, comment=*";
+  users, nofail, _netdev, subtype=dircache, x-*, comment=*; on remount also the options
+  mount(8) reads back from /proc/mounts (user_id=, group_id=, rootmode=, ...)";
+
+/// Longest timeout accepted: a year.
+const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+/// Most request threads accepted.
+const MAX_THREADS: usize = 1024;
+/// Longest socket path (`sun_path` holds 108 bytes with the terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
 
 #[derive(clap::Args)]
 #[command(after_help = OPTIONS_HELP)]
@@ -85,74 +101,139 @@ impl std::error::Error for Usage {}
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
     pub policy: CachePolicy,
-    pub mount_options: Vec<fuser::MountOption>,
+    /// Kernel flag options in the order given: `(MS_* flag, set)`.
+    pub flags: Vec<(libc::c_ulong, bool)>,
     pub allow_other: bool,
     pub max_entries: Option<usize>,
     pub socket: Option<PathBuf>,
     pub fsname: Option<String>,
+    /// SELinux options for the kernel (`context=...`).
+    pub lsm: Vec<String>,
+    /// `-o remount`: change the flags of an existing mount.
+    pub remount: bool,
+    /// `-o nonempty`: mount over a non-empty directory.
+    pub nonempty: bool,
+}
+
+impl Options {
+    /// The kernel options of a new mount.
+    pub fn kernel(&self) -> KernelOptions {
+        let d = KernelOptions::default();
+        KernelOptions {
+            flags: kmount::apply_flags(d.flags, &self.flags),
+            fsname: self.fsname.clone(),
+            lsm: self.lsm.clone(),
+        }
+    }
 }
 
 fn secs(v: &str, opt: &str) -> Result<Duration, Usage> {
     v.parse::<f64>()
         .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| Usage(format!("bad value for -o {opt}: {v:?} (seconds expected)")))
+        .filter(|s| (0.0..=MAX_TIMEOUT_SECS).contains(s))
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| {
+            Usage(format!(
+                "bad value for -o {opt}: {v:?} (seconds from 0 to {MAX_TIMEOUT_SECS} expected)"
+            ))
+        })
 }
 
-fn num(v: &str, opt: &str) -> Result<usize, Usage> {
-    v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-        Usage(format!(
-            "bad value for -o {opt}: {v:?} (positive number expected)"
-        ))
-    })
+fn num(v: &str, opt: &str, max: usize) -> Result<usize, Usage> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| {
+            Usage(format!(
+                "bad value for -o {opt}: {v:?} (a number from 1 to {max} expected)"
+            ))
+        })
+}
+
+fn socket_path(v: Option<&str>) -> Result<PathBuf, Usage> {
+    let v = v.unwrap_or("");
+    if v.is_empty() || !v.starts_with('/') {
+        return Err(Usage(format!(
+            "bad value for -o socket: {v:?} (an absolute path expected)"
+        )));
+    }
+    if v.len() > MAX_SOCKET_PATH {
+        return Err(Usage(format!(
+            "bad value for -o socket: a path of {} bytes (at most {MAX_SOCKET_PATH}: the limit of a unix socket address)",
+            v.len()
+        )));
+    }
+    Ok(PathBuf::from(v))
+}
+
+/// Split an option list at commas outside double quotes (`context="a,b"`), as mount(8) does.
+fn split_options(list: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in list.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                out.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&list[start..]);
+    out
 }
 
 /// Parse `-o` option lists.
 pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
-    use fuser::MountOption as M;
     let mut o = Options {
         policy: CachePolicy::default(),
-        mount_options: Vec::new(),
+        flags: Vec::new(),
         allow_other: true,
         max_entries: None,
         socket: None,
         fsname: None,
+        lsm: Vec::new(),
+        remount: false,
+        nonempty: false,
     };
     let mut cache_off = false;
     let mut overrides: Vec<(String, Option<String>)> = Vec::new();
+    // Options mount(8) reads back from /proc/mounts and hands to the helper on remount.
+    let mut kernel_shown: Vec<String> = Vec::new();
     for list in lists {
-        for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        for opt in split_options(list)
+            .into_iter()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
             let (k, v) = match opt.split_once('=') {
                 Some((k, v)) => (k, Some(v)),
                 None => (opt, None),
             };
-            let flag = |m: M| -> Result<Option<M>, Usage> {
-                if v.is_some() {
-                    return Err(Usage(format!("-o {k} takes no value")));
+            let no_value = || -> Result<(), Usage> {
+                match v {
+                    Some(_) => Err(Usage(format!("-o {k} takes no value"))),
+                    None => Ok(()),
                 }
-                Ok(Some(m))
             };
-            let m = match k {
-                "ro" => flag(M::RO)?,
-                "rw" => flag(M::RW)?,
-                "nosuid" => flag(M::NoSuid)?,
-                "suid" => flag(M::Suid)?,
-                "nodev" => flag(M::NoDev)?,
-                "dev" => flag(M::Dev)?,
-                "noexec" => flag(M::NoExec)?,
-                "exec" => flag(M::Exec)?,
-                "noatime" => flag(M::NoAtime)?,
-                "atime" => flag(M::Atime)?,
-                "sync" => flag(M::Sync)?,
-                "async" => flag(M::Async)?,
-                "dirsync" => flag(M::DirSync)?,
+            if let Some(f) = kmount::flag_option(k) {
+                no_value()?;
+                o.flags.push(f);
+                continue;
+            }
+            match k {
+                "remount" => {
+                    no_value()?;
+                    o.remount = true;
+                }
+                "nonempty" => {
+                    no_value()?;
+                    o.nonempty = true;
+                }
                 "cache" => match v {
-                    Some("on") => None,
-                    Some("off") => {
-                        cache_off = true;
-                        None
-                    }
+                    Some("on") => {}
+                    Some("off") => cache_off = true,
                     _ => return Err(Usage(format!("bad value for -o cache: {v:?} (on or off)"))),
                 },
                 "allow_other"
@@ -165,47 +246,67 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "nouser"
                 | "users"
                 | "nofail"
-                | "_netdev"
-                | "relatime"
-                | "norelatime"
-                | "strictatime"
-                | "lazytime"
-                | "comment" => {
+                | "_netdev" => {
+                    no_value()?;
                     match k {
                         "allow_other" => o.allow_other = true,
                         "noallow_other" => o.allow_other = false,
                         _ => {}
                     }
-                    None
                 }
-                k if k.starts_with("x-") => None,
-                "fsname" => {
-                    o.fsname = Some(
-                        v.ok_or_else(|| Usage("-o fsname needs a value".into()))?
-                            .to_string(),
-                    );
-                    None
+                "comment" => {}
+                k if k.starts_with("x-") => {}
+                "fsname" | "source" => match v {
+                    Some(n) if !n.is_empty() => {
+                        if o.fsname.as_deref().is_some_and(|f| f != n) {
+                            return Err(Usage(format!(
+                                "-o {k}={n} conflicts with the source given before ({:?})",
+                                o.fsname.as_deref().unwrap_or("")
+                            )));
+                        }
+                        o.fsname = Some(n.to_string());
+                    }
+                    _ => return Err(Usage(format!("-o {k} needs a name"))),
+                },
+                "subtype" => {
+                    if v != Some("dircache") {
+                        return Err(Usage(format!(
+                            "bad value for -o subtype: {v:?} (dircache mounts are fuse.dircache)"
+                        )));
+                    }
                 }
-                "max_entries" => {
-                    o.max_entries = Some(num(v.unwrap_or(""), k)?);
-                    None
+                k if kmount::LSM_OPTIONS.contains(&k) => match v {
+                    Some(c) if !c.is_empty() => {
+                        if !kmount::selinux_enabled() {
+                            return Err(Usage(format!(
+                                "-o {k}: SELinux is not enabled on this system (no labels to set)"
+                            )));
+                        }
+                        o.lsm.push(opt.to_string());
+                    }
+                    _ => return Err(Usage(format!("-o {k} needs an SELinux context"))),
+                },
+                "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd"
+                | "seclabel" => {
+                    kernel_shown.push(opt.to_string());
                 }
-                "socket" => {
-                    o.socket = Some(PathBuf::from(
-                        v.ok_or_else(|| Usage("-o socket needs a path".into()))?,
-                    ));
-                    None
-                }
+                "max_entries" => o.max_entries = Some(num(v.unwrap_or(""), k, usize::MAX)?),
+                "socket" => o.socket = Some(socket_path(v)?),
                 "threads" | "entry_timeout" | "attr_timeout" | "negative_timeout"
                 | "readdirplus" | "noreaddirplus" | "cache_dir" | "nocache_dir" | "opendir"
                 | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
                 | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
-                    None
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
-            };
-            o.mount_options.extend(m);
+            }
+        }
+    }
+    if let Some(first) = kernel_shown.first() {
+        if !o.remount {
+            return Err(Usage(format!(
+                "-o {first}: set by dircache itself (accepted only with remount)"
+            )));
         }
     }
     if cache_off {
@@ -221,7 +322,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
             }
         };
         match k.as_str() {
-            "threads" => p.threads = num(v.unwrap_or(""), &k)?,
+            "threads" => p.threads = num(v.unwrap_or(""), &k, MAX_THREADS)?,
             "entry_timeout" => p.entry_ttl = secs(v.unwrap_or(""), &k)?,
             "attr_timeout" => p.attr_ttl = secs(v.unwrap_or(""), &k)?,
             "negative_timeout" => p.negative_ttl = secs(v.unwrap_or(""), &k)?,
@@ -247,12 +348,81 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
     Ok(o)
 }
 
+/// The error for a path on a FUSE mount whose daemon is gone (ENOTCONN), else `e` as is.
+fn path_error(p: &Path, e: &std::io::Error) -> Usage {
+    if e.raw_os_error() == Some(libc::ENOTCONN) {
+        let d = p.display();
+        return Usage(format!(
+            "{d}: a FUSE mount whose daemon is gone ({e}): unmount it first with `umount {d}` \
+             (or `fusermount3 -u {d}`)"
+        ));
+    }
+    Usage(format!("{}: {e}", p.display()))
+}
+
+fn need_root(what: &str) -> Result<(), Usage> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Usage(format!(
+            "not enough privilege: dircache mount must run as root ({what})"
+        )));
+    }
+    Ok(())
+}
+
+/// `-o remount`: change the flags of the dircache mount at `mnt`, starting from the flags it
+/// has (so `remount,ro` keeps nosuid, nodev, noexec...). SRC is not used.
+pub fn remount(mnt: &Path, o: &Options) -> Result<(), Usage> {
+    if let Err(e) = std::fs::metadata(mnt) {
+        return Err(path_error(mnt, &e));
+    }
+    let Some(entry) = kmount::mount_entry(mnt) else {
+        return Err(Usage(format!(
+            "{}: not mounted (nothing to remount)",
+            mnt.display()
+        )));
+    };
+    if entry.fstype != "fuse.dircache" {
+        return Err(Usage(format!(
+            "{}: not a dircache mount (it is {})",
+            mnt.display(),
+            entry.fstype
+        )));
+    }
+    need_root("remount calls mount(2)")?;
+    let mut flags = kmount::apply_flags(entry.flags, &o.flags);
+    // Turning suid/dev on: never where SRC's file systems ignore them (as at mount time).
+    // SRC is the mount's source, which is its path unless the mount was given an fsname.
+    let turning_on = entry.flags & !flags & (libc::MS_NOSUID | libc::MS_NODEV);
+    if turning_on != 0 {
+        let src = Path::new(&entry.source);
+        if !(src.is_absolute() && src.is_dir()) {
+            return Err(Usage(format!(
+                "{}: cannot turn suid/dev on by remount: the mount's source {:?} is not the \
+                 path of its SRC (fsname=); mount it again instead",
+                mnt.display(),
+                entry.source
+            )));
+        }
+        let kept = kmount::src_restrictions(src) & turning_on;
+        if kept != 0 {
+            eprintln!(
+                "dircache: {}: its file system ignores {}: so does the mount",
+                src.display(),
+                kmount::restriction_names(kept)
+            );
+            flags |= kept;
+        }
+    }
+    kmount::remount(&entry.mnt, flags).map_err(|e| Usage(format!("remount {}: {e}", mnt.display())))
+}
+
 /// Check SRC, MNT, /dev/fuse and privileges before mounting.
-pub fn check_input(src: &Path, mnt: &Path) -> Result<(), Usage> {
+pub fn check_input(src: &Path, mnt: &Path, nonempty: bool) -> Result<(), Usage> {
     match std::fs::metadata(src) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Err(Usage(format!("{}: not a directory", src.display()))),
-        Err(e) => return Err(Usage(format!("{}: {e}", src.display()))),
+        Err(e) => return Err(path_error(src, &e)),
     }
     match std::fs::metadata(mnt) {
         Ok(m) if m.is_dir() => {}
@@ -262,24 +432,31 @@ pub fn check_input(src: &Path, mnt: &Path) -> Result<(), Usage> {
                 mnt.display()
             )))
         }
-        Err(e) => return Err(Usage(format!("{}: {e}", mnt.display()))),
+        Err(e) => return Err(path_error(mnt, &e)),
     }
     if dircache_fuse::is_mount_point(mnt) {
         return Err(Usage(format!("{}: already a mount point", mnt.display())));
+    }
+    if !nonempty {
+        match std::fs::read_dir(mnt) {
+            Ok(mut d) => {
+                if d.next().is_some() {
+                    return Err(Usage(format!(
+                        "{}: mount point is not empty (its files would be hidden; -o nonempty \
+                         mounts over them anyway)",
+                        mnt.display()
+                    )));
+                }
+            }
+            Err(e) => return Err(path_error(mnt, &e)),
+        }
     }
     if !Path::new("/dev/fuse").exists() {
         return Err(Usage(
             "/dev/fuse does not exist (is the fuse module loaded?)".into(),
         ));
     }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(Usage(
-            "not enough privilege: dircache mount must run as root (it mounts with mount(2) and \
-             creates files as the calling user)"
-                .into(),
-        ));
-    }
+    need_root("it mounts with mount(2) and creates files as the calling user")?;
     if let Err(e) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -308,14 +485,32 @@ fn report(w: &mut Option<std::fs::File>, code: i32, msg: &str) {
 }
 
 pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
-    let opts = match parse_options(&a.options).and_then(|o| check_input(&a.src, &a.mnt).map(|()| o))
-    {
+    let checked = parse_options(&a.options).and_then(|o| {
+        if o.remount {
+            remount(&a.mnt, &o)?;
+        } else {
+            check_input(&a.src, &a.mnt, o.nonempty)?;
+        }
+        Ok(o)
+    });
+    let opts = match checked {
+        Ok(o) if o.remount => return Ok(0),
         Ok(o) => o,
         Err(Usage(m)) => {
             eprintln!("dircache: {m}");
             return Ok(2);
         }
     };
+    // The mount keeps nosuid/nodev where SRC's file systems have them (dircache_fuse::mount
+    // enforces it); say so here, where the user sees it.
+    let kept = kmount::src_restrictions(&a.src) & !opts.kernel().flags;
+    if kept != 0 {
+        eprintln!(
+            "dircache: {}: its file system ignores {}: so does the mount",
+            a.src.display(),
+            kmount::restriction_names(kept)
+        );
+    }
     let mut status_pipe: Option<std::fs::File> = None;
     if !a.foreground {
         let (r, w) = pipe()?;
@@ -410,11 +605,7 @@ fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> an
         .unwrap_or_else(|| PathBuf::from(format!("/run/dircache/{}.sock", std::process::id())));
     let mut cfg = MountConfig::new(&src, &mnt);
     cfg.policy = opts.policy.clone();
-    cfg.mount_options = opts.mount_options.clone();
-    if let Some(n) = &opts.fsname {
-        cfg.mount_options
-            .push(fuser::MountOption::FSName(n.clone()));
-    }
+    cfg.kernel = opts.kernel();
     cfg.allow_other = opts.allow_other;
     cfg.socket_path = Some(socket);
     let mounted = dircache_fuse::mount(cache, &cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -569,16 +760,23 @@ mod tests {
         let o = p("").unwrap();
         assert_eq!(o.policy, CachePolicy::default());
         assert!(o.allow_other);
-        assert!(o.mount_options.is_empty());
+        assert!(o.flags.is_empty());
+        assert_eq!(o.kernel(), KernelOptions::default());
     }
 
     #[test]
     fn kernel_flags_and_ignored() {
-        let o = p("ro,nosuid,defaults,noauto,x-systemd.automount,_netdev,nofail").unwrap();
-        assert_eq!(
-            o.mount_options,
-            vec![fuser::MountOption::RO, fuser::MountOption::NoSuid]
-        );
+        let o = p("ro,suid,defaults,noauto,x-systemd.automount,_netdev,nofail").unwrap();
+        assert_eq!(o.kernel().flags, libc::MS_RDONLY | libc::MS_NODEV);
+        let o = p("fsname=a,source=a,context=\"x,y\"");
+        if kmount::selinux_enabled() {
+            assert_eq!(o.unwrap().lsm, vec!["context=\"x,y\"".to_string()]);
+        } else {
+            assert!(o.unwrap_err().0.contains("SELinux"));
+        }
+        assert!(p("fsname=a,source=b").is_err());
+        assert!(p("user_id=0").is_err());
+        assert!(p("remount,ro,user_id=0,group_id=0").unwrap().remount);
     }
 
     #[test]
@@ -608,6 +806,11 @@ mod tests {
         assert!(p("threads=0").is_err());
         assert!(p("threads=x").is_err());
         assert!(p("entry_timeout=-1").is_err());
+        assert!(p("entry_timeout=1e300").is_err());
+        assert!(p("attr_timeout=NaN").is_err());
+        assert!(p("threads=1025").is_err());
+        assert!(p("socket=").is_err());
+        assert!(p("socket=x.sock").is_err());
         assert!(p("ro=1").is_err());
         assert!(p("cache=maybe").is_err());
         assert!(p("nopassthrough=1").is_err());
@@ -621,16 +824,16 @@ mod tests {
         let d = tempfile_dir();
         let f = d.join("file");
         std::fs::write(&f, b"x").unwrap();
-        assert!(check_input(&d.join("missing"), &d)
+        assert!(check_input(&d.join("missing"), &d, false)
             .unwrap_err()
             .0
             .contains("missing"));
-        assert!(check_input(&f, &d)
+        assert!(check_input(&f, &d, true)
             .unwrap_err()
             .0
             .contains("not a directory"));
-        assert!(check_input(&d, &d.join("missing")).is_err());
-        assert!(check_input(&d, Path::new("/proc"))
+        assert!(check_input(&d, &d.join("missing"), false).is_err());
+        assert!(check_input(&d, Path::new("/proc"), false)
             .unwrap_err()
             .0
             .contains("mount point"));

@@ -17,6 +17,7 @@
 pub mod creds;
 pub mod fs;
 pub mod inodes;
+pub mod kmount;
 pub mod notifier;
 pub mod policy;
 pub mod stats;
@@ -31,6 +32,7 @@ use crossbeam_channel::Sender;
 use dircache_core::Cache;
 
 pub use fs::DircacheFs;
+pub use kmount::KernelOptions;
 pub use notifier::NotifyMsg;
 pub use policy::CachePolicy;
 
@@ -58,8 +60,8 @@ pub struct MountConfig {
     pub src: PathBuf,
     pub mnt: PathBuf,
     pub policy: CachePolicy,
-    /// Extra kernel mount options (ro, nosuid, fsname=...).
-    pub mount_options: Vec<fuser::MountOption>,
+    /// Kernel flags and options (ro, nosuid, fsname=...): see [`kmount`].
+    pub kernel: KernelOptions,
     /// Let every user use the mount (allow_other); permissions are checked by the kernel.
     pub allow_other: bool,
     /// Where to serve statistics (`None`: no control socket).
@@ -72,7 +74,7 @@ impl MountConfig {
             src: src.to_path_buf(),
             mnt: mnt.to_path_buf(),
             policy: CachePolicy::default(),
-            mount_options: Vec::new(),
+            kernel: KernelOptions::default(),
             allow_other: true,
             socket_path: None,
         }
@@ -101,25 +103,12 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         tx.clone(),
         cfg.socket_path.clone(),
     );
-    let mut opts = vec![
-        fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::FSName(cfg.src.display().to_string()),
-        fuser::MountOption::CUSTOM("subtype=dircache".into()),
-    ];
-    opts.extend(cfg.mount_options.iter().cloned());
     let mut fc = fuser::Config::default();
-    fc.mount_options = opts;
-    fc.acl = if cfg.allow_other {
-        fuser::SessionACL::All
-    } else {
-        fuser::SessionACL::Owner
-    };
     fc.n_threads = Some(cfg.policy.threads.max(1));
     fc.clone_fd = true;
-    let session = fuser::Session::new(fs, &cfg.mnt, &fc).map_err(|source| Error::Mount {
-        mnt: cfg.mnt.clone(),
-        source,
-    })?;
+    let session = mount_session(fs, cfg, fc)?;
+    // Until `Mounted` exists, a failure leaves no dead mount behind.
+    let guard = UnmountOnError(Some(cfg.mnt.clone()));
     let feed = match cache.backend().watch() {
         Ok(f) => f,
         Err(e) => {
@@ -133,6 +122,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         counters: parts.counters.clone(),
     };
     let notifier = notifier::spawn(state, session.notifier(), rx, feed)?;
+    guard.disarm();
     let control = match &cfg.socket_path {
         Some(p) => {
             let inodes = parts.inodes.clone();
@@ -165,6 +155,64 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     })
 }
 
+/// mount(2) with `cfg.kernel` ([`kmount::mount_fuse`]), then the FUSE handshake.
+fn mount_session(
+    fs: DircacheFs,
+    cfg: &MountConfig,
+    fc: fuser::Config,
+) -> Result<fuser::Session<DircacheFs>, Error> {
+    let err = |source: std::io::Error| Error::Mount {
+        mnt: cfg.mnt.clone(),
+        source,
+    };
+    let mut flags = cfg.kernel.flags;
+    let imposed = kmount::src_restrictions(&cfg.src) & !flags;
+    if imposed != 0 {
+        tracing::warn!(
+            "{}: its file system ignores {}: so does the mount",
+            cfg.src.display(),
+            kmount::restriction_names(imposed)
+        );
+        flags |= imposed;
+    }
+    let source = match &cfg.kernel.fsname {
+        Some(n) => n.clone(),
+        None => cfg.src.display().to_string(),
+    };
+    let fd = kmount::mount_fuse(&source, &cfg.mnt, flags, cfg.allow_other, &cfg.kernel.lsm)
+        .map_err(err)?;
+    let guard = UnmountOnError(Some(cfg.mnt.clone()));
+    let acl = if cfg.allow_other {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
+    let session = fuser::Session::from_fd(fs, fd, acl, fc).map_err(err)?;
+    guard.disarm();
+    Ok(session)
+}
+
+/// Unmounts (detached) on drop unless disarmed: a mount whose setup failed is not left dead.
+struct UnmountOnError(Option<PathBuf>);
+
+impl UnmountOnError {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for UnmountOnError {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            let Ok(c) = CString::new(m.as_os_str().as_bytes()) else {
+                return;
+            };
+            // SAFETY: c is a valid NUL-terminated path.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
 impl Mounted {
     /// A sender for the notifier thread (for changes learned elsewhere).
     pub fn notify_sender(&self) -> Sender<NotifyMsg> {
@@ -179,9 +227,15 @@ impl Mounted {
             notify_tx,
             notifier,
             _control,
+            mnt,
             ..
         } = self;
+        // The session does not own the mount (dircache called mount(2)): if serving ends
+        // with an error while still mounted, unmount rather than leave a dead mount.
         let r = session.run().map_err(Error::Io);
+        if r.is_err() && kmount::mount_entry(&mnt).is_some_and(|e| e.fstype == "fuse.dircache") {
+            let _ = unmount(&mnt);
+        }
         let _ = notify_tx.send(NotifyMsg::Stop);
         if let Some(h) = notifier {
             let _ = h.join();
