@@ -20,6 +20,7 @@ pub mod inodes;
 pub mod notifier;
 pub mod policy;
 pub mod stats;
+mod umask;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;

@@ -31,12 +31,15 @@
 //!   belong to the user. Search permission on the *ancestors* is the cache's job (its access
 //!   policy, with directory references: a process inside a directory keeps access after an
 //!   ancestor's mode changes), so the backend does not check it again.
+//! * **Extended attributes** are read and written as the caller too, on the inode the caller
+//!   holds (see `xattr.rs`).
 //! * **Changes** made behind the cache's back are reported by [`Backend::watch`] from a
 //!   background thread: fanotify (`FAN_REPORT_DFID_NAME`, filesystem mark) when running as
 //!   root, recursive inotify otherwise.
 
 mod creds;
 mod watch;
+mod xattr;
 
 use std::ffi::CString;
 use std::mem::MaybeUninit;
@@ -48,7 +51,7 @@ use std::sync::Arc;
 
 use dircache_core::{
     Attr, Backend, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode, Result, SetAttr,
-    StatFs, TimeSet, Timespec, Walked, NAME_MAX, PATH_MAX,
+    StatFs, TimeSet, Timespec, Walked, XattrTarget, NAME_MAX, PATH_MAX,
 };
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
@@ -881,6 +884,29 @@ impl Backend for LocalBackend {
         let (dir, name) = split(path)?;
         let d = self.dir(dir)?;
         run(&|| rustix::fs::openat2(d.as_fd(), name, oflags, m, RESOLVE).map_err(errno))
+    }
+
+    fn getxattr(&self, cred: &Cred, target: XattrTarget<'_>, name: &[u8]) -> Result<Vec<u8>> {
+        self.getxattr_impl(cred, target, name)
+    }
+
+    fn listxattr(&self, cred: &Cred, target: XattrTarget<'_>) -> Result<Vec<u8>> {
+        self.listxattr_impl(cred, target)
+    }
+
+    fn setxattr(
+        &self,
+        cred: &Cred,
+        target: XattrTarget<'_>,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
+        self.setxattr_impl(cred, target, name, value, flags)
+    }
+
+    fn removexattr(&self, cred: &Cred, target: XattrTarget<'_>, name: &[u8]) -> Result<()> {
+        self.removexattr_impl(cred, target, name)
     }
 
     fn watch(&self) -> Result<Option<ChangeFeed>> {
