@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
 use dircache_core::{
-    Attr, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType, NodeKind, NodeRef,
+    Attr, Backend, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType, NodeKind, NodeRef,
     RenameMode, SetAttr, TimeSet, Timespec, XattrTarget,
 };
 use fuser::{
@@ -151,9 +151,11 @@ fn negative_attr() -> FileAttr {
     }
 }
 
-/// The node of an xattr call, its backend path and the (dev, ino) the kernel's node is.
+/// The node of an xattr call, the backend of its file system, its path there and the
+/// (dev, ino) the kernel's node is.
 struct XattrCall {
     node: NodeRef,
+    backend: Arc<dyn Backend>,
     path: Vec<u8>,
     expect: Option<(u64, u64)>,
 }
@@ -404,9 +406,49 @@ impl DircacheFs {
     /// ESTALE (the kernel then looks the name up again), never another user's file.
     fn xattr_target(&self, ino: INodeNo) -> Result<XattrCall, Errno> {
         let node = self.node(ino)?;
+        if node.is_dead() {
+            // Its name is gone or names another inode (node() found no live alias): the
+            // kernel looks the name up again on ESTALE.
+            return Err(Errno::ESTALE);
+        }
         let expect = self.inodes.locate(ino.0).map(|l| l.3);
         let path = self.cache.node_path(&node).map_err(errno)?;
-        Ok(XattrCall { node, path, expect })
+        let backend = self.cache.node_backend(&node);
+        Ok(XattrCall {
+            node,
+            backend,
+            path,
+            expect,
+        })
+    }
+
+    /// The errno for a failed xattr call. ESTALE means the node's path names another inode
+    /// now (renamed over from outside, the change not yet applied): forget that name here
+    /// and in the kernel first, so that the kernel's retry (it looks the name up again on
+    /// ESTALE) finds the file that is there now, as a native call would.
+    fn xattr_error(&self, ino: INodeNo, x: &XattrCall, e: CoreError) -> Errno {
+        if e == CoreError::Stale && Arc::ptr_eq(&x.backend, self.cache.backend()) {
+            let parent = self.parent_nodeid(&x.node);
+            let invals = self.cache.invalidate(&x.path);
+            self.inodes.clear_acl_absent();
+            let mut msgs = vec![
+                NotifyMsg::InvalEntry(parent, x.node.name()),
+                NotifyMsg::InvalInode(parent),
+                NotifyMsg::InvalInode(ino.0),
+            ];
+            for inv in invals {
+                if let Some(p) = inv.parent.as_ref().and_then(|p| self.inodes.nodeid_of(p)) {
+                    msgs.push(NotifyMsg::InvalEntry(p, inv.name));
+                }
+                if let Some(n) = inv.node.as_ref().and_then(|n| self.inodes.nodeid_of(n)) {
+                    msgs.push(NotifyMsg::InvalInode(n));
+                }
+            }
+            for m in msgs {
+                let _ = self.notify.send(m);
+            }
+        }
+        errno(e)
     }
 
     fn proc_path(fd: &OwnedFd) -> std::ffi::CString {
@@ -1291,12 +1333,11 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
-        if let Err(e) =
-            self.cache
-                .backend()
-                .setxattr(c.cred(), x.target(), name.as_bytes(), value, flags)
+        if let Err(e) = x
+            .backend
+            .setxattr(c.cred(), x.target(), name.as_bytes(), value, flags)
         {
-            return reply.error(errno(e));
+            return reply.error(self.xattr_error(ino, &x, e));
         }
         self.attrs_changed(&x.node);
         reply.ok()
@@ -1342,11 +1383,7 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
-        let v = match self
-            .cache
-            .backend()
-            .getxattr(c.cred(), x.target(), name.as_bytes())
-        {
+        let v = match x.backend.getxattr(c.cred(), x.target(), name.as_bytes()) {
             Ok(v) => v,
             Err(e) => {
                 if e.errno() == libc::ENODATA {
@@ -1354,7 +1391,7 @@ impl fuser::Filesystem for DircacheFs {
                         self.inodes.note_acl_absent(k, acl_bit, acl_gen);
                     }
                 }
-                return reply.error(errno(e));
+                return reply.error(self.xattr_error(ino, &x, e));
             }
         };
         if size == 0 {
@@ -1373,9 +1410,9 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
-        let names = match self.cache.backend().listxattr(c.cred(), x.target()) {
+        let names = match x.backend.listxattr(c.cred(), x.target()) {
             Ok(v) => v,
-            Err(e) => return reply.error(errno(e)),
+            Err(e) => return reply.error(self.xattr_error(ino, &x, e)),
         };
         let list: Vec<u8> = names
             .split(|b| *b == 0)
@@ -1401,12 +1438,8 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
-        if let Err(e) = self
-            .cache
-            .backend()
-            .removexattr(c.cred(), x.target(), name.as_bytes())
-        {
-            return reply.error(errno(e));
+        if let Err(e) = x.backend.removexattr(c.cred(), x.target(), name.as_bytes()) {
+            return reply.error(self.xattr_error(ino, &x, e));
         }
         self.attrs_changed(&x.node);
         reply.ok()

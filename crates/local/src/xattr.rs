@@ -26,6 +26,9 @@ use crate::{check_path, errno, split, statx_fd, LocalBackend, RESOLVE};
 /// Largest value (XATTR_SIZE_MAX) and name list (XATTR_LIST_MAX) the kernel hands out.
 const XATTR_MAX: usize = 65536;
 
+/// First buffer tried for a value.
+const SMALL: usize = 512;
+
 const TRUSTED: &[u8] = b"trusted.";
 
 /// The target's descriptor and the `/proc/self/fd` path that names it.
@@ -90,18 +93,29 @@ impl LocalBackend {
         let n = cname(name)?;
         let t = self.xattr_target(t)?;
         let _g = CredGuard::switch(cred, self.switch_creds)?;
-        let mut buf = vec![0u8; XATTR_MAX];
-        // SAFETY: both strings are NUL-terminated; buf is valid for buf.len() bytes.
-        let r = unsafe {
-            libc::getxattr(
-                t.proc.as_ptr(),
-                n.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        buf.truncate(len_result(r)?);
-        Ok(buf)
+        // Most values (ACLs) are small: a short buffer first, the largest possible on ERANGE.
+        let mut buf = Vec::new();
+        for cap in [SMALL, XATTR_MAX] {
+            buf.resize(cap, 0);
+            // SAFETY: both strings are NUL-terminated; buf is valid for buf.len() bytes.
+            let r = unsafe {
+                libc::getxattr(
+                    t.proc.as_ptr(),
+                    n.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            match len_result(r) {
+                Ok(len) => {
+                    buf.truncate(len);
+                    return Ok(buf);
+                }
+                Err(Error::Os(libc::ERANGE)) if cap < XATTR_MAX => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Os(libc::ERANGE))
     }
 
     pub(crate) fn listxattr_impl(&self, cred: &Cred, t: XattrTarget<'_>) -> Result<Vec<u8>> {
@@ -165,5 +179,86 @@ impl LocalBackend {
             let r = unsafe { libc::removexattr(t.proc.as_ptr(), n.as_ptr()) };
             len_result(r as isize).map(drop)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dircache_core::Backend;
+
+    fn is_root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[test]
+    fn acts_only_on_the_expected_inode() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = LocalBackend::new(dir.path()).unwrap();
+        std::fs::write(dir.path().join("a"), "a").unwrap();
+        std::fs::write(dir.path().join("b"), "b").unwrap();
+        let me = Cred::new(
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+            [],
+        );
+        let a = b.getattr(b"a").unwrap();
+        let t = XattrTarget {
+            path: b"a",
+            expect: Some((a.dev, a.ino)),
+        };
+        b.setxattr(&me, t, b"user.k", b"first", 0).unwrap();
+        assert_eq!(b.getxattr(&me, t, b"user.k").unwrap(), b"first");
+        assert_eq!(b.listxattr(&me, t).unwrap(), b"user.k\0");
+        // A long value takes the second buffer.
+        let long = vec![b'v'; 3000];
+        b.setxattr(&me, t, b"user.long", &long, 0).unwrap();
+        assert_eq!(b.getxattr(&me, t, b"user.long").unwrap(), long);
+        b.removexattr(&me, t, b"user.long").unwrap();
+        // "a" now names another file: nothing is done to it.
+        std::fs::rename(dir.path().join("b"), dir.path().join("a")).unwrap();
+        assert_eq!(b.getxattr(&me, t, b"user.k"), Err(Error::Stale));
+        assert_eq!(b.listxattr(&me, t), Err(Error::Stale));
+        assert_eq!(b.setxattr(&me, t, b"user.k", b"x", 0), Err(Error::Stale));
+        assert_eq!(b.removexattr(&me, t, b"user.k"), Err(Error::Stale));
+        let fresh = XattrTarget {
+            path: b"a",
+            expect: None,
+        };
+        assert_eq!(
+            b.getxattr(&me, fresh, b"user.k"),
+            Err(Error::Os(libc::ENODATA))
+        );
+    }
+
+    #[test]
+    fn trusted_names_only_for_root() {
+        if !is_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let b = LocalBackend::new(dir.path()).unwrap();
+        std::fs::write(dir.path().join("f"), "f").unwrap();
+        let t = XattrTarget {
+            path: b"f",
+            expect: None,
+        };
+        b.setxattr(&Cred::root(), t, b"trusted.t", b"1", 0).unwrap();
+        b.setxattr(&Cred::root(), t, b"user.u", b"1", 0).unwrap();
+        let user = Cred::new(1001, 1001, []);
+        let names = b.listxattr(&Cred::root(), t).unwrap();
+        assert!(names.windows(9).any(|w| w == b"trusted.t"));
+        assert_eq!(b.listxattr(&user, t).unwrap(), b"user.u\0");
+        assert_eq!(
+            b.getxattr(&user, t, b"trusted.t"),
+            Err(Error::Os(libc::ENODATA))
+        );
+        assert_eq!(
+            b.setxattr(&user, t, b"trusted.t", b"2", 0),
+            Err(Error::Perm)
+        );
+        // Not the owner: user.* needs write permission on the file (0644 root's).
+        assert_eq!(b.setxattr(&user, t, b"user.u", b"2", 0), Err(Error::Access));
     }
 }
