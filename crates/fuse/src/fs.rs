@@ -1382,7 +1382,12 @@ impl fuser::Filesystem for DircacheFs {
             Ok(t) => t,
             Err(e) => return reply.error(e),
         };
-        let c = self.creds(req);
+        // Groups matter for user.* reads only (the kernel's ACL fetches need none).
+        let c = if acl_bit != 0 {
+            self.read_creds(req)
+        } else {
+            self.creds(req)
+        };
         let v = match x.backend.getxattr(c.cred(), x.target(), name.as_bytes()) {
             Ok(v) => v,
             Err(e) => {

@@ -19,8 +19,9 @@
 //!   [`LocalBackend::with_options`] with `fd_cache > 0` uses the cache always; its owner calls
 //!   [`LocalBackend::forget_cached_fds`] after changing directories outside. A stale
 //!   descriptor can answer for a moved directory, never for anything outside the root.
-//! * **umask.** Creation modes are subject to the process umask, as with any syscall: run the
-//!   daemon with umask 0 and pass modes with the caller's umask applied.
+//! * **umask.** Creation modes are subject to the calling thread's umask, as with any syscall,
+//!   and the file system applies it only when the parent has no default ACL: run with umask 0
+//!   and pass masked modes, or (as the FUSE front end does) give the thread the caller's umask.
 //! * **Queries** (lookup, getattr, readdir, readlink, statfs) run with the daemon's own
 //!   credentials: the cache checks permissions itself through its access policy.
 //! * **Mutations and `open`** run as the caller: the parent directory is resolved as the
