@@ -261,7 +261,17 @@ fn default_acl_overrides_umask_as_natively() {
     if !can_mount() || !have_acl_tools() {
         return;
     }
-    let t = TestMount::new();
+    // With the kernel's ACL support (default) and without it (`-o noacl`: the kernel passes
+    // ACLs through as plain attributes, the file system still applies default ACLs).
+    for policy in [
+        dircache_fuse::CachePolicy::default(),
+        dircache_fuse::CachePolicy::uncached(),
+    ] {
+        umask_case(TestMount::with_policy(policy));
+    }
+}
+
+fn umask_case(t: TestMount) {
     let native = t.dir.path().join("native");
     std::fs::create_dir(&native).unwrap();
     chmod(&native, 0o755);
