@@ -580,7 +580,8 @@ fn block_signals() -> libc::sigset_t {
 fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> anyhow::Result<()> {
     // Signals are handled by one thread with sigwait; every other thread inherits the mask.
     let set = block_signals();
-    // Files are created with the mode the kernel computed (it applied the caller's umask).
+    // The process umask stays 0: request threads set their own to the caller's around each
+    // creation (dircache_fuse's umask module), so the umask applies only without a default ACL.
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
     let src = a

@@ -33,6 +33,20 @@ pub enum Change {
     Overflow,
 }
 
+/// The file an extended-attribute call is about: its backend path and, when the caller holds a
+/// particular file (a FUSE node stands for one inode), that file's `(dev, ino)`. A backend
+/// that can tell must fail with [`Error::Stale`] rather than act on another file the path
+/// names by now (renamed over from outside since the caller's lookup).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XattrTarget<'a> {
+    pub path: &'a [u8],
+    pub expect: Option<(u64, u64)>,
+}
+
+/// What backends without extended attributes answer (EOPNOTSUPP, as a file system without
+/// xattr support; not ENOSYS, which would make the FUSE kernel stop asking for good).
+pub const XATTR_UNSUPPORTED: Error = Error::Os(libc::EOPNOTSUPP);
+
 /// Receiving end of a backend's change feed.
 pub type ChangeFeed = crossbeam_channel::Receiver<Change>;
 
@@ -108,6 +122,39 @@ pub trait Backend: Send + Sync + 'static {
     /// Open `path` for data access with open(2) `flags` (O_CREAT allowed, with `mode`).
     fn open(&self, _cred: &Cred, _path: &[u8], _flags: i32, _mode: u32) -> Result<OwnedFd> {
         Err(Error::NotSupported)
+    }
+
+    /// The whole value of extended attribute `name` of `target` (not following a final
+    /// symlink), read with the caller's rights (`cred`): the backend decides access as the
+    /// kernel would for that caller.
+    fn getxattr(&self, _cred: &Cred, _target: XattrTarget<'_>, _name: &[u8]) -> Result<Vec<u8>> {
+        Err(XATTR_UNSUPPORTED)
+    }
+
+    /// The names of `target`'s extended attributes the caller may see, each followed by a
+    /// NUL byte (the listxattr(2) format).
+    fn listxattr(&self, _cred: &Cred, _target: XattrTarget<'_>) -> Result<Vec<u8>> {
+        Err(XATTR_UNSUPPORTED)
+    }
+
+    /// Set extended attribute `name` of `target` as the caller; `flags` as setxattr(2)
+    /// (XATTR_CREATE, XATTR_REPLACE). Setting `system.posix_acl_access` updates the mode as
+    /// the kernel does for that caller (clearing set-group-ID when the caller is not in the
+    /// file's group and lacks CAP_FSETID).
+    fn setxattr(
+        &self,
+        _cred: &Cred,
+        _target: XattrTarget<'_>,
+        _name: &[u8],
+        _value: &[u8],
+        _flags: i32,
+    ) -> Result<()> {
+        Err(XATTR_UNSUPPORTED)
+    }
+
+    /// Remove extended attribute `name` of `target` as the caller.
+    fn removexattr(&self, _cred: &Cred, _target: XattrTarget<'_>, _name: &[u8]) -> Result<()> {
+        Err(XATTR_UNSUPPORTED)
     }
 
     /// Start reporting changes made behind the cache's back. `None` if the backend cannot.

@@ -19,7 +19,7 @@ mod policy;
 pub mod stats;
 mod types;
 
-pub use backend::{Backend, Change, ChangeFeed, Walked};
+pub use backend::{Backend, Change, ChangeFeed, Walked, XattrTarget, XATTR_UNSUPPORTED};
 pub use cache::{
     At, Cache, Creds, Dentry, DirHandle, Invalidation, MountOptions, MountSource, Namespace,
     NodeKind, NodeRef,

@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
 use dircache_core::{
-    Attr, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType, NodeKind, NodeRef,
-    RenameMode, SetAttr, TimeSet, Timespec,
+    Attr, Backend, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType, NodeKind, NodeRef,
+    RenameMode, SetAttr, TimeSet, Timespec, XattrTarget,
 };
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
@@ -27,6 +27,7 @@ use crate::inodes::{Inodes, ROOT};
 use crate::notifier::NotifyMsg;
 use crate::policy::CachePolicy;
 use crate::stats::{Op, RequestCounters, SOCKET_XATTR};
+use crate::umask::with_caller_umask;
 
 fn errno(e: CoreError) -> Errno {
     Errno::from_i32(e.errno())
@@ -147,6 +148,24 @@ fn negative_attr() -> FileAttr {
         rdev: 0,
         blksize: 4096,
         flags: 0,
+    }
+}
+
+/// The node of an xattr call, the backend of its file system, its path there and the
+/// (dev, ino) the kernel's node is.
+struct XattrCall {
+    node: NodeRef,
+    backend: Arc<dyn Backend>,
+    path: Vec<u8>,
+    expect: Option<(u64, u64)>,
+}
+
+impl XattrCall {
+    fn target(&self) -> XattrTarget<'_> {
+        XattrTarget {
+            path: &self.path,
+            expect: self.expect,
+        }
     }
 }
 
@@ -381,17 +400,55 @@ impl DircacheFs {
         .map_err(|e| Errno::from_i32(e.raw_os_error()))
     }
 
-    /// The real file behind `ino` for an xattr call: its O_PATH descriptor (keep it alive), its
-    /// /proc/self/fd path, and the attribute name as a C string.
-    fn xattr_target(
-        &self,
-        node: &NodeRef,
-        name: &OsStr,
-    ) -> Result<(OwnedFd, std::ffi::CString, std::ffi::CString), Errno> {
-        let fd = self.real_path_fd(node)?;
-        let p = Self::proc_path(&fd);
-        let n = std::ffi::CString::new(name.as_bytes()).unwrap_or_default();
-        Ok((fd, p, n))
+    /// What an xattr call on `ino` is about: the node, its backend path, and the (dev, ino)
+    /// of the inode the kernel's node stands for. The backend acts on that inode only, with
+    /// the caller's rights: a path renamed over from outside since the kernel's lookup gives
+    /// ESTALE (the kernel then looks the name up again), never another user's file.
+    fn xattr_target(&self, ino: INodeNo) -> Result<XattrCall, Errno> {
+        let node = self.node(ino)?;
+        if node.is_dead() {
+            // Its name is gone or names another inode (node() found no live alias): the
+            // kernel looks the name up again on ESTALE.
+            return Err(Errno::ESTALE);
+        }
+        let expect = self.inodes.locate(ino.0).map(|l| l.3);
+        let path = self.cache.node_path(&node).map_err(errno)?;
+        let backend = self.cache.node_backend(&node);
+        Ok(XattrCall {
+            node,
+            backend,
+            path,
+            expect,
+        })
+    }
+
+    /// The errno for a failed xattr call. ESTALE means the node's path names another inode
+    /// now (renamed over from outside, the change not yet applied): forget that name here
+    /// and in the kernel first, so that the kernel's retry (it looks the name up again on
+    /// ESTALE) finds the file that is there now, as a native call would.
+    fn xattr_error(&self, ino: INodeNo, x: &XattrCall, e: CoreError) -> Errno {
+        if e == CoreError::Stale && Arc::ptr_eq(&x.backend, self.cache.backend()) {
+            let parent = self.parent_nodeid(&x.node);
+            let invals = self.cache.invalidate(&x.path);
+            self.inodes.clear_acl_absent();
+            let mut msgs = vec![
+                NotifyMsg::InvalEntry(parent, x.node.name()),
+                NotifyMsg::InvalInode(parent),
+                NotifyMsg::InvalInode(ino.0),
+            ];
+            for inv in invals {
+                if let Some(p) = inv.parent.as_ref().and_then(|p| self.inodes.nodeid_of(p)) {
+                    msgs.push(NotifyMsg::InvalEntry(p, inv.name));
+                }
+                if let Some(n) = inv.node.as_ref().and_then(|n| self.inodes.nodeid_of(n)) {
+                    msgs.push(NotifyMsg::InvalInode(n));
+                }
+            }
+            for m in msgs {
+                let _ = self.notify.send(m);
+            }
+        }
+        errno(e)
     }
 
     fn proc_path(fd: &OwnedFd) -> std::ffi::CString {
@@ -467,9 +524,12 @@ impl fuser::Filesystem for DircacheFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let caps = config.capabilities();
         let p = &self.policy;
+        // FUSE_DONT_MASK: the caller's umask comes with each creation; the backend's file
+        // system applies it unless the parent has a default ACL (crate::umask).
         let mut want = InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_EXPORT_SUPPORT
-            | InitFlags::FUSE_HANDLE_KILLPRIV;
+            | InitFlags::FUSE_HANDLE_KILLPRIV
+            | InitFlags::FUSE_DONT_MASK;
         if p.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS;
         }
@@ -663,7 +723,7 @@ impl fuser::Filesystem for DircacheFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -673,10 +733,10 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
-        match self
-            .cache
-            .mknod_at(&c, &dir, name.as_bytes(), mode, u64::from(rdev))
-        {
+        match with_caller_umask(mode, umask, |mode| {
+            self.cache
+                .mknod_at(&c, &dir, name.as_bytes(), mode, u64::from(rdev))
+        }) {
             Ok(n) => {
                 self.dir_changed(&dir);
                 self.entry_reply(parent, &n, reply)
@@ -691,7 +751,7 @@ impl fuser::Filesystem for DircacheFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         self.count(Op::mkdir);
@@ -700,10 +760,9 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let c = self.creds(req);
-        match self
-            .cache
-            .mkdir_at(&c, &dir, name.as_bytes(), mode & 0o7777)
-        {
+        match with_caller_umask(mode & 0o7777, umask, |mode| {
+            self.cache.mkdir_at(&c, &dir, name.as_bytes(), mode)
+        }) {
             Ok(n) => {
                 self.dir_changed(&dir);
                 self.entry_reply(parent, &n, reply)
@@ -1257,7 +1316,7 @@ impl fuser::Filesystem for DircacheFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1269,33 +1328,22 @@ impl fuser::Filesystem for DircacheFs {
         if self.xattr_blocked(name) {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
         }
-        let node = match self.node(ino) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        // `_fd` keeps the /proc path `p` valid until the call is done.
-        let (_fd, p, n) = match self.xattr_target(&node, name) {
+        let x = match self.xattr_target(ino) {
             Ok(t) => t,
             Err(e) => return reply.error(e),
         };
-        // SAFETY: p and n are NUL-terminated; value is valid for value.len() bytes.
-        let r = unsafe {
-            libc::setxattr(
-                p.as_ptr(),
-                n.as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                flags,
-            )
-        };
-        if r < 0 {
-            return reply.error(last_errno());
+        let c = self.creds(req);
+        if let Err(e) = x
+            .backend
+            .setxattr(c.cred(), x.target(), name.as_bytes(), value, flags)
+        {
+            return reply.error(self.xattr_error(ino, &x, e));
         }
-        self.attrs_changed(&node);
+        self.attrs_changed(&x.node);
         reply.ok()
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.count(Op::getxattr);
         if ino.0 == ROOT && name.as_bytes() == SOCKET_XATTR.as_bytes() {
             if let Some(p) = &self.socket_path {
@@ -1330,59 +1378,48 @@ impl fuser::Filesystem for DircacheFs {
             }
         }
         let acl_gen = self.inodes.acl_gen();
-        // `_fd` keeps the /proc path `p` valid until the call is done.
-        let (_fd, p, n) = match self.node(ino).and_then(|n| self.xattr_target(&n, name)) {
+        let x = match self.xattr_target(ino) {
             Ok(t) => t,
             Err(e) => return reply.error(e),
         };
-        let mut buf = vec![0u8; size as usize];
-        // SAFETY: p and n are NUL-terminated; buf is valid for buf.len() bytes (a null
-        // pointer with size 0 asks for the size).
-        let r = unsafe {
-            libc::getxattr(
-                p.as_ptr(),
-                n.as_ptr(),
-                if size == 0 {
-                    std::ptr::null_mut()
-                } else {
-                    buf.as_mut_ptr().cast()
-                },
-                buf.len(),
-            )
-        };
-        if r < 0 {
-            let e = std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO);
-            if e == libc::ENODATA {
-                if let Some(k) = acl_key {
-                    self.inodes.note_acl_absent(k, acl_bit, acl_gen);
-                }
-            }
-            return reply.error(Errno::from_i32(e));
-        }
-        if size == 0 {
-            reply.size(r as u32)
+        // Groups matter for user.* reads only (the kernel's ACL fetches need none).
+        let c = if acl_bit != 0 {
+            self.read_creds(req)
         } else {
-            reply.data(&buf[..r as usize])
+            self.creds(req)
+        };
+        let v = match x.backend.getxattr(c.cred(), x.target(), name.as_bytes()) {
+            Ok(v) => v,
+            Err(e) => {
+                if e.errno() == libc::ENODATA {
+                    if let Some(k) = acl_key {
+                        self.inodes.note_acl_absent(k, acl_bit, acl_gen);
+                    }
+                }
+                return reply.error(self.xattr_error(ino, &x, e));
+            }
+        };
+        if size == 0 {
+            reply.size(v.len() as u32)
+        } else if (size as usize) < v.len() {
+            reply.error(Errno::from_i32(libc::ERANGE))
+        } else {
+            reply.data(&v)
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         self.count(Op::listxattr);
-        let fd = match self.node(ino).and_then(|n| self.real_path_fd(&n)) {
-            Ok(fd) => fd,
+        let x = match self.xattr_target(ino) {
+            Ok(t) => t,
             Err(e) => return reply.error(e),
         };
-        let p = Self::proc_path(&fd);
-        let mut buf = vec![0u8; 65536];
-        // SAFETY: p is NUL-terminated; buf is valid for buf.len() bytes.
-        let r = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if r < 0 {
-            return reply.error(last_errno());
-        }
-        buf.truncate(r as usize);
-        let list: Vec<u8> = buf
+        let c = self.creds(req);
+        let names = match x.backend.listxattr(c.cred(), x.target()) {
+            Ok(v) => v,
+            Err(e) => return reply.error(self.xattr_error(ino, &x, e)),
+        };
+        let list: Vec<u8> = names
             .split(|b| *b == 0)
             .filter(|n| !n.is_empty() && !self.xattr_blocked(OsStr::from_bytes(n)))
             .flat_map(|n| n.iter().copied().chain(std::iter::once(0)))
@@ -1396,26 +1433,20 @@ impl fuser::Filesystem for DircacheFs {
         }
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.count(Op::removexattr);
         if self.xattr_blocked(name) {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
         }
-        let node = match self.node(ino) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        // `_fd` keeps the /proc path `p` valid until the call is done.
-        let (_fd, p, n) = match self.xattr_target(&node, name) {
+        let x = match self.xattr_target(ino) {
             Ok(t) => t,
             Err(e) => return reply.error(e),
         };
-        // SAFETY: p and n are NUL-terminated.
-        let r = unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) };
-        if r < 0 {
-            return reply.error(last_errno());
+        let c = self.creds(req);
+        if let Err(e) = x.backend.removexattr(c.cred(), x.target(), name.as_bytes()) {
+            return reply.error(self.xattr_error(ino, &x, e));
         }
-        self.attrs_changed(&node);
+        self.attrs_changed(&x.node);
         reply.ok()
     }
 
@@ -1434,7 +1465,7 @@ impl fuser::Filesystem for DircacheFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
@@ -1445,14 +1476,13 @@ impl fuser::Filesystem for DircacheFs {
         };
         let c = self.creds(req);
         let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
-        let (node, fd) =
-            match self
-                .cache
-                .create_at(&c, &dir, name.as_bytes(), mode & 0o7777, oflags)
-            {
-                Ok(x) => x,
-                Err(e) => return reply.error(errno(e)),
-            };
+        let (node, fd) = match with_caller_umask(mode & 0o7777, umask, |mode| {
+            self.cache
+                .create_at(&c, &dir, name.as_bytes(), mode, oflags)
+        }) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
         self.dir_changed(&dir);
         let a = match attr_of_fd(&fd)
             .map_err(io_errno)

@@ -21,6 +21,7 @@ pub mod kmount;
 pub mod notifier;
 pub mod policy;
 pub mod stats;
+mod umask;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;

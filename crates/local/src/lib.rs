@@ -19,8 +19,9 @@
 //!   [`LocalBackend::with_options`] with `fd_cache > 0` uses the cache always; its owner calls
 //!   [`LocalBackend::forget_cached_fds`] after changing directories outside. A stale
 //!   descriptor can answer for a moved directory, never for anything outside the root.
-//! * **umask.** Creation modes are subject to the process umask, as with any syscall: run the
-//!   daemon with umask 0 and pass modes with the caller's umask applied.
+//! * **umask.** Creation modes are subject to the calling thread's umask, as with any syscall,
+//!   and the file system applies it only when the parent has no default ACL: run with umask 0
+//!   and pass masked modes, or (as the FUSE front end does) give the thread the caller's umask.
 //! * **Queries** (lookup, getattr, readdir, readlink, statfs) run with the daemon's own
 //!   credentials: the cache checks permissions itself through its access policy.
 //! * **Mutations and `open`** run as the caller: the parent directory is resolved as the
@@ -31,12 +32,15 @@
 //!   belong to the user. Search permission on the *ancestors* is the cache's job (its access
 //!   policy, with directory references: a process inside a directory keeps access after an
 //!   ancestor's mode changes), so the backend does not check it again.
+//! * **Extended attributes** are read and written as the caller too, on the inode the caller
+//!   holds (see `xattr.rs`).
 //! * **Changes** made behind the cache's back are reported by [`Backend::watch`] from a
 //!   background thread: fanotify (`FAN_REPORT_DFID_NAME`, filesystem mark) when running as
 //!   root, recursive inotify otherwise.
 
 mod creds;
 mod watch;
+mod xattr;
 
 use std::ffi::CString;
 use std::mem::MaybeUninit;
@@ -48,7 +52,7 @@ use std::sync::Arc;
 
 use dircache_core::{
     Attr, Backend, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode, Result, SetAttr,
-    StatFs, TimeSet, Timespec, Walked, NAME_MAX, PATH_MAX,
+    StatFs, TimeSet, Timespec, Walked, XattrTarget, NAME_MAX, PATH_MAX,
 };
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
@@ -881,6 +885,29 @@ impl Backend for LocalBackend {
         let (dir, name) = split(path)?;
         let d = self.dir(dir)?;
         run(&|| rustix::fs::openat2(d.as_fd(), name, oflags, m, RESOLVE).map_err(errno))
+    }
+
+    fn getxattr(&self, cred: &Cred, target: XattrTarget<'_>, name: &[u8]) -> Result<Vec<u8>> {
+        self.getxattr_impl(cred, target, name)
+    }
+
+    fn listxattr(&self, cred: &Cred, target: XattrTarget<'_>) -> Result<Vec<u8>> {
+        self.listxattr_impl(cred, target)
+    }
+
+    fn setxattr(
+        &self,
+        cred: &Cred,
+        target: XattrTarget<'_>,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
+        self.setxattr_impl(cred, target, name, value, flags)
+    }
+
+    fn removexattr(&self, cred: &Cred, target: XattrTarget<'_>, name: &[u8]) -> Result<()> {
+        self.removexattr_impl(cred, target, name)
     }
 
     fn watch(&self) -> Result<Option<ChangeFeed>> {
