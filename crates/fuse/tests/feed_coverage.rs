@@ -31,6 +31,14 @@ struct Fixture {
 
 impl Fixture {
     fn new(config: dircache_core::Config, prepare: impl FnOnce(&mut Fixture)) -> Fixture {
+        Self::with_policy(config, dircache_fuse::CachePolicy::default(), prepare)
+    }
+
+    fn with_policy(
+        config: dircache_core::Config,
+        policy: dircache_fuse::CachePolicy,
+        prepare: impl FnOnce(&mut Fixture),
+    ) -> Fixture {
         let dir = tempfile::Builder::new()
             .prefix("dcfeed")
             .tempdir()
@@ -50,7 +58,8 @@ impl Fixture {
         prepare(&mut f);
         let backend = dircache_local::LocalBackend::new(&src).expect("local backend");
         let cache = dircache_core::Cache::new(Arc::new(backend), config).expect("cache");
-        let cfg = dircache_fuse::MountConfig::new(&src, &mnt);
+        let mut cfg = dircache_fuse::MountConfig::new(&src, &mnt);
+        cfg.policy = policy;
         let mounted = dircache_fuse::mount(cache, &cfg).expect("mount");
         f.thread = Some(std::thread::spawn(move || {
             if let Err(e) = mounted.run() {
@@ -82,6 +91,13 @@ impl Fixture {
             .expect("mount");
         assert!(st.success(), "mount {args:?} {}", target.display());
         self.inner.push(target.to_path_buf());
+    }
+
+    /// Undo the last [`Fixture::mount`].
+    fn umount_last(&mut self) {
+        let m = self.inner.pop().expect("a mount");
+        let st = Command::new("umount").arg(&m).status().expect("umount");
+        assert!(st.success(), "umount {}", m.display());
     }
 }
 
@@ -227,6 +243,56 @@ fn mount_added_after_start_is_followed() {
         names(&f.s("late"))
     );
     check_submount(&f, "late");
+    // And unmounted again: the directory below shows through once more.
+    f.umount_last();
+    assert!(
+        wait_for(LIMIT, || names(&f.m("late")) == vec!["under".to_string()]).is_some(),
+        "SRC/late unmounted, the mount still shows {:?}",
+        names(&f.m("late"))
+    );
+    assert!(
+        wait_for(LIMIT, || std::fs::read(f.m("late/under"))
+            .is_ok_and(|c| c == b"hidden"))
+        .is_some(),
+        "SRC/late/under unreadable after the unmount"
+    );
+}
+
+/// Issue 8, bug 1 (the same root as finding 10): a file the kernel holds stays up to date
+/// after the core was forced to evict hundreds of entries.
+#[test]
+fn held_file_follows_outside_chmod_after_evictions() {
+    if !can_mount() {
+        return;
+    }
+    let config = dircache_core::Config {
+        max_entries: 64,
+        ..Default::default()
+    };
+    let policy = dircache_fuse::CachePolicy {
+        attr_ttl: Duration::ZERO,
+        ..Default::default()
+    };
+    let f = Fixture::with_policy(config, policy, |f| {
+        sh_ok(
+            &f.src,
+            "set -e; mkdir d; echo t > d/target; chmod 644 d/target; \
+             for i in $(seq 1 600); do echo $i > d/f$i; done",
+        );
+    });
+    let held = std::fs::File::open(f.m("d/target")).unwrap();
+    for i in 1..=600 {
+        std::fs::metadata(f.m(&format!("d/f{i}"))).unwrap();
+    }
+    chmod(&f.s("d/target"), 0o600);
+    assert!(
+        wait_for(LIMIT, || std::fs::metadata(f.m("d/target"))
+            .is_ok_and(|m| m.mode() & 0o777 == 0o600))
+        .is_some(),
+        "MNT/d/target still shows mode {:o} after `chmod 600 SRC/d/target`",
+        std::fs::metadata(f.m("d/target")).unwrap().mode() & 0o777
+    );
+    drop(held);
 }
 
 /// `find` output for every file under `root`, with `root` cut off each path.

@@ -14,9 +14,9 @@
 //!   name nobody reported) are reported by inode, `Change::Inode`. Resolutions are
 //!   memoised in a bounded map (positive and negative), emptied whenever a directory is created,
 //!   moved or deleted anywhere, or the mounts change. No descriptor is kept per directory or per
-//!   submount (it would keep the submount from being unmounted). If a file system below the
-//!   root cannot be marked at start, `Auto` falls back to inotify; one mounted later that
-//!   cannot be marked is logged (its later changes are not reported).
+//!   submount (it would keep the submount from being unmounted). A file system below the root
+//!   that cannot be marked (proc, sysfs: no file handles) is logged; changes made on it
+//!   outside the mount are not reported.
 //! * **inotify** (fallback, or when asked): one watch per directory under the root, added
 //!   recursively at start and for every directory created or moved in later. Watches cost no
 //!   descriptors (they count against `fs.inotify.max_user_watches`).
@@ -401,10 +401,9 @@ impl Fan {
             rel: Vec::new(),
             fsid: root_fsid,
         });
-        // Every mount below the root must be watched too, or the feed would miss its changes
-        // (the fallback, inotify, watches directories whatever file system they are on).
+        // Every mount below the root must be watched too, or the feed would miss its changes.
         let mut ignored = Vec::new();
-        me.rescan(&mut ignored, true)?;
+        me.rescan(&mut ignored);
         Ok(me)
     }
 
@@ -457,16 +456,16 @@ impl Fan {
     }
 
     /// Bring the list of mounts below the root up to date with the mount table. A mount that
-    /// appeared or went away changes what its mount point shows: reported as `Entry`. At
-    /// start (`strict`), a file system that cannot be marked is an error (the caller falls
-    /// back to inotify); later it is logged and only the mount point is reported.
-    fn rescan(&mut self, out: &mut Vec<Change>, strict: bool) -> Result<()> {
+    /// appeared or went away changes what its mount point shows: reported as `Entry`. A file
+    /// system that cannot be marked (no file handles or no fsid: proc, sysfs, some FUSE file
+    /// systems) is logged: changes made on it outside the mount are not reported. (Falling
+    /// back to inotify for everything instead would make a SRC of `/` watch every directory.)
+    fn rescan(&mut self, out: &mut Vec<Change>) {
         let text = match std::fs::read("/proc/self/mountinfo") {
             Ok(t) => t,
-            Err(e) if strict => return Err(Error::from(e)),
             Err(e) => {
                 tracing::warn!("dircache-local: cannot read the mount table: {e}");
-                return Ok(());
+                return;
             }
         };
         let now = mounts_below(&text, &self.root);
@@ -514,10 +513,6 @@ impl Fan {
             }
             if let Err(e) = Fan::mark(&self.fd, &mut self.marked, fd.as_fd(), fsid) {
                 let shown = String::from_utf8_lossy(&rel).into_owned();
-                if strict {
-                    tracing::info!("dircache-local: cannot watch the mount at {shown} ({e})");
-                    return Err(e);
-                }
                 tracing::warn!(
                     "dircache-local: changes made outside the mount on the file system \
                      mounted at {shown} are not reported ({e})"
@@ -527,12 +522,11 @@ impl Fan {
             self.mounts.push(MountRef { id, rel, fsid });
         }
         self.handles.clear();
-        Ok(())
     }
 
     /// The mount table changed: follow it.
     fn mounts_changed(&mut self, out: &mut Vec<Change>) -> bool {
-        let _ = self.rescan(out, false);
+        self.rescan(out);
         true
     }
 

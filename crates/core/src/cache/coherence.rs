@@ -637,8 +637,10 @@ impl Cache {
             return false;
         };
         self.stats.backend.lookup.inc();
+        let dev = node.attr.dev();
         match parent.sb.backend.lookup(&dir, name) {
-            Ok(a) if a.ino == ino && a.kind() == kind => {
+            // Same inode number on another device: a file system was mounted over the name.
+            Ok(a) if a.ino == ino && a.kind() == kind && (dev == 0 || a.dev == dev) => {
                 node.set_attr(Some(a));
                 true
             }
