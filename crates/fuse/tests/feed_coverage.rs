@@ -95,9 +95,11 @@ impl Fixture {
 
     /// Undo the last [`Fixture::mount`].
     fn umount_last(&mut self) {
-        let m = self.inner.pop().expect("a mount");
+        let m = self.inner.last().expect("a mount").clone();
         let st = Command::new("umount").arg(&m).status().expect("umount");
-        assert!(st.success(), "umount {}", m.display());
+        // Still in `inner` on failure, so that Drop unmounts it (lazily).
+        assert!(st.success(), "umount {} failed (busy?)", m.display());
+        self.inner.pop();
     }
 }
 
