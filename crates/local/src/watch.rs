@@ -293,6 +293,11 @@ fn unescape_mountinfo(f: &[u8]) -> Vec<u8> {
 
 /// Mounts (id, mount point relative to `root`) whose mount point lies strictly below `root`,
 /// from the text of `/proc/self/mountinfo`, outer mount points first.
+///
+/// FUSE file systems are left out: an ordinary user can mount one inside SRC (fusermount),
+/// and its server could leave the watcher thread (root) waiting forever on the open, statx or
+/// statfs needed to watch it, which would stop the change feed for everyone. Changes made
+/// there outside the mount are not reported.
 fn mounts_below(mountinfo: &[u8], root: &[u8]) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
     for line in mountinfo.split(|&c| c == b'\n') {
@@ -302,6 +307,11 @@ fn mounts_below(mountinfo: &[u8], root: &[u8]) -> Vec<(u64, Vec<u8>)> {
         else {
             continue;
         };
+        // After the optional fields, "-" and the file system type.
+        let fstype = f.skip_while(|x| *x != b"-").nth(1).unwrap_or(b"");
+        if fstype.starts_with(b"fuse") {
+            continue;
+        }
         let Some(id) = std::str::from_utf8(id)
             .ok()
             .and_then(|s| s.parse::<u64>().ok())
@@ -1000,7 +1010,8 @@ mod tests {
     #[test]
     fn mountinfo_lines_below_the_root() {
         let text = b"22 1 8:1 / / rw - ext4 /dev/sda1 rw\n\
-            30 22 0:40 / /srv/src/n rw - tmpfs t rw\n\
+            30 22 0:40 / /srv/src/n rw shared:5 - tmpfs t rw\n\
+            34 30 0:50 / /srv/src/n/user rw,nosuid - fuse.sshfs u@h: rw\n\
             31 30 0:41 / /srv/src/n/deep\\040x rw - tmpfs t rw\n\
             32 22 8:1 /other /srv/src2 rw - ext4 /dev/sda1 rw\n\
             33 22 8:1 /other /srv/src rw - ext4 /dev/sda1 rw\n";
