@@ -126,14 +126,22 @@ impl Drop for Fixture {
 
 /// Whether uid 1000 can read `p` (runs `cat` as that user).
 fn user_reads(p: &Path) -> bool {
-    Command::new("setpriv")
+    user_cat(p).is_ok()
+}
+
+/// `cat p` as uid 1000: Ok, or Err(stderr).
+fn user_cat(p: &Path) -> Result<(), String> {
+    let o = Command::new("setpriv")
         .args(["--reuid=1000", "--regid=1000", "--clear-groups", "cat"])
         .arg(p)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("setpriv")
-        .success()
+        .output()
+        .expect("setpriv");
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&o.stderr).into_owned())
+    }
 }
 
 fn names(p: &Path) -> Vec<String> {
@@ -170,6 +178,11 @@ fn check_submount(f: &Fixture, rel: &str) {
     assert!(
         wait_for(LIMIT, || !user_reads(&f.m(&p("d/e/pub")))).is_some(),
         "{rel}: uid 1000 still reads MNT/{rel}/d/e/pub after `chmod 700 SRC/{rel}/d`"
+    );
+    let err = user_cat(&f.m(&p("d/e/pub"))).unwrap_err();
+    assert!(
+        err.contains("Permission denied"),
+        "{rel}: EACCES expected, as natively: {err}"
     );
 
     std::fs::write(f.s(&p("fresh")), b"new\n").unwrap();
