@@ -29,6 +29,10 @@ pub enum Change {
     Attr { path: Vec<u8> },
     /// An entry appeared, disappeared or was replaced at `path`; its parent's listing changed.
     Entry { path: Vec<u8> },
+    /// The attributes of the file with inode `ino` on device `dev` changed, and the change
+    /// named no path (fanotify reports a link count change, through whichever name, this way):
+    /// every cached name of that inode must forget its attributes.
+    Inode { dev: u64, ino: u64 },
     /// Events were lost: anything may have changed.
     Overflow,
 }

@@ -256,8 +256,9 @@ impl DircacheFs {
     }
 
     /// The live dentry of a nodeid. When the core dropped the dentry the kernel knows (a
-    /// change learned from the feed invalidated it), find the name again from the parent and
-    /// rebind the nodeid if it is still the same inode.
+    /// change learned from the feed invalidated it, or it was evicted before the kernel's
+    /// reference pinned it), find the name again from the parent and rebind the nodeid if it
+    /// is still the same inode.
     fn node(&self, nodeid: INodeNo) -> Result<NodeRef, Errno> {
         self.node_depth(nodeid.0, 0)
     }
@@ -281,7 +282,7 @@ impl DircacheFs {
 
     fn node_depth(&self, id: u64, depth: u32) -> Result<NodeRef, Errno> {
         let (n, parent, name, key) = self.inodes.locate(id).ok_or(Errno::ESTALE)?;
-        if !n.is_dead() {
+        if !n.is_dead() && !n.is_evicted() {
             return Ok(n);
         }
         if id == ROOT {

@@ -9,6 +9,11 @@
 //!   new nodeid, so the kernel never mixes the old inode's page cache with the new file.
 //! - `lookups` counts the kernel's references (each LOOKUP-like reply adds one, FORGET
 //!   subtracts); the entry is dropped when it reaches zero.
+//! - Every dentry in an entry's `aliases` holds one pin in the core ([`NodeRef::pin`]) until
+//!   it leaves the list: the core never evicts a dentry the kernel holds, so a name the kernel
+//!   still knows keeps its place in the tree and is kept up to date by the change feed
+//!   (evicting it left the kernel holding a dentry outside the tree, and lookups below it
+//!   answered ENOENT for existing files).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,9 +43,29 @@ struct Inode {
     backing: Option<(Arc<BackingId>, u32)>,
 }
 
+/// Add `node` to `aliases` with its pin (unless it is there already).
+fn hold(aliases: &mut Vec<NodeRef>, node: &NodeRef, front: bool) {
+    if aliases.iter().any(|n| Arc::ptr_eq(n, node)) {
+        return;
+    }
+    node.pin();
+    if front {
+        aliases.insert(0, node.clone());
+    } else {
+        aliases.push(node.clone());
+    }
+}
+
 impl Inode {
     fn live_alias(&mut self) -> NodeRef {
-        if let Some(i) = self.aliases.iter().position(|n| !n.is_dead()) {
+        // Prefer a name still in the tree: dead (removed, replaced) and evicted dentries are
+        // found again by the front end (`DircacheFs::node`).
+        let pos = self
+            .aliases
+            .iter()
+            .position(|n| !n.is_dead() && !n.is_evicted())
+            .or_else(|| self.aliases.iter().position(|n| !n.is_dead()));
+        if let Some(i) = pos {
             if i != 0 {
                 self.aliases.swap(0, i);
             }
@@ -92,6 +117,7 @@ impl Inodes {
         let key = root_attr
             .map(|a| (a.dev, a.ino))
             .unwrap_or((u64::MAX, u64::MAX));
+        root.pin();
         t.by_dentry.insert(root.id(), ROOT);
         t.by_key.insert(key, ROOT);
         t.inodes.insert(
@@ -158,10 +184,14 @@ impl Inodes {
             if let Some(i) = t.inodes.get_mut(&id) {
                 let alive = id == ROOT || i.aliases.iter().any(|n| !n.is_dead());
                 if alive {
-                    i.aliases.retain(|n| !n.is_dead() || Arc::ptr_eq(n, node));
-                    if !i.aliases.iter().any(|n| Arc::ptr_eq(n, node)) {
-                        i.aliases.push(node.clone());
-                    }
+                    i.aliases.retain(|n| {
+                        let keep = !n.is_dead() || Arc::ptr_eq(n, node);
+                        if !keep {
+                            n.unpin();
+                        }
+                        keep
+                    });
+                    hold(&mut i.aliases, node, false);
                     i.lookups += 1;
                     if id != ROOT {
                         i.parent = parent;
@@ -174,6 +204,7 @@ impl Inodes {
         }
         let id = t.next;
         t.next += 1;
+        node.pin();
         t.by_key.insert(key, id);
         t.by_dentry.insert(node.id(), id);
         t.inodes.insert(
@@ -199,9 +230,7 @@ impl Inodes {
         if let Some(i) = t.inodes.get_mut(&nodeid) {
             i.parent = parent;
             i.name = node.name();
-            if !i.aliases.iter().any(|n| Arc::ptr_eq(n, node)) {
-                i.aliases.insert(0, node.clone());
-            }
+            hold(&mut i.aliases, node, true);
             t.by_dentry.insert(node.id(), nodeid);
         }
     }
@@ -269,6 +298,7 @@ impl Inodes {
                     t.by_key.remove(&i.key);
                 }
                 for a in &i.aliases {
+                    a.unpin();
                     if t.by_dentry.get(&a.id()) == Some(&nodeid) {
                         t.by_dentry.remove(&a.id());
                     }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{never, select, Receiver};
-use dircache_core::{At, Cache, Change, ChangeFeed, Cred, Invalidation, LookupFlags};
+use dircache_core::{At, Cache, Change, ChangeFeed, Cred, FileType, Invalidation, LookupFlags};
 use fuser::{INodeNo, Notifier};
 
 use crate::inodes::{Inodes, ROOT};
@@ -110,6 +110,12 @@ impl NotifierState {
         let (path, attr_only) = match change {
             Change::Attr { path } => (Some(path.clone()), true),
             Change::Entry { path } => (Some(path.clone()), false),
+            Change::Inode { dev, ino } => {
+                let invals = self.cache.apply_change(change);
+                self.plan_invalidations(&invals, &mut b);
+                self.inode_changed(*dev, *ino, &mut b);
+                return b;
+            }
             Change::Overflow => (None, false),
         };
         let pre_parent = path.as_ref().and_then(|p| self.dir_nodeid(split_path(p).0));
@@ -121,15 +127,21 @@ impl NotifierState {
                 if !attr_only {
                     b.entry(parent, name);
                     b.inode(parent);
-                } else {
-                    let c = self.cache.kernel_checked(Cred::root());
-                    if let Some(n) = self
-                        .inodes
-                        .get(parent)
-                        .and_then(|d| self.cache.lookup_child(&c, &d, name).ok())
-                    {
-                        if let Some(id) = self.inodes.nodeid_of(&n) {
-                            b.inode(id);
+                }
+                // The kernel knows each inode once, by (dev, ino), whatever names it was
+                // reached by: a change through another name (chmod, ln) must reach it too.
+                let c = self.cache.kernel_checked(Cred::root());
+                if let Some(n) = self
+                    .inodes
+                    .get(parent)
+                    .and_then(|d| self.cache.lookup_child(&c, &d, name).ok())
+                {
+                    if let Some(id) = self.inodes.nodeid_of(&n) {
+                        b.inode(id);
+                    }
+                    if n.file_type().is_some_and(|t| t != FileType::Directory) {
+                        if let Ok(a) = self.cache.getattr(&n) {
+                            self.inode_changed(a.dev, a.ino, &mut b);
                         }
                     }
                 }
@@ -146,6 +158,20 @@ impl NotifierState {
             }
         }
         b
+    }
+
+    /// The inode `(dev, ino)` changed: if the kernel knows it, its attributes are fetched
+    /// afresh (every name's, in the core too) and the kernel drops its copy.
+    fn inode_changed(&self, dev: u64, ino: u64, b: &mut Batch) {
+        let Some(id) = self.inodes.peek_key(dev, ino) else {
+            return;
+        };
+        if let Some(node) = self.inodes.get(id) {
+            for a in self.inodes.mark_stale_dentry(&node) {
+                self.cache.forget_attr(&a);
+            }
+        }
+        b.inode(id);
     }
 
     pub fn plan_invalidations(&self, invals: &[Invalidation], b: &mut Batch) {

@@ -90,6 +90,21 @@ pub(crate) struct FdCache {
     generation: AtomicU64,
     tick: AtomicU64,
     map: RwLock<std::collections::HashMap<Vec<u8>, FdEntry>>,
+    /// Mount id of the root (0: unknown). Descriptors on other mounts (file systems mounted
+    /// below the root) are not kept: a kept descriptor would make `umount` of that file
+    /// system fail with EBUSY, which it does not natively.
+    root_mnt: AtomicU64,
+}
+
+/// The mount id of the file `fd` refers to (0 if unknown).
+fn mount_id(fd: BorrowedFd<'_>) -> u64 {
+    rustix::fs::statx(
+        fd,
+        c"",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::MNT_ID,
+    )
+    .map_or(0, |s| s.stx_mnt_id)
 }
 
 struct FdEntry {
@@ -106,6 +121,7 @@ impl FdCache {
             generation: AtomicU64::new(0),
             tick: AtomicU64::new(0),
             map: RwLock::new(std::collections::HashMap::new()),
+            root_mnt: AtomicU64::new(0),
         }
     }
 
@@ -126,6 +142,10 @@ impl FdCache {
 
     fn insert(&self, path: &[u8], fd: Arc<OwnedFd>, generation: u64) {
         if !self.enabled() {
+            return;
+        }
+        let root_mnt = self.root_mnt.load(Ordering::Relaxed);
+        if root_mnt != 0 && mount_id(fd.as_fd()) != root_mnt {
             return;
         }
         let mut g = self.map.write();
@@ -375,10 +395,12 @@ impl LocalBackend {
         .map_err(errno)?;
         // SAFETY: geteuid has no preconditions.
         let switch_creds = unsafe { libc::geteuid() } == 0;
+        let fds = FdCache::new(fd_cache, always);
+        fds.root_mnt.store(mount_id(fd.as_fd()), Ordering::Relaxed);
         Ok(LocalBackend {
             root: fd,
             root_path,
-            fds: Arc::new(FdCache::new(fd_cache, always)),
+            fds: Arc::new(fds),
             switch_creds,
             watch_mode,
             report_own_changes: std::sync::atomic::AtomicBool::new(false),

@@ -3,17 +3,27 @@
 //! Two sources, chosen by [`WatchMode`]:
 //!
 //! * **fanotify** (root only): one group with `FAN_REPORT_DFID_NAME | FAN_REPORT_FID` and a
-//!   filesystem mark on the root's file system. Each event names a directory by file handle and
-//!   a name; the handle is resolved with `open_by_handle_at` (on the root's descriptor) and
-//!   `readlink("/proc/self/fd/N")`, then events outside the root are dropped. Resolutions are
+//!   filesystem mark on every file system the backend serves: the root's, and that of every
+//!   mount whose mount point lies below the root (tmpfs, bind mounts), found in
+//!   `/proc/self/mountinfo` and followed while it changes (POLLPRI on that file: new mounts are
+//!   marked, and a mount point that gained or lost a mount is reported as `Entry`). Each event
+//!   names a directory by file system id, file handle and a name; the handle is resolved with
+//!   `open_by_handle_at` through each mount of that file system below the root (so a bind
+//!   mount's view is reported too) and `readlink("/proc/self/fd/N")`, then events outside the
+//!   root are dropped. Events that name no directory (a file's link count changed, through a
+//!   name nobody reported) are reported by inode, `Change::Inode`. Resolutions are
 //!   memoised in a bounded map (positive and negative), emptied whenever a directory is created,
-//!   moved or deleted anywhere on the file system. No descriptor is kept per directory.
+//!   moved or deleted anywhere, or the mounts change. No descriptor is kept per directory or per
+//!   submount (it would keep the submount from being unmounted). A file system below the root
+//!   that cannot be marked (proc, sysfs: no file handles) is logged; changes made on it
+//!   outside the mount are not reported.
 //! * **inotify** (fallback, or when asked): one watch per directory under the root, added
 //!   recursively at start and for every directory created or moved in later. Watches cost no
 //!   descriptors (they count against `fs.inotify.max_user_watches`).
 //!
 //! The thread sends `Change::Entry` for create/delete/move (old and new names), `Change::Attr`
-//! for attrib/modify and `Change::Overflow` when the kernel lost events. It empties the
+//! for attrib/modify, `Change::Inode` for inode-only attribute events (fanotify) and
+//! `Change::Overflow` when the kernel lost events. It empties the
 //! backend's directory-descriptor cache on every directory create/delete/move and on overflow.
 //! It stops when the backend is dropped (an eventfd wakes it) or, when the receiver is dropped,
 //! at the next event it tries to send; its descriptors close when it returns.
@@ -127,6 +137,20 @@ impl Source {
             Source::Ino(i) => i.read(out),
         }
     }
+    /// A descriptor that reports changes of the mount table (POLLPRI), if followed.
+    fn mounts_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match self {
+            Source::Fan(f) => f.mountinfo.as_ref().map(|m| m.as_fd()),
+            Source::Ino(_) => None,
+        }
+    }
+    /// The mount table changed; push changes; return whether directory structure changed.
+    fn mounts_changed(&mut self, out: &mut Vec<Change>) -> bool {
+        match self {
+            Source::Fan(f) => f.mounts_changed(out),
+            Source::Ino(_) => false,
+        }
+    }
 }
 
 fn run(source: Source, stop: OwnedFd, tx: Sender<Change>, fds: Arc<FdCache>) {
@@ -150,9 +174,15 @@ fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache
                 events: libc::POLLIN,
                 revents: 0,
             },
+            libc::pollfd {
+                // A negative descriptor is ignored by poll.
+                fd: source.mounts_fd().map_or(-1, |f| f.as_raw_fd()),
+                events: libc::POLLPRI,
+                revents: 0,
+            },
         ];
-        // SAFETY: pfd is a live array of two pollfd structures.
-        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, -1) };
+        // SAFETY: pfd is a live array of three pollfd structures.
+        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 3, -1) };
         if r < 0 {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
@@ -164,11 +194,17 @@ fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache
         if pfd[1].revents != 0 {
             return;
         }
-        if pfd[0].revents == 0 {
+        if pfd[0].revents == 0 && pfd[2].revents == 0 {
             continue;
         }
         out.clear();
-        let structural = source.read(&mut out);
+        let mut structural = false;
+        if pfd[2].revents != 0 {
+            // Mounts appeared or went away under the root: mark the new file systems first,
+            // so no event of theirs is missed after the mount points are reported.
+            structural |= source.mounts_changed(&mut out);
+        }
+        structural |= source.read(&mut out);
         if structural {
             fds.clear();
         }
@@ -183,13 +219,34 @@ fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache
 // ---------------------------------------------------------------------------------------------
 // fanotify
 
+/// A mount through which the backend serves files: the one holding the root, and every mount
+/// whose mount point lies below the root (tmpfs, bind mounts, ...). Each file system reached
+/// this way has a filesystem mark; an event names its file system by fsid and is resolved
+/// through every mount of that file system, so a file reachable under two mount points (a
+/// bind mount) is reported under both paths.
+struct MountRef {
+    /// The kernel's mount id (`/proc/self/mountinfo`, confirmed by statx).
+    id: u64,
+    /// Mount point relative to the root; empty for the mount holding the root.
+    rel: Vec<u8>,
+    /// The file system's id as fanotify reports it (statfs `f_fsid`).
+    fsid: [u8; 8],
+}
+
 struct Fan {
     fd: OwnedFd,
-    /// Descriptor on the watched file system for open_by_handle_at (the root, O_RDONLY).
+    /// Descriptor on the root (O_RDONLY) for open_by_handle_at; submounts are opened beneath
+    /// it when needed (holding a descriptor on them would keep them from being unmounted).
     mount: OwnedFd,
     root: Vec<u8>,
-    /// handle bytes -> path relative to the root (None: outside the root).
-    handles: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// The mounts the backend serves; `mounts[0]` holds the root.
+    mounts: Vec<MountRef>,
+    /// File systems with a mark (by fsid).
+    marked: std::collections::HashSet<[u8; 8]>,
+    /// `/proc/self/mountinfo`: POLLPRI when the mount table changes.
+    mountinfo: Option<std::fs::File>,
+    /// (mount id, handle bytes) -> path relative to the root (None: not under the root).
+    handles: HashMap<(u64, Vec<u8>), Option<Vec<u8>>>,
     buf: Vec<u64>,
     /// Events caused by threads that mutate through the backend are skipped: they are the
     /// cache's own changes, applied already. Re-reporting them would make the cache drop
@@ -206,6 +263,97 @@ const FAN_MASK: u64 = libc::FAN_CREATE
     | libc::FAN_ONDIR;
 
 const HANDLE_CACHE: usize = 4096;
+
+/// A file system id as fanotify and statfs report it.
+type Fsid = [u8; 8];
+
+/// Undo the octal escapes (`\040` for a space...) of a `/proc/self/mountinfo` field.
+fn unescape_mountinfo(f: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(f.len());
+    let mut i = 0;
+    while i < f.len() {
+        if f[i] == b'\\' && i + 4 <= f.len() {
+            let oct = &f[i + 1..i + 4];
+            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
+                let v = oct
+                    .iter()
+                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                if let Ok(b) = u8::try_from(v) {
+                    out.push(b);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(f[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Mounts (id, mount point relative to `root`) whose mount point lies strictly below `root`,
+/// from the text of `/proc/self/mountinfo`, outer mount points first.
+///
+/// FUSE file systems are left out: an ordinary user can mount one inside SRC (fusermount),
+/// and its server could leave the watcher thread (root) waiting forever on the open, statx or
+/// statfs needed to watch it, which would stop the change feed for everyone. Changes made
+/// there outside the mount are not reported.
+fn mounts_below(mountinfo: &[u8], root: &[u8]) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    for line in mountinfo.split(|&c| c == b'\n') {
+        let mut f = line.split(|&c| c == b' ');
+        let (Some(id), Some(_parent), Some(_dev), Some(_root), Some(mp)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        // After the optional fields, "-" and the file system type.
+        let fstype = f.skip_while(|x| *x != b"-").nth(1).unwrap_or(b"");
+        if fstype.starts_with(b"fuse") {
+            continue;
+        }
+        let Some(id) = std::str::from_utf8(id)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let mp = unescape_mountinfo(mp);
+        let rel = if root == b"/" {
+            mp.strip_prefix(b"/").map(<[u8]>::to_vec)
+        } else {
+            mp.strip_prefix(root)
+                .and_then(|r| r.strip_prefix(b"/"))
+                .map(<[u8]>::to_vec)
+        };
+        match rel {
+            Some(r) if !r.is_empty() => out.push((id, r)),
+            _ => {}
+        }
+    }
+    out.sort_by_key(|(_, r)| r.iter().filter(|&&c| c == b'/').count());
+    out
+}
+
+/// The mount id and fsid of the file system `fd` is on.
+fn mount_identity(fd: &OwnedFd) -> Option<(u64, [u8; 8])> {
+    let sx = rustix::fs::statx(
+        fd,
+        c"",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::MNT_ID,
+    )
+    .ok()?;
+    // SAFETY: statfs is plain old data; zeroed is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is live and `st` is a writable statfs.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    // SAFETY: fsid_t is two 32-bit integers (8 bytes, no padding), as in fanotify's records.
+    let fsid: [u8; 8] = unsafe { std::mem::transmute_copy(&st.f_fsid) };
+    Some((sx.stx_mnt_id, fsid))
+}
 
 impl Fan {
     fn new(b: &LocalBackend) -> Result<Fan> {
@@ -241,48 +389,193 @@ impl Fan {
             rustix::fs::Mode::empty(),
         )
         .map_err(|e| Error::from_errno(e.raw_os_error()))?;
-        // SAFETY: both descriptors are live; a NULL path marks the object `mount` refers to
-        // (its whole file system, with FAN_MARK_FILESYSTEM).
-        let r = unsafe {
-            libc::fanotify_mark(
-                fd.as_raw_fd(),
-                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
-                FAN_MASK,
-                mount.as_raw_fd(),
-                std::ptr::null(),
-            )
-        };
-        if r < 0 {
-            return Err(last_err());
-        }
+        let (root_id, root_fsid) = mount_identity(&mount).ok_or(Error::NotSupported)?;
         let root = path_bytes(&b.root_path).to_vec();
-        Ok(Fan {
+        let mut me = Fan {
             fd,
             mount,
             root,
+            mounts: Vec::new(),
+            marked: std::collections::HashSet::new(),
+            mountinfo: std::fs::File::open("/proc/self/mountinfo").ok(),
             handles: HashMap::new(),
             buf: vec![0u64; 8192],
             mutators: (!b
                 .report_own_changes
                 .load(std::sync::atomic::Ordering::Relaxed))
             .then(|| b.mutators.clone()),
-        })
+        };
+        Fan::mark(&me.fd, &mut me.marked, me.mount.as_fd(), root_fsid)?;
+        me.mounts.push(MountRef {
+            id: root_id,
+            rel: Vec::new(),
+            fsid: root_fsid,
+        });
+        // Every mount below the root must be watched too, or the feed would miss its changes.
+        let mut ignored = Vec::new();
+        me.rescan(&mut ignored);
+        Ok(me)
     }
 
-    /// Path relative to the root of the directory with this handle, or None if outside.
-    fn resolve(&mut self, key: &[u8]) -> Option<Vec<u8>> {
-        if let Some(v) = self.handles.get(key) {
-            return v.clone();
+    /// Add a filesystem mark on the file system of `fd` (once per fsid).
+    fn mark(
+        fan: &OwnedFd,
+        marked: &mut std::collections::HashSet<[u8; 8]>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        fsid: [u8; 8],
+    ) -> Result<()> {
+        if marked.contains(&fsid) {
+            return Ok(());
         }
-        let v = self.resolve_uncached(key);
-        if self.handles.len() >= HANDLE_CACHE {
-            self.handles.clear();
+        // SAFETY: both descriptors are live; a NULL path marks the object `fd` refers to
+        // (its whole file system, with FAN_MARK_FILESYSTEM).
+        let r = unsafe {
+            libc::fanotify_mark(
+                fan.as_raw_fd(),
+                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+                FAN_MASK,
+                fd.as_raw_fd(),
+                std::ptr::null(),
+            )
+        };
+        if r < 0 {
+            return Err(last_err());
         }
-        self.handles.insert(key.to_vec(), v.clone());
-        v
+        marked.insert(fsid);
+        Ok(())
     }
 
-    fn resolve_uncached(&self, key: &[u8]) -> Option<Vec<u8>> {
+    /// Open the root of mount `m` (beneath the root, no symlinks) if it is still that mount.
+    fn open_mount(&self, m: &MountRef) -> Option<OwnedFd> {
+        let mut p = m.rel.clone();
+        p.extend_from_slice(b"/.");
+        let fd = rustix::fs::openat2(
+            &self.mount,
+            &p[..],
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+            crate::RESOLVE,
+        )
+        .ok()?;
+        match mount_identity(&fd) {
+            Some((id, _)) if id == m.id => Some(fd),
+            _ => None,
+        }
+    }
+
+    /// Bring the list of mounts below the root up to date with the mount table. A mount that
+    /// appeared or went away changes what its mount point shows: reported as `Entry`. A file
+    /// system that cannot be marked (no file handles or no fsid: proc, sysfs, some FUSE file
+    /// systems) is logged: changes made on it outside the mount are not reported. (Falling
+    /// back to inotify for everything instead would make a SRC of `/` watch every directory.)
+    fn rescan(&mut self, out: &mut Vec<Change>) {
+        let text = match std::fs::read("/proc/self/mountinfo") {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("dircache-local: cannot read the mount table: {e}");
+                return;
+            }
+        };
+        let now = mounts_below(&text, &self.root);
+        // Gone (or moved) mounts.
+        let mut kept = vec![true; self.mounts.len()];
+        for (i, m) in self.mounts.iter().enumerate().skip(1) {
+            if !now.iter().any(|(id, rel)| *id == m.id && *rel == m.rel) {
+                kept[i] = false;
+                out.push(Change::Entry {
+                    path: m.rel.clone(),
+                });
+            }
+        }
+        let mut i = 0;
+        self.mounts.retain(|_| {
+            i += 1;
+            kept[i - 1]
+        });
+        // New mounts.
+        for (id, rel) in now {
+            if self.mounts.iter().any(|m| m.id == id && m.rel == rel) {
+                continue;
+            }
+            let mut p = rel.clone();
+            p.extend_from_slice(b"/.");
+            let fd = match rustix::fs::openat2(
+                &self.mount,
+                &p[..],
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+                crate::RESOLVE,
+            ) {
+                Ok(fd) => fd,
+                // Hidden by a later mount, under a symlink, or gone already.
+                Err(_) => continue,
+            };
+            let Some((real_id, fsid)) = mount_identity(&fd) else {
+                continue;
+            };
+            // A mount stacked over this one answers for the mount point.
+            if real_id != id || self.mounts.iter().any(|m| m.id == real_id && m.rel == rel) {
+                continue;
+            }
+            if let Err(e) = Fan::mark(&self.fd, &mut self.marked, fd.as_fd(), fsid) {
+                let shown = String::from_utf8_lossy(&rel).into_owned();
+                tracing::warn!(
+                    "dircache-local: changes made outside the mount on the file system \
+                     mounted at {shown} are not reported ({e})"
+                );
+            }
+            out.push(Change::Entry { path: rel.clone() });
+            self.mounts.push(MountRef { id, rel, fsid });
+        }
+        self.handles.clear();
+    }
+
+    /// The mount table changed: follow it.
+    fn mounts_changed(&mut self, out: &mut Vec<Change>) -> bool {
+        self.rescan(out);
+        true
+    }
+
+    /// Paths relative to the root of the directory with this handle on the file system
+    /// `fsid`, one per mount it is reached through (none: not under the root).
+    fn resolve(&mut self, fsid: &[u8], key: &[u8]) -> Vec<Vec<u8>> {
+        let mut idx: Vec<usize> = (0..self.mounts.len())
+            .filter(|&i| self.mounts[i].fsid == fsid)
+            .collect();
+        if idx.is_empty() {
+            // An fsid statfs and fanotify disagree on (btrfs subvolumes): try every mount.
+            idx = (0..self.mounts.len()).collect();
+        }
+        let mut out = Vec::new();
+        for i in idx {
+            let id = self.mounts[i].id;
+            let k = (id, key.to_vec());
+            let v = match self.handles.get(&k) {
+                Some(v) => v.clone(),
+                None => {
+                    let v = self.resolve_uncached(i, key);
+                    if self.handles.len() >= HANDLE_CACHE {
+                        self.handles.clear();
+                    }
+                    self.handles.insert(k, v.clone());
+                    v
+                }
+            };
+            if let Some(p) = v {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    }
+
+    /// Open the object of a file handle through mount `i` (O_PATH).
+    fn open_handle(&self, i: usize, key: &[u8]) -> Option<OwnedFd> {
         // `key` is a struct file_handle: u32 handle_bytes, i32 handle_type, bytes. Copy it into
         // 8-byte-aligned storage for the kernel.
         let mut h = vec![0u64; key.len().div_ceil(8)];
@@ -290,11 +583,18 @@ impl Fan {
         unsafe {
             std::ptr::copy_nonoverlapping(key.as_ptr(), h.as_mut_ptr().cast::<u8>(), key.len())
         };
+        let sub;
+        let mfd = if i == 0 {
+            self.mount.as_raw_fd()
+        } else {
+            sub = self.open_mount(&self.mounts[i])?;
+            sub.as_raw_fd()
+        };
         // SAFETY: `h` holds a complete file_handle (its size was checked by the parser);
         // the mount descriptor is live.
         let fd = unsafe {
             libc::open_by_handle_at(
-                self.mount.as_raw_fd(),
+                mfd,
                 h.as_mut_ptr().cast::<libc::file_handle>(),
                 libc::O_PATH | libc::O_CLOEXEC,
             )
@@ -303,7 +603,12 @@ impl Fan {
             return None;
         }
         // SAFETY: fresh descriptor owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Some(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn resolve_uncached(&self, i: usize, key: &[u8]) -> Option<Vec<u8>> {
+        let fd = self.open_handle(i, key)?;
+        // The path through mount `i` (open_by_handle_at opened it on that mount).
         let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
         let p = path_bytes(&link);
         if p == self.root.as_slice() {
@@ -314,6 +619,32 @@ impl Fan {
         }
         let rest = p.strip_prefix(self.root.as_slice())?;
         rest.strip_prefix(b"/").map(<[u8]>::to_vec)
+    }
+
+    /// (dev, ino) of the object of a file handle on file system `fsid`.
+    fn identify(&self, fsid: &[u8], key: &[u8]) -> Option<(u64, u64)> {
+        let mut idx: Vec<usize> = (0..self.mounts.len())
+            .filter(|&i| self.mounts[i].fsid == fsid)
+            .collect();
+        if idx.is_empty() {
+            idx = (0..self.mounts.len()).collect();
+        }
+        for i in idx {
+            if let Some(fd) = self.open_handle(i, key) {
+                let sx = rustix::fs::statx(
+                    &fd,
+                    c"",
+                    rustix::fs::AtFlags::EMPTY_PATH,
+                    rustix::fs::StatxFlags::INO,
+                )
+                .ok()?;
+                return Some((
+                    libc::makedev(sx.stx_dev_major, sx.stx_dev_minor),
+                    sx.stx_ino,
+                ));
+            }
+        }
+        None
     }
 
     fn read(&mut self, out: &mut Vec<Change>) -> bool {
@@ -375,9 +706,10 @@ impl Fan {
                     continue;
                 }
             }
-            // Find the directory handle and name.
+            // Find the directory handle and name, and the object's own handle.
             let mut rec = m.metadata_len as usize;
-            let mut target: Option<(Vec<u8>, Option<Vec<u8>>)> = None;
+            let mut target: Option<(Fsid, Vec<u8>, Option<Vec<u8>>)> = None;
+            let mut object: Option<([u8; 8], Vec<u8>)> = None;
             while rec + 4 <= ev.len() {
                 let info_type = ev[rec];
                 let rlen = u16::from_ne_bytes([ev[rec + 2], ev[rec + 3]]) as usize;
@@ -394,6 +726,8 @@ impl Fan {
                 if 20 + hb > r.len() {
                     continue;
                 }
+                let mut fsid = [0u8; 8];
+                fsid.copy_from_slice(&r[4..12]);
                 let handle = r[12..20 + hb].to_vec();
                 match info_type {
                     libc::FAN_EVENT_INFO_TYPE_DFID_NAME => {
@@ -408,35 +742,43 @@ impl Fan {
                         } else {
                             Some(name)
                         };
-                        target = Some((handle, name));
+                        target = Some((fsid, handle, name));
                     }
                     libc::FAN_EVENT_INFO_TYPE_DFID if target.is_none() => {
-                        target = Some((handle, None));
+                        target = Some((fsid, handle, None));
                     }
+                    libc::FAN_EVENT_INFO_TYPE_FID => object = Some((fsid, handle)),
                     _ => {}
                 }
             }
-            let Some((handle, name)) = target else {
-                continue;
-            };
-            let Some(dir) = self.resolve(&handle) else {
-                continue;
-            };
-            let path = match name {
-                Some(n) => {
-                    let mut p = dir;
-                    if !p.is_empty() {
-                        p.push(b'/');
+            let Some((fsid, handle, name)) = target else {
+                // No directory and name: a change of a file's inode that named no path (the
+                // link count, after `ln` or `rm` of another name). Every name of the inode
+                // may show it: reported by inode.
+                if let Some((fsid, h)) = object.filter(|_| !is_dir) {
+                    if let Some((dev, ino)) = self.identify(&fsid, &h) {
+                        out.push(Change::Inode { dev, ino });
                     }
-                    p.extend_from_slice(&n);
-                    p
                 }
-                None => dir,
+                continue;
             };
-            if entry_ev {
-                out.push(Change::Entry { path });
-            } else {
-                out.push(Change::Attr { path });
+            for dir in self.resolve(&fsid, &handle) {
+                let path = match &name {
+                    Some(n) => {
+                        let mut p = dir;
+                        if !p.is_empty() {
+                            p.push(b'/');
+                        }
+                        p.extend_from_slice(n);
+                        p
+                    }
+                    None => dir,
+                };
+                if entry_ev {
+                    out.push(Change::Entry { path });
+                } else {
+                    out.push(Change::Attr { path });
+                }
             }
         }
         structural
@@ -659,4 +1001,25 @@ impl Ino {
 
 fn under(p: &[u8], dir: &[u8]) -> bool {
     p == dir || (p.len() > dir.len() && p.starts_with(dir) && p[dir.len()] == b'/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_below_the_root() {
+        let text = b"22 1 8:1 / / rw - ext4 /dev/sda1 rw\n\
+            30 22 0:40 / /srv/src/n rw shared:5 - tmpfs t rw\n\
+            34 30 0:50 / /srv/src/n/user rw,nosuid - fuse.sshfs u@h: rw\n\
+            31 30 0:41 / /srv/src/n/deep\\040x rw - tmpfs t rw\n\
+            32 22 8:1 /other /srv/src2 rw - ext4 /dev/sda1 rw\n\
+            33 22 8:1 /other /srv/src rw - ext4 /dev/sda1 rw\n";
+        assert_eq!(
+            mounts_below(text, b"/srv/src"),
+            vec![(30, b"n".to_vec()), (31, b"n/deep x".to_vec())]
+        );
+        assert_eq!(mounts_below(text, b"/").len(), 4);
+        assert_eq!(unescape_mountinfo(b"a\\011b\\\\"), b"a\tb\\\\".to_vec());
+    }
 }

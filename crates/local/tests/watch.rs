@@ -222,7 +222,7 @@ fn own_changes_are_not_reported_by_default() {
             dircache_core::Change::Entry { path } | dircache_core::Change::Attr { path } => {
                 Some(path.clone())
             }
-            dircache_core::Change::Overflow => None,
+            dircache_core::Change::Overflow | dircache_core::Change::Inode { .. } => None,
         })
         .collect();
     assert!(paths.iter().any(|p| p == b"theirs"), "{seen:?}");

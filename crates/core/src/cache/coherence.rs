@@ -221,6 +221,34 @@ impl Cache {
         }
     }
 
+    /// The inode `(dev, ino)` changed (a link count, through a name nobody reported): every
+    /// cached name of it that is known to be hard-linked forgets its attributes. A front end
+    /// that knows its own names by (dev, ino) does the same for them.
+    fn inode_changed(&self, dev: u64, ino: u64) -> Vec<Invalidation> {
+        let names: Vec<NodeRef> = self
+            .hardlinks
+            .lock()
+            .get(&(dev, ino))
+            .map(|v| v.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default();
+        if names.is_empty() {
+            return Vec::new();
+        }
+        let _w = self.inval_window();
+        names
+            .into_iter()
+            .map(|n| {
+                n.set_attr(None);
+                Invalidation {
+                    parent: n.parent_ref(),
+                    name: n.name(),
+                    node: Some(n),
+                    attr_only: true,
+                }
+            })
+            .collect()
+    }
+
     /// Set (`Some`) or forget (`None`) the attributes of the other names of `a`'s inode.
     pub(crate) fn update_links(&self, node: &Dentry, a: &Attr, new: Option<Attr>) {
         if a.is_dir() {
@@ -440,6 +468,7 @@ impl Cache {
             }
             Change::Attr { path } => (path, true),
             Change::Entry { path } => (path, false),
+            Change::Inode { dev, ino } => return self.inode_changed(*dev, *ino),
         };
         // Find the cached dentry and its parent, without calling the backend.
         let comps: Vec<&[u8]> = path::components(path).collect();
@@ -608,8 +637,10 @@ impl Cache {
             return false;
         };
         self.stats.backend.lookup.inc();
+        let dev = node.attr.dev();
         match parent.sb.backend.lookup(&dir, name) {
-            Ok(a) if a.ino == ino && a.kind() == kind => {
+            // Same inode number on another device: a file system was mounted over the name.
+            Ok(a) if a.ino == ino && a.kind() == kind && (dev == 0 || a.dev == dev) => {
                 node.set_attr(Some(a));
                 true
             }

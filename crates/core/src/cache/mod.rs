@@ -73,6 +73,11 @@ impl Dentry {
     pub fn is_dead(&self) -> bool {
         self.has(dentry::DEAD)
     }
+    /// Whether the dentry was taken out of the tree to reclaim memory (its name may still
+    /// exist: look it up again from its parent). Pinned dentries are never evicted.
+    pub fn is_evicted(&self) -> bool {
+        self.has(dentry::EVICTED)
+    }
     /// Whether this directory's listing is complete in the cache.
     pub fn is_complete(&self) -> bool {
         self.has(dentry::COMPLETE)
