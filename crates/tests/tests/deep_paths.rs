@@ -211,3 +211,60 @@ fn relative_calls_and_node_api_below_40k_of_path() {
     // The backend path of a deep node is longer than PATH_MAX, and that is fine.
     assert!(cache.node_path(&node).unwrap().len() > 40_000);
 }
+
+/// Changes made behind the cache's back deeper than PATH_MAX are applied like any other:
+/// `invalidate` / `apply_change` take backend paths, which have no length limit.
+#[test]
+fn outside_changes_below_8k_of_path_are_applied() {
+    let levels = 40;
+    let d = tempfile::tempdir().unwrap();
+    let kfd = native_chain(d.path(), levels);
+    let cache = Cache::new(
+        Arc::new(LocalBackend::new(d.path()).unwrap()),
+        Config::default(),
+    )
+    .unwrap();
+    let user = cache.credentials(Cred::new(1001, 1001, []));
+    let names: Vec<String> = (0..levels).map(name).collect();
+    let mut node = cache.root();
+    for n in &names {
+        node = cache.lookup_child(&user, &node, n.as_bytes()).unwrap();
+    }
+    // Listed: the directory is complete, so a miss is answered without the backend.
+    assert!(cache.readdir_node(&user, &node, false).unwrap().is_empty());
+    assert!(node.is_complete());
+    assert_eq!(
+        cache.lookup_child(&user, &node, b"new").err(),
+        Some(Error::NotFound)
+    );
+    // Created outside, then reported.
+    let n = c("new");
+    // SAFETY: kfd is live, n NUL-terminated.
+    let fd = unsafe {
+        libc::openat(
+            kfd.as_raw_fd(),
+            n.as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY,
+            0o644,
+        )
+    };
+    assert!(fd >= 0);
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    let path = format!("{}/new", names.join("/"));
+    assert!(path.len() > 4096);
+    cache.invalidate(path.as_bytes());
+    let new = cache.lookup_child(&user, &node, b"new").unwrap();
+    assert_eq!(
+        short(&cache.getattr(&new).unwrap()),
+        kstat(&kfd, "new").unwrap()
+    );
+    // Removed outside, then reported: gone.
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::unlinkat(kfd.as_raw_fd(), n.as_ptr(), 0) }, 0);
+    cache.invalidate(path.as_bytes());
+    assert_eq!(
+        cache.lookup_child(&user, &node, b"new").err(),
+        Some(Error::NotFound)
+    );
+}
