@@ -179,14 +179,23 @@ fn delegated_search_finds_deep_files() {
         v
     };
     let root = m.m("t");
-    let req = SearchRequest::new(root.to_string_lossy(), "native|*dd", Flags::NONE);
-    let stream = proto::delegate(&req)
-        .expect("delegate")
-        .expect("the search was not delegated");
-    let got = collect(stream);
-    let local = SearchRequest::new(m.s("t").to_string_lossy(), "native|*dd", Flags::NONE);
-    let want = collect(search(&local, std::sync::Arc::new(DirectSource::new())).expect("search"));
-    assert_eq!(want.len(), 201, "the local search");
-    assert_eq!(got, want);
-    assert!(got.iter().any(|(n, last)| *n > 40_000 && last == "native"));
+    // (The access filters -r/-w/-x are not covered here yet: the cache source decides them
+    // with a path from the search root, which cannot name a result deeper than PATH_MAX.)
+    for flags in [Flags::NONE, Flags::METADATA] {
+        let req = SearchRequest::new(root.to_string_lossy(), "native|*dd", flags);
+        let stream = proto::delegate(&req)
+            .expect("delegate")
+            .expect("the search was not delegated");
+        let got = collect(stream);
+        let local = SearchRequest::new(m.s("t").to_string_lossy(), "native|*dd", flags);
+        let want =
+            collect(search(&local, std::sync::Arc::new(DirectSource::new())).expect("search"));
+        assert_eq!(want.len(), 201, "the local search, {flags:?}");
+        assert_eq!(got, want, "{flags:?}");
+        assert!(got.iter().any(|(n, _)| *n > 40_000), "{flags:?}");
+        // Not delegated: the client walks the mount itself.
+        let direct =
+            collect(search(&req, std::sync::Arc::new(DirectSource::new())).expect("search"));
+        assert_eq!(direct, want, "not delegated, {flags:?}");
+    }
 }
