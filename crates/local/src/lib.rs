@@ -8,6 +8,12 @@
 //!   even if someone swaps a directory for a symlink between two calls. Final components are
 //!   handled relative to their parent's descriptor with `AT_SYMLINK_NOFOLLOW` semantics, and
 //!   names are checked to be single components (no `/`, not `.`/`..`, no NUL).
+//! * **Depth.** Backend paths may be longer than PATH_MAX (which bounds one syscall's path
+//!   argument, not depth). A directory path longer than one openat2 takes is resolved in
+//!   pieces cut at `/`, each with the same flags from the previous piece's descriptor; since no
+//!   component is `..` or a symlink, each piece stays beneath the directory it starts from,
+//!   which was beneath the root when it was reached (as for a cached descriptor, a directory
+//!   moved out of the root meanwhile can be followed; nothing else can be reached).
 //! * **Descriptors.** A process may hold only 20,000 descriptors here, so the backend never keeps
 //!   one per inode. It keeps a small bounded cache of directory `O_PATH` descriptors keyed by
 //!   backend path (LRU, 256 entries by default). [`LocalBackend::new`] uses it only while a
