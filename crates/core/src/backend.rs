@@ -6,6 +6,11 @@
 //! backend never needs to follow a symlink in any component it is given (and the local backend
 //! refuses to, which also keeps it from escaping its root).
 //!
+//! A backend path has no length limit: PATH_MAX bounds one syscall's path argument (the
+//! cache's path API answers ENAMETOOLONG for those), not how deep a node lies, and a front end
+//! that names nodes one component at a time (FUSE) reaches any depth. Components are still at
+//! most NAME_MAX bytes.
+//!
 //! Mutations carry the caller's [`Cred`]: a backend creates files owned by that caller and may
 //! enforce permissions as that caller (the local backend switches its thread's fsuid/fsgid).
 

@@ -391,11 +391,10 @@ impl DircacheFs {
         let dirfd = self.src_fd.as_ref().ok_or(Errno::EIO)?;
         let p = self.cache.node_path(node).map_err(errno)?;
         let p: &[u8] = if p.is_empty() { b"." } else { &p };
-        rustix::fs::openat2(
-            dirfd,
-            OsStr::from_bytes(p),
+        crate::beneath::open_beneath(
+            dirfd.as_fd(),
+            p,
             rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
             rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
         )
         .map_err(|e| Errno::from_i32(e.raw_os_error()))

@@ -14,6 +14,7 @@
 //! `(dev, ino)` so all hard links share one ([`inodes`]). `st_ino` seen through the mount is
 //! the nodeid (fuser reports one number for both).
 
+mod beneath;
 pub mod creds;
 pub mod fs;
 pub mod inodes;

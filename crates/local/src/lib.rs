@@ -8,6 +8,12 @@
 //!   even if someone swaps a directory for a symlink between two calls. Final components are
 //!   handled relative to their parent's descriptor with `AT_SYMLINK_NOFOLLOW` semantics, and
 //!   names are checked to be single components (no `/`, not `.`/`..`, no NUL).
+//! * **Depth.** Backend paths may be longer than PATH_MAX (which bounds one syscall's path
+//!   argument, not depth). A directory path longer than one openat2 takes is resolved in
+//!   pieces cut at `/`, each with the same flags from the previous piece's descriptor; since no
+//!   component is `..` or a symlink, each piece stays beneath the directory it starts from,
+//!   which was beneath the root when it was reached (as for a cached descriptor, a directory
+//!   moved out of the root meanwhile can be followed; nothing else can be reached).
 //! * **Descriptors.** A process may hold only 20,000 descriptors here, so the backend never keeps
 //!   one per inode. It keeps a small bounded cache of directory `O_PATH` descriptors keyed by
 //!   backend path (LRU, 256 entries by default). [`LocalBackend::new`] uses it only while a
@@ -236,15 +242,44 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Check a backend path ("" is the root).
+/// Check a backend path ("" is the root). Its length is not limited: PATH_MAX bounds one
+/// syscall's path argument, not how deep a file lies, and [`LocalBackend::dir`] resolves
+/// long paths in pieces shorter than PATH_MAX. Every component is checked (no `..`, no `.`,
+/// no empty component, none over NAME_MAX), which is what keeps resolution beneath the root.
 fn check_path(path: &[u8]) -> Result<()> {
     if path.is_empty() {
         return Ok(());
     }
-    if path.len() >= PATH_MAX {
-        return Err(Error::NameTooLong);
-    }
     path.split(|&b| b == b'/').try_for_each(check_name)
+}
+
+/// Backend paths up to this many bytes are resolved with one openat2 from the root; longer
+/// ones in pieces of at most this many bytes, each cut at a `/` (a piece always fits: names are
+/// at most NAME_MAX bytes).
+const CHUNK: usize = PATH_MAX - 1;
+
+/// The end offsets of the pieces a path longer than [`CHUNK`] is resolved in: each piece is
+/// the longest run of whole components starting after the previous cut that fits in CHUNK
+/// bytes. Cuts depend only on the bytes before them, so a directory and everything below it
+/// share their cuts, and descriptors cached at a cut serve deeper paths too. The last end is
+/// `path.len()`.
+fn chunk_ends(path: &[u8]) -> Vec<usize> {
+    let mut ends = Vec::with_capacity(path.len() / CHUNK + 1);
+    let mut start = 0;
+    while path.len() - start > CHUNK {
+        // A `/` at offset start + CHUNK still leaves a piece of CHUNK bytes before it.
+        let window = &path[start..=start + CHUNK];
+        match window.iter().rposition(|&b| b == b'/') {
+            Some(i) if i > 0 => {
+                ends.push(start + i);
+                start += i + 1;
+            }
+            // Cannot happen for a checked path (components are <= NAME_MAX < CHUNK).
+            _ => break,
+        }
+    }
+    ends.push(path.len());
+    ends
 }
 
 /// Split a non-root path into (parent, name).
@@ -426,6 +461,14 @@ impl LocalBackend {
     }
 
     /// Open directory `path` as O_PATH, as the daemon, through the descriptor cache.
+    ///
+    /// A path of up to [`CHUNK`] bytes takes one openat2 from the root. A longer one (a
+    /// directory deeper than PATH_MAX allows one syscall to name) is resolved piece by piece
+    /// ([`chunk_ends`]): each piece with openat2 from the previous piece's descriptor, with the
+    /// same RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, so no symlink is followed anywhere and no
+    /// piece leaves the directory it starts from (pieces have no `..`). The descriptors at the
+    /// cuts go to the descriptor cache too, so the next deep path below starts from the
+    /// deepest cut cached.
     fn dir(&self, path: &[u8]) -> Result<DirFd<'_>> {
         check_path(path)?;
         if path.is_empty() {
@@ -435,15 +478,53 @@ impl LocalBackend {
             return Ok(DirFd::Shared(fd));
         }
         let generation = self.fds.generation.load(Ordering::Acquire);
-        let fd = Arc::new(self.open_path_dir(path)?);
+        let fd = if path.len() <= CHUNK {
+            Arc::new(Self::open_path_dir(self.root.as_fd(), path)?)
+        } else {
+            self.open_deep_dir(path, generation)?
+        };
         self.fds.insert(path, fd.clone(), generation);
         Ok(DirFd::Shared(fd))
     }
 
-    fn open_path_dir(&self, path: &[u8]) -> Result<OwnedFd> {
+    /// Resolve a path longer than CHUNK in pieces (see [`LocalBackend::dir`]).
+    fn open_deep_dir(&self, path: &[u8], generation: u64) -> Result<Arc<OwnedFd>> {
+        let ends = chunk_ends(path);
+        // Start after the deepest cut whose descriptor is cached (the last end is the whole
+        // path, already looked up by the caller).
+        let cuts = &ends[..ends.len() - 1];
+        let mut start = None;
+        for (i, &end) in cuts.iter().enumerate().rev() {
+            if let Some(fd) = self.fds.get(&path[..end]) {
+                start = Some((i + 1, fd));
+                break;
+            }
+        }
+        let (first, mut cur) = match start {
+            Some((i, fd)) => (i, Some(fd)),
+            None => (0, None),
+        };
+        for (i, &end) in ends.iter().enumerate().skip(first) {
+            let begin = if i == 0 { 0 } else { ends[i - 1] + 1 };
+            let base = match &cur {
+                Some(fd) => fd.as_fd(),
+                None => self.root.as_fd(),
+            };
+            let fd = Arc::new(Self::open_path_dir(base, &path[begin..end])?);
+            if end < path.len() {
+                self.fds.insert(&path[..end], fd.clone(), generation);
+            }
+            cur = Some(fd);
+        }
+        cur.ok_or(Error::Invalid)
+    }
+
+    /// Open the directory `rel` (at most CHUNK bytes, checked components) below `base` as
+    /// O_PATH, beneath `base` and without following any symlink.
+    fn open_path_dir(base: BorrowedFd<'_>, rel: &[u8]) -> Result<OwnedFd> {
         rustix::fs::openat2(
-            &self.root,
-            path,
+            base,
+            rel,
             // No O_NOFOLLOW: with RESOLVE_NO_SYMLINKS a final symlink then fails with ELOOP
             // (with O_PATH|O_NOFOLLOW the kernel would hand out the link itself).
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -1029,6 +1110,40 @@ mod tests {
         assert_eq!(check_name(&[b'x'; 256]), Err(Error::NameTooLong));
         assert_eq!(split(b"a/b/c").unwrap(), (&b"a/b"[..], &b"c"[..]));
         assert_eq!(split(b"c").unwrap(), (&b""[..], &b"c"[..]));
+    }
+
+    #[test]
+    fn long_paths_are_cut_into_pieces_at_slashes() {
+        // 200-byte names: a path of 60 of them is ~12 KiB.
+        let name = [b'n'; 200];
+        let mut p = Vec::new();
+        for _ in 0..60 {
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(&name);
+        }
+        assert!(check_path(&p).is_ok());
+        let ends = chunk_ends(&p);
+        assert_eq!(ends.last(), Some(&p.len()));
+        let mut begin = 0;
+        for &e in &ends {
+            assert!(e - begin <= CHUNK && e > begin, "piece {begin}..{e}");
+            assert!(e == p.len() || p[e] == b'/');
+            assert!(check_path(&p[begin..e]).is_ok());
+            begin = e + 1;
+        }
+        // A prefix shares the cuts before its end.
+        let half = &p[..p.len() / 2 + 100];
+        let cut = half.iter().rposition(|&b| b == b'/').unwrap();
+        let pre = chunk_ends(&p[..cut]);
+        assert_eq!(pre[..pre.len() - 1], ends[..pre.len() - 1]);
+        // Short paths are one piece; names over NAME_MAX stay ENAMETOOLONG at any depth.
+        assert_eq!(chunk_ends(b"a/b"), vec![3]);
+        let mut bad = p.clone();
+        bad.push(b'/');
+        bad.extend_from_slice(&[b'x'; 256]);
+        assert_eq!(check_path(&bad), Err(Error::NameTooLong));
     }
 
     #[test]

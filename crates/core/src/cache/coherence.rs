@@ -425,11 +425,11 @@ impl Cache {
         }
         let cs = self.kernel_checked(Cred::root());
         let st = self.start(super::At::Root);
-        match self.walk(&cs.0, &st, path, LookupFlags::NOFOLLOW) {
+        match self.walk_any_length(&cs.0, &st, path, LookupFlags::NOFOLLOW) {
             Ok(w) if w.node.kind == NodeKind::Positive(FileType::Symlink) => {}
             _ => return Vec::new(),
         }
-        let Ok(w) = self.walk(&cs.0, &st, path, LookupFlags::FOLLOW) else {
+        let Ok(w) = self.walk_any_length(&cs.0, &st, path, LookupFlags::FOLLOW) else {
             return Vec::new();
         };
         match w.node.kind {
@@ -494,7 +494,7 @@ impl Cache {
             let dir: Vec<u8> = dirs.join(&b'/');
             let cs = self.kernel_checked(Cred::root());
             let st = self.start(super::At::Root);
-            match self.walk(&cs.0, &st, &dir, LookupFlags::FOLLOW) {
+            match self.walk_any_length(&cs.0, &st, &dir, LookupFlags::FOLLOW) {
                 Ok(w) => w.node,
                 Err(_) => return self.invalidate_cached_prefix(dirs),
             }

@@ -386,6 +386,7 @@ impl Cache {
         Ok(w)
     }
 
+    /// Walk a path given as one syscall-style argument: ENAMETOOLONG at PATH_MAX.
     pub(crate) fn walk(
         &self,
         cs: &CredState,
@@ -393,8 +394,27 @@ impl Cache {
         path: &[u8],
         flags: LookupFlags,
     ) -> Result<Walk> {
-        self.stats.slowpath_walks.inc();
         check_path(path)?;
+        self.walk_any_length(cs, st, path, flags)
+    }
+
+    /// Walk a path the cache was handed as a backend path (a change feed's report, an
+    /// `invalidate`): no PATH_MAX limit, since PATH_MAX bounds a syscall's argument, not how
+    /// deep a node lies (names are still checked against NAME_MAX on the way).
+    pub(crate) fn walk_any_length(
+        &self,
+        cs: &CredState,
+        st: &Start<'_>,
+        path: &[u8],
+        flags: LookupFlags,
+    ) -> Result<Walk> {
+        self.stats.slowpath_walks.inc();
+        if path.is_empty() {
+            return Err(Error::NotFound);
+        }
+        if path.contains(&0) {
+            return Err(Error::Invalid);
+        }
         let ns = st.ns;
         let (mut mnt, mut cur) = if path[0] == b'/' {
             (ns.root.clone(), ns.root.root.clone())
