@@ -79,11 +79,13 @@ fn fuse_kind(k: FileType) -> fuser::FileType {
     }
 }
 
-/// The kernel's view of `attr` for nodeid `nodeid` (st_ino is the nodeid: fuser uses one
-/// field for both, and hard links share a nodeid, so `du`/`tar`/`git` see consistent inodes).
-pub fn fuse_attr(nodeid: u64, a: &Attr) -> FileAttr {
+/// The kernel's view of `attr` with inode number `ino`. In entry replies `ino` must be the
+/// nodeid (fuser sends one field as both); nodeids are derived from the backend's inode
+/// numbers (see `inodes.rs`), so `stat` shows SRC's numbers, stable across FORGET and remount,
+/// and hard links share one. Attribute replies use [`Inodes::st_ino`] (the root's differs).
+pub fn fuse_attr(ino: u64, a: &Attr) -> FileAttr {
     FileAttr {
-        ino: INodeNo(nodeid),
+        ino: INodeNo(ino),
         size: a.size,
         blocks: a.blocks,
         atime: to_system_time(a.atime),
@@ -308,6 +310,11 @@ impl DircacheFs {
         Ok(a)
     }
 
+    /// `a` as an attribute reply (GETATTR, SETATTR, readdir's "." and "..") for `nodeid`.
+    fn attr_for(&self, nodeid: u64, a: &Attr) -> FileAttr {
+        fuse_attr(self.inodes.st_ino(nodeid), a)
+    }
+
     fn entry_reply(&self, parent: INodeNo, node: &NodeRef, reply: ReplyEntry) {
         match self.attr_of(node, false) {
             Ok(a) => {
@@ -317,7 +324,7 @@ impl DircacheFs {
                     &self.policy.attr_ttl,
                     &ttl,
                     &fuse_attr(id, &a),
-                    Generation(0),
+                    Generation(self.inodes.generation(id)),
                 );
             }
             Err(e) => reply.error(errno(e)),
@@ -560,7 +567,7 @@ impl fuser::Filesystem for DircacheFs {
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
                 if let Ok(a) = attr_of_fd(&of.fd) {
-                    return reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a));
+                    return reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a));
                 }
             }
         }
@@ -572,7 +579,7 @@ impl fuser::Filesystem for DircacheFs {
             self.inodes.set_stale(ino.0, false);
         }
         match self.attr_of(&info.node, fresh) {
-            Ok(a) => reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a)),
+            Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
             Err(e) => {
                 // An unlinked file that is still open: answer from its descriptor.
                 let of = self
@@ -582,7 +589,7 @@ impl fuser::Filesystem for DircacheFs {
                     .find(|f| f.nodeid == ino.0)
                     .cloned();
                 match of.map(|f| attr_of_fd(&f.fd)) {
-                    Some(Ok(a)) => reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a)),
+                    Some(Ok(a)) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
                     _ => reply.error(errno(e)),
                 }
             }
@@ -620,7 +627,7 @@ impl fuser::Filesystem for DircacheFs {
                         return reply.error(Errno::from_i32(e.raw_os_error()));
                     }
                     return match attr_of_fd(&of.fd) {
-                        Ok(a) => reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a)),
+                        Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
                         Err(e) => reply.error(io_errno(e)),
                     };
                 }
@@ -640,7 +647,7 @@ impl fuser::Filesystem for DircacheFs {
                 if a.nlink > 1 {
                     self.attrs_changed(&node);
                 }
-                reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a))
+                reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
             }
             Err(e) => reply.error(e),
         }
@@ -857,7 +864,7 @@ impl fuser::Filesystem for DircacheFs {
                             &self.policy.attr_ttl,
                             &self.policy.entry_ttl,
                             &fuse_attr(id, &a),
-                            Generation(0),
+                            Generation(self.inodes.generation(id)),
                         )
                     }
                     Err(e) => reply.error(errno(e)),
@@ -1071,16 +1078,31 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let dir = self.inodes.get(ino.0);
+        let dev = dir
+            .as_ref()
+            .and_then(|d| self.cache.getattr(d).ok())
+            .map(|a| a.dev)
+            .unwrap_or(0);
         let mut off = offset;
         if off == 0 {
-            if reply.add(ino, 1, fuser::FileType::Directory, ".") {
+            if reply.add(
+                INodeNo(self.inodes.st_ino(ino.0)),
+                1,
+                fuser::FileType::Directory,
+                ".",
+            ) {
                 return reply.ok();
             }
             off = 1;
         }
         if off == 1 {
             let p = dir.as_ref().map(|d| self.parent_nodeid(d)).unwrap_or(ROOT);
-            if reply.add(INodeNo(p), 2, fuser::FileType::Directory, "..") {
+            if reply.add(
+                INodeNo(self.inodes.st_ino(p)),
+                2,
+                fuser::FileType::Directory,
+                "..",
+            ) {
                 return reply.ok();
             }
             off = 2;
@@ -1088,12 +1110,9 @@ impl fuser::Filesystem for DircacheFs {
         let start = (off - 2) as usize;
         let mut finished = true;
         for (i, e) in list.iter().enumerate().skip(start) {
-            let dev = e.attr.map(|a| a.dev).unwrap_or(0);
-            let d_ino = e
-                .attr
-                .and_then(|a| self.inodes.peek_key(dev, a.ino))
-                .or_else(|| self.inodes.peek_key(dev, e.ino))
-                .unwrap_or(e.ino);
+            // getdents' d_ino: the entry's own number on the directory's device (for a mount
+            // point, the covered directory's, as natively).
+            let d_ino = self.inodes.ino_of(dev, e.ino);
             if reply.add(
                 INodeNo(d_ino.max(2)),
                 (i + 3) as u64,
@@ -1135,7 +1154,9 @@ impl fuser::Filesystem for DircacheFs {
                 Ok(a) => a,
                 Err(e) => return reply.error(errno(e)),
             };
-            if off == 0 && reply.add(ino, 1, ".", &ttl, &fuse_attr(ino.0, &dattr), Generation(0)) {
+            // The kernel links neither "." nor "..": their attr.ino is only the d_ino shown.
+            let dot = self.attr_for(ino.0, &dattr);
+            if off == 0 && reply.add(ino, 1, ".", &ttl, &dot, Generation(0)) {
                 return reply.ok();
             }
             let p = self.parent_nodeid(&dir);
@@ -1144,7 +1165,7 @@ impl fuser::Filesystem for DircacheFs {
                 2,
                 "..",
                 &ttl,
-                &fuse_attr(p, &dattr),
+                &self.attr_for(p, &dattr),
                 Generation(0),
             ) {
                 return reply.ok();
@@ -1172,7 +1193,7 @@ impl fuser::Filesystem for DircacheFs {
                 OsStr::from_bytes(&e.name),
                 &ttl,
                 &fuse_attr(id, &a),
-                Generation(0),
+                Generation(self.inodes.generation(id)),
             ) {
                 self.inodes.forget(id, 1);
                 finished = false;
@@ -1480,7 +1501,7 @@ impl fuser::Filesystem for DircacheFs {
                     return reply.created_passthrough(
                         &self.policy.entry_ttl,
                         &fattr,
-                        Generation(0),
+                        Generation(self.inodes.generation(id)),
                         FileHandle(fh),
                         FopenFlags::empty(),
                         &b,
@@ -1499,7 +1520,7 @@ impl fuser::Filesystem for DircacheFs {
         reply.created(
             &self.policy.entry_ttl,
             &fattr,
-            Generation(0),
+            Generation(self.inodes.generation(id)),
             FileHandle(fh),
             self.fopen_flags(),
         )

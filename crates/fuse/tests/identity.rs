@@ -1,0 +1,206 @@
+//! Identity and metadata through the mount compared with SRC (the kernel as the oracle):
+//! inode numbers that survive the kernel forgetting inodes and a remount, file handles,
+//! times, whiteouts, inode flags.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A second (or later) mount of an existing SRC at an existing MNT; unmounted on drop.
+struct Serve {
+    mnt: PathBuf,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Serve {
+    fn new(src: &Path, mnt: &Path) -> Serve {
+        let backend = dircache_local::LocalBackend::new(src).expect("local backend");
+        let cache = dircache_core::Cache::new(Arc::new(backend), dircache_core::Config::default())
+            .expect("cache");
+        let cfg = dircache_fuse::MountConfig::new(src, mnt);
+        let mounted = dircache_fuse::mount(cache, &cfg).expect("mount");
+        let thread = std::thread::spawn(move || {
+            if let Err(e) = mounted.run() {
+                eprintln!("session: {e}");
+            }
+        });
+        Serve {
+            mnt: mnt.to_path_buf(),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if dircache_fuse::unmount(&self.mnt).is_err() {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.mnt)
+                .status();
+        }
+        if let Some(t) = self.thread.take() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Unmount the test mount's first session (its Drop then finds nothing to do).
+fn unmount_first(t: &TestMount) {
+    dircache_fuse::unmount(&t.mnt).expect("unmount");
+    wait_for(Duration::from_secs(10), || {
+        !dircache_fuse::is_mount_point(&t.mnt)
+    })
+    .expect("unmounted");
+}
+
+/// Make the kernel forget every inode it had looked up from FUSE daemons.
+fn drop_caches() {
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop_caches");
+}
+
+/// `path inode` for every name under `dir` (stat and readdir's d_ino), sorted.
+fn inode_listing(dir: &Path) -> String {
+    py(
+        dir,
+        "import os\n\
+         out = []\n\
+         for root, dirs, files in os.walk('.'):\n\
+         \x20   for e in os.scandir(root):\n\
+         \x20       out.append('%s stat=%d' % (e.path, os.lstat(e.path).st_ino))\n\
+         \x20       if not e.is_dir(follow_symlinks=False) or not os.path.ismount(e.path):\n\
+         \x20           out.append('%s d_ino=%d' % (e.path, e.inode()))\n\
+         out.append('. stat=%d' % os.stat('.').st_ino)\n\
+         print('\\n'.join(sorted(out)))",
+        None,
+    )
+}
+
+/// st_ino through the mount is SRC's, for files, directories, symlinks and hard links, in
+/// stat and in readdir; unchanged after the kernel forgot the inodes and after a remount.
+#[test]
+fn inode_numbers_are_srcs_and_stable() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    make_tree(&t.src);
+    let native = inode_listing(&t.src);
+    assert_eq!(native, inode_listing(&t.mnt), "cold");
+    assert_eq!(native, inode_listing(&t.mnt), "warm");
+    drop_caches();
+    assert_eq!(native, inode_listing(&t.mnt), "after drop_caches");
+    // find -inum finds both names of a hard link; du counts it once.
+    let ino = sh_ok(&t.src, "stat -c %i a/f2.txt");
+    let q = format!("find . -inum {} | sort", ino.trim());
+    assert_eq!(sh_ok(&t.mnt, &q), "./a/f2.txt\n./d/hard2\n");
+    assert_eq!(
+        sh_ok(&t.mnt, "du -s --apparent-size -B1 . a d"),
+        sh_ok(&t.src, "du -s --apparent-size -B1 . a d")
+    );
+    unmount_first(&t);
+    let _s = Serve::new(&t.src, &t.mnt);
+    assert_eq!(native, inode_listing(&t.mnt), "after remount");
+}
+
+/// A git repository used through the mount: after the kernel forgot its inodes, and after a
+/// remount, `git status` finds the index up to date (same inode numbers) and does not rewrite it.
+#[test]
+fn git_index_survives_forget_and_remount() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    // Old mtimes: no entry is "racily clean", so git rewrites the index only when stat data
+    // (such as the inode number) changed.
+    sh_ok(
+        &t.mnt,
+        "set -e; git init -q -b main repo; cd repo; mkdir -p a/b\n\
+         for i in $(seq 1 50); do echo $i > a/f$i; echo $i > a/b/g$i; done\n\
+         touch -d 2020-01-01 a/f* a/b/g*\n\
+         git add -A; git commit -q -m one; git status --porcelain; sleep 1.1; git status --porcelain",
+    );
+    let repo = t.mnt.join("repo");
+    let index = |m: &Path| std::fs::read(m.join("repo/.git/index")).expect("index");
+    let before = index(&t.mnt);
+    drop_caches();
+    assert_eq!(sh_ok(&repo, "git status --porcelain"), "");
+    assert!(
+        before == index(&t.mnt),
+        "git rewrote the index after drop_caches"
+    );
+    unmount_first(&t);
+    let _s = Serve::new(&t.src, &t.mnt);
+    assert_eq!(sh_ok(&repo, "git status --porcelain"), "");
+    assert!(
+        before == index(&t.mnt),
+        "git rewrote the index after a remount"
+    );
+}
+
+/// A file system mounted inside SRC (tmpfs: its inode numbers repeat SRC's small ones) gets
+/// stable numbers of its own that never collide with SRC's: hard links there share one, `du`
+/// counts them once, and they survive the kernel forgetting the inodes.
+#[test]
+fn inner_mount_inodes_distinct_and_stable() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    make_tree(&t.src);
+    std::fs::create_dir(t.s("inner")).unwrap();
+    sh_ok(&t.src, "mount -t tmpfs -o size=1m dctest inner");
+    struct Umount(PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _u = Umount(t.s("inner"));
+    sh_ok(
+        &t.src,
+        "set -e; cd inner; mkdir -p x/y; for i in 1 2 3 4 5 6 7 8; do head -c 5000 /dev/zero > f$i; done\n\
+         ln f1 x/y/h1; ln f2 x/h2",
+    );
+    let q = "find . -exec stat -c '%i %n' {} + | sort -k2";
+    let listing = |dir: &Path| {
+        let mut by_ino = std::collections::BTreeMap::<String, Vec<String>>::new();
+        for l in sh_ok(dir, q).lines() {
+            let (i, n) = l.split_once(' ').unwrap();
+            by_ino.entry(i.to_string()).or_default().push(n.to_string());
+        }
+        // The groups of names sharing an inode (the partition), which must be the same.
+        let mut groups: Vec<Vec<String>> = by_ino.into_values().collect();
+        groups.sort();
+        groups
+    };
+    let native = listing(&t.src);
+    let fused = listing(&t.mnt);
+    assert_eq!(native, fused, "names sharing an inode");
+    let before = sh_ok(&t.mnt, q);
+    drop_caches();
+    assert_eq!(before, sh_ok(&t.mnt, q), "after drop_caches");
+    // SRC's own files keep SRC's numbers.
+    assert_eq!(
+        sh_ok(&t.mnt, "stat -c %i a/f1.txt"),
+        sh_ok(&t.src, "stat -c %i a/f1.txt")
+    );
+    // du counts each (st_dev, st_ino) once: natively two devices, one through the mount.
+    assert_eq!(
+        sh_ok(&t.mnt, "du -s --apparent-size -B1 inner ."),
+        sh_ok(&t.src, "du -s --apparent-size -B1 inner .")
+    );
+}
