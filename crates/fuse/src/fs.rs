@@ -474,8 +474,14 @@ impl fuser::Filesystem for DircacheFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let caps = config.capabilities();
         let p = &self.policy;
+        // No FUSE_EXPORT_SUPPORT, and FUSE_NO_EXPORT_SUPPORT: the kernel's file handles
+        // name (nodeid, generation), and after the kernel forgot an inode (memory pressure,
+        // drop_caches) or a remount, a path-based daemon cannot find a file from its inode
+        // number, so open_by_handle_at would give ESTALE for files that still exist. Not
+        // offered, name_to_handle_at fails cleanly with EOPNOTSUPP (fanotify's FID-only
+        // handles still work).
         let mut want = InitFlags::FUSE_ATOMIC_O_TRUNC
-            | InitFlags::FUSE_EXPORT_SUPPORT
+            | InitFlags::FUSE_NO_EXPORT_SUPPORT
             | InitFlags::FUSE_HANDLE_KILLPRIV;
         if p.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS;

@@ -148,6 +148,73 @@ fn git_index_survives_forget_and_remount() {
     );
 }
 
+/// name_to_handle_at/open_by_handle_at through the mount: either handles are not offered
+/// (EOPNOTSUPP, as on a file system without export support), or they keep working after the
+/// kernel forgot the inode and after a remount. Never a handle that goes stale for a file that
+/// still exists.
+#[test]
+fn file_handles_never_go_stale() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    std::fs::write(t.s("f"), b"hello").unwrap();
+    // Encode once, then decode after drop_caches and after a remount (the handle is kept in
+    // a file between the python runs).
+    let hfile = t.dir.path().join("handle");
+    let enc = format!(
+        "import ctypes, os, errno\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         class FH(ctypes.Structure):\n\
+         \x20   _fields_ = [('bytes', ctypes.c_uint), ('type', ctypes.c_int), ('h', ctypes.c_ubyte * 128)]\n\
+         fh = FH(); fh.bytes = 128; mid = ctypes.c_int()\n\
+         r = libc.name_to_handle_at(-100, {f:?}.encode(), ctypes.byref(fh), ctypes.byref(mid), 0)\n\
+         if r < 0:\n\
+         \x20   print('encode', errno.errorcode[ctypes.get_errno()])\n\
+         else:\n\
+         \x20   open({h:?}, 'wb').write(bytes(fh))\n\
+         \x20   print('encode ok')\n",
+        f = t.m("f").display().to_string(),
+        h = hfile.display().to_string(),
+    );
+    let dec = format!(
+        "import ctypes, os, errno\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         class FH(ctypes.Structure):\n\
+         \x20   _fields_ = [('bytes', ctypes.c_uint), ('type', ctypes.c_int), ('h', ctypes.c_ubyte * 128)]\n\
+         fh = FH.from_buffer_copy(open({h:?}, 'rb').read())\n\
+         m = os.open({m:?}, os.O_RDONLY | os.O_DIRECTORY)\n\
+         fd = libc.open_by_handle_at(m, ctypes.byref(fh), os.O_RDONLY)\n\
+         if fd < 0:\n\
+         \x20   print('decode', errno.errorcode[ctypes.get_errno()])\n\
+         else:\n\
+         \x20   print('decode', os.read(fd, 100).decode())\n",
+        h = hfile.display().to_string(),
+        m = t.mnt.display().to_string(),
+    );
+    let e = py(t.dir.path(), &enc, None);
+    if e.trim() == "encode EOPNOTSUPP" || e.trim() == "encode ENOTSUP" {
+        // Not offered: nothing can go stale. (The kernel answers EOPNOTSUPP itself when the
+        // daemon does not ask for FUSE_EXPORT_SUPPORT.)
+        return;
+    }
+    assert_eq!(e.trim(), "encode ok");
+    assert_eq!(py(t.dir.path(), &dec, None).trim(), "decode hello", "warm");
+    drop_caches();
+    assert_eq!(
+        py(t.dir.path(), &dec, None).trim(),
+        "decode hello",
+        "after drop_caches"
+    );
+    unmount_first(&t);
+    let _s = Serve::new(&t.src, &t.mnt);
+    assert_eq!(
+        py(t.dir.path(), &dec, None).trim(),
+        "decode hello",
+        "after remount"
+    );
+}
+
 /// A file system mounted inside SRC (tmpfs: its inode numbers repeat SRC's small ones) gets
 /// stable numbers of its own that never collide with SRC's: hard links there share one, `du`
 /// counts them once, and they survive the kernel forgetting the inodes.
