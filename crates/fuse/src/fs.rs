@@ -411,8 +411,14 @@ impl DircacheFs {
     }
 
     fn rename_mode(flags: RenameFlags) -> Result<RenameMode, Errno> {
+        // The kernel already refused invalid combinations (EXCHANGE with either other flag)
+        // and checked CAP_MKNOD for a whiteout, in the caller's context.
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            return Err(Errno::EINVAL);
+            return Ok(if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+                RenameMode::WhiteoutNoReplace
+            } else {
+                RenameMode::Whiteout
+            });
         }
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             Ok(RenameMode::Exchange)

@@ -271,3 +271,42 @@ fn inner_mount_inodes_distinct_and_stable() {
         sh_ok(&t.src, "du -s --apparent-size -B1 inner .")
     );
 }
+
+/// Run the same script in a native directory and in the mount; both outputs.
+fn native_and_mount(t: &TestMount, script: &str) -> (String, String) {
+    let native = t.dir.path().join("native");
+    let _ = std::fs::create_dir(&native);
+    (sh_ok(&native, script), sh_ok(&t.mnt, script))
+}
+
+/// renameat2(RENAME_WHITEOUT) leaves a 0/0 character device at the old name (as ext4 does;
+/// overlayfs needs it), alone and with RENAME_NOREPLACE.
+#[test]
+fn rename_whiteout_matches_native() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let script = r#"python3 -c '
+import ctypes, os, errno
+libc = ctypes.CDLL(None, use_errno=True)
+WHITEOUT, NOREPLACE = 4, 1
+def ren(a, b, fl):
+    r = libc.renameat2(-100, a.encode(), -100, b.encode(), fl)
+    return "ok" if r == 0 else errno.errorcode[ctypes.get_errno()]
+open("a", "w").write("A"); open("b", "w").write("B"); open("c", "w").write("C")
+print(ren("a", "b", WHITEOUT))
+st = os.lstat("a"); print(oct(st.st_mode), os.major(st.st_rdev), os.minor(st.st_rdev))
+print(open("b").read(), sorted(os.listdir(".")))
+print(ren("c", "b", WHITEOUT | NOREPLACE), ren("c", "d", WHITEOUT | NOREPLACE))
+st = os.lstat("c"); print(oct(st.st_mode), open("d").read(), sorted(os.listdir(".")))
+'"#;
+    let (n, m) = native_and_mount(&t, script);
+    assert!(n.starts_with("ok\n0o20000 0 0\n"), "native: {n}");
+    assert_eq!(n, m);
+    // SRC has the whiteout too.
+    assert_eq!(
+        sh_ok(&t.src, "stat -c '%F %t %T' a"),
+        "character special file 0 0\n"
+    );
+}

@@ -785,6 +785,8 @@ impl Backend for LocalBackend {
             RenameMode::Replace => RenameFlags::empty(),
             RenameMode::NoReplace => RenameFlags::NOREPLACE,
             RenameMode::Exchange => RenameFlags::EXCHANGE,
+            RenameMode::Whiteout => RenameFlags::WHITEOUT,
+            RenameMode::WhiteoutNoReplace => RenameFlags::WHITEOUT | RenameFlags::NOREPLACE,
         };
         let od = self.dir(odir)?;
         let nd = match self.dir(ndir) {
