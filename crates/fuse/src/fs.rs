@@ -16,9 +16,9 @@ use dircache_core::{
 };
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -459,6 +459,86 @@ impl DircacheFs {
         }
     }
 
+    /// An O_PATH descriptor of the real file behind `ino`, verified to be the inode the
+    /// kernel named (same `(dev, ino)` as when the nodeid was given out): ESTALE otherwise.
+    fn verified_path_fd(&self, ino: INodeNo, node: &NodeRef) -> Result<OwnedFd, Errno> {
+        let key = self
+            .inodes
+            .locate(ino.0)
+            .map(|l| l.3)
+            .ok_or(Errno::ESTALE)?;
+        let fd = self.real_path_fd(node)?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| Errno::from_i32(e.raw_os_error()))?;
+        if (st.st_dev, st.st_ino) != key {
+            return Err(Errno::ESTALE);
+        }
+        Ok(fd)
+    }
+
+    /// A descriptor to run an inode-flags ioctl on: the handle the kernel opened for it
+    /// (files), else (directories, which get no handle under FUSE_NO_OPENDIR_SUPPORT) the
+    /// verified directory reopened read-only.
+    fn ioctl_fd(&self, ino: INodeNo, fh: FileHandle) -> Result<OwnedFd, Errno> {
+        if let Ok(of) = self.open_file(fh) {
+            if of.nodeid == ino.0 {
+                return of.fd.try_clone().map_err(io_errno);
+            }
+        }
+        let node = self.node(ino)?;
+        if node.kind() != NodeKind::Positive(FileType::Directory) {
+            return Err(Errno::from_i32(libc::ENOTTY));
+        }
+        let key = self
+            .inodes
+            .locate(ino.0)
+            .map(|l| l.3)
+            .ok_or(Errno::ESTALE)?;
+        let pfd = self.verified_path_fd(ino, &node)?;
+        let dfd = rustix::fs::open(
+            Self::proc_path(&pfd).as_c_str(),
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NONBLOCK
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Errno::from_i32(e.raw_os_error()))?;
+        let st = rustix::fs::fstat(&dfd).map_err(|e| Errno::from_i32(e.raw_os_error()))?;
+        if (st.st_dev, st.st_ino) != key {
+            return Err(Errno::ESTALE);
+        }
+        Ok(dfd)
+    }
+
+    /// A SETATTR that sets nothing but the change time (chown(f, -1, -1), and the like): the
+    /// kernel sends no field for it without a writeback cache. As ext4 does, move the ctime:
+    /// chown(-1, -1) as the caller on the verified inode.
+    fn touch_ctime(&self, req: &Request, ino: INodeNo, node: &NodeRef, reply: ReplyAttr) {
+        let fd = match self.verified_path_fd(ino, node) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        let r = self.cache.backend().as_caller(&cred, &mut || {
+            rustix::fs::chownat(
+                &fd,
+                "",
+                None,
+                None,
+                rustix::fs::AtFlags::EMPTY_PATH | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| CoreError::from(std::io::Error::from(e)))
+        });
+        if let Err(e) = r {
+            return reply.error(errno(e));
+        }
+        self.attrs_changed(node);
+        match attr_of_fd(&fd) {
+            Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
+            Err(e) => reply.error(io_errno(e)),
+        }
+    }
+
     /// Queue a kernel invalidation of `nodeid`'s attributes (sent by the notifier thread).
     fn queue_inval_inode(&self, nodeid: u64) {
         let _ = self.notify.send(NotifyMsg::InvalInode(nodeid));
@@ -644,6 +724,15 @@ impl fuser::Filesystem for DircacheFs {
                     };
                 }
             }
+        }
+        if mode.is_none()
+            && uid.is_none()
+            && gid.is_none()
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none()
+        {
+            return self.touch_ctime(req, ino, &node, reply);
         }
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
@@ -1536,6 +1625,70 @@ impl fuser::Filesystem for DircacheFs {
             FileHandle(fh),
             self.fopen_flags(),
         )
+    }
+
+    /// The inode-flags ioctls (lsattr/chattr, xfs_io): FS_IOC_GETFLAGS/SETFLAGS and
+    /// FS_IOC_FSGETXATTR/FSSETXATTR, run as the caller on the verified inode, so the backend's
+    /// kernel decides (owner or CAP_FOWNER, CAP_LINUX_IMMUTABLE for `a`/`i`). Every other
+    /// ioctl: ENOTTY, quietly (fuser's default logs a warning per call).
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.count(Op::other);
+        // The kernel's fileattr requests (fuse_priv_ioctl) carry these numbers.
+        const GETFLAGS: u32 = 0x8008_6601;
+        const SETFLAGS: u32 = 0x4008_6602;
+        const FSGETXATTR: u32 = 0x801c_581f;
+        const FSSETXATTR: u32 = 0x401c_5820;
+        let (len, set) = match cmd {
+            GETFLAGS => (4, false),
+            SETFLAGS => (4, true),
+            FSGETXATTR => (28, false),
+            FSSETXATTR => (28, true),
+            _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
+        };
+        let mut buf = [0u8; 28];
+        if set {
+            if in_data.len() < len {
+                return reply.error(Errno::EINVAL);
+            }
+            buf[..len].copy_from_slice(&in_data[..len]);
+        }
+        let fd = match self.ioctl_fd(ino, fh) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        let r = self.cache.backend().as_caller(&cred, &mut || {
+            // SAFETY: ioctl on a live descriptor; each of these commands reads or writes at
+            // most 28 bytes (an int, or a struct fsxattr) at the pointer, and buf has 28.
+            let r = unsafe { libc::ioctl(fd.as_raw_fd(), cmd as libc::Ioctl, buf.as_mut_ptr()) };
+            if r < 0 {
+                Err(CoreError::from(std::io::Error::last_os_error()))
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = r {
+            return reply.error(errno(e));
+        }
+        if set {
+            if let Some(n) = self.inodes.get(ino.0) {
+                self.attrs_changed(&n);
+            }
+            self.queue_inval_inode(ino.0);
+            reply.ioctl(0, &[])
+        } else {
+            reply.ioctl(0, &buf[..len])
+        }
     }
 
     fn fallocate(

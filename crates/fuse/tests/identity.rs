@@ -195,7 +195,7 @@ fn file_handles_never_go_stale() {
     let e = py(t.dir.path(), &enc, None);
     if e.trim() == "encode EOPNOTSUPP" || e.trim() == "encode ENOTSUP" {
         // Not offered: nothing can go stale. (The kernel answers EOPNOTSUPP itself when the
-        // daemon does not ask for FUSE_EXPORT_SUPPORT.)
+        // daemon asks for FUSE_NO_EXPORT_SUPPORT.)
         return;
     }
     assert_eq!(e.trim(), "encode ok");
@@ -309,4 +309,67 @@ st = os.lstat("c"); print(oct(st.st_mode), open("d").read(), sorted(os.listdir("
         sh_ok(&t.src, "stat -c '%F %t %T' a"),
         "character special file 0 0\n"
     );
+}
+/// lsattr/chattr (FS_IOC_GETFLAGS/SETFLAGS) and FS_IOC_FSGETXATTR/FSSETXATTR on files and
+/// directories give what they give natively, and reach SRC.
+#[test]
+fn inode_flag_ioctls_match_native() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let script = r#"set -e
+mkdir -p d; touch f d/g
+chattr +A f; chattr +d d; chattr +A d/g
+lsattr -d f d d/g
+chattr -A f; lsattr -d f
+python3 -c '
+import fcntl, os, struct
+GET, SET = 0x801c581f, 0x401c5820
+for p in ("f", "d"):
+    fd = os.open(p, os.O_RDONLY)
+    x = bytearray(28); fcntl.ioctl(fd, GET, x)
+    xflags = struct.unpack("I", x[:4])[0]
+    x[0:4] = struct.pack("I", xflags | 0x80)  # FS_XFLAG_NODUMP
+    fcntl.ioctl(fd, SET, bytes(x))
+    y = bytearray(28); fcntl.ioctl(fd, GET, y)
+    print(p, hex(xflags), hex(struct.unpack("I", y[:4])[0]))
+    os.close(fd)
+'
+lsattr -d f d
+"#;
+    let (n, m) = native_and_mount(&t, script);
+    assert_eq!(n, m);
+    assert_eq!(
+        sh_ok(&t.src, "lsattr -d f d"),
+        sh_ok(&t.mnt, "lsattr -d f d")
+    );
+    // An ordinary user may not change another user's flags (EPERM, as natively).
+    let o = sh(
+        &t.mnt,
+        "setpriv --reuid=1000 --regid=1000 --clear-groups chattr +A f",
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Operation not permitted"));
+}
+
+/// chown(f, -1, -1) changes nothing but the ctime, as on ext4.
+#[test]
+fn chown_minus_one_updates_ctime() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let script = r#"python3 -c '
+import os, time
+open("f", "w").close(); os.mkdir("d")
+for p in ("f", "d"):
+    before = os.lstat(p).st_ctime_ns
+    time.sleep(0.02)
+    os.chown(p, -1, -1)
+    print(p, os.lstat(p).st_ctime_ns > before)
+'"#;
+    let (n, m) = native_and_mount(&t, script);
+    assert_eq!(n, "f True\nd True\n");
+    assert_eq!(n, m);
 }

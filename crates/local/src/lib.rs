@@ -778,6 +778,10 @@ impl Backend for LocalBackend {
         })
     }
 
+    fn as_caller(&self, cred: &Cred, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.as_cred(cred, f)
+    }
+
     fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
         let (odir, oname) = split(old)?;
         let (ndir, nname) = split(new)?;
