@@ -310,6 +310,17 @@ impl DircacheFs {
         Ok(a)
     }
 
+    /// How long the kernel may keep attributes of an inode with `writers` open writable
+    /// handles: not at all while there are some (a shared mapping of a passthrough file
+    /// changes mtime/ctime without the FUSE inode seeing it), else the policy's TTL.
+    fn attr_ttl_of(&self, writers: u32) -> Duration {
+        if writers > 0 {
+            Duration::ZERO
+        } else {
+            self.policy.attr_ttl
+        }
+    }
+
     /// `a` as an attribute reply (GETATTR, SETATTR, readdir's "." and "..") for `nodeid`.
     fn attr_for(&self, nodeid: u64, a: &Attr) -> FileAttr {
         fuse_attr(self.inodes.st_ino(nodeid), a)
@@ -320,8 +331,9 @@ impl DircacheFs {
             Ok(a) => {
                 let id = self.inodes.register(node, &a, parent.0);
                 let ttl = self.policy.entry_ttl;
+                let writers = self.inodes.info(id).map(|i| i.writers).unwrap_or(0);
                 reply.entry_with_ttls(
-                    &self.policy.attr_ttl,
+                    &self.attr_ttl_of(writers),
                     &ttl,
                     &fuse_attr(id, &a),
                     Generation(self.inodes.generation(id)),
@@ -440,7 +452,12 @@ impl DircacheFs {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if of.writable {
             self.inodes.add_writer(of.nodeid, 1);
+            // Writes through a shared mapping of a passthrough file never reach the FUSE
+            // inode: drop the kernel's attributes now, and give them no lifetime while the
+            // file is open for writing (`attr_ttl_of`), so `stat` asks the backend.
+            self.queue_inval_inode(of.nodeid);
         }
+        self.inodes.add_open(of.nodeid, 1);
         self.files.lock().insert(fh, Arc::new(of));
         fh
     }
@@ -659,19 +676,37 @@ impl fuser::Filesystem for DircacheFs {
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
                 if let Ok(a) = attr_of_fd(&of.fd) {
-                    return reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a));
+                    let writers = self.inodes.info(ino.0).map(|i| i.writers).unwrap_or(0);
+                    return reply.attr(&self.attr_ttl_of(writers), &self.attr_for(ino.0, &a));
                 }
             }
         }
         let Some(info) = self.inodes.info(ino.0) else {
             return reply.error(Errno::ESTALE);
         };
-        let fresh = info.stale || info.writers > 0;
+        // Fresh from the backend when the core's copy may be behind: changed through another
+        // name, or an open handle (reads move the atime under relatime, writes and shared
+        // mappings mtime and ctime; the kernel invalidates its own copy after reads and
+        // writes, and asks here).
+        let fresh = info.stale || info.writers > 0 || info.opens > 0;
+        let ttl = self.attr_ttl_of(info.writers);
         if info.stale {
             self.inodes.set_stale(ino.0, false);
         }
-        match self.attr_of(&info.node, fresh) {
-            Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
+        // The core dropped the dentry (a change seen in SRC): find the inode again by the
+        // name the kernel knows, if it is still there.
+        let node = if info.node.is_dead() {
+            self.node(ino).unwrap_or(info.node)
+        } else {
+            info.node
+        };
+        match self.attr_of(&node, fresh) {
+            Ok(a) => {
+                if a.is_dir() {
+                    self.inodes.note_dir_attr(ino.0, &a);
+                }
+                reply.attr(&ttl, &self.attr_for(ino.0, &a))
+            }
             Err(e) => {
                 // An unlinked file that is still open: answer from its descriptor.
                 let of = self
@@ -681,8 +716,16 @@ impl fuser::Filesystem for DircacheFs {
                     .find(|f| f.nodeid == ino.0)
                     .cloned();
                 match of.map(|f| attr_of_fd(&f.fd)) {
-                    Some(Ok(a)) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
-                    _ => reply.error(errno(e)),
+                    Some(Ok(a)) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
+                    _ => match self.inodes.dir_attr(ino.0) {
+                        // A removed directory the kernel still holds (an open descriptor, a
+                        // cwd): as natively, its attributes with nlink 0.
+                        Some(mut a) if node.is_dead() && e == CoreError::NotFound => {
+                            a.nlink = 0;
+                            reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
+                        }
+                        _ => reply.error(errno(e)),
+                    },
                 }
             }
         }
@@ -1112,9 +1155,13 @@ impl fuser::Filesystem for DircacheFs {
         self.count(Op::release);
         let of = self.files.lock().remove(&fh.0);
         if let Some(of) = of {
+            // Reads moved the atime, writes (also through a mapping) mtime and ctime: the
+            // next GETATTR or LOOKUP asks the backend.
+            self.inodes.add_open(of.nodeid, -1);
+            self.cache.forget_attr(&of.node);
             if of.writable {
                 self.inodes.add_writer(of.nodeid, -1);
-                self.cache.forget_attr(&of.node);
+                self.queue_inval_inode(of.nodeid);
             }
             if of.backing {
                 self.inodes.release_backing(ino.0);

@@ -48,6 +48,12 @@ struct Inode {
     stale: bool,
     /// Open handles that may write.
     writers: u32,
+    /// Open handles (any mode): while there are some, reads and writes through them move the
+    /// backend's times behind the core's copy of the attributes.
+    opens: u32,
+    /// A directory's last attributes: what fstat of it shows (with nlink 0) once it was
+    /// removed (rmdir, renamed over) while the kernel still holds it.
+    dir_attr: Option<Box<Attr>>,
     /// Passthrough backing file shared by every open handle of the inode, with its users.
     backing: Option<(Arc<BackingId>, u32)>,
 }
@@ -157,6 +163,7 @@ pub struct InodeInfo {
     pub node: NodeRef,
     pub stale: bool,
     pub writers: u32,
+    pub opens: u32,
 }
 
 impl Inodes {
@@ -182,6 +189,8 @@ impl Inodes {
                 lookups: 1,
                 stale: false,
                 writers: 0,
+                opens: 0,
+                dir_attr: None,
                 backing: None,
             },
         );
@@ -211,6 +220,7 @@ impl Inodes {
             node: i.live_alias(),
             stale: i.stale,
             writers: i.writers,
+            opens: i.opens,
         })
     }
 
@@ -251,8 +261,9 @@ impl Inodes {
                 // A new file with the inode number of one the kernel still holds. Open
                 // handles pin the old inode (its number cannot be reused while they exist),
                 // so there are none; were there, the new file takes a counted number.
-                if i.writers == 0 && i.backing.is_none() {
+                if i.writers == 0 && i.opens == 0 && i.backing.is_none() {
                     i.generation += 1;
+                    i.dir_attr = attr.is_dir().then(|| Box::new(*attr));
                     for a in std::mem::replace(&mut i.aliases, vec![node.clone()]) {
                         if t.by_dentry.get(&a.id()) == Some(&id) {
                             t.by_dentry.remove(&a.id());
@@ -286,6 +297,8 @@ impl Inodes {
                 lookups: 1,
                 stale: false,
                 writers: 0,
+                opens: 0,
+                dir_attr: attr.is_dir().then(|| Box::new(*attr)),
                 backing: None,
             },
         );
@@ -424,6 +437,29 @@ impl Inodes {
             },
             None => vec![],
         }
+    }
+
+    /// Count an open handle of `nodeid` (`delta` +1 at open, -1 at release).
+    pub fn add_open(&self, nodeid: u64, delta: i32) {
+        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
+            i.opens = i.opens.saturating_add_signed(delta);
+        }
+    }
+
+    /// Remember a directory's attributes (see `Inode::dir_attr`).
+    pub fn note_dir_attr(&self, nodeid: u64, a: &Attr) {
+        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
+            i.dir_attr = Some(Box::new(*a));
+        }
+    }
+
+    /// A directory's last known attributes.
+    pub fn dir_attr(&self, nodeid: u64) -> Option<Attr> {
+        self.t
+            .lock()
+            .inodes
+            .get(&nodeid)
+            .and_then(|i| i.dir_attr.as_deref().copied())
     }
 
     pub fn add_writer(&self, nodeid: u64, delta: i32) {
