@@ -175,6 +175,8 @@ pub struct DircacheFs {
     notify: Sender<NotifyMsg>,
     passthrough: bool,
     socket_path: Option<PathBuf>,
+    /// The mount is `noatime`: reads through it must not move the backend's atime.
+    noatime: bool,
 }
 
 /// What the front end needs besides the cache.
@@ -217,8 +219,30 @@ impl DircacheFs {
             notify,
             passthrough: false,
             socket_path,
+            noatime: false,
         };
         (fs, FsParts { inodes, counters })
+    }
+
+    /// The mount is `noatime` (reads through it leave the backend's atime alone).
+    pub fn set_noatime(&mut self, on: bool) {
+        self.noatime = on;
+    }
+
+    /// On a `noatime` mount, make reads through the backend descriptor `fd` (the daemon's
+    /// own, and the kernel's passthrough reads) leave the atime alone. The descriptor was
+    /// opened as the caller, who may not own the file (O_NOATIME at open would then be
+    /// EPERM); F_SETFL runs as the daemon (CAP_FOWNER) and grants no access, only drops the
+    /// atime update the mount option promises.
+    fn apply_noatime(&self, fd: &OwnedFd) {
+        if !self.noatime {
+            return;
+        }
+        let r = rustix::fs::fcntl_getfl(fd)
+            .and_then(|fl| rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NOATIME));
+        if let Err(e) = r {
+            tracing::debug!("O_NOATIME: {e}");
+        }
     }
 
     fn count(&self, op: Op) {
@@ -603,7 +627,13 @@ impl fuser::Filesystem for DircacheFs {
         }
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
-        if p.passthrough && root && caps.contains(InitFlags::FUSE_PASSTHROUGH) {
+        // Passthrough reads go to a backing file on SRC's own mount, whose atime rule (not
+        // this mount's noatime) applies, and the kernel copies the user's open flags into it
+        // (no O_NOATIME): on a noatime mount, reads go through the daemon's descriptors.
+        if self.noatime && p.passthrough {
+            tracing::info!("noatime: passthrough off, so that reads leave atimes alone");
+        }
+        if p.passthrough && !self.noatime && root && caps.contains(InitFlags::FUSE_PASSTHROUGH) {
             want |= InitFlags::FUSE_PASSTHROUGH;
             if config.set_max_stack_depth(2).is_ok() {
                 self.passthrough = true;
@@ -1030,6 +1060,8 @@ impl fuser::Filesystem for DircacheFs {
             Ok(fd) => fd,
             Err(e) => return reply.error(e),
         };
+        // Before a passthrough backing file is made from it (it copies the flags).
+        self.apply_noatime(&fd);
         let writable = is_writable(flags.0);
         if flags.0 & libc::O_TRUNC != 0 {
             self.attrs_changed(&node);
@@ -1623,6 +1655,7 @@ impl fuser::Filesystem for DircacheFs {
                 Err(e) => return reply.error(errno(e)),
             };
         self.dir_changed(&dir);
+        self.apply_noatime(&fd);
         let a = match attr_of_fd(&fd)
             .map_err(io_errno)
             .or_else(|_| self.attr_of(&node, false).map_err(errno))

@@ -94,12 +94,17 @@ pub struct Mounted {
 /// answered); requests are served once [`Mounted::run`] is called.
 pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     let (tx, rx) = crossbeam_channel::unbounded();
-    let (fs, parts) = DircacheFs::new(
+    let (mut fs, parts) = DircacheFs::new(
         cache.clone(),
         cfg.policy.clone(),
         &cfg.src,
         tx.clone(),
         cfg.socket_path.clone(),
+    );
+    fs.set_noatime(
+        cfg.mount_options
+            .iter()
+            .any(|o| matches!(o, fuser::MountOption::NoAtime)),
     );
     let mut opts = vec![
         fuser::MountOption::DefaultPermissions,

@@ -18,10 +18,21 @@ struct Serve {
 
 impl Serve {
     fn new(src: &Path, mnt: &Path) -> Serve {
+        Self::with(src, mnt, Default::default(), vec![])
+    }
+
+    fn with(
+        src: &Path,
+        mnt: &Path,
+        policy: dircache_fuse::CachePolicy,
+        options: Vec<fuser::MountOption>,
+    ) -> Serve {
         let backend = dircache_local::LocalBackend::new(src).expect("local backend");
         let cache = dircache_core::Cache::new(Arc::new(backend), dircache_core::Config::default())
             .expect("cache");
-        let cfg = dircache_fuse::MountConfig::new(src, mnt);
+        let mut cfg = dircache_fuse::MountConfig::new(src, mnt);
+        cfg.policy = policy;
+        cfg.mount_options = options;
         let mounted = dircache_fuse::mount(cache, &cfg).expect("mount");
         let thread = std::thread::spawn(move || {
             if let Err(e) = mounted.run() {
@@ -473,4 +484,64 @@ print(os.fstat(fd2).st_nlink)
     let (n, m) = native_and_mount(&t, script);
     assert_eq!(n, "0 0o40755\n0\n");
     assert_eq!(n, m);
+}
+
+/// On a `noatime` mount, reads leave the atime alone, also in SRC: as a native noatime
+/// mount, for the file's owner and for another user, with and without passthrough.
+#[test]
+fn noatime_mount_leaves_atime_alone() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("dcnoatime")
+        .tempdir()
+        .unwrap();
+    chmod(dir.path(), 0o755);
+    let native = dir.path().join("native");
+    std::fs::create_dir(&native).unwrap();
+    // The oracle: a noatime bind mount of a native directory.
+    sh_ok(
+        dir.path(),
+        "mount --bind native native && mount -o remount,bind,noatime native",
+    );
+    struct Umount(PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _u = Umount(native.clone());
+    let setup = "echo data > f; chmod 644 f; touch -a -d 2000-01-01 f";
+    let script =
+        "cat f > /dev/null; setpriv --reuid=1000 --regid=1000 --clear-groups cat f > /dev/null; \
+                  stat -c %X f";
+    sh_ok(&native, setup);
+    let n = sh_ok(&native, script);
+    assert_eq!(n, "946684800\n");
+    for passthrough in [true, false] {
+        let src = dir.path().join(format!("src{passthrough}"));
+        let mnt = dir.path().join(format!("mnt{passthrough}"));
+        std::fs::create_dir(&src).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        sh_ok(&src, setup);
+        let _s = Serve::with(
+            &src,
+            &mnt,
+            dircache_fuse::CachePolicy {
+                passthrough,
+                ..Default::default()
+            },
+            vec![fuser::MountOption::NoAtime],
+        );
+        assert_eq!(sh_ok(&mnt, script), n, "passthrough {passthrough}");
+        assert_eq!(
+            sh_ok(&src, "stat -c %X f"),
+            n,
+            "SRC, passthrough {passthrough}"
+        );
+    }
 }
