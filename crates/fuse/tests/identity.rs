@@ -545,3 +545,40 @@ fn noatime_mount_leaves_atime_alone() {
         );
     }
 }
+
+/// A file deleted in SRC whose inode number ext4 gives to a new file while the kernel still
+/// holds the old inode: the new file shows its own content and attributes (a new generation
+/// makes the kernel drop the old inode), with SRC's inode number.
+#[test]
+fn reused_inode_number_is_a_new_file() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    sh_ok(&t.src, "for i in $(seq 1 20); do echo old$i > f$i; done");
+    let mut checked = 0;
+    for i in 1..=20 {
+        let old = t.m(&format!("f{i}"));
+        // The kernel holds the inode (an O_PATH descriptor pins it without any open file in
+        // the daemon, so ext4 may free the number) and caches its pages.
+        assert_eq!(std::fs::read_to_string(&old).unwrap(), format!("old{i}\n"));
+        let _pin = rustix::fs::open(&old, rustix::fs::OFlags::PATH, rustix::fs::Mode::empty())
+            .expect("O_PATH");
+        let ino = sh_ok(&t.src, &format!("stat -c %i f{i}"));
+        std::fs::remove_file(t.s(&format!("f{i}"))).unwrap();
+        wait_for(Duration::from_secs(5), || !old.exists()).expect("deletion seen");
+        std::fs::write(t.s(&format!("n{i}")), format!("brand new {i}, longer\n")).unwrap();
+        if sh_ok(&t.src, &format!("stat -c %i n{i}")) != ino {
+            continue;
+        }
+        checked += 1;
+        let new = t.m(&format!("n{i}"));
+        wait_for(Duration::from_secs(5), || new.exists()).expect("creation seen");
+        assert_eq!(
+            std::fs::read_to_string(&new).unwrap(),
+            format!("brand new {i}, longer\n")
+        );
+        assert_eq!(sh_ok(&t.mnt, &format!("stat -c %i n{i}")), ino);
+    }
+    assert!(checked > 0, "ext4 never reused an inode number here");
+}
