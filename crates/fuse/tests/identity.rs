@@ -414,9 +414,14 @@ cat f > /dev/null
 python3 -c 'import os, time; print(abs(os.stat("f").st_atime - time.time()) < 5)'
 python3 -c 'import os; print(os.stat("g").st_atime); os.open("g", os.O_RDONLY); print(os.stat("g").st_atime)'
 python3 -c 'import os, time; fd = os.open("g", os.O_RDONLY); os.read(fd, 1); print(abs(os.stat("g").st_atime - time.time()) < 5)'
+sleep 0.1
+ls -lu --time-style=+%s | awk 'NF > 5 { print $7, ($6 > 946684800) }'
 "#;
         let (n, m) = setup_native_and_mount(&t, setup, script);
-        assert_eq!(n, "946684800\nTrue\n946684800.0\n946684800.0\nTrue\n");
+        assert_eq!(
+            n,
+            "946684800\nTrue\n946684800.0\n946684800.0\nTrue\nf 1\ng 1\n"
+        );
         assert_eq!(n, m, "passthrough {passthrough}");
     }
 }
