@@ -120,8 +120,21 @@ fn inode_numbers_are_srcs_and_stable() {
         sh_ok(&t.src, "du -s --apparent-size -B1 . a d")
     );
     unmount_first(&t);
-    let _s = Serve::new(&t.src, &t.mnt);
-    assert_eq!(native, inode_listing(&t.mnt), "after remount");
+    {
+        let _s = Serve::new(&t.src, &t.mnt);
+        assert_eq!(native, inode_listing(&t.mnt), "after remount");
+    }
+    // Plain READDIR (no readdirplus): d_ino from the listing.
+    let _s = Serve::with(
+        &t.src,
+        &t.mnt,
+        dircache_fuse::CachePolicy {
+            readdirplus: false,
+            ..Default::default()
+        },
+        vec![],
+    );
+    assert_eq!(native, inode_listing(&t.mnt), "without readdirplus");
 }
 
 /// A git repository used through the mount: after the kernel forgot its inodes, and after a
