@@ -166,6 +166,13 @@ pub trait Backend: Send + Sync + 'static {
         Err(XATTR_UNSUPPORTED)
     }
 
+    /// Run `f` (a syscall the front end makes on a descriptor of one of this backend's files,
+    /// such as an inode-flags ioctl) with `cred`'s file-system credentials, as mutations run,
+    /// so the kernel decides what the caller may do. Default: not supported.
+    fn as_caller(&self, _cred: &Cred, _f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        Err(Error::NotSupported)
+    }
+
     /// Start reporting changes made behind the cache's back. `None` if the backend cannot.
     fn watch(&self) -> Result<Option<ChangeFeed>> {
         Ok(None)

@@ -373,6 +373,8 @@ impl Tree {
             Err(e) => return Err(e),
         };
         match mode {
+            // No character devices for whiteouts here (as a file system without them).
+            RenameMode::Whiteout | RenameMode::WhiteoutNoReplace => return Err(Error::Invalid),
             RenameMode::NoReplace if dst.is_some() => return Err(Error::Exists),
             RenameMode::Exchange if dst.is_none() => return Err(Error::NotFound),
             _ => {}

@@ -150,6 +150,27 @@ pub enum RenameMode {
     NoReplace,
     /// RENAME_EXCHANGE: swap source and target atomically; both must exist.
     Exchange,
+    /// RENAME_WHITEOUT: as `Replace`, and leave a whiteout (a 0/0 character device) at the
+    /// source name (overlayfs uses it; the caller needs CAP_MKNOD).
+    Whiteout,
+    /// RENAME_WHITEOUT | RENAME_NOREPLACE.
+    WhiteoutNoReplace,
+}
+
+impl RenameMode {
+    /// Whether a whiteout is left at the source name.
+    pub fn whiteout(self) -> bool {
+        matches!(self, RenameMode::Whiteout | RenameMode::WhiteoutNoReplace)
+    }
+
+    /// The mode without the whiteout: what the checks on source and target follow.
+    pub fn base(self) -> RenameMode {
+        match self {
+            RenameMode::Whiteout => RenameMode::Replace,
+            RenameMode::WhiteoutNoReplace => RenameMode::NoReplace,
+            m => m,
+        }
+    }
 }
 
 /// How a path lookup treats its final component.

@@ -16,9 +16,9 @@ use dircache_core::{
 };
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -80,11 +80,13 @@ fn fuse_kind(k: FileType) -> fuser::FileType {
     }
 }
 
-/// The kernel's view of `attr` for nodeid `nodeid` (st_ino is the nodeid: fuser uses one
-/// field for both, and hard links share a nodeid, so `du`/`tar`/`git` see consistent inodes).
-pub fn fuse_attr(nodeid: u64, a: &Attr) -> FileAttr {
+/// The kernel's view of `attr` with inode number `ino`. In entry replies `ino` must be the
+/// nodeid (fuser sends one field as both); nodeids are derived from the backend's inode
+/// numbers (see `inodes.rs`), so `stat` shows SRC's numbers, stable across FORGET and remount,
+/// and hard links share one. Attribute replies use [`Inodes::st_ino`] (the root's differs).
+pub fn fuse_attr(ino: u64, a: &Attr) -> FileAttr {
     FileAttr {
-        ino: INodeNo(nodeid),
+        ino: INodeNo(ino),
         size: a.size,
         blocks: a.blocks,
         atime: to_system_time(a.atime),
@@ -192,6 +194,8 @@ pub struct DircacheFs {
     notify: Sender<NotifyMsg>,
     passthrough: bool,
     socket_path: Option<PathBuf>,
+    /// The mount is `noatime`: reads through it must not move the backend's atime.
+    noatime: bool,
 }
 
 /// What the front end needs besides the cache.
@@ -234,8 +238,30 @@ impl DircacheFs {
             notify,
             passthrough: false,
             socket_path,
+            noatime: false,
         };
         (fs, FsParts { inodes, counters })
+    }
+
+    /// The mount is `noatime` (reads through it leave the backend's atime alone).
+    pub fn set_noatime(&mut self, on: bool) {
+        self.noatime = on;
+    }
+
+    /// On a `noatime` mount, make reads through the backend descriptor `fd` (the daemon's
+    /// own, and the kernel's passthrough reads) leave the atime alone. The descriptor was
+    /// opened as the caller, who may not own the file (O_NOATIME at open would then be
+    /// EPERM); F_SETFL runs as the daemon (CAP_FOWNER) and grants no access, only drops the
+    /// atime update the mount option promises.
+    fn apply_noatime(&self, fd: &OwnedFd) {
+        if !self.noatime {
+            return;
+        }
+        let r = rustix::fs::fcntl_getfl(fd)
+            .and_then(|fl| rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NOATIME));
+        if let Err(e) = r {
+            tracing::debug!("O_NOATIME: {e}");
+        }
     }
 
     fn count(&self, op: Op) {
@@ -328,16 +354,33 @@ impl DircacheFs {
         Ok(a)
     }
 
+    /// How long the kernel may keep attributes of an inode with `writers` open writable
+    /// handles: not at all while there are some (a shared mapping of a passthrough file
+    /// changes mtime/ctime without the FUSE inode seeing it), else the policy's TTL.
+    fn attr_ttl_of(&self, writers: u32) -> Duration {
+        if writers > 0 {
+            Duration::ZERO
+        } else {
+            self.policy.attr_ttl
+        }
+    }
+
+    /// `a` as an attribute reply (GETATTR, SETATTR, readdir's "." and "..") for `nodeid`.
+    fn attr_for(&self, nodeid: u64, a: &Attr) -> FileAttr {
+        fuse_attr(self.inodes.st_ino(nodeid), a)
+    }
+
     fn entry_reply(&self, parent: INodeNo, node: &NodeRef, reply: ReplyEntry) {
         match self.attr_of(node, false) {
             Ok(a) => {
                 let id = self.inodes.register(node, &a, parent.0);
                 let ttl = self.policy.entry_ttl;
+                let writers = self.inodes.info(id).map(|i| i.writers).unwrap_or(0);
                 reply.entry_with_ttls(
-                    &self.policy.attr_ttl,
+                    &self.attr_ttl_of(writers),
                     &ttl,
                     &fuse_attr(id, &a),
-                    Generation(0),
+                    Generation(self.inodes.generation(id)),
                 );
             }
             Err(e) => reply.error(errno(e)),
@@ -461,8 +504,14 @@ impl DircacheFs {
     }
 
     fn rename_mode(flags: RenameFlags) -> Result<RenameMode, Errno> {
+        // The kernel already refused invalid combinations (EXCHANGE with either other flag)
+        // and checked CAP_MKNOD for a whiteout, in the caller's context.
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            return Err(Errno::EINVAL);
+            return Ok(if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+                RenameMode::WhiteoutNoReplace
+            } else {
+                RenameMode::Whiteout
+            });
         }
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             Ok(RenameMode::Exchange)
@@ -484,7 +533,12 @@ impl DircacheFs {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if of.writable {
             self.inodes.add_writer(of.nodeid, 1);
+            // Writes through a shared mapping of a passthrough file never reach the FUSE
+            // inode: drop the kernel's attributes now, and give them no lifetime while the
+            // file is open for writing (`attr_ttl_of`), so `stat` asks the backend.
+            self.queue_inval_inode(of.nodeid);
         }
+        self.inodes.add_open(of.nodeid, 1);
         self.files.lock().insert(fh, Arc::new(of));
         fh
     }
@@ -500,6 +554,86 @@ impl DircacheFs {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
             FopenFlags::empty()
+        }
+    }
+
+    /// An O_PATH descriptor of the real file behind `ino`, verified to be the inode the
+    /// kernel named (same `(dev, ino)` as when the nodeid was given out): ESTALE otherwise.
+    fn verified_path_fd(&self, ino: INodeNo, node: &NodeRef) -> Result<OwnedFd, Errno> {
+        let key = self
+            .inodes
+            .locate(ino.0)
+            .map(|l| l.3)
+            .ok_or(Errno::ESTALE)?;
+        let fd = self.real_path_fd(node)?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| Errno::from_i32(e.raw_os_error()))?;
+        if (st.st_dev, st.st_ino) != key {
+            return Err(Errno::ESTALE);
+        }
+        Ok(fd)
+    }
+
+    /// A descriptor to run an inode-flags ioctl on: the handle the kernel opened for it
+    /// (files), else (directories, which get no handle under FUSE_NO_OPENDIR_SUPPORT) the
+    /// verified directory reopened read-only.
+    fn ioctl_fd(&self, ino: INodeNo, fh: FileHandle) -> Result<OwnedFd, Errno> {
+        if let Ok(of) = self.open_file(fh) {
+            if of.nodeid == ino.0 {
+                return of.fd.try_clone().map_err(io_errno);
+            }
+        }
+        let node = self.node(ino)?;
+        if node.kind() != NodeKind::Positive(FileType::Directory) {
+            return Err(Errno::from_i32(libc::ENOTTY));
+        }
+        let key = self
+            .inodes
+            .locate(ino.0)
+            .map(|l| l.3)
+            .ok_or(Errno::ESTALE)?;
+        let pfd = self.verified_path_fd(ino, &node)?;
+        let dfd = rustix::fs::open(
+            Self::proc_path(&pfd).as_c_str(),
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NONBLOCK
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Errno::from_i32(e.raw_os_error()))?;
+        let st = rustix::fs::fstat(&dfd).map_err(|e| Errno::from_i32(e.raw_os_error()))?;
+        if (st.st_dev, st.st_ino) != key {
+            return Err(Errno::ESTALE);
+        }
+        Ok(dfd)
+    }
+
+    /// A SETATTR that sets nothing but the change time (chown(f, -1, -1), and the like): the
+    /// kernel sends no field for it without a writeback cache. As ext4 does, move the ctime:
+    /// chown(-1, -1) as the caller on the verified inode.
+    fn touch_ctime(&self, req: &Request, ino: INodeNo, node: &NodeRef, reply: ReplyAttr) {
+        let fd = match self.verified_path_fd(ino, node) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        let r = self.cache.backend().as_caller(&cred, &mut || {
+            rustix::fs::chownat(
+                &fd,
+                "",
+                None,
+                None,
+                rustix::fs::AtFlags::EMPTY_PATH | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| CoreError::from(std::io::Error::from(e)))
+        });
+        if let Err(e) = r {
+            return reply.error(errno(e));
+        }
+        self.attrs_changed(node);
+        match attr_of_fd(&fd) {
+            Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
+            Err(e) => reply.error(io_errno(e)),
         }
     }
 
@@ -526,8 +660,14 @@ impl fuser::Filesystem for DircacheFs {
         let p = &self.policy;
         // FUSE_DONT_MASK: the caller's umask comes with each creation; the backend's file
         // system applies it unless the parent has a default ACL (crate::umask).
+        // No FUSE_EXPORT_SUPPORT, and FUSE_NO_EXPORT_SUPPORT: the kernel's file handles
+        // name (nodeid, generation), and after the kernel forgot an inode (memory pressure,
+        // drop_caches) or a remount, a path-based daemon cannot find a file from its inode
+        // number, so open_by_handle_at would give ESTALE for files that still exist. Not
+        // offered, name_to_handle_at fails cleanly with EOPNOTSUPP (fanotify's FID-only
+        // handles still work).
         let mut want = InitFlags::FUSE_ATOMIC_O_TRUNC
-            | InitFlags::FUSE_EXPORT_SUPPORT
+            | InitFlags::FUSE_NO_EXPORT_SUPPORT
             | InitFlags::FUSE_HANDLE_KILLPRIV
             | InitFlags::FUSE_DONT_MASK;
         if p.readdirplus {
@@ -547,7 +687,13 @@ impl fuser::Filesystem for DircacheFs {
         }
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
-        if p.passthrough && root && caps.contains(InitFlags::FUSE_PASSTHROUGH) {
+        // Passthrough reads go to a backing file on SRC's own mount, whose atime rule (not
+        // this mount's noatime) applies, and the kernel copies the user's open flags into it
+        // (no O_NOATIME): on a noatime mount, reads go through the daemon's descriptors.
+        if self.noatime && p.passthrough {
+            tracing::info!("noatime: passthrough off, so that reads leave atimes alone");
+        }
+        if p.passthrough && !self.noatime && root && caps.contains(InitFlags::FUSE_PASSTHROUGH) {
             want |= InitFlags::FUSE_PASSTHROUGH;
             if config.set_max_stack_depth(2).is_ok() {
                 self.passthrough = true;
@@ -620,19 +766,37 @@ impl fuser::Filesystem for DircacheFs {
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
                 if let Ok(a) = attr_of_fd(&of.fd) {
-                    return reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a));
+                    let writers = self.inodes.info(ino.0).map(|i| i.writers).unwrap_or(0);
+                    return reply.attr(&self.attr_ttl_of(writers), &self.attr_for(ino.0, &a));
                 }
             }
         }
         let Some(info) = self.inodes.info(ino.0) else {
             return reply.error(Errno::ESTALE);
         };
-        let fresh = info.stale || info.writers > 0;
+        // Fresh from the backend when the core's copy may be behind: changed through another
+        // name, or an open handle (reads move the atime under relatime, writes and shared
+        // mappings mtime and ctime; the kernel invalidates its own copy after reads and
+        // writes, and asks here).
+        let fresh = info.stale || info.writers > 0 || info.opens > 0;
+        let ttl = self.attr_ttl_of(info.writers);
         if info.stale {
             self.inodes.set_stale(ino.0, false);
         }
-        match self.attr_of(&info.node, fresh) {
-            Ok(a) => reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a)),
+        // The core dropped the dentry (a change seen in SRC): find the inode again by the
+        // name the kernel knows, if it is still there.
+        let node = if info.node.is_dead() {
+            self.node(ino).unwrap_or(info.node)
+        } else {
+            info.node
+        };
+        match self.attr_of(&node, fresh) {
+            Ok(a) => {
+                if a.is_dir() {
+                    self.inodes.note_dir_attr(ino.0, &a);
+                }
+                reply.attr(&ttl, &self.attr_for(ino.0, &a))
+            }
             Err(e) => {
                 // An unlinked file that is still open: answer from its descriptor.
                 let of = self
@@ -642,8 +806,16 @@ impl fuser::Filesystem for DircacheFs {
                     .find(|f| f.nodeid == ino.0)
                     .cloned();
                 match of.map(|f| attr_of_fd(&f.fd)) {
-                    Some(Ok(a)) => reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a)),
-                    _ => reply.error(errno(e)),
+                    Some(Ok(a)) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
+                    _ => match self.inodes.dir_attr(ino.0) {
+                        // A removed directory the kernel still holds (an open descriptor, a
+                        // cwd): as natively, its attributes with nlink 0.
+                        Some(mut a) if node.is_dead() && e == CoreError::NotFound => {
+                            a.nlink = 0;
+                            reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
+                        }
+                        _ => reply.error(errno(e)),
+                    },
                 }
             }
         }
@@ -680,11 +852,20 @@ impl fuser::Filesystem for DircacheFs {
                         return reply.error(Errno::from_i32(e.raw_os_error()));
                     }
                     return match attr_of_fd(&of.fd) {
-                        Ok(a) => reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a)),
+                        Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
                         Err(e) => reply.error(io_errno(e)),
                     };
                 }
             }
+        }
+        if mode.is_none()
+            && uid.is_none()
+            && gid.is_none()
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none()
+        {
+            return self.touch_ctime(req, ino, &node, reply);
         }
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
@@ -700,7 +881,7 @@ impl fuser::Filesystem for DircacheFs {
                 if a.nlink > 1 {
                     self.attrs_changed(&node);
                 }
-                reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a))
+                reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
             }
             Err(e) => reply.error(e),
         }
@@ -916,7 +1097,7 @@ impl fuser::Filesystem for DircacheFs {
                             &self.policy.attr_ttl,
                             &self.policy.entry_ttl,
                             &fuse_attr(id, &a),
-                            Generation(0),
+                            Generation(self.inodes.generation(id)),
                         )
                     }
                     Err(e) => reply.error(errno(e)),
@@ -938,6 +1119,8 @@ impl fuser::Filesystem for DircacheFs {
             Ok(fd) => fd,
             Err(e) => return reply.error(e),
         };
+        // Before a passthrough backing file is made from it (it copies the flags).
+        self.apply_noatime(&fd);
         let writable = is_writable(flags.0);
         if flags.0 & libc::O_TRUNC != 0 {
             self.attrs_changed(&node);
@@ -1063,9 +1246,13 @@ impl fuser::Filesystem for DircacheFs {
         self.count(Op::release);
         let of = self.files.lock().remove(&fh.0);
         if let Some(of) = of {
+            // Reads moved the atime, writes (also through a mapping) mtime and ctime: the
+            // next GETATTR or LOOKUP asks the backend.
+            self.inodes.add_open(of.nodeid, -1);
+            self.cache.forget_attr(&of.node);
             if of.writable {
                 self.inodes.add_writer(of.nodeid, -1);
-                self.cache.forget_attr(&of.node);
+                self.queue_inval_inode(of.nodeid);
             }
             if of.backing {
                 self.inodes.release_backing(ino.0);
@@ -1130,16 +1317,31 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let dir = self.inodes.get(ino.0);
+        let dev = dir
+            .as_ref()
+            .and_then(|d| self.cache.getattr(d).ok())
+            .map(|a| a.dev)
+            .unwrap_or(0);
         let mut off = offset;
         if off == 0 {
-            if reply.add(ino, 1, fuser::FileType::Directory, ".") {
+            if reply.add(
+                INodeNo(self.inodes.st_ino(ino.0)),
+                1,
+                fuser::FileType::Directory,
+                ".",
+            ) {
                 return reply.ok();
             }
             off = 1;
         }
         if off == 1 {
             let p = dir.as_ref().map(|d| self.parent_nodeid(d)).unwrap_or(ROOT);
-            if reply.add(INodeNo(p), 2, fuser::FileType::Directory, "..") {
+            if reply.add(
+                INodeNo(self.inodes.st_ino(p)),
+                2,
+                fuser::FileType::Directory,
+                "..",
+            ) {
                 return reply.ok();
             }
             off = 2;
@@ -1147,12 +1349,9 @@ impl fuser::Filesystem for DircacheFs {
         let start = (off - 2) as usize;
         let mut finished = true;
         for (i, e) in list.iter().enumerate().skip(start) {
-            let dev = e.attr.map(|a| a.dev).unwrap_or(0);
-            let d_ino = e
-                .attr
-                .and_then(|a| self.inodes.peek_key(dev, a.ino))
-                .or_else(|| self.inodes.peek_key(dev, e.ino))
-                .unwrap_or(e.ino);
+            // getdents' d_ino: the entry's own number on the directory's device (for a mount
+            // point, the covered directory's, as natively).
+            let d_ino = self.inodes.ino_of(dev, e.ino);
             if reply.add(
                 INodeNo(d_ino.max(2)),
                 (i + 3) as u64,
@@ -1194,7 +1393,9 @@ impl fuser::Filesystem for DircacheFs {
                 Ok(a) => a,
                 Err(e) => return reply.error(errno(e)),
             };
-            if off == 0 && reply.add(ino, 1, ".", &ttl, &fuse_attr(ino.0, &dattr), Generation(0)) {
+            // The kernel links neither "." nor "..": their attr.ino is only the d_ino shown.
+            let dot = self.attr_for(ino.0, &dattr);
+            if off == 0 && reply.add(ino, 1, ".", &ttl, &dot, Generation(0)) {
                 return reply.ok();
             }
             let p = self.parent_nodeid(&dir);
@@ -1203,7 +1404,7 @@ impl fuser::Filesystem for DircacheFs {
                 2,
                 "..",
                 &ttl,
-                &fuse_attr(p, &dattr),
+                &self.attr_for(p, &dattr),
                 Generation(0),
             ) {
                 return reply.ok();
@@ -1231,7 +1432,7 @@ impl fuser::Filesystem for DircacheFs {
                 OsStr::from_bytes(&e.name),
                 &ttl,
                 &fuse_attr(id, &a),
-                Generation(0),
+                Generation(self.inodes.generation(id)),
             ) {
                 self.inodes.forget(id, 1);
                 finished = false;
@@ -1484,6 +1685,7 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(errno(e)),
         };
         self.dir_changed(&dir);
+        self.apply_noatime(&fd);
         let a = match attr_of_fd(&fd)
             .map_err(io_errno)
             .or_else(|_| self.attr_of(&node, false).map_err(errno))
@@ -1510,7 +1712,7 @@ impl fuser::Filesystem for DircacheFs {
                     return reply.created_passthrough(
                         &self.policy.entry_ttl,
                         &fattr,
-                        Generation(0),
+                        Generation(self.inodes.generation(id)),
                         FileHandle(fh),
                         FopenFlags::empty(),
                         &b,
@@ -1529,10 +1731,74 @@ impl fuser::Filesystem for DircacheFs {
         reply.created(
             &self.policy.entry_ttl,
             &fattr,
-            Generation(0),
+            Generation(self.inodes.generation(id)),
             FileHandle(fh),
             self.fopen_flags(),
         )
+    }
+
+    /// The inode-flags ioctls (lsattr/chattr, xfs_io): FS_IOC_GETFLAGS/SETFLAGS and
+    /// FS_IOC_FSGETXATTR/FSSETXATTR, run as the caller on the verified inode, so the backend's
+    /// kernel decides (owner or CAP_FOWNER, CAP_LINUX_IMMUTABLE for `a`/`i`). Every other
+    /// ioctl: ENOTTY, quietly (fuser's default logs a warning per call).
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.count(Op::other);
+        // The kernel's fileattr requests (fuse_priv_ioctl) carry these numbers.
+        const GETFLAGS: u32 = 0x8008_6601;
+        const SETFLAGS: u32 = 0x4008_6602;
+        const FSGETXATTR: u32 = 0x801c_581f;
+        const FSSETXATTR: u32 = 0x401c_5820;
+        let (len, set) = match cmd {
+            GETFLAGS => (4, false),
+            SETFLAGS => (4, true),
+            FSGETXATTR => (28, false),
+            FSSETXATTR => (28, true),
+            _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
+        };
+        let mut buf = [0u8; 28];
+        if set {
+            if in_data.len() < len {
+                return reply.error(Errno::EINVAL);
+            }
+            buf[..len].copy_from_slice(&in_data[..len]);
+        }
+        let fd = match self.ioctl_fd(ino, fh) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        let r = self.cache.backend().as_caller(&cred, &mut || {
+            // SAFETY: ioctl on a live descriptor; each of these commands reads or writes at
+            // most 28 bytes (an int, or a struct fsxattr) at the pointer, and buf has 28.
+            let r = unsafe { libc::ioctl(fd.as_raw_fd(), cmd as libc::Ioctl, buf.as_mut_ptr()) };
+            if r < 0 {
+                Err(CoreError::from(std::io::Error::last_os_error()))
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = r {
+            return reply.error(errno(e));
+        }
+        if set {
+            if let Some(n) = self.inodes.get(ino.0) {
+                self.attrs_changed(&n);
+            }
+            self.queue_inval_inode(ino.0);
+            reply.ioctl(0, &[])
+        } else {
+            reply.ioctl(0, &buf[..len])
+        }
     }
 
     fn fallocate(

@@ -4,9 +4,21 @@
 //! - nodeid 1 is the root and is never forgotten.
 //! - One nodeid per live inode, keyed by `(dev, ino)`, so that all hard links of a file share
 //!   one kernel inode (the kernel's nlink/ctime stay consistent across names).
-//! - A nodeid is never reused. When every dentry of a key is dead (unlinked, replaced) and the
-//!   same `(dev, ino)` shows up again, it is a new file that reused the inode number: it gets a
-//!   new nodeid, so the kernel never mixes the old inode's page cache with the new file.
+//! - The nodeid is the inode number `stat` shows (fuser sends one number as both the entry's
+//!   nodeid and `attr.ino`), so it is derived from the backend's inode, not counted: on SRC's
+//!   own device it is the backend's `st_ino` itself; on other devices (mounts inside SRC, whose
+//!   inode numbers may repeat SRC's) it is a fixed hash of `(dev, ino)` with bit 63 set. Both
+//!   are the same after the kernel forgot the inode and after a remount, so `find -inum`, `du`,
+//!   `tar`, `rsync` and git's index keep working. Only when that number is taken by another
+//!   live inode (a hash collision, an inode number >= 2^62, or the number 1 which is the
+//!   root's) does a key get a counted number from [2^62, 2^63), unique but not stable.
+//! - `(nodeid, generation)` is never reused for a different file. When every dentry of a key
+//!   is dead (unlinked, replaced) and the same `(dev, ino)` shows up again while the kernel
+//!   still holds the old inode, it is a new file that reused the inode number: it keeps the
+//!   nodeid and gets the next generation, so the kernel marks its old inode bad instead of
+//!   mixing the old page cache with the new file (`fuse_iget`). FORGETs carry no generation:
+//!   `lookups` counts references to the nodeid across generations, which is what the kernel
+//!   forgets.
 //! - `lookups` counts the kernel's references (each LOOKUP-like reply adds one, FORGET
 //!   subtracts); the entry is dropped when it reaches zero.
 //! - Every dentry in an entry's `aliases` holds one pin in the core ([`NodeRef::pin`]) until
@@ -29,6 +41,8 @@ struct Inode {
     /// Dentries (hard-link names) known to stand for this inode; never empty.
     aliases: Vec<NodeRef>,
     key: (u64, u64),
+    /// The FUSE generation: bumped when the nodeid is reused for a new file (see above).
+    generation: u64,
     /// Where the kernel last saw it: parent nodeid and name (to find it again when the core
     /// invalidated its dentry).
     parent: u64,
@@ -39,6 +53,12 @@ struct Inode {
     stale: bool,
     /// Open handles that may write.
     writers: u32,
+    /// Open handles (any mode): while there are some, reads and writes through them move the
+    /// backend's times behind the core's copy of the attributes.
+    opens: u32,
+    /// A directory's last attributes: what fstat of it shows (with nlink 0) once it was
+    /// removed (rmdir, renamed over) while the kernel still holds it.
+    dir_attr: Option<Box<Attr>>,
     /// Passthrough backing file shared by every open handle of the inode, with its users.
     backing: Option<(Arc<BackingId>, u32)>,
 }
@@ -79,7 +99,69 @@ struct Table {
     inodes: HashMap<u64, Inode>,
     by_key: HashMap<(u64, u64), u64>,
     by_dentry: HashMap<u64, u64>,
+    /// The next counted nodeid (for keys whose derived number is taken), from 2^62.
     next: u64,
+    /// SRC's root: its device (whose inode numbers are used as they are) and its key.
+    root_key: Key,
+}
+
+/// Counted nodeids start here; derived ones for SRC's device are below it.
+const COUNTED: u64 = 1 << 62;
+/// Bit set in the derived nodeids of other devices.
+const OTHER_DEV: u64 = 1 << 63;
+
+/// A fixed (not per-instance: it must survive a remount) mix of `(dev, ino)`.
+fn mix(dev: u64, ino: u64) -> u64 {
+    let mut z = dev
+        .rotate_left(32)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(ino);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Table {
+    /// The number `key` gets when it is free: see the module invariants.
+    fn derived(&self, key: Key) -> u64 {
+        if key == self.root_key {
+            ROOT
+        } else if key.0 == self.root_key.0 && key.1 > ROOT && key.1 < COUNTED {
+            key.1
+        } else {
+            mix(key.0, key.1) | OTHER_DEV
+        }
+    }
+
+    /// The number `stat` shows for `key` (the nodeid it has or would get).
+    fn ino_of(&self, key: Key) -> u64 {
+        self.by_key
+            .get(&key)
+            .copied()
+            .unwrap_or_else(|| self.derived(key))
+    }
+
+    /// What `stat` shows for the root: SRC's root inode number as another inode of its
+    /// device would show it (the raw number on most file systems).
+    fn derived_root(&self) -> u64 {
+        let k = self.root_key;
+        if k.0 == u64::MAX {
+            ROOT
+        } else if k.1 != 0 && k.1 < COUNTED {
+            k.1
+        } else {
+            mix(k.0, k.1) | OTHER_DEV
+        }
+    }
+
+    fn counted(&mut self) -> u64 {
+        while self.inodes.contains_key(&self.next) {
+            self.next += 1;
+        }
+        let id = self.next;
+        self.next += 1;
+        id
+    }
 }
 
 /// A real inode's identity: (dev, ino).
@@ -106,18 +188,20 @@ pub struct InodeInfo {
     pub node: NodeRef,
     pub stale: bool,
     pub writers: u32,
+    pub opens: u32,
 }
 
 impl Inodes {
     pub fn new(root: NodeRef, root_attr: Option<&Attr>) -> Inodes {
-        let mut t = Table {
-            next: ROOT + 1,
-            ..Default::default()
-        };
         let key = root_attr
             .map(|a| (a.dev, a.ino))
             .unwrap_or((u64::MAX, u64::MAX));
         root.pin();
+        let mut t = Table {
+            next: COUNTED,
+            root_key: key,
+            ..Default::default()
+        };
         t.by_dentry.insert(root.id(), ROOT);
         t.by_key.insert(key, ROOT);
         t.inodes.insert(
@@ -125,11 +209,14 @@ impl Inodes {
             Inode {
                 aliases: vec![root],
                 key,
+                generation: 0,
                 parent: 0,
                 name: Vec::new(),
                 lookups: 1,
                 stale: false,
                 writers: 0,
+                opens: 0,
+                dir_attr: None,
                 backing: None,
             },
         );
@@ -159,6 +246,7 @@ impl Inodes {
             node: i.live_alias(),
             stale: i.stale,
             writers: i.writers,
+            opens: i.opens,
         })
     }
 
@@ -200,10 +288,35 @@ impl Inodes {
                     t.by_dentry.insert(node.id(), id);
                     return id;
                 }
+                // A new file with the inode number of one the kernel still holds. Open
+                // handles pin the old inode (its number cannot be reused while they exist),
+                // so there are none; were there, the new file takes a counted number.
+                if i.writers == 0 && i.opens == 0 && i.backing.is_none() {
+                    i.generation += 1;
+                    i.dir_attr = attr.is_dir().then(|| Box::new(*attr));
+                    node.pin();
+                    for a in std::mem::replace(&mut i.aliases, vec![node.clone()]) {
+                        // Every name in the list holds one pin (see `hold`).
+                        a.unpin();
+                        if t.by_dentry.get(&a.id()) == Some(&id) {
+                            t.by_dentry.remove(&a.id());
+                        }
+                    }
+                    i.lookups += 1;
+                    i.parent = parent;
+                    i.name = name;
+                    i.stale = false;
+                    t.by_dentry.insert(node.id(), id);
+                    return id;
+                }
             }
         }
-        let id = t.next;
-        t.next += 1;
+        let derived = t.derived(key);
+        let id = if derived != ROOT && !t.inodes.contains_key(&derived) {
+            derived
+        } else {
+            t.counted()
+        };
         node.pin();
         t.by_key.insert(key, id);
         t.by_dentry.insert(node.id(), id);
@@ -212,15 +325,49 @@ impl Inodes {
             Inode {
                 aliases: vec![node.clone()],
                 key,
+                generation: 0,
                 parent,
                 name,
                 lookups: 1,
                 stale: false,
                 writers: 0,
+                opens: 0,
+                dir_attr: attr.is_dir().then(|| Box::new(*attr)),
                 backing: None,
             },
         );
         id
+    }
+
+    /// The FUSE generation of `nodeid` (0 when unknown).
+    pub fn generation(&self, nodeid: u64) -> u64 {
+        self.t
+            .lock()
+            .inodes
+            .get(&nodeid)
+            .map(|i| i.generation)
+            .unwrap_or(0)
+    }
+
+    /// The inode number `stat` shows for nodeid `nodeid`: the nodeid itself, except for the
+    /// root (nodeid 1), which shows SRC's root inode number.
+    pub fn st_ino(&self, nodeid: u64) -> u64 {
+        if nodeid == ROOT {
+            let t = self.t.lock();
+            t.derived_root()
+        } else {
+            nodeid
+        }
+    }
+
+    /// The inode number `stat` shows (or would show) for the backend inode `(dev, ino)`:
+    /// readdir's d_ino, without taking a reference.
+    pub fn ino_of(&self, dev: u64, ino: u64) -> u64 {
+        let t = self.t.lock();
+        match t.ino_of((dev, ino)) {
+            ROOT => t.derived_root(),
+            id => id,
+        }
     }
 
     /// Add `node` as a name of `nodeid` (after a rename moved the dentry the kernel knows).
@@ -235,7 +382,7 @@ impl Inodes {
         }
     }
 
-    /// The nodeid the kernel would get for `attr` without taking a reference (readdir d_ino).
+    /// The nodeid the kernel knows inode `(dev, ino)` by, if it knows it (no reference taken).
     pub fn peek_key(&self, dev: u64, ino: u64) -> Option<u64> {
         self.t.lock().by_key.get(&(dev, ino)).copied()
     }
@@ -328,6 +475,29 @@ impl Inodes {
             },
             None => vec![],
         }
+    }
+
+    /// Count an open handle of `nodeid` (`delta` +1 at open, -1 at release).
+    pub fn add_open(&self, nodeid: u64, delta: i32) {
+        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
+            i.opens = i.opens.saturating_add_signed(delta);
+        }
+    }
+
+    /// Remember a directory's attributes (see `Inode::dir_attr`).
+    pub fn note_dir_attr(&self, nodeid: u64, a: &Attr) {
+        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
+            i.dir_attr = Some(Box::new(*a));
+        }
+    }
+
+    /// A directory's last known attributes.
+    pub fn dir_attr(&self, nodeid: u64) -> Option<Attr> {
+        self.t
+            .lock()
+            .inodes
+            .get(&nodeid)
+            .and_then(|i| i.dir_attr.as_deref().copied())
     }
 
     pub fn add_writer(&self, nodeid: u64, delta: i32) {

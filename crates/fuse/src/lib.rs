@@ -98,13 +98,14 @@ pub struct Mounted {
 /// answered); requests are served once [`Mounted::run`] is called.
 pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     let (tx, rx) = crossbeam_channel::unbounded();
-    let (fs, parts) = DircacheFs::new(
+    let (mut fs, parts) = DircacheFs::new(
         cache.clone(),
         cfg.policy.clone(),
         &cfg.src,
         tx.clone(),
         cfg.socket_path.clone(),
     );
+    fs.set_noatime(cfg.kernel.flags & libc::MS_NOATIME != 0);
     let mut fc = fuser::Config::default();
     fc.n_threads = Some(cfg.policy.threads.max(1));
     fc.clone_fd = true;

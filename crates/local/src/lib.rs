@@ -885,6 +885,10 @@ impl Backend for LocalBackend {
         })
     }
 
+    fn as_caller(&self, cred: &Cred, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.as_cred(cred, f)
+    }
+
     fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
         let (odir, oname) = split(old)?;
         let (ndir, nname) = split(new)?;
@@ -892,6 +896,8 @@ impl Backend for LocalBackend {
             RenameMode::Replace => RenameFlags::empty(),
             RenameMode::NoReplace => RenameFlags::NOREPLACE,
             RenameMode::Exchange => RenameFlags::EXCHANGE,
+            RenameMode::Whiteout => RenameFlags::WHITEOUT,
+            RenameMode::WhiteoutNoReplace => RenameFlags::WHITEOUT | RenameFlags::NOREPLACE,
         };
         let od = self.dir(odir)?;
         let nd = match self.dir(ndir) {

@@ -107,6 +107,8 @@ pub fn renameat2(
         RenameMode::Replace => 0,
         RenameMode::NoReplace => libc::RENAME_NOREPLACE,
         RenameMode::Exchange => libc::RENAME_EXCHANGE,
+        RenameMode::Whiteout => libc::RENAME_WHITEOUT,
+        RenameMode::WhiteoutNoReplace => libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE,
     };
     let r = unsafe {
         libc::syscall(

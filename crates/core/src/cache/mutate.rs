@@ -324,6 +324,8 @@ impl Cache {
         mode: RenameMode,
         slash: [bool; 2],
     ) -> Result<()> {
+        // The checks follow the mode without the whiteout; the backend gets the whole mode.
+        let (full, mode) = (mode, mode.base());
         want_dir(parent)?;
         want_dir(newparent)?;
         if matches!(name, b"." | b"..") {
@@ -416,9 +418,11 @@ impl Cache {
         // backend paths computed from the old links are wrong, and every lookup that asks the
         // backend meanwhile sees the window and asks again (`Cache::child`, `attr_of`, `list`).
         let _w = self.inval_window();
-        parent.sb.backend.rename(&c.0.cred, &old, &new, mode)?;
+        parent.sb.backend.rename(&c.0.cred, &old, &new, full)?;
 
-        let neg = (mode != RenameMode::Exchange && self.config.negatives)
+        // After a whiteout rename the source name holds the whiteout: no negative there, and
+        // the parent's listing is no longer all cached (the next lookup asks the backend).
+        let neg = (mode != RenameMode::Exchange && !full.whiteout() && self.config.negatives)
             .then(|| self.new_dentry(parent, name, NodeKind::Negative(Error::NotFound), None));
         {
             // Lock both parents' maps in id order.
@@ -480,6 +484,9 @@ impl Cache {
             }
             parent.set(HAS_CHILDREN);
             newparent.set(HAS_CHILDREN);
+        }
+        if full.whiteout() {
+            parent.clear(COMPLETE);
         }
         if let Some(n) = &neg {
             self.account_new(n);

@@ -1,0 +1,603 @@
+//! Identity and metadata through the mount compared with SRC (the kernel as the oracle):
+//! inode numbers that survive the kernel forgetting inodes and a remount, file handles,
+//! times, whiteouts, inode flags.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A second (or later) mount of an existing SRC at an existing MNT; unmounted on drop.
+struct Serve {
+    mnt: PathBuf,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Serve {
+    fn new(src: &Path, mnt: &Path) -> Serve {
+        Self::with(src, mnt, Default::default(), 0)
+    }
+
+    fn with(
+        src: &Path,
+        mnt: &Path,
+        policy: dircache_fuse::CachePolicy,
+        // Extra mount(2) flags (MS_*), besides the defaults.
+        extra_flags: libc::c_ulong,
+    ) -> Serve {
+        let backend = dircache_local::LocalBackend::new(src).expect("local backend");
+        let cache = dircache_core::Cache::new(Arc::new(backend), dircache_core::Config::default())
+            .expect("cache");
+        let mut cfg = dircache_fuse::MountConfig::new(src, mnt);
+        cfg.policy = policy;
+        cfg.kernel.flags |= extra_flags;
+        let mounted = dircache_fuse::mount(cache, &cfg).expect("mount");
+        let thread = std::thread::spawn(move || {
+            if let Err(e) = mounted.run() {
+                eprintln!("session: {e}");
+            }
+        });
+        Serve {
+            mnt: mnt.to_path_buf(),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if dircache_fuse::unmount(&self.mnt).is_err() {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.mnt)
+                .status();
+        }
+        if let Some(t) = self.thread.take() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Unmount the test mount's first session (its Drop then finds nothing to do).
+fn unmount_first(t: &TestMount) {
+    dircache_fuse::unmount(&t.mnt).expect("unmount");
+    wait_for(Duration::from_secs(10), || {
+        !dircache_fuse::is_mount_point(&t.mnt)
+    })
+    .expect("unmounted");
+}
+
+/// Make the kernel forget every inode it had looked up from FUSE daemons.
+fn drop_caches() {
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop_caches");
+}
+
+/// `path inode` for every name under `dir` (stat and readdir's d_ino), sorted.
+fn inode_listing(dir: &Path) -> String {
+    py(
+        dir,
+        "import os\n\
+         out = []\n\
+         for root, dirs, files in os.walk('.'):\n\
+         \x20   for e in os.scandir(root):\n\
+         \x20       out.append('%s stat=%d' % (e.path, os.lstat(e.path).st_ino))\n\
+         \x20       if not e.is_dir(follow_symlinks=False) or not os.path.ismount(e.path):\n\
+         \x20           out.append('%s d_ino=%d' % (e.path, e.inode()))\n\
+         out.append('. stat=%d' % os.stat('.').st_ino)\n\
+         print('\\n'.join(sorted(out)))",
+        None,
+    )
+}
+
+/// st_ino through the mount is SRC's, for files, directories, symlinks and hard links, in
+/// stat and in readdir; unchanged after the kernel forgot the inodes and after a remount.
+#[test]
+fn inode_numbers_are_srcs_and_stable() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    make_tree(&t.src);
+    let native = inode_listing(&t.src);
+    assert_eq!(native, inode_listing(&t.mnt), "cold");
+    assert_eq!(native, inode_listing(&t.mnt), "warm");
+    drop_caches();
+    assert_eq!(native, inode_listing(&t.mnt), "after drop_caches");
+    // find -inum finds both names of a hard link; du counts it once.
+    let ino = sh_ok(&t.src, "stat -c %i a/f2.txt");
+    let q = format!("find . -inum {} | sort", ino.trim());
+    assert_eq!(sh_ok(&t.mnt, &q), "./a/f2.txt\n./d/hard2\n");
+    assert_eq!(
+        sh_ok(&t.mnt, "du -s --apparent-size -B1 . a d"),
+        sh_ok(&t.src, "du -s --apparent-size -B1 . a d")
+    );
+    unmount_first(&t);
+    {
+        let _s = Serve::new(&t.src, &t.mnt);
+        assert_eq!(native, inode_listing(&t.mnt), "after remount");
+    }
+    // Plain READDIR (no readdirplus): d_ino from the listing.
+    let _s = Serve::with(
+        &t.src,
+        &t.mnt,
+        dircache_fuse::CachePolicy {
+            readdirplus: false,
+            ..Default::default()
+        },
+        0,
+    );
+    assert_eq!(native, inode_listing(&t.mnt), "without readdirplus");
+}
+
+/// A git repository used through the mount: after the kernel forgot its inodes, and after a
+/// remount, `git status` finds the index up to date (same inode numbers) and does not rewrite it.
+#[test]
+fn git_index_survives_forget_and_remount() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    // Old mtimes: no entry is "racily clean", so git rewrites the index only when stat data
+    // (such as the inode number) changed.
+    sh_ok(
+        &t.mnt,
+        "set -e; git init -q -b main repo; cd repo; mkdir -p a/b\n\
+         for i in $(seq 1 50); do echo $i > a/f$i; echo $i > a/b/g$i; done\n\
+         touch -d 2020-01-01 a/f* a/b/g*\n\
+         git add -A; git commit -q -m one; git status --porcelain; sleep 1.1; git status --porcelain",
+    );
+    let repo = t.mnt.join("repo");
+    let index = |m: &Path| std::fs::read(m.join("repo/.git/index")).expect("index");
+    let before = index(&t.mnt);
+    drop_caches();
+    assert_eq!(sh_ok(&repo, "git status --porcelain"), "");
+    assert!(
+        before == index(&t.mnt),
+        "git rewrote the index after drop_caches"
+    );
+    unmount_first(&t);
+    let _s = Serve::new(&t.src, &t.mnt);
+    assert_eq!(sh_ok(&repo, "git status --porcelain"), "");
+    assert!(
+        before == index(&t.mnt),
+        "git rewrote the index after a remount"
+    );
+}
+
+/// name_to_handle_at/open_by_handle_at through the mount: either handles are not offered
+/// (EOPNOTSUPP, as on a file system without export support), or they keep working after the
+/// kernel forgot the inode and after a remount. Never a handle that goes stale for a file that
+/// still exists.
+#[test]
+fn file_handles_never_go_stale() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    std::fs::write(t.s("f"), b"hello").unwrap();
+    // Encode once, then decode after drop_caches and after a remount (the handle is kept in
+    // a file between the python runs).
+    let hfile = t.dir.path().join("handle");
+    let enc = format!(
+        "import ctypes, os, errno\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         class FH(ctypes.Structure):\n\
+         \x20   _fields_ = [('bytes', ctypes.c_uint), ('type', ctypes.c_int), ('h', ctypes.c_ubyte * 128)]\n\
+         fh = FH(); fh.bytes = 128; mid = ctypes.c_int()\n\
+         r = libc.name_to_handle_at(-100, {f:?}.encode(), ctypes.byref(fh), ctypes.byref(mid), 0)\n\
+         if r < 0:\n\
+         \x20   print('encode', errno.errorcode[ctypes.get_errno()])\n\
+         else:\n\
+         \x20   open({h:?}, 'wb').write(bytes(fh))\n\
+         \x20   print('encode ok')\n",
+        f = t.m("f").display().to_string(),
+        h = hfile.display().to_string(),
+    );
+    let dec = format!(
+        "import ctypes, os, errno\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         class FH(ctypes.Structure):\n\
+         \x20   _fields_ = [('bytes', ctypes.c_uint), ('type', ctypes.c_int), ('h', ctypes.c_ubyte * 128)]\n\
+         fh = FH.from_buffer_copy(open({h:?}, 'rb').read())\n\
+         m = os.open({m:?}, os.O_RDONLY | os.O_DIRECTORY)\n\
+         fd = libc.open_by_handle_at(m, ctypes.byref(fh), os.O_RDONLY)\n\
+         if fd < 0:\n\
+         \x20   print('decode', errno.errorcode[ctypes.get_errno()])\n\
+         else:\n\
+         \x20   print('decode', os.read(fd, 100).decode())\n",
+        h = hfile.display().to_string(),
+        m = t.mnt.display().to_string(),
+    );
+    let e = py(t.dir.path(), &enc, None);
+    if e.trim() == "encode EOPNOTSUPP" || e.trim() == "encode ENOTSUP" {
+        // Not offered: nothing can go stale. (The kernel answers EOPNOTSUPP itself when the
+        // daemon asks for FUSE_NO_EXPORT_SUPPORT.)
+        return;
+    }
+    assert_eq!(e.trim(), "encode ok");
+    assert_eq!(py(t.dir.path(), &dec, None).trim(), "decode hello", "warm");
+    drop_caches();
+    assert_eq!(
+        py(t.dir.path(), &dec, None).trim(),
+        "decode hello",
+        "after drop_caches"
+    );
+    unmount_first(&t);
+    let _s = Serve::new(&t.src, &t.mnt);
+    assert_eq!(
+        py(t.dir.path(), &dec, None).trim(),
+        "decode hello",
+        "after remount"
+    );
+}
+
+/// A file system mounted inside SRC (tmpfs: its inode numbers repeat SRC's small ones) gets
+/// stable numbers of its own that never collide with SRC's: hard links there share one, `du`
+/// counts them once, and they survive the kernel forgetting the inodes.
+#[test]
+fn inner_mount_inodes_distinct_and_stable() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    make_tree(&t.src);
+    std::fs::create_dir(t.s("inner")).unwrap();
+    sh_ok(&t.src, "mount -t tmpfs -o size=1m dctest inner");
+    struct Umount(PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _u = Umount(t.s("inner"));
+    sh_ok(
+        &t.src,
+        "set -e; cd inner; mkdir -p x/y; for i in 1 2 3 4 5 6 7 8; do head -c 5000 /dev/zero > f$i; done\n\
+         ln f1 x/y/h1; ln f2 x/h2",
+    );
+    let q = "find . -exec stat -c '%i %n' {} + | sort -k2";
+    let listing = |dir: &Path| {
+        let mut by_ino = std::collections::BTreeMap::<String, Vec<String>>::new();
+        for l in sh_ok(dir, q).lines() {
+            let (i, n) = l.split_once(' ').unwrap();
+            by_ino.entry(i.to_string()).or_default().push(n.to_string());
+        }
+        // The groups of names sharing an inode (the partition), which must be the same.
+        let mut groups: Vec<Vec<String>> = by_ino.into_values().collect();
+        groups.sort();
+        groups
+    };
+    let native = listing(&t.src);
+    let fused = listing(&t.mnt);
+    assert_eq!(native, fused, "names sharing an inode");
+    let before = sh_ok(&t.mnt, q);
+    drop_caches();
+    assert_eq!(before, sh_ok(&t.mnt, q), "after drop_caches");
+    // SRC's own files keep SRC's numbers.
+    assert_eq!(
+        sh_ok(&t.mnt, "stat -c %i a/f1.txt"),
+        sh_ok(&t.src, "stat -c %i a/f1.txt")
+    );
+    // du counts each (st_dev, st_ino) once: natively two devices, one through the mount.
+    assert_eq!(
+        sh_ok(&t.mnt, "du -s --apparent-size -B1 inner ."),
+        sh_ok(&t.src, "du -s --apparent-size -B1 inner .")
+    );
+}
+
+/// Run the same script in a native directory and in the mount; both outputs.
+fn native_and_mount(t: &TestMount, script: &str) -> (String, String) {
+    let native = t.dir.path().join("native");
+    let _ = std::fs::create_dir(&native);
+    (sh_ok(&native, script), sh_ok(&t.mnt, script))
+}
+
+/// renameat2(RENAME_WHITEOUT) leaves a 0/0 character device at the old name (as ext4 does;
+/// overlayfs needs it), alone and with RENAME_NOREPLACE.
+#[test]
+fn rename_whiteout_matches_native() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let script = r#"python3 -c '
+import ctypes, os, errno
+libc = ctypes.CDLL(None, use_errno=True)
+WHITEOUT, NOREPLACE = 4, 1
+def ren(a, b, fl):
+    r = libc.renameat2(-100, a.encode(), -100, b.encode(), fl)
+    return "ok" if r == 0 else errno.errorcode[ctypes.get_errno()]
+open("a", "w").write("A"); open("b", "w").write("B"); open("c", "w").write("C")
+print(ren("a", "b", WHITEOUT))
+st = os.lstat("a"); print(oct(st.st_mode), os.major(st.st_rdev), os.minor(st.st_rdev))
+print(open("b").read(), sorted(os.listdir(".")))
+print(ren("c", "b", WHITEOUT | NOREPLACE), ren("c", "d", WHITEOUT | NOREPLACE))
+st = os.lstat("c"); print(oct(st.st_mode), open("d").read(), sorted(os.listdir(".")))
+'"#;
+    let (n, m) = native_and_mount(&t, script);
+    assert!(n.starts_with("ok\n0o20000 0 0\n"), "native: {n}");
+    assert_eq!(n, m);
+    // SRC has the whiteout too.
+    assert_eq!(
+        sh_ok(&t.src, "stat -c '%F %t %T' a"),
+        "character special file 0 0\n"
+    );
+}
+/// lsattr/chattr (FS_IOC_GETFLAGS/SETFLAGS) and FS_IOC_FSGETXATTR/FSSETXATTR on files and
+/// directories give what they give natively, and reach SRC.
+#[test]
+fn inode_flag_ioctls_match_native() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let script = r#"set -e
+mkdir -p d; touch f d/g
+chattr +A f; chattr +d d; chattr +A d/g
+lsattr -d f d d/g
+chattr -A f; lsattr -d f
+python3 -c '
+import fcntl, os, struct
+GET, SET = 0x801c581f, 0x401c5820
+for p in ("f", "d"):
+    fd = os.open(p, os.O_RDONLY)
+    x = bytearray(28); fcntl.ioctl(fd, GET, x)
+    xflags = struct.unpack("I", x[:4])[0]
+    x[0:4] = struct.pack("I", xflags | 0x80)  # FS_XFLAG_NODUMP
+    fcntl.ioctl(fd, SET, bytes(x))
+    y = bytearray(28); fcntl.ioctl(fd, GET, y)
+    print(p, hex(xflags), hex(struct.unpack("I", y[:4])[0]))
+    os.close(fd)
+'
+lsattr -d f d
+"#;
+    let (n, m) = native_and_mount(&t, script);
+    assert_eq!(n, m);
+    assert_eq!(
+        sh_ok(&t.src, "lsattr -d f d"),
+        sh_ok(&t.mnt, "lsattr -d f d")
+    );
+    // An ordinary user may not change another user's flags (EPERM, as natively).
+    let o = sh(
+        &t.mnt,
+        "setpriv --reuid=1000 --regid=1000 --clear-groups chattr +A f",
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Operation not permitted"));
+}
+
+/// chown(f, -1, -1) changes nothing but the ctime, as on ext4.
+#[test]
+fn chown_minus_one_updates_ctime() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let script = r#"python3 -c '
+import os, time
+open("f", "w").close(); os.mkdir("d")
+for p in ("f", "d"):
+    before = os.lstat(p).st_ctime_ns
+    time.sleep(0.02)
+    os.chown(p, -1, -1)
+    print(p, os.lstat(p).st_ctime_ns > before)
+'"#;
+    let (n, m) = native_and_mount(&t, script);
+    assert_eq!(n, "f True\nd True\n");
+    assert_eq!(n, m);
+}
+
+/// `setup` run natively in a native directory and in SRC, then `script` in the native
+/// directory and in the mount (which saw nothing of the setup but the change feed).
+fn setup_native_and_mount(t: &TestMount, setup: &str, script: &str) -> (String, String) {
+    let native = t.dir.path().join("native");
+    let _ = std::fs::create_dir(&native);
+    sh_ok(&native, setup);
+    sh_ok(&t.src, setup);
+    (sh_ok(&native, script), sh_ok(&t.mnt, script))
+}
+
+/// A read moves the atime as the backend's relatime rule says, and `stat` on the mount shows
+/// it (the kernel keeps attributes for a day unless told).
+#[test]
+fn atime_after_read_matches_native() {
+    if !can_mount() {
+        return;
+    }
+    for passthrough in [true, false] {
+        let t = TestMount::with_policy(dircache_fuse::CachePolicy {
+            passthrough,
+            ..Default::default()
+        });
+        let setup = "echo data > f; cp f g; touch -a -d 2000-01-01 f g";
+        let script = r#"set -e
+stat -c %X f
+cat f > /dev/null
+python3 -c 'import os, time; print(abs(os.stat("f").st_atime - time.time()) < 5)'
+python3 -c 'import os; print(os.stat("g").st_atime); os.open("g", os.O_RDONLY); print(os.stat("g").st_atime)'
+python3 -c 'import os, time; fd = os.open("g", os.O_RDONLY); os.read(fd, 1); print(abs(os.stat("g").st_atime - time.time()) < 5)'
+sleep 0.1
+ls -lu --time-style=+%s | awk 'NF > 5 { print $7, ($6 > 946684800) }'
+"#;
+        let (n, m) = setup_native_and_mount(&t, setup, script);
+        assert_eq!(
+            n,
+            "946684800\nTrue\n946684800.0\n946684800.0\nTrue\nf 1\ng 1\n"
+        );
+        assert_eq!(n, m, "passthrough {passthrough}");
+    }
+}
+
+/// Writes through a shared mapping move mtime and ctime (at msync, at the latest at close),
+/// and `stat` on the mount shows it.
+#[test]
+fn mtime_after_mmap_write_matches_native() {
+    if !can_mount() {
+        return;
+    }
+    for passthrough in [true, false] {
+        let t = TestMount::with_policy(dircache_fuse::CachePolicy {
+            passthrough,
+            ..Default::default()
+        });
+        let setup = "head -c 8192 /dev/zero > f; touch -d 2000-01-01 f; cp -p f g";
+        // As xfstests' generic/080: separate processes, no stat while the file is open.
+        let script = r#"stat -c %Y f g
+python3 -c '
+import mmap, os
+fd = os.open("f", os.O_RDWR)
+m = mmap.mmap(fd, 8192)
+m[0:5] = b"hello"
+m.close(); os.close(fd)
+'
+sleep 0.2
+stat -c %Y f | awk '{ print ($1 > 946684800) }'
+python3 -c '
+import mmap, os
+fd = os.open("g", os.O_RDWR)
+m = mmap.mmap(fd, 8192)
+m[0:5] = b"hello"
+m.flush()
+os.system("stat -c %Y g | awk \"{ print (\\$1 > 946684800) }\"")
+m[4096:4101] = b"world"
+m.close(); os.close(fd)
+'
+python3 -c 'print(open("f", "rb").read(5), open("g", "rb").read()[4096:4101])'
+"#;
+        let (n, m) = setup_native_and_mount(&t, setup, script);
+        assert_eq!(n, "946684800\n946684800\n1\n1\nb'hello' b'world'\n");
+        assert_eq!(n, m, "passthrough {passthrough}");
+    }
+}
+/// fstat of an open directory that was renamed over (its last name gone): nlink 0, not
+/// ENOENT.
+#[test]
+fn fstat_of_replaced_directory_matches_native() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let script = r#"python3 -c '
+import os
+os.mkdir("a"); os.mkdir("b")
+fd = os.open("b", os.O_RDONLY | os.O_DIRECTORY)
+os.rename("a", "b")
+st = os.fstat(fd)
+print(st.st_nlink, oct(st.st_mode))
+fd2 = os.open("f", os.O_CREAT | os.O_WRONLY, 0o644)
+os.unlink("f")
+print(os.fstat(fd2).st_nlink)
+'"#;
+    let (n, m) = native_and_mount(&t, script);
+    assert_eq!(n, "0 0o40755\n0\n");
+    assert_eq!(n, m);
+}
+
+/// On a `noatime` mount, reads leave the atime alone, also in SRC: as a native noatime
+/// mount, for the file's owner and for another user, with and without passthrough.
+#[test]
+fn noatime_mount_leaves_atime_alone() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("dcnoatime")
+        .tempdir()
+        .unwrap();
+    chmod(dir.path(), 0o755);
+    let native = dir.path().join("native");
+    std::fs::create_dir(&native).unwrap();
+    // The oracle: a noatime bind mount of a native directory.
+    sh_ok(
+        dir.path(),
+        "mount --bind native native && mount -o remount,bind,noatime native",
+    );
+    struct Umount(PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _u = Umount(native.clone());
+    let setup = "echo data > f; chmod 644 f; touch -a -d 2000-01-01 f";
+    let script =
+        "cat f > /dev/null; setpriv --reuid=1000 --regid=1000 --clear-groups cat f > /dev/null; \
+                  stat -c %X f";
+    sh_ok(&native, setup);
+    let n = sh_ok(&native, script);
+    assert_eq!(n, "946684800\n");
+    for passthrough in [true, false] {
+        let src = dir.path().join(format!("src{passthrough}"));
+        let mnt = dir.path().join(format!("mnt{passthrough}"));
+        std::fs::create_dir(&src).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        sh_ok(&src, setup);
+        let _s = Serve::with(
+            &src,
+            &mnt,
+            dircache_fuse::CachePolicy {
+                passthrough,
+                ..Default::default()
+            },
+            libc::MS_NOATIME,
+        );
+        assert_eq!(sh_ok(&mnt, script), n, "passthrough {passthrough}");
+        assert_eq!(
+            sh_ok(&src, "stat -c %X f"),
+            n,
+            "SRC, passthrough {passthrough}"
+        );
+    }
+}
+
+/// A file deleted in SRC whose inode number ext4 gives to a new file while the kernel still
+/// holds the old inode: the new file shows its own content and attributes (a new generation
+/// makes the kernel drop the old inode), with SRC's inode number.
+#[test]
+fn reused_inode_number_is_a_new_file() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    sh_ok(&t.src, "for i in $(seq 1 20); do echo old$i > f$i; done");
+    let mut checked = 0;
+    for i in 1..=20 {
+        let old = t.m(&format!("f{i}"));
+        // The kernel holds the inode (an O_PATH descriptor pins it without any open file in
+        // the daemon, so ext4 may free the number) and caches its pages.
+        assert_eq!(std::fs::read_to_string(&old).unwrap(), format!("old{i}\n"));
+        let _pin = rustix::fs::open(&old, rustix::fs::OFlags::PATH, rustix::fs::Mode::empty())
+            .expect("O_PATH");
+        let ino = sh_ok(&t.src, &format!("stat -c %i f{i}"));
+        std::fs::remove_file(t.s(&format!("f{i}"))).unwrap();
+        wait_for(Duration::from_secs(5), || !old.exists()).expect("deletion seen");
+        std::fs::write(t.s(&format!("n{i}")), format!("brand new {i}, longer\n")).unwrap();
+        if sh_ok(&t.src, &format!("stat -c %i n{i}")) != ino {
+            continue;
+        }
+        checked += 1;
+        let new = t.m(&format!("n{i}"));
+        wait_for(Duration::from_secs(5), || new.exists()).expect("creation seen");
+        assert_eq!(
+            std::fs::read_to_string(&new).unwrap(),
+            format!("brand new {i}, longer\n")
+        );
+        assert_eq!(sh_ok(&t.mnt, &format!("stat -c %i n{i}")), ino);
+    }
+    assert!(checked > 0, "ext4 never reused an inode number here");
+}
