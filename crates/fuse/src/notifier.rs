@@ -128,21 +128,26 @@ impl NotifierState {
                     b.entry(parent, name);
                     b.inode(parent);
                 }
-                // The kernel knows each inode once, by (dev, ino), whatever names it was
-                // reached by: a change through another name (chmod, ln) must reach it too.
-                let c = self.cache.kernel_checked(Cred::root());
-                if let Some(n) = self
-                    .inodes
-                    .get(parent)
-                    .and_then(|d| self.cache.lookup_child(&c, &d, name).ok())
-                {
-                    if let Some(id) = self.inodes.nodeid_of(&n) {
+                if attr_only {
+                    let c = self.cache.kernel_checked(Cred::root());
+                    if let Some(id) = self
+                        .inodes
+                        .get(parent)
+                        .and_then(|d| self.cache.lookup_child(&c, &d, name).ok())
+                        .and_then(|n| self.inodes.nodeid_of(&n))
+                    {
                         b.inode(id);
                     }
-                    if n.file_type().is_some_and(|t| t != FileType::Directory) {
-                        if let Ok(a) = self.cache.getattr(&n) {
-                            self.inode_changed(a.dev, a.ino, &mut b);
-                        }
+                }
+                // The kernel knows each inode once, by (dev, ino), whatever names it was
+                // reached by: a change through another name (chmod, ln) must reach it too.
+                // Asked of the backend directly: the notifier must not fill the cache with
+                // names nobody looked up (their attributes could then go stale through
+                // changes the feed does not report, such as an atime-only utimensat).
+                let (dir, _) = split_path(p);
+                if let Ok(a) = self.cache.backend().lookup(dir, name) {
+                    if a.kind() != FileType::Directory {
+                        self.inode_changed(a.dev, a.ino, &mut b);
                     }
                 }
             } else if attr_only {
