@@ -14,10 +14,12 @@
 //! `(dev, ino)` so all hard links share one ([`inodes`]). `st_ino` seen through the mount is
 //! the nodeid (fuser reports one number for both).
 
+mod ascaller;
 pub mod creds;
 pub mod fs;
 pub mod inodes;
 pub mod notifier;
+mod openfds;
 pub mod policy;
 pub mod stats;
 
