@@ -486,12 +486,7 @@ impl DircacheFs {
     /// already holds for the inode with the same flags, else a new one opened as the caller
     /// (within the caller's share of descriptors) and checked to be the kernel's inode.
     fn open_shared(&self, c: &Creds, ino: INodeNo, oflags: i32) -> Result<Arc<SharedFd>, Errno> {
-        let cred = c.cred().clone();
-        let key = FdKey {
-            nodeid: ino.0,
-            flags: oflags,
-            cred,
-        };
+        let key = FdKey::new(ino.0, oflags, c.cred().clone());
         if let Some(s) = self.fds.get(&key) {
             return Ok(s);
         }
@@ -742,13 +737,17 @@ impl fuser::Filesystem for DircacheFs {
             let of = fh.and_then(|fh| self.open_file(fh).ok());
             let r = match &of {
                 Some(of) => Self::truncate_fd(&of.fd, &cred, size).map(|()| of.fd.clone()),
-                None => self
-                    .open_shared(
-                        &self.creds(req),
-                        ino,
-                        libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-                    )
-                    .and_then(|fd| Self::truncate_fd(&fd, &cred, size).map(|()| fd)),
+                // open(O_TRUNC) sends this without its handle: the caller's descriptor for
+                // writing that open just made is found again without another open.
+                None => {
+                    let c = self.creds(req);
+                    let rw = FdKey::new(ino.0, libc::O_RDWR, c.cred().clone());
+                    match self.fds.get(&rw) {
+                        Some(fd) => Ok(fd),
+                        None => self.open_shared(&c, ino, libc::O_WRONLY | libc::O_NONBLOCK),
+                    }
+                    .and_then(|fd| Self::truncate_fd(&fd, &cred, size).map(|()| fd))
+                }
             };
             let fd = match r {
                 Ok(fd) => fd,
@@ -1647,11 +1646,7 @@ impl fuser::Filesystem for DircacheFs {
         let fattr = fuse_attr(id, &a);
         let writable = is_writable(flags);
         let cred = c.cred().clone();
-        let key = FdKey {
-            nodeid: id,
-            flags: Self::open_flags(flags) & !libc::O_TRUNC,
-            cred: cred.clone(),
-        };
+        let key = FdKey::new(id, oflags, cred.clone());
         let fd = self.fds.insert(Some(key), cred.uid, fd, oflags);
         if self.passthrough {
             match self.backing_for(id, &cred, || reply.open_backing(&*fd)) {

@@ -21,9 +21,28 @@ use parking_lot::Mutex;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FdKey {
     pub nodeid: u64,
-    /// open(2) flags of the daemon's descriptor (access mode and the flags that change I/O).
+    /// The open(2) flags that matter for the daemon's I/O on the descriptor (see
+    /// [`FdKey::new`]).
     pub flags: i32,
     pub cred: Cred,
+}
+
+/// The kernel's `__FMODE_EXEC` (an open for execve).
+const FMODE_EXEC: i32 = 0o40;
+
+impl FdKey {
+    /// The key of an open of `nodeid` with open(2) `flags` by `cred`. Only the access mode,
+    /// the synchronous-write flags, O_NOATIME and the exec mark tell descriptors apart: reads
+    /// and writes are positional, appends are per write (RWF_APPEND), O_LARGEFILE, O_NONBLOCK
+    /// and O_CLOEXEC change nothing for the daemon's I/O on a regular file.
+    pub fn new(nodeid: u64, flags: i32, cred: Cred) -> FdKey {
+        let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME | FMODE_EXEC;
+        FdKey {
+            nodeid,
+            flags: flags & keep,
+            cred,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -177,11 +196,7 @@ mod tests {
             per_user: 2,
             total: 3,
         };
-        let k = |n| FdKey {
-            nodeid: n,
-            flags: 0,
-            cred: Cred::new(7, 7, []),
-        };
+        let k = |n| FdKey::new(n, libc::O_RDONLY | libc::O_LARGEFILE, Cred::new(7, 7, []));
         let a = t.insert(Some(k(1)), 7, fd(), 0);
         assert!(Arc::ptr_eq(&t.get(&k(1)).unwrap(), &a));
         let a2 = t.insert(Some(k(1)), 7, fd(), 0);
