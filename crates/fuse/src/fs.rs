@@ -516,9 +516,12 @@ impl DircacheFs {
 
     /// Whether the kernel may believe `node` has set-user-ID/set-group-ID bits that a write
     /// by a caller without CAP_FSETID clears in the backing file system.
-    fn has_privs(&self, node: &NodeRef) -> bool {
+    fn has_privs(&self, of: &OpenFile) -> bool {
+        // The core's attributes (what the kernel was told), else the real file's now.
         self.cache
-            .getattr(node)
+            .getattr(&of.node)
+            .ok()
+            .or_else(|| attr_of_fd(&*of.fd).ok())
             .map(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
             .unwrap_or(true)
     }
@@ -1105,7 +1108,7 @@ impl fuser::Filesystem for DircacheFs {
         // meanwhile would be overwritten). Page cache writeback writes where it says.
         let append =
             flags.0 & libc::O_APPEND != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        let privs = self.has_privs(&of.node);
+        let privs = self.has_privs(&of);
         let cred = self.io_cred(req, &of);
         let mut done = 0usize;
         {
@@ -1706,7 +1709,7 @@ impl fuser::Filesystem for DircacheFs {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        let privs = self.has_privs(&of.node);
+        let privs = self.has_privs(&of);
         let r = {
             // As the caller: the backing file system clears set-id bits as for that user.
             let _g = match AsCaller::switch(&self.io_cred(req, &of)) {
@@ -1780,7 +1783,7 @@ impl fuser::Filesystem for DircacheFs {
         };
         let mut oin = offset_in as i64;
         let mut oout = offset_out as i64;
-        let privs = self.has_privs(&fout.node);
+        let privs = self.has_privs(&fout);
         let r = {
             // As the caller: the backing file system clears set-id bits as for that user.
             let _g = match AsCaller::switch(&self.io_cred(req, &fout)) {
