@@ -534,6 +534,47 @@ impl DircacheFs {
         self.queue_inval_inode(of.nodeid);
     }
 
+    /// chown, chmod and utimens of an open file through its descriptor, as `cred`.
+    fn setattr_fd(fd: &SharedFd, cred: &Cred, set: &SetAttr) -> Result<Attr, Errno> {
+        let e = |e: rustix::io::Errno| Errno::from_i32(e.raw_os_error());
+        {
+            let _g = AsCaller::switch(cred).map_err(|e| Errno::from_i32(e.errno()))?;
+            if set.uid.is_some() || set.gid.is_some() {
+                rustix::fs::fchown(
+                    fd,
+                    set.uid.map(rustix::fs::Uid::from_raw),
+                    set.gid.map(rustix::fs::Gid::from_raw),
+                )
+                .map_err(e)?;
+            }
+            if let Some(m) = set.mode {
+                rustix::fs::fchmod(fd, rustix::fs::Mode::from_raw_mode(m & 0o7777)).map_err(e)?;
+            }
+            if set.atime.is_some() || set.mtime.is_some() {
+                let ts = |t: Option<TimeSet>| match t {
+                    None => rustix::fs::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: rustix::fs::UTIME_OMIT,
+                    },
+                    Some(TimeSet::Now) => rustix::fs::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: rustix::fs::UTIME_NOW,
+                    },
+                    Some(TimeSet::At(t)) => rustix::fs::Timespec {
+                        tv_sec: t.sec,
+                        tv_nsec: i64::from(t.nsec) as _,
+                    },
+                };
+                let times = rustix::fs::Timestamps {
+                    last_access: ts(set.atime),
+                    last_modification: ts(set.mtime),
+                };
+                rustix::fs::futimens(fd, &times).map_err(e)?;
+            }
+        }
+        attr_of_fd(fd).map_err(io_errno)
+    }
+
     /// Truncate the file open as `of` to `size` as `cred`, through its descriptor (reopened
     /// for writing through /proc as the caller when the handle's descriptor is read-only, as
     /// for open(O_RDONLY|O_TRUNC)).
@@ -784,6 +825,26 @@ impl fuser::Filesystem for DircacheFs {
                     self.attrs_changed(&node);
                 }
                 reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a))
+            }
+            Err(e) if e == Errno::ENOENT || e == Errno::ESTALE => {
+                // fchmod/fchown/futimens of an open file whose name is gone: the kernel sends
+                // no handle for those, but the inode is still open here.
+                let of = self
+                    .files
+                    .lock()
+                    .values()
+                    .find(|f| f.nodeid == ino.0)
+                    .cloned();
+                let Some(of) = of else {
+                    return reply.error(e);
+                };
+                match Self::setattr_fd(&of.fd, c.cred(), &set) {
+                    Ok(a) => {
+                        self.attrs_changed(&node);
+                        reply.attr(&self.policy.attr_ttl, &fuse_attr(ino.0, &a))
+                    }
+                    Err(e) => reply.error(e),
+                }
             }
             Err(e) => reply.error(e),
         }

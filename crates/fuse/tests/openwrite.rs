@@ -266,6 +266,35 @@ fn ftruncate_uses_the_descriptor() {
     }
 }
 
+const UNLINKED_OPEN: &str = r#"
+import os, errno
+def e(f, *a):
+    try:
+        f(*a); return 'ok'
+    except OSError as x:
+        return errno.errorcode.get(x.errno, str(x.errno))
+fd = os.open('u', os.O_CREAT | os.O_RDWR, 0o644); os.unlink('u')
+print('fchmod', e(os.fchmod, fd, 0o600), oct(os.fstat(fd).st_mode & 0o777))
+print('futimens', e(os.utime, fd, (5, 5)), os.fstat(fd).st_mtime)
+print('fchown', e(os.fchown, fd, 123, 456), os.fstat(fd).st_uid, os.fstat(fd).st_gid)
+print('ftruncate', e(os.ftruncate, fd, 7), os.fstat(fd).st_size)
+"#;
+
+/// Finding 18 (the other descriptor calls): fchmod, futimens and fchown of an open file whose
+/// name is gone act on that file (the kernel sends no handle for them).
+#[test]
+fn descriptor_calls_on_an_unlinked_open_file() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let native = t.dir.path().join("native");
+    std::fs::create_dir(&native).unwrap();
+    let want = py(&native, UNLINKED_OPEN, None);
+    assert!(want.starts_with("fchmod ok 0o600"), "native oracle: {want}");
+    assert_eq!(py(&t.mnt, UNLINKED_OPEN, None), want);
+}
+
 const EXEC_ONLY: &str = r#"
 import os, errno, subprocess
 try:
