@@ -10,10 +10,18 @@
 //! the registering thread for every later read and write of that inode by any opener, so that
 //! registration also drops CAP_FSETID for a root caller ([`AsCaller::switch_no_fsetid`]):
 //! the bits are then cleared by root's passthrough writes too, never kept for a user's.
+//!
+//! An fs uid switch keeps the capabilities outside the file-system set, notably
+//! CAP_SYS_RESOURCE (quota limits and the blocks reserved for root do not apply to its
+//! holder): for a caller other than root every effective capability is dropped but
+//! CAP_SYS_ADMIN (which registering a passthrough backing file needs), and a passthrough
+//! registration for root drops CAP_SYS_RESOURCE too, since other users' writes share it.
 
 use dircache_core::Cred;
 
 const CAP_FSETID: u32 = 4;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_SYS_RESOURCE: u32 = 24;
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
 #[repr(C)]
@@ -147,7 +155,7 @@ impl AsCaller {
         let fsuid = unsafe { libc::syscall(libc::SYS_setfsuid, -1i32) } as u32;
         // SAFETY: as above.
         let fsgid = unsafe { libc::syscall(libc::SYS_setfsgid, -1i32) } as u32;
-        let caps = if no_fsetid && cred.uid == 0 {
+        let caps = if no_fsetid || cred.uid != 0 {
             Some(capget().map_err(AsCallerError::Switch)?)
         } else {
             None
@@ -164,9 +172,15 @@ impl AsCaller {
         };
         setfs(libc::SYS_setfsgid, cred.gid).map_err(AsCallerError::Switch)?;
         setfs(libc::SYS_setfsuid, cred.uid).map_err(AsCallerError::Switch)?;
+        // After the id switch (setfsuid needs CAP_SETUID); the guard restores them first.
         if let Some(c) = caps {
             let mut d = c;
-            d[0].effective &= !(1 << CAP_FSETID);
+            if cred.uid != 0 {
+                d[0].effective &= 1 << CAP_SYS_ADMIN;
+                d[1].effective = 0;
+            } else {
+                d[0].effective &= !((1 << CAP_FSETID) | (1 << CAP_SYS_RESOURCE));
+            }
             capset(&d).map_err(AsCallerError::Switch)?;
         }
         Ok(g)
@@ -200,8 +214,12 @@ mod tests {
     }
 
     fn has_fsetid() -> bool {
+        has_cap(CAP_FSETID)
+    }
+
+    fn has_cap(c: u32) -> bool {
         capget()
-            .map(|d| d[0].effective & (1 << CAP_FSETID) != 0)
+            .map(|d| d[0].effective & (1 << c) != 0)
             .unwrap_or(false)
     }
 
@@ -210,19 +228,36 @@ mod tests {
         if !is_root_process() {
             return;
         }
-        let before = (fsuid(), getgroups().unwrap(), has_fsetid());
+        // (CAP_SYS_RESOURCE may be missing from the bounding set of a container.)
+        let before = (
+            fsuid(),
+            getgroups().unwrap(),
+            has_fsetid(),
+            has_cap(CAP_SYS_RESOURCE),
+        );
         {
             let _g = AsCaller::switch(&Cred::new(1000, 1000, [5])).unwrap();
             assert_eq!(fsuid(), 1000);
             assert_eq!(getgroups().unwrap(), vec![5]);
             assert!(!has_fsetid());
+            assert!(!has_cap(CAP_SYS_RESOURCE));
+            assert!(has_cap(CAP_SYS_ADMIN));
         }
-        assert_eq!((fsuid(), getgroups().unwrap(), has_fsetid()), before);
+        let now = || {
+            (
+                fsuid(),
+                getgroups().unwrap(),
+                has_fsetid(),
+                has_cap(CAP_SYS_RESOURCE),
+            )
+        };
+        assert_eq!(now(), before);
         {
             let _g = AsCaller::switch_no_fsetid(&Cred::root()).unwrap();
             assert_eq!(fsuid(), 0);
             assert!(!has_fsetid());
+            assert!(!has_cap(CAP_SYS_RESOURCE));
         }
-        assert_eq!((fsuid(), getgroups().unwrap(), has_fsetid()), before);
+        assert_eq!(now(), before);
     }
 }

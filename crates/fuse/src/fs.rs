@@ -605,6 +605,18 @@ impl DircacheFs {
         }
     }
 
+    /// Open flags for a handle the daemon serves (no passthrough) of a file opened with
+    /// open(2) `flags`. A caller that appends gets direct I/O: through the page cache the
+    /// kernel splits a write at a page boundary into two WRITEs, and two appends could then
+    /// land with another writer's data between them (a native O_APPEND write is one piece).
+    fn fopen_flags_for(&self, flags: i32) -> FopenFlags {
+        if flags & libc::O_APPEND != 0 {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            self.fopen_flags()
+        }
+    }
+
     /// Queue a kernel invalidation of `nodeid`'s attributes (sent by the notifier thread).
     fn queue_inval_inode(&self, nodeid: u64) {
         let _ = self.notify.send(NotifyMsg::InvalInode(nodeid));
@@ -1115,7 +1127,7 @@ impl fuser::Filesystem for DircacheFs {
             backing: false,
             cred,
         });
-        reply.opened(FileHandle(fh), self.fopen_flags())
+        reply.opened(FileHandle(fh), self.fopen_flags_for(flags.0))
     }
 
     fn read(
@@ -1751,7 +1763,7 @@ impl fuser::Filesystem for DircacheFs {
             &fattr,
             Generation(0),
             FileHandle(fh),
-            self.fopen_flags(),
+            self.fopen_flags_for(flags),
         )
     }
 

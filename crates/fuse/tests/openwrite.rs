@@ -31,7 +31,8 @@ fn no_passthrough() -> dircache_fuse::CachePolicy {
 }
 
 /// Finding 1: with `-o nopassthrough` the daemon wrote at the offset the kernel computed from
-/// its cached size, so appends made natively meanwhile were overwritten.
+/// its cached size, so appends made natively meanwhile were overwritten. Lines are ~100 bytes
+/// so that many cross a page boundary (where the kernel's page cache would split a write).
 #[test]
 fn appends_from_both_sides_are_all_kept_without_passthrough() {
     if !can_mount() {
@@ -41,35 +42,52 @@ fn appends_from_both_sides_are_all_kept_without_passthrough() {
     std::fs::write(t.s("log"), b"").unwrap();
     // Let the mount know the file (and cache its size) before the race starts.
     assert_eq!(std::fs::metadata(t.m("log")).unwrap().len(), 0);
-    const N: usize = 2000;
-    let script = |path: &Path, tag: &str| {
-        format!(
-            "import os\nfor i in range({N}):\n    fd = os.open({:?}, os.O_WRONLY | os.O_APPEND)\n    os.write(fd, b'{tag} %06d\\n' % i)\n    os.close(fd)\n",
-            path.display()
-        )
-    };
+    const N: usize = 3000;
+    // The mount's writer appends N lines, then creates `done`; the native writer appends
+    // until then (so the two really overlap) and says how many lines it wrote.
+    let done = t.dir.path().join("done");
+    let mount_script = format!(
+        "import os\npad = b'.' * 85\nfor i in range({N}):\n    fd = os.open({:?}, os.O_WRONLY | os.O_APPEND)\n    os.write(fd, b'mount %06d ' % i + pad + b'\\n')\n    os.close(fd)\nopen({:?}, 'w').close()\n",
+        t.m("log").display(),
+        done.display()
+    );
+    let native_script = format!(
+        "import os\npad = b'.' * 85\ni = 0\nwhile not os.path.exists({:?}):\n    fd = os.open({:?}, os.O_WRONLY | os.O_APPEND)\n    os.write(fd, b'native %06d ' % (i % 1000000) + pad + b'\\n')\n    os.close(fd)\n    i += 1\nprint(i)\n",
+        done.display(),
+        t.s("log").display()
+    );
     let spawn = |s: String| {
         Command::new(PY)
             .arg("-c")
             .arg(s)
             .stdin(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .expect("python")
     };
-    let mut a = ChildGuard(Some(spawn(script(&t.s("log"), "native"))), None);
-    let mut b = ChildGuard(Some(spawn(script(&t.m("log"), "mount"))), None);
-    for c in [&mut a, &mut b] {
-        let st = c.0.as_mut().unwrap().wait().expect("wait");
-        assert!(st.success());
-    }
+    let mut a = ChildGuard(Some(spawn(native_script)), None);
+    let mut b = ChildGuard(Some(spawn(mount_script)), None);
+    let st = b.0.as_mut().unwrap().wait().expect("wait");
+    assert!(st.success());
+    let out = a.0.take().unwrap().wait_with_output().expect("wait");
+    assert!(out.status.success());
+    let n_native: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     let data = std::fs::read_to_string(t.s("log")).unwrap();
     let lines: Vec<&str> = data.lines().collect();
-    let native = lines.iter().filter(|l| l.starts_with("native ")).count();
-    let mount = lines.iter().filter(|l| l.starts_with("mount ")).count();
+    let whole = |l: &&&str, tag: &str| {
+        l.starts_with(tag) && l.len() == tag.len() + 7 + 85 && l.ends_with('.')
+    };
+    let native = lines.iter().filter(|l| whole(l, "native ")).count();
+    let mount = lines.iter().filter(|l| whole(l, "mount ")).count();
+    let odd: Vec<&&str> = lines
+        .iter()
+        .filter(|l| !whole(l, "native ") && !whole(l, "mount "))
+        .take(3)
+        .collect();
     assert_eq!(
         (native, mount, lines.len()),
-        (N, N, 2 * N),
-        "lines kept in SRC/log (native, mount, total)"
+        (n_native, N, n_native + N),
+        "whole lines in SRC/log (native, mount, total); others: {odd:?}"
     );
     // And the mount does not keep a wrong size or wrong data afterwards.
     let same = wait_for(Duration::from_secs(5), || {
