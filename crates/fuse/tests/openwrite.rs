@@ -410,7 +410,14 @@ fn one_users_open_files_do_not_starve_others() {
     release(g);
     let (n, err) = line.split_once(' ').unwrap_or(("0", ""));
     let n: usize = n.parse().unwrap_or(0);
-    assert!(n >= 19_900 && err == "EMFILE", "the hog itself: {line}");
+    // The hog inherits this process's limit (20,000 on the reference machine).
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(20_000) as usize;
+    assert!(
+        n + 100 >= lim && err == "EMFILE",
+        "the hog itself (limit {lim}): {line}"
+    );
     assert_eq!(
         other, "otherdone\n",
         "uid 1001 while uid 1000 holds {n} opens"
