@@ -22,9 +22,11 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
+use crate::ascaller::AsCaller;
 use crate::creds::GroupsCache;
 use crate::inodes::{Inodes, ROOT};
 use crate::notifier::NotifyMsg;
+use crate::openfds::{FdKey, OpenFds, SharedFd};
 use crate::policy::CachePolicy;
 use crate::stats::{Op, RequestCounters, SOCKET_XATTR};
 use crate::umask::with_caller_umask;
@@ -172,11 +174,15 @@ impl XattrCall {
 }
 
 struct OpenFile {
-    fd: OwnedFd,
+    /// The daemon's descriptor, shared by the same caller's opens of the inode with the same
+    /// flags (see `openfds`).
+    fd: Arc<SharedFd>,
     nodeid: u64,
     node: NodeRef,
     writable: bool,
     backing: bool,
+    /// The opener, for data the kernel sends on nobody's behalf (page cache writeback).
+    cred: Cred,
 }
 
 /// The FUSE file system: a front end over an `Arc<Cache>`.
@@ -188,6 +194,7 @@ pub struct DircacheFs {
     inodes: Arc<Inodes>,
     groups: GroupsCache,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    fds: OpenFds,
     next_fh: AtomicU64,
     listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
     counters: Arc<RequestCounters>,
@@ -224,6 +231,7 @@ impl DircacheFs {
             rustix::fs::Mode::empty(),
         )
         .ok();
+        let fds = OpenFds::new(policy.max_open_per_user);
         let fs = DircacheFs {
             cache,
             policy,
@@ -232,6 +240,7 @@ impl DircacheFs {
             inodes: inodes.clone(),
             groups: GroupsCache::default(),
             files: Mutex::new(HashMap::new()),
+            fds,
             next_fh: AtomicU64::new(1),
             listings: Mutex::new(HashMap::new()),
             counters: counters.clone(),
@@ -253,7 +262,7 @@ impl DircacheFs {
     /// opened as the caller, who may not own the file (O_NOATIME at open would then be
     /// EPERM); F_SETFL runs as the daemon (CAP_FOWNER) and grants no access, only drops the
     /// atime update the mount option promises.
-    fn apply_noatime(&self, fd: &OwnedFd) {
+    fn apply_noatime(&self, fd: &impl AsFd) {
         if !self.noatime {
             return;
         }
@@ -545,8 +554,158 @@ impl DircacheFs {
 
     fn open_flags(flags: i32) -> i32 {
         // The kernel handles O_CREAT/O_EXCL itself; offsets come with every request, so the
-        // daemon's descriptor must not append; O_DIRECT is the kernel file's business.
+        // daemon's descriptor must not append (a write of a caller whose file appends is
+        // made with RWF_APPEND instead, see `write`); O_DIRECT is the kernel file's business.
         flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_APPEND | libc::O_DIRECT)
+    }
+
+    /// The requester of a data operation on `of`: the caller in the request header, or the
+    /// opener when the kernel sends it on nobody's behalf (pid 0: page cache writeback).
+    fn io_cred(&self, req: &Request, of: &OpenFile) -> Cred {
+        if req.pid() == 0 {
+            of.cred.clone()
+        } else {
+            self.groups.cred(req.pid(), req.uid(), req.gid())
+        }
+    }
+
+    /// Check that `fd` is the real inode the kernel's `nodeid` stands for (the path may name
+    /// another file since the kernel's lookup). ESTALE makes the kernel look the name up again.
+    fn check_same_inode(&self, nodeid: u64, fd: &OwnedFd) -> Result<(), Errno> {
+        let Some((_, _, _, key)) = self.inodes.locate(nodeid) else {
+            return Ok(());
+        };
+        if key == (u64::MAX, u64::MAX) {
+            return Ok(());
+        }
+        let st = rustix::fs::statx(
+            fd,
+            c"",
+            rustix::fs::AtFlags::EMPTY_PATH,
+            rustix::fs::StatxFlags::INO,
+        )
+        .map_err(|e| Errno::from_i32(e.raw_os_error()))?;
+        let dev = libc::makedev(st.stx_dev_major, st.stx_dev_minor);
+        if (dev, st.stx_ino) != key {
+            tracing::debug!("open of nodeid {nodeid}: the path names another inode now");
+            return Err(Errno::ESTALE);
+        }
+        Ok(())
+    }
+
+    /// The daemon's descriptor for an open of `ino` with `oflags` by `c`: the one this caller
+    /// already holds for the inode with the same flags, else a new one opened as the caller
+    /// (within the caller's share of descriptors) and checked to be the kernel's inode.
+    fn open_shared(&self, c: &Creds, ino: INodeNo, oflags: i32) -> Result<Arc<SharedFd>, Errno> {
+        let key = FdKey::new(ino.0, oflags, c.cred().clone());
+        if let Some(s) = self.fds.get(&key) {
+            return Ok(s);
+        }
+        self.fds.admit(key.cred.uid).map_err(Errno::from_i32)?;
+        let fd = self.with_node(ino, |n| self.cache.open_node(c, n, oflags))?;
+        self.check_same_inode(ino.0, &fd)?;
+        let uid = key.cred.uid;
+        Ok(self.fds.insert(Some(key), uid, fd, oflags))
+    }
+
+    /// Register `fd` as the passthrough backing file of `nodeid` (or share the inode's). The
+    /// kernel keeps the registering thread's credentials for every read and write through it,
+    /// by any opener: register as the caller, never with CAP_FSETID, so that a write through
+    /// it clears set-user-ID/set-group-ID bits as the backing file system decides.
+    fn backing_for(
+        &self,
+        nodeid: u64,
+        cred: &Cred,
+        register: impl FnOnce() -> std::io::Result<fuser::BackingId>,
+    ) -> std::io::Result<Arc<fuser::BackingId>> {
+        self.inodes.acquire_backing(nodeid, || {
+            let _g = AsCaller::switch_no_fsetid(cred)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+            register()
+        })
+    }
+
+    /// Whether the kernel may believe `node` has set-user-ID/set-group-ID bits that a write
+    /// by a caller without CAP_FSETID clears in the backing file system.
+    fn has_privs(&self, of: &OpenFile) -> bool {
+        // The core's attributes (what the kernel was told), else the real file's now.
+        self.cache
+            .getattr(&of.node)
+            .ok()
+            .or_else(|| attr_of_fd(&*of.fd).ok())
+            .map(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
+            .unwrap_or(true)
+    }
+
+    /// After a write-like call on a file that had set-id bits: the backing file system may
+    /// have cleared them; the kernel must not keep the old mode (it decides exec and access
+    /// with it).
+    fn privs_maybe_killed(&self, of: &OpenFile) {
+        self.cache.forget_attr(&of.node);
+        self.queue_inval_inode(of.nodeid);
+    }
+
+    /// chown, chmod and utimens of an open file through its descriptor, as `cred`.
+    fn setattr_fd(fd: &SharedFd, cred: &Cred, set: &SetAttr) -> Result<Attr, Errno> {
+        let e = |e: rustix::io::Errno| Errno::from_i32(e.raw_os_error());
+        {
+            let _g = AsCaller::switch(cred).map_err(|e| Errno::from_i32(e.errno()))?;
+            if set.uid.is_some() || set.gid.is_some() {
+                rustix::fs::fchown(
+                    fd,
+                    set.uid.map(rustix::fs::Uid::from_raw),
+                    set.gid.map(rustix::fs::Gid::from_raw),
+                )
+                .map_err(e)?;
+            }
+            if let Some(m) = set.mode {
+                rustix::fs::fchmod(fd, rustix::fs::Mode::from_raw_mode(m & 0o7777)).map_err(e)?;
+            }
+            if set.atime.is_some() || set.mtime.is_some() {
+                let ts = |t: Option<TimeSet>| match t {
+                    None => rustix::fs::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: rustix::fs::UTIME_OMIT,
+                    },
+                    Some(TimeSet::Now) => rustix::fs::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: rustix::fs::UTIME_NOW,
+                    },
+                    Some(TimeSet::At(t)) => rustix::fs::Timespec {
+                        tv_sec: t.sec,
+                        tv_nsec: i64::from(t.nsec) as _,
+                    },
+                };
+                let times = rustix::fs::Timestamps {
+                    last_access: ts(set.atime),
+                    last_modification: ts(set.mtime),
+                };
+                rustix::fs::futimens(fd, &times).map_err(e)?;
+            }
+        }
+        attr_of_fd(fd).map_err(io_errno)
+    }
+
+    /// Truncate the file open as `of` to `size` as `cred`, through its descriptor (reopened
+    /// for writing through /proc as the caller when the handle's descriptor is read-only, as
+    /// for open(O_RDONLY|O_TRUNC)).
+    fn truncate_fd(fd: &SharedFd, cred: &Cred, size: u64) -> Result<(), Errno> {
+        let _g = AsCaller::switch(cred).map_err(|e| Errno::from_i32(e.errno()))?;
+        let r = if fd.writable() {
+            rustix::fs::ftruncate(fd, size)
+        } else {
+            let p = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))
+                .unwrap_or_default();
+            rustix::fs::open(
+                p.as_c_str(),
+                rustix::fs::OFlags::WRONLY
+                    | rustix::fs::OFlags::NONBLOCK
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .and_then(|w| rustix::fs::ftruncate(&w, size))
+        };
+        r.map_err(|e| Errno::from_i32(e.raw_os_error()))
     }
 
     fn fopen_flags(&self) -> FopenFlags {
@@ -579,7 +738,7 @@ impl DircacheFs {
     fn ioctl_fd(&self, ino: INodeNo, fh: FileHandle) -> Result<OwnedFd, Errno> {
         if let Ok(of) = self.open_file(fh) {
             if of.nodeid == ino.0 {
-                return of.fd.try_clone().map_err(io_errno);
+                return of.fd.as_fd().try_clone_to_owned().map_err(io_errno);
             }
         }
         let node = self.node(ino)?;
@@ -637,6 +796,18 @@ impl DircacheFs {
         }
     }
 
+    /// Open flags for a handle the daemon serves (no passthrough) of a file opened with
+    /// open(2) `flags`. A caller that appends gets direct I/O: through the page cache the
+    /// kernel splits a write at a page boundary into two WRITEs, and two appends could then
+    /// land with another writer's data between them (a native O_APPEND write is one piece).
+    fn fopen_flags_for(&self, flags: i32) -> FopenFlags {
+        if flags & libc::O_APPEND != 0 {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            self.fopen_flags()
+        }
+    }
+
     /// Queue a kernel invalidation of `nodeid`'s attributes (sent by the notifier thread).
     fn queue_inval_inode(&self, nodeid: u64) {
         let _ = self.notify.send(NotifyMsg::InvalInode(nodeid));
@@ -666,8 +837,10 @@ impl fuser::Filesystem for DircacheFs {
         // number, so open_by_handle_at would give ESTALE for files that still exist. Not
         // offered, name_to_handle_at fails cleanly with EOPNOTSUPP (fanotify's FID-only
         // handles still work).
-        let mut want = InitFlags::FUSE_ATOMIC_O_TRUNC
-            | InitFlags::FUSE_NO_EXPORT_SUPPORT
+        // No FUSE_ATOMIC_O_TRUNC: with it the daemon truncates in OPEN, before the kernel's
+        // busy check, and open(running program, O_RDONLY|O_TRUNC) emptied the program before
+        // failing with ETXTBSY. Without it the kernel checks, then sends SETATTR(size 0).
+        let mut want = InitFlags::FUSE_NO_EXPORT_SUPPORT
             | InitFlags::FUSE_HANDLE_KILLPRIV
             | InitFlags::FUSE_DONT_MASK;
         if p.readdirplus {
@@ -765,7 +938,7 @@ impl fuser::Filesystem for DircacheFs {
         self.count(Op::getattr);
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
-                if let Ok(a) = attr_of_fd(&of.fd) {
+                if let Ok(a) = attr_of_fd(&*of.fd) {
                     let writers = self.inodes.info(ino.0).map(|i| i.writers).unwrap_or(0);
                     return reply.attr(&self.attr_ttl_of(writers), &self.attr_for(ino.0, &a));
                 }
@@ -805,7 +978,7 @@ impl fuser::Filesystem for DircacheFs {
                     .values()
                     .find(|f| f.nodeid == ino.0)
                     .cloned();
-                match of.map(|f| attr_of_fd(&f.fd)) {
+                match of.map(|f| attr_of_fd(&*f.fd)) {
                     Some(Ok(a)) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
                     _ => match self.inodes.dir_attr(ino.0) {
                         // A removed directory the kernel still holds (an open descriptor, a
@@ -844,18 +1017,42 @@ impl fuser::Filesystem for DircacheFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        // ftruncate on a file whose name is gone: use the descriptor.
-        if let (Some(size), Some(fh)) = (size, fh) {
-            if node.is_dead() {
-                if let Ok(of) = self.open_file(fh) {
-                    if let Err(e) = rustix::fs::ftruncate(&of.fd, size) {
-                        return reply.error(Errno::from_i32(e.raw_os_error()));
+        // A size change runs as the caller on the open file's descriptor (ftruncate), or on
+        // the node's inode opened for writing as the caller (truncate, open with O_TRUNC),
+        // never through a reopen by path as root: the backing file system then clears
+        // set-id bits and checks access exactly as for that caller.
+        if let Some(size) = size {
+            let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+            let of = fh.and_then(|fh| self.open_file(fh).ok());
+            let r = match &of {
+                Some(of) => Self::truncate_fd(&of.fd, &cred, size).map(|()| of.fd.clone()),
+                // open(O_TRUNC) sends this without its handle: the caller's descriptor for
+                // writing that open just made is found again without another open.
+                None => {
+                    let c = self.creds(req);
+                    let rw = FdKey::new(ino.0, libc::O_RDWR, c.cred().clone());
+                    match self.fds.get(&rw) {
+                        Some(fd) => Ok(fd),
+                        None => self.open_shared(&c, ino, libc::O_WRONLY | libc::O_NONBLOCK),
                     }
-                    return match attr_of_fd(&of.fd) {
-                        Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
-                        Err(e) => reply.error(io_errno(e)),
-                    };
+                    .and_then(|fd| Self::truncate_fd(&fd, &cred, size).map(|()| fd))
                 }
+            };
+            let fd = match r {
+                Ok(fd) => fd,
+                Err(e) => return reply.error(e),
+            };
+            self.attrs_changed(&node);
+            if mode.is_none()
+                && uid.is_none()
+                && gid.is_none()
+                && atime.is_none()
+                && mtime.is_none()
+            {
+                return match attr_of_fd(&*fd) {
+                    Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
+                    Err(e) => reply.error(io_errno(e)),
+                };
             }
         }
         if mode.is_none()
@@ -871,7 +1068,7 @@ impl fuser::Filesystem for DircacheFs {
             mode: mode.map(|m| m & 0o7777),
             uid,
             gid,
-            size,
+            size: None,
             atime: time_set(atime),
             mtime: time_set(mtime),
         };
@@ -882,6 +1079,26 @@ impl fuser::Filesystem for DircacheFs {
                     self.attrs_changed(&node);
                 }
                 reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
+            }
+            Err(e) if e == Errno::ENOENT || e == Errno::ESTALE => {
+                // fchmod/fchown/futimens of an open file whose name is gone: the kernel sends
+                // no handle for those, but the inode is still open here.
+                let of = self
+                    .files
+                    .lock()
+                    .values()
+                    .find(|f| f.nodeid == ino.0)
+                    .cloned();
+                let Some(of) = of else {
+                    return reply.error(e);
+                };
+                match Self::setattr_fd(&of.fd, c.cred(), &set) {
+                    Ok(a) => {
+                        self.attrs_changed(&node);
+                        reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
+                    }
+                    Err(e) => reply.error(e),
+                }
             }
             Err(e) => reply.error(e),
         }
@@ -1115,7 +1332,7 @@ impl fuser::Filesystem for DircacheFs {
         };
         let c = self.creds(req);
         let oflags = Self::open_flags(flags.0);
-        let fd = match self.with_node(ino, |n| self.cache.open_node(&c, n, oflags)) {
+        let fd = match self.open_shared(&c, ino, oflags) {
             Ok(fd) => fd,
             Err(e) => return reply.error(e),
         };
@@ -1125,11 +1342,9 @@ impl fuser::Filesystem for DircacheFs {
         if flags.0 & libc::O_TRUNC != 0 {
             self.attrs_changed(&node);
         }
+        let cred = c.cred().clone();
         if self.passthrough {
-            match self
-                .inodes
-                .acquire_backing(ino.0, || reply.open_backing(&fd))
-            {
+            match self.backing_for(ino.0, &cred, || reply.open_backing(&*fd)) {
                 Ok(b) => {
                     let fh = self.add_open(OpenFile {
                         fd,
@@ -1137,6 +1352,7 @@ impl fuser::Filesystem for DircacheFs {
                         node,
                         writable,
                         backing: true,
+                        cred,
                     });
                     self.counters
                         .passthrough_opens
@@ -1152,8 +1368,9 @@ impl fuser::Filesystem for DircacheFs {
             node,
             writable,
             backing: false,
+            cred,
         });
-        reply.opened(FileHandle(fh), self.fopen_flags())
+        reply.opened(FileHandle(fh), self.fopen_flags_for(flags.0))
     }
 
     fn read(
@@ -1175,7 +1392,7 @@ impl fuser::Filesystem for DircacheFs {
         let mut buf = vec![0u8; size as usize];
         let mut done = 0usize;
         while done < buf.len() {
-            match rustix::io::pread(&of.fd, &mut buf[done..], offset + done as u64) {
+            match rustix::io::pread(&*of.fd, &mut buf[done..], offset + done as u64) {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => continue,
@@ -1187,13 +1404,13 @@ impl fuser::Filesystem for DircacheFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        write_flags: WriteFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -1202,17 +1419,54 @@ impl fuser::Filesystem for DircacheFs {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
+        // A caller whose file appends (O_APPEND at open or set by fcntl) appends at the real
+        // end, not at the offset the kernel computed from its cached size (a native append
+        // meanwhile would be overwritten). Page cache writeback writes where it says.
+        let append =
+            flags.0 & libc::O_APPEND != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let privs = self.has_privs(&of);
+        let cred = self.io_cred(req, &of);
         let mut done = 0usize;
-        while done < data.len() {
-            match rustix::io::pwrite(&of.fd, &data[done..], offset + done as u64) {
-                Ok(n) => done += n,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    if done > 0 {
-                        break;
+        {
+            // As the caller: the backing file system clears set-id bits as for that user.
+            let _g = match AsCaller::switch(&cred) {
+                Ok(g) => g,
+                Err(e) => return reply.error(Errno::from_i32(e.errno())),
+            };
+            while done < data.len() {
+                let r = if append {
+                    rustix::io::pwritev2(
+                        &*of.fd,
+                        &[std::io::IoSlice::new(&data[done..])],
+                        0,
+                        rustix::io::ReadWriteFlags::APPEND,
+                    )
+                } else {
+                    rustix::io::pwrite(&*of.fd, &data[done..], offset + done as u64)
+                };
+                match r {
+                    Ok(n) => done += n,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => {
+                        if done > 0 {
+                            break;
+                        }
+                        return reply.error(Errno::from_i32(e.raw_os_error()));
                     }
-                    return reply.error(Errno::from_i32(e.raw_os_error()));
                 }
+            }
+        }
+        if privs {
+            self.privs_maybe_killed(&of);
+        } else if append {
+            // The kernel put the data in its page cache at `offset` and takes offset + done
+            // as the size: when the data went elsewhere, both are wrong.
+            let at = rustix::fs::fstat(&*of.fd)
+                .map(|st| (st.st_size as u64).wrapping_sub(done as u64))
+                .unwrap_or(u64::MAX);
+            if at != offset {
+                self.cache.forget_attr(&of.node);
+                self.queue_inval_inode(of.nodeid);
             }
         }
         reply.written(done as u32)
@@ -1275,9 +1529,9 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         let r = if datasync {
-            rustix::fs::fdatasync(&of.fd)
+            rustix::fs::fdatasync(&*of.fd)
         } else {
-            rustix::fs::fsync(&of.fd)
+            rustix::fs::fsync(&*of.fd)
         };
         match r {
             Ok(()) => reply.ok(),
@@ -1677,6 +1931,10 @@ impl fuser::Filesystem for DircacheFs {
         };
         let c = self.creds(req);
         let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
+        // Within the caller's share of descriptors, checked before anything is created.
+        if let Err(e) = self.fds.admit(req.uid()) {
+            return reply.error(Errno::from_i32(e));
+        }
         let (node, fd) = match with_caller_umask(mode & 0o7777, umask, |mode| {
             self.cache
                 .create_at(&c, &dir, name.as_bytes(), mode, oflags)
@@ -1696,8 +1954,11 @@ impl fuser::Filesystem for DircacheFs {
         let id = self.inodes.register(&node, &a, parent.0);
         let fattr = fuse_attr(id, &a);
         let writable = is_writable(flags);
+        let cred = c.cred().clone();
+        let key = FdKey::new(id, oflags, cred.clone());
+        let fd = self.fds.insert(Some(key), cred.uid, fd, oflags);
         if self.passthrough {
-            match self.inodes.acquire_backing(id, || reply.open_backing(&fd)) {
+            match self.backing_for(id, &cred, || reply.open_backing(&*fd)) {
                 Ok(b) => {
                     let fh = self.add_open(OpenFile {
                         fd,
@@ -1705,6 +1966,7 @@ impl fuser::Filesystem for DircacheFs {
                         node,
                         writable,
                         backing: true,
+                        cred,
                     });
                     self.counters
                         .passthrough_opens
@@ -1727,13 +1989,14 @@ impl fuser::Filesystem for DircacheFs {
             node,
             writable,
             backing: false,
+            cred,
         });
         reply.created(
             &self.policy.entry_ttl,
             &fattr,
             Generation(self.inodes.generation(id)),
             FileHandle(fh),
-            self.fopen_flags(),
+            self.fopen_flags_for(flags),
         )
     }
 
@@ -1803,7 +2066,7 @@ impl fuser::Filesystem for DircacheFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1816,12 +2079,35 @@ impl fuser::Filesystem for DircacheFs {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        // SAFETY: fallocate on a valid descriptor with plain integer arguments.
-        let r = unsafe { libc::fallocate(of.fd.as_raw_fd(), mode, offset as i64, length as i64) };
-        if r < 0 {
-            return reply.error(last_errno());
+        let privs = self.has_privs(&of);
+        let r = {
+            // As the caller: the backing file system clears set-id bits as for that user.
+            let _g = match AsCaller::switch(&self.io_cred(req, &of)) {
+                Ok(g) => g,
+                Err(e) => return reply.error(Errno::from_i32(e.errno())),
+            };
+            // SAFETY: fallocate on a valid descriptor with plain integer arguments.
+            let r = unsafe {
+                libc::fallocate(
+                    of.fd.as_fd().as_raw_fd(),
+                    mode,
+                    offset as i64,
+                    length as i64,
+                )
+            };
+            if r < 0 {
+                Err(last_errno())
+            } else {
+                Ok(())
+            }
+        };
+        if let Err(e) = r {
+            return reply.error(e);
         }
         self.cache.forget_attr(&of.node);
+        if privs {
+            self.privs_maybe_killed(&of);
+        }
         reply.ok()
     }
 
@@ -1840,7 +2126,7 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => return reply.error(e),
         };
         // SAFETY: lseek on a valid descriptor; the daemon's own offset is never used for I/O.
-        let r = unsafe { libc::lseek(of.fd.as_raw_fd(), offset, whence) };
+        let r = unsafe { libc::lseek(of.fd.as_fd().as_raw_fd(), offset, whence) };
         if r < 0 {
             return reply.error(last_errno());
         }
@@ -1849,7 +2135,7 @@ impl fuser::Filesystem for DircacheFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -1867,21 +2153,38 @@ impl fuser::Filesystem for DircacheFs {
         };
         let mut oin = offset_in as i64;
         let mut oout = offset_out as i64;
-        // SAFETY: valid descriptors and pointers to local offsets.
-        let r = unsafe {
-            libc::copy_file_range(
-                fin.fd.as_raw_fd(),
-                &mut oin,
-                fout.fd.as_raw_fd(),
-                &mut oout,
-                len.min(u32::MAX as u64) as usize,
-                0,
-            )
+        let privs = self.has_privs(&fout);
+        let r = {
+            // As the caller: the backing file system clears set-id bits as for that user.
+            let _g = match AsCaller::switch(&self.io_cred(req, &fout)) {
+                Ok(g) => g,
+                Err(e) => return reply.error(Errno::from_i32(e.errno())),
+            };
+            // SAFETY: valid descriptors and pointers to local offsets.
+            let r = unsafe {
+                libc::copy_file_range(
+                    fin.fd.as_fd().as_raw_fd(),
+                    &mut oin,
+                    fout.fd.as_fd().as_raw_fd(),
+                    &mut oout,
+                    len.min(u32::MAX as u64) as usize,
+                    0,
+                )
+            };
+            if r < 0 {
+                Err(last_errno())
+            } else {
+                Ok(r)
+            }
         };
-        if r < 0 {
-            return reply.error(last_errno());
-        }
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => return reply.error(e),
+        };
         self.cache.forget_attr(&fout.node);
+        if privs {
+            self.privs_maybe_killed(&fout);
+        }
         reply.written(r as u32)
     }
 }

@@ -14,12 +14,14 @@
 //! `(dev, ino)` so all hard links share one ([`inodes`]). `st_ino` seen through the mount is
 //! the nodeid (fuser reports one number for both).
 
+mod ascaller;
 mod beneath;
 pub mod creds;
 pub mod fs;
 pub mod inodes;
 pub mod kmount;
 pub mod notifier;
+mod openfds;
 pub mod policy;
 pub mod stats;
 mod umask;

@@ -53,6 +53,10 @@ pub struct CachePolicy {
     pub security_xattrs: bool,
     /// Request threads (fuser `n_threads`, each with its own cloned /dev/fuse descriptor).
     pub threads: usize,
+    /// Descriptors of open files one uid may make the daemon hold (opens of the same file
+    /// with the same access by the same caller share one). 0: half of what the process limit
+    /// leaves after a reserve for the daemon itself. Past it the caller gets EMFILE.
+    pub max_open_per_user: usize,
 }
 
 impl Default for CachePolicy {
@@ -71,6 +75,7 @@ impl Default for CachePolicy {
             posix_acl: true,
             security_xattrs: false,
             threads: 4,
+            max_open_per_user: 0,
         }
     }
 }
@@ -93,6 +98,7 @@ impl CachePolicy {
             posix_acl: false,
             security_xattrs: true,
             threads: 4,
+            max_open_per_user: 0,
         }
     }
 }

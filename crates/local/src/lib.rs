@@ -958,6 +958,12 @@ impl Backend for LocalBackend {
 
     fn open(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
         check_path(path)?;
+        if flags & FMODE_EXEC != 0
+            && flags & libc::O_ACCMODE == libc::O_RDONLY
+            && flags & (libc::O_TRUNC | libc::O_CREAT) == 0
+        {
+            return self.open_exec(cred, path);
+        }
         // openat2 rejects unknown flag bits with EINVAL, and FUSE passes on kernel-internal
         // ones (e.g. __FMODE_EXEC for execve): keep only the open(2) flags that mean something
         // for a regular file here.
@@ -1029,7 +1035,60 @@ impl Backend for LocalBackend {
     }
 }
 
+/// The kernel's `__FMODE_EXEC` open flag: set only by execve(2) (and uselib) after the
+/// kernel checked MAY_EXEC; open(2) and openat2(2) cannot set it.
+const FMODE_EXEC: i32 = 0o40;
+
 impl LocalBackend {
+    /// Open a program the kernel is about to run for `cred`. An execute-only file (0711) is
+    /// runnable but not readable by its runner, so it cannot be opened for reading as the
+    /// caller: the name is resolved as the caller (O_PATH, search permission on the parent
+    /// as for any open), that inode is checked to be a regular file the caller may execute
+    /// (faccessat2 as the caller), and that very inode (not the path again) is reopened for
+    /// reading as the daemon through /proc/self/fd. The descriptor serves only the kernel's
+    /// exec of it: the caller's own open(2) for reading is refused by the kernel first.
+    fn open_exec(&self, cred: &Cred, path: &[u8]) -> Result<OwnedFd> {
+        let (dir, name) = split(path).map_err(|_| Error::Access)?;
+        let d = self.dir(dir)?;
+        let p = {
+            let _g = CredGuard::switch(cred, self.switch_creds)?;
+            let p = rustix::fs::openat2(
+                d.as_fd(),
+                name,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                RESOLVE,
+            )
+            .map_err(errno)?;
+            // SAFETY: p is a live descriptor, the path is "" (with AT_EMPTY_PATH), the other
+            // arguments are integers.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_faccessat2,
+                    p.as_raw_fd(),
+                    c"".as_ptr(),
+                    libc::X_OK,
+                    libc::AT_EMPTY_PATH | libc::AT_EACCESS,
+                )
+            };
+            if r < 0 {
+                return Err(last_err());
+            }
+            p
+        };
+        if statx_fd(p.as_fd())?.kind() != FileType::Regular {
+            return Err(Error::Access);
+        }
+        let proc =
+            CString::new(format!("/proc/self/fd/{}", p.as_raw_fd())).map_err(|_| Error::Invalid)?;
+        rustix::fs::open(
+            proc.as_c_str(),
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(errno)
+    }
+
     fn setattr_root(&self, set: &SetAttr) -> Result<()> {
         let fd = self.root.as_raw_fd();
         if set.uid.is_some() || set.gid.is_some() {

@@ -392,3 +392,46 @@ fn mutations_on_other_threads_are_not_affected() {
         }
     }
 }
+
+/// An open for execve (the kernel's __FMODE_EXEC in the flags, after it checked MAY_EXEC):
+/// an execute-only file opens for the runner, and only when the runner may execute it and
+/// search its directory; a plain read of it stays refused.
+#[test]
+fn exec_open_of_execute_only_file() {
+    if !is_root() {
+        return;
+    }
+    const FMODE_EXEC: i32 = 0o40;
+    let t = tmp();
+    let r = t.path();
+    chmod(r, 0o755);
+    fs::write(r.join("xo"), b"\x7fELF program").unwrap();
+    chmod(&r.join("xo"), 0o711);
+    fs::write(r.join("noexec"), b"data").unwrap();
+    chmod(&r.join("noexec"), 0o644);
+    fs::create_dir(r.join("closed")).unwrap();
+    fs::write(r.join("closed/xo"), b"x").unwrap();
+    chmod(&r.join("closed/xo"), 0o711);
+    chmod(&r.join("closed"), 0o700);
+    let b = LocalBackend::new(r).unwrap();
+    let u = Cred::new(U, G, []);
+    let fd = b.open(&u, b"xo", libc::O_RDONLY | FMODE_EXEC, 0).unwrap();
+    let mut head = [0u8; 4];
+    use std::io::Read;
+    fs::File::from(fd).read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"\x7fELF");
+    let plain = b.open(&u, b"xo", libc::O_RDONLY, 0).map(drop);
+    assert_eq!(plain, Err(dircache_core::Error::Access));
+    let noexec = b
+        .open(&u, b"noexec", libc::O_RDONLY | FMODE_EXEC, 0)
+        .map(drop);
+    assert_eq!(noexec, Err(dircache_core::Error::Access));
+    let closed = b
+        .open(&u, b"closed/xo", libc::O_RDONLY | FMODE_EXEC, 0)
+        .map(drop);
+    assert_eq!(closed, Err(dircache_core::Error::Access));
+    let dir = b
+        .open(&u, b"closed", libc::O_RDONLY | FMODE_EXEC, 0)
+        .map(drop);
+    assert_eq!(dir, Err(dircache_core::Error::Access));
+}
