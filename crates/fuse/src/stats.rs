@@ -266,8 +266,6 @@ pub mod limits {
     pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
     /// A client that does not take an answer for this long is dropped (its search cancelled).
     pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-    /// Stack of a connection thread.
-    pub const STACK: usize = 256 * 1024;
 }
 
 /// Counts of connections and searches, in total and per uid.
@@ -383,7 +381,16 @@ struct Served {
 fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
     let _ = s.set_write_timeout(Some(limits::WRITE_TIMEOUT));
     let mut w = &s;
-    while let Ok(Some(req)) = read_request(&s) {
+    loop {
+        let req = match read_request(&s) {
+            Ok(Some(r)) => r,
+            Ok(None) | Err(Error::Io(_)) => return,
+            Err(e) => {
+                // A bad frame: say why, then close (the stream cannot be resynchronized).
+                let _ = write_frame(&mut w, &json!({"ok": false, "error": e.to_string()}));
+                return;
+            }
+        };
         if req.get("op").and_then(Value::as_str) == Some("search") {
             let resp = match serde_json::from_value::<dircache_search::SearchRequest>(req) {
                 Err(e) => json!({"ok": false, "error": e.to_string()}),
@@ -582,7 +589,6 @@ fn accept(srv: &Arc<Served>, s: UnixStream) {
     let srv2 = srv.clone();
     let r = std::thread::Builder::new()
         .name("dircache-ctl-conn".into())
-        .stack_size(limits::STACK)
         .spawn(move || {
             let _slot = slot;
             serve_conn(&srv2, s, cred);
