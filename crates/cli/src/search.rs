@@ -194,7 +194,10 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
                 }
             }
             // find's style: `find: ‘path’: Permission denied`
-            let text = msg.to_string();
+            let mut text = msg.to_string();
+            if e.source == dircache_search::ErrorSource::Delegate {
+                text = format!("the mount's daemon failed: {text}");
+            }
             let text = text.split(" (os error").next().unwrap_or(&text);
             eprintln!("dircache search: ‘{}’: {}", shown_path(&r, &roots), text);
             continue;

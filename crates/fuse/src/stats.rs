@@ -445,9 +445,11 @@ pub fn default_socket_path() -> PathBuf {
 }
 
 /// Make `dir` (the socket's directory) safe to hold the socket: created if missing (0755 for
-/// root, 0700 otherwise); it must belong to this user and be writable by nobody else (a group-
-/// or world-writable directory of ours is tightened), and every ancestor must belong to root or
-/// this user and be writable by nobody else unless sticky (like /tmp).
+/// root, 0700 otherwise). It must belong to this user and be writable by nobody else, or be a
+/// sticky directory of root or this user (like /tmp: others cannot remove or rename what is
+/// ours there); the default directory ([`default_socket_path`]) is tightened if an older
+/// version left it world-writable. Every ancestor must belong to root or this user and be
+/// writable by nobody else unless sticky.
 pub fn secure_socket_dir(dir: &Path) -> Result<(), Error> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let me = rustix::process::geteuid().as_raw();
@@ -492,6 +494,10 @@ pub fn secure_socket_dir(dir: &Path) -> Result<(), Error> {
     if !m.is_dir() {
         return refuse("not a directory".into());
     }
+    let sticky = m.mode() & 0o1000 != 0;
+    if sticky && (m.uid() == 0 || m.uid() == me) {
+        return Ok(());
+    }
     if m.uid() != me {
         return refuse(format!(
             "owned by uid {}, not by this daemon (uid {me})",
@@ -499,6 +505,12 @@ pub fn secure_socket_dir(dir: &Path) -> Result<(), Error> {
         ));
     }
     if m.mode() & 0o022 != 0 {
+        if default_socket_path().parent() != Some(dir) {
+            return refuse(format!(
+                "writable by other users (mode {:o})",
+                m.mode() & 0o7777
+            ));
+        }
         tracing::warn!(
             "socket directory {} was writable by others (mode {:o}); tightening it",
             dir.display(),

@@ -9,7 +9,9 @@
 //!   system via [`DirectSource`], or a dircache cache via [`CacheSource`]), returning a
 //!   [`SearchStream`] of [`SearchResult`]s;
 //! * [`proto`] - the wire format (length-prefixed JSON frames) a mount's daemon or a server
-//!   accepts, the client side of delegation and [`proto::serve_search`] for the daemon.
+//!   accepts, the client side of delegation (which daemons it trusts: [`proto::ClientConfig`])
+//!   and [`proto::answer`] for the daemon;
+//! * [`creds`] - running a search with another user's credentials, the kernel deciding.
 //!
 //! ## Semantics
 //! * `paths` is a `:`-separated list of directories, searched in order (all results of the

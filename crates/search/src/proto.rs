@@ -514,11 +514,28 @@ pub struct Daemon {
     pub socket: PathBuf,
     /// The mount's owner (`user_id=`): the daemon is root or this user.
     pub owner: u32,
+    /// The directory of the served file system mounted there (`/` unless a bind mount of a
+    /// subdirectory): paths sent to the daemon start with it.
+    pub fs_root: PathBuf,
+}
+
+impl Daemon {
+    /// The path the daemon knows for `rel` below the mount point (`/` is the served root).
+    fn wire_path(&self, rel: &Path) -> String {
+        let p = self.fs_root.join(rel);
+        let s = p.to_string_lossy();
+        if s.starts_with('/') {
+            s.into_owned()
+        } else {
+            format!("/{s}")
+        }
+    }
 }
 
 /// One line of /proc/self/mountinfo.
 struct MountEntry {
     point: PathBuf,
+    fs_root: PathBuf,
     dev: u64,
     fstype: String,
     owner: Option<u32>,
@@ -535,8 +552,8 @@ fn mount_table() -> Vec<MountEntry> {
         let Some(sep) = f.iter().position(|x| *x == "-") else {
             continue;
         };
-        let (Some(devs), Some(point), Some(fstype), Some(opts)) =
-            (f.get(2), f.get(4), f.get(sep + 1), f.get(sep + 3))
+        let (Some(devs), Some(fs_root), Some(point), Some(fstype), Some(opts)) =
+            (f.get(2), f.get(3), f.get(4), f.get(sep + 1), f.get(sep + 3))
         else {
             continue;
         };
@@ -552,6 +569,7 @@ fn mount_table() -> Vec<MountEntry> {
             .and_then(|v| v.parse().ok());
         out.push(MountEntry {
             point: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(point))),
+            fs_root: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(fs_root))),
             dev: rustix::fs::makedev(ma, mi),
             fstype: fstype.to_string(),
             owner,
@@ -596,6 +614,7 @@ pub fn find_daemon_with(path: &Path, cfg: &ClientConfig) -> Option<Daemon> {
         root: top.point.clone(),
         socket,
         owner: top.owner.unwrap_or(0),
+        fs_root: top.fs_root.clone(),
     })
 }
 
@@ -743,7 +762,7 @@ pub fn delegate_with(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegati
         let Ok(rel) = canon.strip_prefix(&d.root) else {
             return Ok(Delegation::Local("not in a dircache mount".into()));
         };
-        translated.push(format!("/{}", rel.to_string_lossy()));
+        translated.push(d.wire_path(rel));
     }
     let Some((daemon, _)) = mount else {
         return Ok(Delegation::Local("no roots".into()));
@@ -875,7 +894,7 @@ pub(crate) fn child_search(
         return false;
     };
     let wire = SearchRequest {
-        paths: "/".into(),
+        paths: d.wire_path(Path::new("")),
         pattern: pattern.into(),
         flags: Flags(flags.0 & !Flags::INCLUDEROOT.0),
     };
@@ -969,6 +988,7 @@ pub(crate) fn dircache_mounts_below(
                     root: m.point.clone(),
                     socket,
                     owner: m.owner.unwrap_or(0),
+                    fs_root: m.fs_root.clone(),
                 },
             );
         }

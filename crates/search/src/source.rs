@@ -311,7 +311,9 @@ impl Source for DirectSource {
 
 /// A search answered by a dircache [`Cache`]: listings come from the cache where directories
 /// are complete and from its backend otherwise; permissions are decided by the cache's access
-/// policy for `creds`. Roots are paths in the cache's initial namespace (relative ones are
+/// policy for `creds` (mode bits: no POSIX ACLs, no capabilities). It is therefore **not** what
+/// a daemon answers other users with: a delegated search runs a [`DirectSource`] beneath SRC as
+/// the caller, so the kernel decides (see [`crate::proto`]). Roots are paths in the cache's initial namespace (relative ones are
 /// taken from its root).
 pub struct CacheSource {
     cache: Arc<Cache>,
