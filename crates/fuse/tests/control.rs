@@ -785,3 +785,37 @@ fn control_socket_survives_random_frames() {
         d.threads()
     );
 }
+
+/// Finding 7: a search whose client never reads its results does not hold the daemon: after
+/// the write timeout (10 s) the search is cancelled and its threads are gone.
+#[test]
+fn a_client_that_never_reads_is_dropped() {
+    if !can_mount() {
+        return;
+    }
+    let d = Daemon::start(|src| {
+        for i in 0..20 {
+            let sub = src.join(format!("d{i}"));
+            std::fs::create_dir(&sub).expect("mkdir");
+            for j in 0..1000 {
+                std::fs::write(sub.join(format!("a-rather-long-file-name-{j}")), b"")
+                    .expect("write");
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let threads0 = d.threads();
+    let req = serde_json::json!({"op":"search","paths":"/","pattern":"*","flags":2});
+    let mut s = UnixStream::connect(&d.sock).expect("connect");
+    s.write_all(&frame(&req)).expect("send");
+    // Never read. The daemon fills the socket buffer and blocks.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(d.threads() > threads0, "the search did not start");
+    let gone = wait_for(Duration::from_secs(20), || d.threads() <= threads0);
+    assert!(
+        gone.is_some(),
+        "daemon threads {threads0} -> {} 22 s after a client stopped reading",
+        d.threads()
+    );
+    drop(s);
+}
