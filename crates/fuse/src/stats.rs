@@ -401,6 +401,9 @@ fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
                         match dircache_search::proto::source_for(base.clone(), &cred) {
                             Err(e) => json!({"ok": false, "error": e.to_string()}),
                             Ok(source) => {
+                                // ro/noexec of the mount, as access(2) through it applies them.
+                                let source = source
+                                    .on_mount(dircache_search::proto::mount_access(&srv.stats.mnt));
                                 let _ = s.set_read_timeout(None);
                                 let r = dircache_search::proto::answer(
                                     &s,

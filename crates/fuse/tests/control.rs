@@ -33,6 +33,14 @@ impl Daemon {
     }
 
     fn start_with_socket(setup: impl FnOnce(&Path), sock: impl FnOnce(&Path) -> PathBuf) -> Daemon {
+        Self::start_full(setup, sock, "")
+    }
+
+    fn start_full(
+        setup: impl FnOnce(&Path),
+        sock: impl FnOnce(&Path) -> PathBuf,
+        extra_opts: &str,
+    ) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("dcctl")
             .tempdir()
@@ -51,7 +59,7 @@ impl Daemon {
             .arg(&src)
             .arg(&mnt)
             .arg("-o")
-            .arg(format!("socket={}", sock.display()))
+            .arg(format!("socket={}{extra_opts}", sock.display()))
             .stdin(Stdio::null())
             .spawn()
             .expect("dircache mount");
@@ -818,4 +826,35 @@ fn a_client_that_never_reads_is_dropped() {
         d.threads()
     );
     drop(s);
+}
+
+/// Finding 4, the mount's own options: through a `ro,noexec` mount the kernel denies W_OK
+/// (EROFS) and X_OK on regular files; the daemon's `-w`/`-x` answers say the same.
+#[test]
+fn delegated_access_follows_the_mount_options() {
+    if !can_mount() {
+        return;
+    }
+    let d = Daemon::start_full(
+        |src| {
+            files(&src.join("pub"), &["tool", "data"]);
+            chmod(&src.join("pub").join("tool"), 0o777);
+            chmod(&src.join("pub").join("data"), 0o666);
+            chmod(&src.join("pub"), 0o777);
+        },
+        |dir| dir.join("run").join("ctl.sock"),
+        ",ro,noexec",
+    );
+    for flag in ["-w", "-x", "-r"] {
+        let m = d.m("pub");
+        let got = dircache_as(1002, &["search", "--verbose", flag, &m, "*"], &[]);
+        let want = dircache_as(1002, &["search", "--no-delegate", flag, &m, "*"], &[]);
+        let err = String::from_utf8_lossy(&got.stderr);
+        assert!(err.contains("delegated"), "{flag}: not delegated: {err}");
+        assert_eq!(
+            lines(&got),
+            lines(&want),
+            "{flag} on a ro,noexec mount: {err}"
+        );
+    }
 }

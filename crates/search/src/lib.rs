@@ -58,7 +58,7 @@ use serde::{Deserialize, Serialize};
 
 pub use dircache_core::Attr as SearchAttr;
 pub use pattern::Pattern;
-pub use source::{CacheSource, DirectSource, RawEntry, Source};
+pub use source::{CacheSource, DirectSource, MountAccess, RawEntry, Source};
 
 pub use proto::ClientConfig;
 

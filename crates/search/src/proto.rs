@@ -536,6 +536,8 @@ impl Daemon {
 struct MountEntry {
     point: PathBuf,
     fs_root: PathBuf,
+    /// Per-mount options (`ro`, `noexec`, ...).
+    opts: String,
     dev: u64,
     fstype: String,
     owner: Option<u32>,
@@ -552,9 +554,14 @@ fn mount_table() -> Vec<MountEntry> {
         let Some(sep) = f.iter().position(|x| *x == "-") else {
             continue;
         };
-        let (Some(devs), Some(fs_root), Some(point), Some(fstype), Some(opts)) =
-            (f.get(2), f.get(3), f.get(4), f.get(sep + 1), f.get(sep + 3))
-        else {
+        let (Some(devs), Some(fs_root), Some(point), Some(mnt_opts), Some(fstype), Some(opts)) = (
+            f.get(2),
+            f.get(3),
+            f.get(4),
+            f.get(5),
+            f.get(sep + 1),
+            f.get(sep + 3),
+        ) else {
             continue;
         };
         let Some((ma, mi)) = devs.split_once(':') else {
@@ -570,6 +577,7 @@ fn mount_table() -> Vec<MountEntry> {
         out.push(MountEntry {
             point: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(point))),
             fs_root: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(fs_root))),
+            opts: mnt_opts.to_string(),
             dev: rustix::fs::makedev(ma, mi),
             fstype: fstype.to_string(),
             owner,
@@ -621,6 +629,20 @@ pub fn find_daemon_with(path: &Path, cfg: &ClientConfig) -> Option<Daemon> {
 /// [`find_daemon_with`] with the default configuration: `(mount root, socket)`.
 pub fn find_daemon(path: &Path) -> Option<(PathBuf, PathBuf)> {
     find_daemon_with(path, &ClientConfig::default()).map(|d| (d.root, d.socket))
+}
+
+/// The options of the mount at `mnt` (the topmost one there) that access(2) applies: what a
+/// daemon answering for that mount must apply too ([`DirectSource::on_mount`]).
+pub fn mount_access(mnt: &Path) -> crate::MountAccess {
+    let table = mount_table();
+    let Some(m) = table.iter().rev().find(|m| m.point == mnt) else {
+        return crate::MountAccess::default();
+    };
+    let has = |o: &str| m.opts.split(',').any(|x| x == o);
+    crate::MountAccess {
+        read_only: has("ro"),
+        noexec: has("noexec"),
+    }
 }
 
 /// Whether `path` is itself the root of a mount of type `cfg.fstype`; its daemon if so.

@@ -93,6 +93,16 @@ fn errno(e: Errno) -> Error {
 pub struct DirectSource {
     cred: Option<Cred>,
     base: Option<Arc<OwnedFd>>,
+    mount: MountAccess,
+}
+
+/// Options of the mount a search answers for that the kernel applies in access(2) on top of
+/// the permission check: a read-only mount denies W_OK (EROFS) except on device files, FIFOs
+/// and sockets; a `noexec` mount denies X_OK on regular files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MountAccess {
+    pub read_only: bool,
+    pub noexec: bool,
 }
 
 impl DirectSource {
@@ -100,6 +110,7 @@ impl DirectSource {
         DirectSource {
             cred: None,
             base: None,
+            mount: MountAccess::default(),
         }
     }
     /// Search as `cred` (see the type docs).
@@ -107,6 +118,7 @@ impl DirectSource {
         DirectSource {
             cred: Some(cred),
             base: None,
+            mount: MountAccess::default(),
         }
     }
     /// Roots are paths below `base` (`/` is `base` itself), searched as `cred` (or as the
@@ -115,7 +127,14 @@ impl DirectSource {
         DirectSource {
             cred,
             base: Some(base),
+            mount: MountAccess::default(),
         }
+    }
+
+    /// Answer R_OK/W_OK/X_OK as the kernel does through a mount with these options.
+    pub fn on_mount(mut self, mount: MountAccess) -> DirectSource {
+        self.mount = mount;
+        self
     }
 
     fn switch(&self) -> Result<Option<crate::creds::ThreadCred>, Error> {
@@ -298,7 +317,27 @@ impl Source for DirectSource {
 
     fn access(&self, dir: &OwnedFd, name: &[u8], mask: u32) -> bool {
         let a = rfs::Access::from_bits_truncate(mask);
-        rfs::accessat(dir, name, a, AtFlags::EACCESS).is_ok()
+        if rfs::accessat(dir, name, a, AtFlags::EACCESS).is_err() {
+            return false;
+        }
+        let w = mask & 2 != 0 && self.mount.read_only;
+        let x = mask & 1 != 0 && self.mount.noexec;
+        if !w && !x {
+            return true;
+        }
+        // What do_faccessat adds for the mount (following symlinks, as access(2) does).
+        let Ok(st) = rfs::statx(dir, name, AtFlags::empty(), StatxFlags::TYPE) else {
+            return false;
+        };
+        let kind = rfs::FileType::from_raw_mode(u32::from(st.stx_mode));
+        let special = matches!(
+            kind,
+            rfs::FileType::CharacterDevice
+                | rfs::FileType::BlockDevice
+                | rfs::FileType::Fifo
+                | rfs::FileType::Socket
+        );
+        !(w && !special || x && kind == rfs::FileType::RegularFile)
     }
 
     fn thread_init(&self) -> Result<(), Error> {
