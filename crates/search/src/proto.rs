@@ -594,7 +594,8 @@ fn socket_xattr(root: &Path) -> Option<PathBuf> {
     while buf.last() == Some(&0) {
         buf.pop();
     }
-    if buf.is_empty() {
+    // Only an absolute path: a relative one would depend on the client's directory.
+    if !buf.starts_with(b"/") {
         return None;
     }
     Some(PathBuf::from(std::ffi::OsStr::from_bytes(&buf)))
