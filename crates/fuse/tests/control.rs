@@ -509,28 +509,39 @@ fn groups_are_taken_at_connect() {
     let script = format!(
         r#"
 import os, socket, struct, json
+def search(s):
+    req = json.dumps({{"op":"search","paths":"/g","pattern":"*","flags":0}}).encode()
+    s.sendall(struct.pack(">I", len(req)) + req)
+    names = []
+    while True:
+        h = s.recv(4, socket.MSG_WAITALL)
+        if len(h) < 4: break
+        m = json.loads(s.recv(struct.unpack(">I", h)[0], socket.MSG_WAITALL))
+        for r in m.get("results", []):
+            if r.get("error") is None: names.append(r["path"] if isinstance(r["path"], str) else "?")
+        if m.get("end") or not m.get("ok"): break
+    return " ".join(names) or "-"
 os.setgroups([]); os.setegid(1001); os.seteuid(1001)
 s = socket.socket(socket.AF_UNIX); s.connect({sock:?})
 # The process (same pid) now gets group 2000; the connection was made without it.
 os.seteuid(0); os.setgroups([2000]); os.seteuid(1001)
-req = json.dumps({{"op":"search","paths":"/g","pattern":"*","flags":0}}).encode()
-s.sendall(struct.pack(">I", len(req)) + req)
-names = []
-while True:
-    h = s.recv(4, socket.MSG_WAITALL)
-    if len(h) < 4: break
-    m = json.loads(s.recv(struct.unpack(">I", h)[0], socket.MSG_WAITALL))
-    for r in m.get("results", []):
-        if r.get("error") is None: names.append(r["path"] if isinstance(r["path"], str) else "?")
-    if m.get("end") or not m.get("ok"): break
-print(" ".join(names))
+without = search(s)
+# A connection made with group 2000 does get it (the groups are applied at all).
+s2 = socket.socket(socket.AF_UNIX); s2.connect({sock:?})
+os.seteuid(0); os.setgroups([]); os.seteuid(1001)
+print(without, search(s2))
 "#,
         sock = d.sock.to_string_lossy()
     );
     let out = py(d.dir.path(), &script, None);
-    assert!(
-        !out.contains("only-group-2000"),
-        "a connection made without group 2000 listed a group-only directory: {out}"
+    let (without, with) = out.trim().split_once(' ').unwrap_or((out.trim(), ""));
+    assert_eq!(
+        without, "-",
+        "a connection made without group 2000 listed a group-only directory"
+    );
+    assert_eq!(
+        with, "only-group-2000",
+        "a connection made with group 2000 was not given it"
     );
 }
 
