@@ -39,6 +39,7 @@ fn errno_of(e: &SearchError) -> c_int {
         SearchError::NotADirectory(_) => libc::ENOTDIR,
         SearchError::Root(_, e) => e.errno(),
         SearchError::Spawn(_) => libc::EAGAIN,
+        SearchError::Daemon(_) => libc::EIO,
     }
 }
 

@@ -603,7 +603,7 @@ fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> an
     let socket = opts
         .socket
         .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("/run/dircache/{}.sock", std::process::id())));
+        .unwrap_or_else(dircache_fuse::stats::default_socket_path);
     let mut cfg = MountConfig::new(&src, &mnt);
     cfg.policy = opts.policy.clone();
     cfg.kernel = opts.kernel();
@@ -646,15 +646,15 @@ fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> an
 }
 
 pub fn run_stats(a: StatsArgs) -> anyhow::Result<i32> {
-    let socket = match dircache_fuse::stats::socket_of_mount(&a.mnt) {
-        Ok(s) => s,
-        Err(e) => {
+    let resp = match dircache_fuse::stats::query_mount(&a.mnt, &serde_json::json!({"op": "stats"}))
+    {
+        Ok(r) => r,
+        Err(e @ dircache_fuse::Error::NotDircache(..)) => {
             eprintln!("dircache: {e}");
             return Ok(2);
         }
+        Err(e) => anyhow::bail!("stats: {e}"),
     };
-    let resp = dircache_fuse::stats::query(&socket, &serde_json::json!({"op": "stats"}))
-        .with_context(|| format!("stats socket {}", socket.display()))?;
     if resp.get("ok").and_then(|v| v.as_bool()) != Some(true) {
         anyhow::bail!(
             "daemon: {}",

@@ -1,14 +1,20 @@
 //! `dircache search PATHS PATTERN`: the paper's search(), one path per line like find.
 //!
 //! Exit status as find: 0 when all went well, 1 when errors were met (reported on stderr,
-//! the search went on), 2 for bad input (empty paths, invalid pattern, a path that is not a
-//! directory).
+//! the search went on, or a mount's daemon failed us), 2 for bad input (empty paths, invalid
+//! pattern, a path that does not exist or is not a directory, a bad `--threads`).
+//!
+//! A search whose roots lie in a dircache mount is handed to that mount's daemon, which
+//! answers with the kernel deciding every access for the caller; the daemon is believed only
+//! if it is the mount's (see `dircache_search::proto`), and a caller holding CAP_DAC_* searches
+//! by itself (the daemon never applies capabilities).
 
 use std::io::Write;
 
-use dircache_search::proto::delegate;
+use dircache_search::proto::{delegate_with, Delegation};
 use dircache_search::{
-    search_with, DirectSource, Flags, SearchOptions, SearchRequest, SearchResult,
+    search_with, ClientConfig, DirectSource, Flags, SearchError, SearchOptions, SearchRequest,
+    SearchResult, MAX_THREADS,
 };
 
 #[derive(clap::Args, Debug)]
@@ -48,9 +54,9 @@ pub struct SearchArgs {
     /// Report on stderr whether the search was delegated.
     #[arg(long)]
     pub verbose: bool,
-    /// Worker threads (0 = available parallelism).
+    /// Worker threads (0 = available parallelism; at most 256).
     #[arg(long, default_value_t = 0)]
-    pub threads: usize,
+    pub threads: u64,
 }
 
 fn flags_of(a: &SearchArgs) -> Flags {
@@ -109,26 +115,49 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
         eprintln!("dircache search: {e}");
         return Ok(2);
     }
+    let threads = match usize::try_from(a.threads) {
+        Ok(n) if n <= MAX_THREADS => n,
+        _ => {
+            eprintln!(
+                "dircache search: --threads {}: at most {MAX_THREADS}",
+                a.threads
+            );
+            return Ok(2);
+        }
+    };
+    // A root that does not exist is bad input (an unreadable one is reported in the results).
+    for r in req.roots() {
+        if let Err(e) = std::fs::metadata(r) {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                eprintln!("dircache search: ‘{r}’: No such file or directory");
+                return Ok(2);
+            }
+        }
+    }
     let no_delegate = a.no_delegate || std::env::var_os("DIRCACHE_NO_DELEGATE").is_some();
+    let client = ClientConfig::default();
     let opts = SearchOptions {
-        threads: a.threads,
+        threads,
         delegate_mounts: !no_delegate,
+        client: client.clone(),
         ..Default::default()
     };
     let local = || search_with(&req, std::sync::Arc::new(DirectSource::new()), &opts);
     let started = if no_delegate {
         local()
     } else {
-        match delegate(&req) {
-            Ok(Some(s)) => {
+        match delegate_with(&req, &client) {
+            Ok(Delegation::Taken(s)) => {
                 if a.verbose {
                     eprintln!("dircache search: delegated to the mount's daemon");
                 }
                 Ok(s)
             }
-            Ok(None) => {
-                if a.verbose {
-                    eprintln!("dircache search: searching locally");
+            Ok(Delegation::Local(why)) => {
+                if why.starts_with("untrusted") {
+                    eprintln!("dircache search: warning: {why}; searching without it");
+                } else if a.verbose {
+                    eprintln!("dircache search: searching locally ({why})");
                 }
                 local()
             }
@@ -137,6 +166,10 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
     };
     let stream = match started {
         Ok(s) => s,
+        Err(e @ SearchError::Daemon(_)) => {
+            eprintln!("dircache search: {e}");
+            return Ok(1);
+        }
         Err(e) => {
             eprintln!("dircache search: {e}");
             return Ok(2);
@@ -161,7 +194,10 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
                 }
             }
             // find's style: `find: ‘path’: Permission denied`
-            let text = msg.to_string();
+            let mut text = msg.to_string();
+            if e.source == dircache_search::ErrorSource::Delegate {
+                text = format!("the mount's daemon failed: {text}");
+            }
             let text = text.split(" (os error").next().unwrap_or(&text);
             eprintln!("dircache search: ‘{}’: {}", shown_path(&r, &roots), text);
             continue;

@@ -2,16 +2,25 @@
 //!
 //! ## Control socket protocol
 //! A unix stream socket. Each message is a frame: a 4-byte big-endian length, then that many
-//! bytes of JSON. The client sends one request object, the daemon answers with one response
-//! object, and the client may send further requests on the same connection.
+//! bytes of JSON (a request at most [`limits::MAX_REQUEST`] bytes, read incrementally). The
+//! client sends one request object, the daemon answers with one response object, and the
+//! client may send further requests on the same connection.
 //!
-//! Requests are objects tagged by `"op"`: `{"op":"stats"}`, `{"op":"ping"}`. Responses are
-//! `{"ok":true, ...}` or `{"ok":false,"error":"..."}`. New operations (for example a
-//! `{"op":"search",...}` request) are added as new `op` values; unknown ones get an error
-//! response, so old daemons and new clients interoperate.
+//! Requests are objects tagged by `"op"`: `{"op":"stats"}`, `{"op":"ping"}`,
+//! `{"op":"search",...}` (dircache_search::proto: streamed results). Responses are
+//! `{"ok":true, ...}` or `{"ok":false,"error":"..."}`; unknown ops get an error response, so
+//! old daemons and new clients interoperate.
+//!
+//! ## Who can reach it, and what it costs
+//! The socket lives in a directory only the daemon's user can write ([`secure_socket_dir`]:
+//! `/run/dircache` 0755 for root), so nobody else can replace it; the socket itself is 0666.
+//! The peer's uid, gid and groups are taken once, when it connects (SO_PEERCRED,
+//! SO_PEERGROUPS). Connections, searches, request size and time are capped ([`limits`]); a
+//! client that goes away cancels its search.
 //!
 //! The daemon publishes the socket path as the extended attribute [`SOCKET_XATTR`] of the
-//! mount root, so `dircache stats MNT` needs nothing but the mount point.
+//! mount root; clients ([`query_mount`], `dircache search`) believe it only on a dircache
+//! mount, from a daemon running as root or the mount's owner.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -27,8 +36,9 @@ use crate::Error;
 
 /// Extended attribute of the mount root holding the control socket path.
 pub const SOCKET_XATTR: &str = "user.dircache.socket";
-/// Largest frame accepted (16 MiB).
-pub const MAX_FRAME: usize = 16 << 20;
+/// Largest frame a client accepts (responses); requests are smaller
+/// ([`limits::MAX_REQUEST`]).
+pub const MAX_FRAME: usize = dircache_search::proto::MAX_RESPONSE;
 
 macro_rules! ops {
     ($($name:ident),* $(,)?) => {
@@ -207,23 +217,25 @@ pub fn write_frame(w: &mut impl Write, v: &Value) -> Result<(), Error> {
     Ok(())
 }
 
-/// Read one frame; `None` at a clean end of stream.
+/// Read one frame of at most `max` bytes, incrementally; `None` at a clean end of stream.
+pub fn read_frame_max(r: &mut impl Read, max: usize) -> Result<Option<Value>, Error> {
+    use dircache_search::proto::{read_frame_bytes, ProtoError};
+    match read_frame_bytes(r, max) {
+        Ok(Some(body)) => serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| Error::Protocol(e.to_string())),
+        Ok(None) => Ok(None),
+        Err(ProtoError::Io(e)) => Err(Error::Io(e)),
+        Err(ProtoError::TimedOut) => Err(Error::Io(std::io::Error::from(
+            std::io::ErrorKind::TimedOut,
+        ))),
+        Err(e) => Err(Error::Protocol(e.to_string())),
+    }
+}
+
+/// Read one frame (at most [`MAX_FRAME`] bytes); `None` at a clean end of stream.
 pub fn read_frame(r: &mut impl Read) -> Result<Option<Value>, Error> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
-    }
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(Error::Protocol(format!("frame of {len} bytes")));
-    }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)?;
-    serde_json::from_slice(&body)
-        .map(Some)
-        .map_err(|e| Error::Protocol(e.to_string()))
+    read_frame_max(r, MAX_FRAME)
 }
 
 /// Answer one request.
@@ -236,39 +248,280 @@ pub fn handle_request(src: &StatsSource, req: &Value) -> Value {
     }
 }
 
-/// Answer the requests of one control connection. `{"op":"search",...}` streams its results
-/// (dircache_search::proto), searched in the cache with the peer's credentials.
-fn serve_conn(src: &StatsSource, mut s: UnixStream) {
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    while let Ok(Some(req)) = read_frame(&mut s) {
+/// Limits of the control socket (finding 7 of issue 7: memory, threads and CPU per client
+/// are bounded).
+pub mod limits {
+    use std::time::Duration;
+    /// Largest request frame (a search request with its pattern fits easily).
+    pub const MAX_REQUEST: usize = dircache_search::proto::MAX_REQUEST;
+    /// Open connections at once, all users together; more are closed at once.
+    pub const MAX_CONNECTIONS: usize = 64;
+    /// Open connections at once per uid.
+    pub const MAX_CONNECTIONS_PER_UID: usize = 8;
+    /// Searches running at once (each uses up to 4 threads), all users together.
+    pub const MAX_SEARCHES: usize = 4;
+    /// Searches running at once per uid.
+    pub const MAX_SEARCHES_PER_UID: usize = 2;
+    /// A connection with no complete request for this long is closed (idle or too slow).
+    pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+    /// A client that does not take an answer for this long is dropped (its search cancelled).
+    pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+}
+
+/// Counts of connections and searches, in total and per uid.
+#[derive(Default)]
+struct Slots {
+    inner: parking_lot::Mutex<SlotCounts>,
+}
+
+#[derive(Default)]
+struct SlotCounts {
+    conns: usize,
+    searches: usize,
+    per_uid: std::collections::HashMap<u32, (usize, usize)>,
+}
+
+/// A held slot, released on drop.
+struct Slot {
+    slots: Arc<Slots>,
+    uid: u32,
+    search: bool,
+}
+
+impl Slots {
+    fn take(self: &Arc<Self>, uid: u32, search: bool) -> Option<Slot> {
+        let mut c = self.inner.lock();
+        let (total, each, max_total, max_each) = if search {
+            (
+                c.searches,
+                c.per_uid.get(&uid).map_or(0, |x| x.1),
+                limits::MAX_SEARCHES,
+                limits::MAX_SEARCHES_PER_UID,
+            )
+        } else {
+            (
+                c.conns,
+                c.per_uid.get(&uid).map_or(0, |x| x.0),
+                limits::MAX_CONNECTIONS,
+                limits::MAX_CONNECTIONS_PER_UID,
+            )
+        };
+        if total >= max_total || each >= max_each {
+            return None;
+        }
+        let e = c.per_uid.entry(uid).or_default();
+        if search {
+            e.1 += 1;
+            c.searches += 1;
+        } else {
+            e.0 += 1;
+            c.conns += 1;
+        }
+        Some(Slot {
+            slots: self.clone(),
+            uid,
+            search,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut c = self.slots.inner.lock();
+        if let Some(e) = c.per_uid.get_mut(&self.uid) {
+            if self.search {
+                e.1 = e.1.saturating_sub(1);
+            } else {
+                e.0 = e.0.saturating_sub(1);
+            }
+            if *e == (0, 0) {
+                c.per_uid.remove(&self.uid);
+            }
+        }
+        if self.search {
+            c.searches = c.searches.saturating_sub(1);
+        } else {
+            c.conns = c.conns.saturating_sub(1);
+        }
+    }
+}
+
+/// Read one request from a control connection: at most [`limits::MAX_REQUEST`] bytes, all of
+/// it within [`limits::REQUEST_TIMEOUT`] of the first wait (a slow trickle does not keep the
+/// connection).
+fn read_request(s: &UnixStream) -> Result<Option<Value>, Error> {
+    struct Deadline<'a>(&'a UnixStream, std::time::Instant);
+    impl Read for Deadline<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let left = self.1.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            self.0.set_read_timeout(Some(left))?;
+            let mut r = self.0;
+            r.read(buf)
+        }
+    }
+    let mut d = Deadline(s, std::time::Instant::now() + limits::REQUEST_TIMEOUT);
+    read_frame_max(&mut d, limits::MAX_REQUEST)
+}
+
+/// What the control server serves: statistics, and searches beneath the daemon's SRC.
+struct Served {
+    stats: StatsSource,
+    /// SRC, opened once (O_PATH): delegated searches are resolved beneath it as the caller.
+    base: Option<Arc<std::os::fd::OwnedFd>>,
+    slots: Arc<Slots>,
+}
+
+/// Answer the requests of one control connection, for the peer whose credentials the kernel
+/// recorded at connect (`cred`). `{"op":"search",...}` streams its results
+/// (dircache_search::proto), searched beneath SRC with the kernel deciding every access for
+/// `cred`.
+fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
+    let _ = s.set_write_timeout(Some(limits::WRITE_TIMEOUT));
+    let mut w = &s;
+    loop {
+        let req = match read_request(&s) {
+            Ok(Some(r)) => r,
+            Ok(None) | Err(Error::Io(_)) => return,
+            Err(e) => {
+                // A bad frame: say why, then close (the stream cannot be resynchronized).
+                let _ = write_frame(&mut w, &json!({"ok": false, "error": e.to_string()}));
+                return;
+            }
+        };
         if req.get("op").and_then(Value::as_str) == Some("search") {
-            let sent = match serde_json::from_value::<dircache_search::SearchRequest>(req) {
-                Ok(sr) => match dircache_search::proto::peer_cred(&s) {
-                    Ok(cred) => {
-                        let source = Arc::new(dircache_search::CacheSource::new(
-                            src.cache.clone(),
-                            src.cache.credentials(cred),
-                        ));
-                        dircache_search::proto::answer(&mut s, &sr, source).is_ok()
-                    }
-                    Err(e) => {
-                        write_frame(&mut s, &json!({"ok": false, "error": e.to_string()})).is_ok()
+            let resp = match serde_json::from_value::<dircache_search::SearchRequest>(req) {
+                Err(e) => json!({"ok": false, "error": e.to_string()}),
+                Ok(sr) => match (&srv.base, srv.slots.take(cred.uid, true)) {
+                    (None, _) => json!({"ok": false, "error": "searches are not served here"}),
+                    (_, None) => json!({"ok": false, "error": "busy: too many searches"}),
+                    (Some(base), Some(_slot)) => {
+                        match dircache_search::proto::source_for(base.clone(), &cred) {
+                            Err(e) => json!({"ok": false, "error": e.to_string()}),
+                            Ok(source) => {
+                                // ro/noexec of the mount, as access(2) through it applies them.
+                                let source = source
+                                    .on_mount(dircache_search::proto::mount_access(&srv.stats.mnt));
+                                let _ = s.set_read_timeout(None);
+                                let r = dircache_search::proto::answer(
+                                    &s,
+                                    &sr,
+                                    Arc::new(source),
+                                    &dircache_search::proto::daemon_search_options(),
+                                );
+                                if r.is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
+                        }
                     }
                 },
-                Err(e) => {
-                    write_frame(&mut s, &json!({"ok": false, "error": e.to_string()})).is_ok()
-                }
             };
-            if !sent {
-                break;
+            if write_frame(&mut w, &resp).is_err() {
+                return;
             }
             continue;
         }
-        let resp = handle_request(src, &req);
-        if write_frame(&mut s, &resp).is_err() {
-            break;
+        let resp = handle_request(&srv.stats, &req);
+        if write_frame(&mut w, &resp).is_err() {
+            return;
         }
     }
+}
+
+/// Where a daemon run by this user puts its control socket by default: `/run/dircache/PID.sock`
+/// for root, `$XDG_RUNTIME_DIR/dircache/PID.sock` (or `/run/user/UID/dircache/`) otherwise.
+pub fn default_socket_path() -> PathBuf {
+    let pid = std::process::id();
+    let uid = rustix::process::geteuid().as_raw();
+    if uid == 0 {
+        return PathBuf::from(format!("/run/dircache/{pid}.sock"));
+    }
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| PathBuf::from(format!("/run/user/{uid}")));
+    base.join("dircache").join(format!("{pid}.sock"))
+}
+
+/// Make `dir` (the socket's directory) safe to hold the socket: created if missing (0755 for
+/// root, 0700 otherwise). It must belong to this user and be writable by nobody else, or be a
+/// sticky directory of root or this user (like /tmp: others cannot remove or rename what is
+/// ours there); the default directory ([`default_socket_path`]) is tightened if an older
+/// version left it world-writable. Every ancestor must belong to root or this user and be
+/// writable by nobody else unless sticky.
+pub fn secure_socket_dir(dir: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let me = rustix::process::geteuid().as_raw();
+    let refuse = |why: String| {
+        Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("socket directory {}: {why}", dir.display()),
+        )))
+    };
+    if !dir.is_absolute() {
+        return refuse("not an absolute path".into());
+    }
+    for anc in dir.ancestors().skip(1) {
+        let Ok(m) = std::fs::symlink_metadata(anc) else {
+            continue; // created below
+        };
+        let sticky = m.mode() & 0o1000 != 0;
+        if (m.uid() != 0 && m.uid() != me) || (m.mode() & 0o022 != 0 && !sticky) {
+            return refuse(format!(
+                "{} may be changed by other users (owner {}, mode {:o})",
+                anc.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ));
+        }
+    }
+    let mode = if me == 0 { 0o755 } else { 0o700 };
+    if std::fs::symlink_metadata(dir).is_err() {
+        if let Some(parent) = dir.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)?;
+        }
+        match std::fs::DirBuilder::new().mode(mode).create(dir) {
+            Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    if !m.is_dir() {
+        return refuse("not a directory".into());
+    }
+    let sticky = m.mode() & 0o1000 != 0;
+    if sticky && (m.uid() == 0 || m.uid() == me) {
+        return Ok(());
+    }
+    if m.uid() != me {
+        return refuse(format!(
+            "owned by uid {}, not by this daemon (uid {me})",
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        if default_socket_path().parent() != Some(dir) {
+            return refuse(format!(
+                "writable by other users (mode {:o})",
+                m.mode() & 0o7777
+            ));
+        }
+        tracing::warn!(
+            "socket directory {} was writable by others (mode {:o}); tightening it",
+            dir.display(),
+            m.mode() & 0o7777
+        );
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(m.mode() & 0o7755))?;
+    }
+    Ok(())
 }
 
 /// The control socket server: a thread answering requests until the process exits.
@@ -277,27 +530,53 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Bind `path` (replacing a stale socket) and serve in a background thread.
+    /// Bind `path` (replacing a stale socket) in a safe directory ([`secure_socket_dir`]) and
+    /// serve in a background thread. Everyone may connect (each request is answered for the
+    /// caller's own credentials); nobody else can replace the socket.
     pub fn start(path: &Path, src: StatsSource) -> Result<ControlServer, Error> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let dir = path.parent().ok_or_else(|| {
+            Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "socket path without a directory",
+            ))
+        })?;
+        secure_socket_dir(dir)?;
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            if m.file_type().is_socket() || m.file_type().is_symlink() {
+                std::fs::remove_file(path)?;
+            } else {
+                return Err(Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                )));
+            }
         }
-        let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path)?;
-        let src = Arc::new(src);
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+        let base = rustix::fs::open(
+            &src.src,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map(Arc::new)
+        .map_err(|e| tracing::warn!("{}: {e}; delegated searches disabled", src.src.display()))
+        .ok();
+        let srv = Arc::new(Served {
+            stats: src,
+            base,
+            slots: Arc::new(Slots::default()),
+        });
         std::thread::Builder::new()
             .name("dircache-ctl".into())
             .spawn(move || {
                 for conn in listener.incoming() {
                     match conn {
-                        Ok(s) => {
-                            // One thread per connection: a long search must not hold up stats.
-                            let src = src.clone();
-                            let _ = std::thread::Builder::new()
-                                .name("dircache-ctl-conn".into())
-                                .spawn(move || serve_conn(&src, s));
+                        Ok(s) => accept(&srv, s),
+                        Err(e) => {
+                            tracing::warn!("control socket: {e}");
+                            std::thread::sleep(Duration::from_millis(50));
                         }
-                        Err(e) => tracing::warn!("control socket: {e}"),
                     }
                 }
             })?;
@@ -307,44 +586,86 @@ impl ControlServer {
     }
 }
 
+/// Take a new connection: the peer's credentials now (the kernel's record of the connect),
+/// then a connection slot (or close it), then a thread of its own. Threads are bounded by the
+/// slots: at most [`limits::MAX_CONNECTIONS`].
+fn accept(srv: &Arc<Served>, s: UnixStream) {
+    let cred = match dircache_search::proto::peer_cred(&s) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!("control connection without credentials: {e}");
+            return;
+        }
+    };
+    let Some(slot) = srv.slots.take(cred.uid, false) else {
+        tracing::debug!("control connection of uid {} refused: too many", cred.uid);
+        return;
+    };
+    let srv2 = srv.clone();
+    let r = std::thread::Builder::new()
+        .name("dircache-ctl-conn".into())
+        .spawn(move || {
+            let _slot = slot;
+            serve_conn(&srv2, s, cred);
+        });
+    if let Err(e) = r {
+        tracing::warn!("control connection thread: {e}");
+    }
+}
+
 impl Drop for ControlServer {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
 }
 
-/// Client side: send `req` to the daemon behind `socket` and return its response.
+/// Client side: connect to the daemon of the dircache mount whose root is `mnt`, checked as
+/// `dircache search` checks it (a dircache mount in /proc/self/mountinfo, a socket owned by
+/// root or the mount's owner), send `req` and return the response, waiting at most
+/// `DIRCACHE_CONTROL_TIMEOUT` seconds (default 30).
+pub fn query_mount(mnt: &Path, req: &Value) -> Result<Value, Error> {
+    use dircache_search::proto::{
+        connect_verified, daemon_of_mount_root, ClientConfig, ProtoError,
+    };
+    let cfg = ClientConfig::default();
+    let d = daemon_of_mount_root(mnt, &cfg).ok_or_else(|| {
+        Error::NotDircache(
+            mnt.to_path_buf(),
+            std::io::Error::other("no dircache mount with a control socket there"),
+        )
+    })?;
+    let silent = || {
+        Error::Protocol(format!(
+            "the daemon at {} did not answer within {:?}",
+            d.socket.display(),
+            cfg.timeout
+        ))
+    };
+    let mut s = match connect_verified(&d, &cfg) {
+        Ok(s) => s,
+        Err(ProtoError::TimedOut) => return Err(silent()),
+        Err(e) => return Err(Error::Protocol(format!("{}: {e}", d.socket.display()))),
+    };
+    let timed_out = |e: &Error| matches!(e, Error::Io(io) if matches!(io.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut));
+    if let Err(e) = write_frame(&mut s, req) {
+        return Err(if timed_out(&e) { silent() } else { e });
+    }
+    match read_frame_max(&mut s, dircache_search::proto::MAX_RESPONSE) {
+        Ok(Some(v)) => Ok(v),
+        Ok(None) => Err(Error::Protocol("daemon closed the connection".into())),
+        Err(e) if timed_out(&e) => Err(silent()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Client side, no checks: send `req` to the socket at `socket` (for tests and tools that
+/// made the socket themselves).
 pub fn query(socket: &Path, req: &Value) -> Result<Value, Error> {
     let mut s = UnixStream::connect(socket)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.set_write_timeout(Some(Duration::from_secs(10)))?;
     write_frame(&mut s, req)?;
     read_frame(&mut s)?.ok_or_else(|| Error::Protocol("daemon closed the connection".into()))
-}
-
-/// The control socket of the dircache mount at `mnt` (from the root's extended attribute).
-pub fn socket_of_mount(mnt: &Path) -> Result<PathBuf, Error> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(mnt.as_os_str().as_bytes())
-        .map_err(|_| Error::Protocol("mount path contains NUL".into()))?;
-    let name = std::ffi::CString::new(SOCKET_XATTR).map_err(|_| Error::Protocol("xattr".into()))?;
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: both strings are NUL-terminated; buf is valid for buf.len() bytes.
-    let n = unsafe {
-        libc::lgetxattr(
-            c.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        return Err(Error::NotDircache(
-            mnt.to_path_buf(),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    buf.truncate(n as usize);
-    Ok(PathBuf::from(std::ffi::OsStr::from_bytes(&buf)))
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@
 //!   system via [`DirectSource`], or a dircache cache via [`CacheSource`]), returning a
 //!   [`SearchStream`] of [`SearchResult`]s;
 //! * [`proto`] - the wire format (length-prefixed JSON frames) a mount's daemon or a server
-//!   accepts, the client side of delegation and [`proto::serve_search`] for the daemon.
+//!   accepts, the client side of delegation (which daemons it trusts: [`proto::ClientConfig`])
+//!   and [`proto::answer`] for the daemon;
+//! * [`creds`] - running a search with another user's credentials, the kernel deciding.
 //!
 //! ## Semantics
 //! * `paths` is a `:`-separated list of directories, searched in order (all results of the
@@ -40,6 +42,7 @@
 //!   are answered with an open of the directory (same permission semantics as listing it) and
 //!   one lstat per name instead of a full listing.
 
+pub mod creds;
 pub mod pattern;
 pub mod proto;
 pub mod source;
@@ -55,7 +58,9 @@ use serde::{Deserialize, Serialize};
 
 pub use dircache_core::Attr as SearchAttr;
 pub use pattern::Pattern;
-pub use source::{CacheSource, DirectSource, RawEntry, Source};
+pub use source::{CacheSource, DirectSource, MountAccess, RawEntry, Source};
+
+pub use proto::ClientConfig;
 
 /// Errors of the call itself (bad input). Errors met during the search are results.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -70,7 +75,14 @@ pub enum SearchError {
     Root(String, Error),
     #[error("cannot start search threads: {0}")]
     Spawn(String),
+    /// A dircache daemon that took the search failed the client (no answer in time, a
+    /// broken protocol): not bad input.
+    #[error("{0}")]
+    Daemon(String),
 }
+
+/// Most worker threads a search uses, whatever [`SearchOptions::threads`] asks.
+pub const MAX_THREADS: usize = 256;
 
 /// Search flags (a bit set).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -219,6 +231,8 @@ pub struct SearchOptions {
     /// mount's daemon, with the decomposed pattern (paper §4). Found once per search from
     /// /proc/self/mountinfo; costs nothing per directory. Meant for [`DirectSource`].
     pub delegate_mounts: bool,
+    /// Which daemons a delegating search trusts and how long it waits for them.
+    pub client: proto::ClientConfig,
 }
 
 impl Default for SearchOptions {
@@ -228,6 +242,7 @@ impl Default for SearchOptions {
             split_at_mounts: false,
             delegate_mounts: false,
             channel_batches: 64,
+            client: proto::ClientConfig::default(),
         }
     }
 }
@@ -270,6 +285,37 @@ impl SearchStream {
             cancel,
             threads,
             on_drop: None,
+        }
+    }
+}
+
+/// What [`SearchStream::next_batch`] found.
+pub enum Batch {
+    /// Some results.
+    Results(Vec<SearchResult>),
+    /// Nothing within the wait; the search goes on.
+    Idle,
+    /// The search is over.
+    End,
+}
+
+impl SearchStream {
+    /// The next results as they come, waiting at most `wait` (for a server that must also
+    /// watch its client while the search runs).
+    pub fn next_batch(&mut self, wait: std::time::Duration) -> Batch {
+        if self.buf.len() > 0 {
+            return Batch::Results(std::mem::take(&mut self.buf).collect());
+        }
+        let Some(rx) = self.rx.as_ref() else {
+            return Batch::End;
+        };
+        match rx.recv_timeout(wait) {
+            Ok(b) => Batch::Results(b),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Batch::Idle,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                self.rx = None;
+                Batch::End
+            }
         }
     }
 }
@@ -339,7 +385,7 @@ type OpenedRoot<S> = (Vec<u8>, Result<<S as Source>::Root, Error>);
 struct Shared<S: Source> {
     source: Arc<S>,
     /// (root index, path below the root) of dircache mounts to delegate to -> their socket.
-    mounts: std::collections::HashMap<(usize, Vec<u8>), std::path::PathBuf>,
+    mounts: std::collections::HashMap<(usize, Vec<u8>), proto::Daemon>,
     roots: Vec<OpenedRoot<S>>,
     top: Arc<Sub>,
     flags: Flags,
@@ -373,12 +419,13 @@ pub fn search_with<S: Source>(
             .map(|n| n.get())
             .unwrap_or(2)
     } else {
-        opts.threads
+        opts.threads.min(MAX_THREADS)
     };
     let (tx, rx) = crossbeam_channel::bounded(opts.channel_batches.max(1));
     let cancel = Arc::new(AtomicBool::new(false));
-    let mounts = if opts.delegate_mounts {
-        proto::dircache_mounts_below(&req.roots())
+    // A caller with CAP_DAC_* searches the mounts itself: a daemon never applies capabilities.
+    let mounts = if opts.delegate_mounts && !creds::caller_has_dac_caps() {
+        proto::dircache_mounts_below(&req.roots(), &opts.client)
     } else {
         Default::default()
     };
@@ -553,8 +600,8 @@ fn process<S: Source>(
         }
     };
     if !sh.mounts.is_empty() {
-        if let Some(sock) = sh.mounts.get(&(job.root, job.rel.clone())) {
-            if delegate_child(sh, job, sock, out) {
+        if let Some(d) = sh.mounts.get(&(job.root, job.rel.clone())) {
+            if delegate_child(sh, job, d, out) {
                 return;
             }
             // No daemon answered: search the mount locally.
@@ -595,6 +642,9 @@ fn process<S: Source>(
     if let Some(names) = pat.literal_children(&comps) {
         listed = true;
         for n in names {
+            if sh.cancel.load(Ordering::Relaxed) {
+                return;
+            }
             match sh.source.lookup(&dir, n) {
                 Ok(Some(e)) => entries.push(e),
                 Ok(None) | Err(Error::NotDir) => {}
@@ -683,7 +733,7 @@ fn process<S: Source>(
 fn delegate_child<S: Source>(
     sh: &Shared<S>,
     job: &Job,
-    sock: &std::path::Path,
+    daemon: &proto::Daemon,
     out: &mut Vec<SearchResult>,
 ) -> bool {
     let local = job.rel.get(job.sub.base_len..).unwrap_or(&[]);
@@ -694,27 +744,33 @@ fn delegate_child<S: Source>(
     let (root_path, _) = &sh.roots[job.root];
     let ridx = job.root as u32;
     let stop_first = sh.flags.contains(Flags::STOPATFIRST);
-    proto::child_search(sock, &p.to_string(), sh.flags, |mut r| {
-        if sh.cancel.load(Ordering::Relaxed) {
-            return false;
-        }
-        let full = join_path(&job.rel, &r.path);
-        r.path = out_path(root_path, &full, sh.flags);
-        r.root = ridx;
-        if stop_first && r.error.is_none() {
-            if !sh.found.swap(true, Ordering::SeqCst) {
-                out.push(r);
+    proto::child_search(
+        daemon,
+        &sh.opts.client,
+        &p.to_string(),
+        sh.flags,
+        |mut r| {
+            if sh.cancel.load(Ordering::Relaxed) {
+                return false;
             }
-            sh.cancel.store(true, Ordering::SeqCst);
-            return false;
-        }
-        out.push(r);
-        if out.len() >= proto::RESULTS_PER_FRAME && sh.tx.send(std::mem::take(out)).is_err() {
-            sh.cancel.store(true, Ordering::SeqCst);
-            return false;
-        }
-        true
-    })
+            let full = join_path(&job.rel, &r.path);
+            r.path = out_path(root_path, &full, sh.flags);
+            r.root = ridx;
+            if stop_first && r.error.is_none() {
+                if !sh.found.swap(true, Ordering::SeqCst) {
+                    out.push(r);
+                }
+                sh.cancel.store(true, Ordering::SeqCst);
+                return false;
+            }
+            out.push(r);
+            if out.len() >= proto::RESULTS_PER_FRAME && sh.tx.send(std::mem::take(out)).is_err() {
+                sh.cancel.store(true, Ordering::SeqCst);
+                return false;
+            }
+            true
+        },
+    )
 }
 
 /// Serde for file names: a string when UTF-8 (compact JSON), an array of bytes otherwise.

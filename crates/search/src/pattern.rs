@@ -14,11 +14,22 @@
 //! `/*`, the paper's `ls` example). Matching is on bytes (one `?` is one byte). There is no
 //! escape character; an empty alternative, an empty component (`a//b`, `a/`) or a NUL byte is
 //! an invalid pattern.
+//!
+//! **Bounds**: a pattern has at most [`MAX_PATTERN_BYTES`] bytes and [`MAX_ALTERNATIVES`]
+//! alternatives (a clear error otherwise). Parsing and decomposition are linear in the
+//! pattern; matching one name costs at most the pattern's length times the name's.
+
+use std::collections::HashSet;
 
 use crate::SearchError;
 
+/// Longest pattern accepted, in bytes.
+pub const MAX_PATTERN_BYTES: usize = 32 * 1024;
+/// Most `|`-separated alternatives accepted.
+pub const MAX_ALTERNATIVES: usize = 4096;
+
 /// One component of an alternative: a glob over bytes without `/`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Glob {
     /// No wildcard: equality.
     Literal(Vec<u8>),
@@ -32,7 +43,7 @@ pub(crate) enum Glob {
     General(Vec<Tok>),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Tok {
     Byte(u8),
     Star,
@@ -126,7 +137,7 @@ fn closure(toks: &[Tok], st: &mut [bool]) {
 }
 
 /// One `|`-separated alternative.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Alt {
     /// Leading `/`: must match the whole relative path (non-recursive).
     pub(crate) anchored: bool,
@@ -154,8 +165,21 @@ impl Pattern {
         if s.is_empty() {
             return Err(bad("empty pattern"));
         }
+        if s.len() > MAX_PATTERN_BYTES {
+            return Err(SearchError::InvalidPattern(
+                format!("{}...", String::from_utf8_lossy(&s[..64])),
+                format!("longer than {MAX_PATTERN_BYTES} bytes"),
+            ));
+        }
         if s.contains(&0) {
             return Err(bad("NUL byte"));
+        }
+        let n_alts = s.iter().filter(|&&b| b == b'|').count() + 1;
+        if n_alts > MAX_ALTERNATIVES {
+            return Err(SearchError::InvalidPattern(
+                format!("{}...", String::from_utf8_lossy(&s[..s.len().min(64)])),
+                format!("{n_alts} alternatives (at most {MAX_ALTERNATIVES})"),
+            ));
         }
         let mut alts = Vec::new();
         for a in s.split(|&b| b == b'|') {
@@ -248,6 +272,7 @@ impl Pattern {
     pub fn literal_children(&self, comps: &[&[u8]]) -> Option<Vec<&[u8]>> {
         let d = comps.len();
         let mut names: Vec<&[u8]> = Vec::new();
+        let mut seen: HashSet<&[u8]> = HashSet::new();
         for a in &self.alts {
             if !a.anchored {
                 return None;
@@ -259,7 +284,7 @@ impl Pattern {
             if lit == b"." || lit == b".." {
                 continue; // never listed, so never matched
             }
-            if !names.contains(&lit) {
+            if seen.insert(lit) {
                 names.push(lit);
             }
         }
@@ -282,8 +307,9 @@ impl Pattern {
     pub fn decompose(&self, mount: &[&[u8]]) -> Pattern {
         let k = mount.len();
         let mut out: Vec<Alt> = Vec::new();
-        let push = |out: &mut Vec<Alt>, alt: Alt| {
-            if !out.contains(&alt) {
+        let mut seen: HashSet<Alt> = HashSet::new();
+        let mut push = |out: &mut Vec<Alt>, alt: Alt| {
+            if seen.insert(alt.clone()) {
                 out.push(alt);
             }
         };
@@ -385,6 +411,31 @@ mod tests {
         for p in ["", "a||b", "a//b", "a/", "|", "//"] {
             assert!(Pattern::parse(p).is_err(), "{p}");
         }
+    }
+
+    #[test]
+    fn bounded_patterns() {
+        // 80,000 alternatives: a clear error at once, not seconds of work.
+        let big: Vec<String> = (0..80_000).map(|i| format!("/n{i}")).collect();
+        let t = std::time::Instant::now();
+        let e = Pattern::parse(&big.join("|")).err();
+        assert!(t.elapsed() < std::time::Duration::from_millis(200));
+        assert!(matches!(e, Some(SearchError::InvalidPattern(..))), "{e:?}");
+        let long = "a".repeat(MAX_PATTERN_BYTES + 1);
+        assert!(Pattern::parse(&long).is_err());
+        // The most alternatives allowed: listing the literal names is linear.
+        let most: Vec<String> = (0..MAX_ALTERNATIVES).map(|i| format!("/n{i}")).collect();
+        let p = Pattern::parse(&most.join("|")).unwrap_or_else(|e| panic!("{e}"));
+        let t = std::time::Instant::now();
+        let names = p.literal_children(&[]).unwrap_or_default();
+        assert_eq!(names.len(), MAX_ALTERNATIVES);
+        let d = p.decompose(&[]);
+        assert_eq!(d.alts.len(), MAX_ALTERNATIVES);
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[test]

@@ -1,46 +1,66 @@
 //! The search wire protocol and delegation to a mount's daemon.
 //!
 //! **Framing** (the FUSE daemon's control-socket protocol): every message is a frame: a 4-byte
-//! big-endian length, then that many bytes of JSON (at most [`MAX_FRAME`]). The client sends
+//! big-endian length, then that many bytes of JSON. A request is at most [`MAX_REQUEST`]
+//! bytes, a response frame at most [`MAX_RESPONSE`]; frames are read incrementally (memory
+//! grows with the bytes actually received, never with the declared length). The client sends
 //! one request object tagged by `"op"`: `{"op":"search","paths":..,"pattern":..,"flags":N}`.
-//! The server answers with any number of `{"ok":true,"results":[..]}` frames, then exactly one
-//! `{"ok":true,"end":true}`, or `{"ok":false,"error":".."}` (a daemon that does not know the
-//! `search` op answers that way, and the client then searches locally). The client may close
-//! the connection at any time to cancel.
+//! The server answers with any number of `{"ok":true,"results":[..]}` frames (an empty one at
+//! least every [`HEARTBEAT`] while the search runs), then exactly one `{"ok":true,"end":true}`,
+//! or `{"ok":false,"error":".."}` (a daemon that does not know the `search` op, or is busy,
+//! answers that way, and the client then searches locally). The client may close the
+//! connection at any time to cancel: the server watches for the hangup while it searches.
 //!
 //! **Paths** in a delegated request are absolute *within the served file system*: `/` is the
 //! mount root (the daemon's SRC). The client sends the request without INCLUDEROOT and puts the
-//! roots back itself, so result paths are always relative to their root on the wire.
+//! roots back itself, so result paths are always relative to their root on the wire; a client
+//! refuses any result path that is absolute or has an empty, `.` or `..` component.
 //!
-//! **Finding the daemon** ([`find_daemon`]): from the search root up to the root of the mount
-//! it lies in (statx `STATX_ATTR_MOUNT_ROOT`), then the extended attribute
-//! [`SOCKET_XATTR`] of that mount root names the daemon's unix socket.
+//! **Finding the daemon** ([`find_daemon`]): the mount the search root lies in, from
+//! /proc/self/mountinfo, must be a dircache FUSE mount (type [`FSTYPE`]); its root's extended
+//! attribute [`SOCKET_XATTR`] names the daemon's unix socket. A client trusts the socket only
+//! if the process at the other end (SO_PEERCRED, at connect) is root or the mount's owner
+//! (`user_id=` of the mount), and it gives up after [`ClientConfig::timeout`]
+//! (`DIRCACHE_CONTROL_TIMEOUT` seconds, default 30) without an answer.
 //!
-//! **Serving** ([`serve_connection`]): the daemon reads the request, learns the caller's ids
-//! from `SO_PEERCRED` (+ supplementary groups from /proc), runs [`serve_search`] over its
-//! source for those credentials and streams the results.
+//! **Serving** ([`answer`]): the daemon takes the caller's ids once, at connect, from
+//! `SO_PEERCRED` and `SO_PEERGROUPS` ([`peer_cred`]; never from /proc, where pids are reused)
+//! and runs the search with a [`DirectSource`] switched to those ids beneath its SRC, so the
+//! kernel decides every access (see [`crate::creds`]).
 
 use std::io::{BufReader, BufWriter, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use dircache_core::Cred;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    join_path, search, DirectSource, ErrorSource, Flags, ResultError, SearchError, SearchRequest,
-    SearchResult, SearchStream, Source,
+    join_path, Batch, DirectSource, ErrorSource, Flags, ResultError, SearchError, SearchOptions,
+    SearchRequest, SearchResult, SearchStream, Source,
 };
 
 /// Extended attribute of a dircache mount root that names its daemon's socket.
 pub const SOCKET_XATTR: &str = "user.dircache.socket";
-/// Largest frame accepted.
-pub const MAX_FRAME: usize = 16 << 20;
+/// File system type of a dircache mount in /proc/self/mountinfo.
+pub const FSTYPE: &str = "fuse.dircache";
+/// Largest request frame a daemon accepts.
+pub const MAX_REQUEST: usize = 64 * 1024;
+/// Largest response frame a client accepts.
+pub const MAX_RESPONSE: usize = 4 << 20;
+/// Largest frame of either kind.
+pub const MAX_FRAME: usize = MAX_RESPONSE;
 /// Results per frame when serving.
 pub const RESULTS_PER_FRAME: usize = 256;
+/// Longest silence of a server while it searches (it sends an empty results frame).
+pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// How long a client waits for a daemon by default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Errors of the protocol layer.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +75,33 @@ pub enum ProtoError {
     Truncated,
     #[error("server error: {0}")]
     Server(String),
+    #[error("no answer in time")]
+    TimedOut,
+    #[error("untrusted daemon: {0}")]
+    Untrusted(String),
+    #[error("result path {0:?} is outside the search root")]
+    BadPath(String),
+}
+
+impl ProtoError {
+    /// The errno a result reporting this error carries.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ProtoError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            ProtoError::TimedOut => libc::ETIMEDOUT,
+            ProtoError::Untrusted(_) | ProtoError::BadPath(_) | ProtoError::Json(_) => libc::EPROTO,
+            ProtoError::TooLarge(_) => libc::EMSGSIZE,
+            _ => libc::EIO,
+        }
+    }
+}
+
+fn io_err(e: std::io::Error) -> ProtoError {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => ProtoError::TimedOut,
+        std::io::ErrorKind::UnexpectedEof => ProtoError::Truncated,
+        _ => ProtoError::Io(e),
+    }
 }
 
 /// A request to a daemon or server (an envelope other operations can join).
@@ -131,13 +178,14 @@ pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), Pro
         return Err(ProtoError::TooLarge(body.len()));
     }
     let len = u32::try_from(body.len()).map_err(|_| ProtoError::TooLarge(body.len()))?;
-    w.write_all(&len.to_be_bytes())?;
-    w.write_all(&body)?;
+    w.write_all(&len.to_be_bytes()).map_err(io_err)?;
+    w.write_all(&body).map_err(io_err)?;
     Ok(())
 }
 
-/// Read one frame; `Ok(None)` on a clean end of stream before the frame.
-pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> Result<Option<T>, ProtoError> {
+/// Read one frame body of at most `max` bytes; `Ok(None)` on a clean end of stream before
+/// the frame. The body grows with the bytes received (never allocated at the declared length).
+pub fn read_frame_bytes<R: Read>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, ProtoError> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -146,29 +194,52 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> Result<Option<T>, 
             Ok(0) => return Err(ProtoError::Truncated),
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(io_err(e)),
         }
     }
     let n = u32::from_be_bytes(len) as usize;
-    if n > MAX_FRAME {
+    if n > max {
         return Err(ProtoError::TooLarge(n));
     }
-    let mut body = vec![0u8; n];
-    r.read_exact(&mut body).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => ProtoError::Truncated,
-        _ => ProtoError::Io(e),
-    })?;
-    Ok(Some(serde_json::from_slice(&body)?))
+    let mut body = Vec::with_capacity(n.min(8192));
+    let mut chunk = [0u8; 8192];
+    while body.len() < n {
+        let want = (n - body.len()).min(chunk.len());
+        match r.read(&mut chunk[..want]) {
+            Ok(0) => return Err(ProtoError::Truncated),
+            Ok(k) => body.extend_from_slice(&chunk[..k]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err(e)),
+        }
+    }
+    Ok(Some(body))
+}
+
+/// Read one frame of at most `max` bytes and decode it.
+pub fn read_frame_limited<R: Read, T: DeserializeOwned>(
+    r: &mut R,
+    max: usize,
+) -> Result<Option<T>, ProtoError> {
+    match read_frame_bytes(r, max)? {
+        Some(b) => Ok(Some(serde_json::from_slice(&b)?)),
+        None => Ok(None),
+    }
+}
+
+/// Read one frame (at most [`MAX_FRAME`] bytes); `Ok(None)` on a clean end of stream.
+pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> Result<Option<T>, ProtoError> {
+    read_frame_limited(r, MAX_FRAME)
 }
 
 pub fn write_request<W: Write>(w: &mut W, req: &SearchRequest) -> Result<(), ProtoError> {
     write_frame(w, &Request::Search(req.clone()))?;
-    w.flush()?;
+    w.flush().map_err(io_err)?;
     Ok(())
 }
 
+/// Read one request (at most [`MAX_REQUEST`] bytes).
 pub fn read_request<R: Read>(r: &mut R) -> Result<Option<SearchRequest>, ProtoError> {
-    Ok(read_frame::<_, Request>(r)?.map(|Request::Search(s)| s))
+    Ok(read_frame_limited::<_, Request>(r, MAX_REQUEST)?.map(|Request::Search(s)| s))
 }
 
 /// Iterate over the results of a response stream until `End` (an `Error` frame or a broken
@@ -184,7 +255,7 @@ pub fn read_results<R: Read>(r: R) -> impl Iterator<Item = Result<SearchResult, 
         if done {
             return None;
         }
-        match read_frame::<_, Response>(&mut r) {
+        match read_frame_limited::<_, Response>(&mut r, MAX_RESPONSE) {
             Ok(Some(Response::Results { results })) => buf = results.into_iter(),
             Ok(Some(Response::End)) => {
                 done = true;
@@ -205,204 +276,579 @@ pub fn read_results<R: Read>(r: R) -> impl Iterator<Item = Result<SearchResult, 
     })
 }
 
-/// What a daemon calls to answer a search request: the same engine as a local search, over
-/// the daemon's own source (its cache, or the directory it serves).
-pub fn serve_search<S: Source>(
-    request: &SearchRequest,
-    source: Arc<S>,
-) -> Result<impl Iterator<Item = SearchResult>, SearchError> {
-    search(request, source)
+/// Whether a result path from a daemon stays below its root: empty (the root itself), or
+/// relative with no empty, `.` or `..` component and no NUL.
+pub fn path_stays_below(p: &[u8]) -> bool {
+    p.is_empty()
+        || (!p.starts_with(b"/")
+            && !p.contains(&0)
+            && p.split(|&b| b == b'/')
+                .all(|c| !c.is_empty() && c != b"." && c != b".."))
 }
 
-/// Write the answer to `request` on `w`: result frames, then End (or Error for bad input).
-pub fn answer<S: Source, W: Write>(
-    w: &mut W,
-    request: &SearchRequest,
-    source: Arc<S>,
-) -> Result<(), ProtoError> {
-    match serve_search(request, source) {
-        Ok(stream) => {
-            let mut batch = Vec::with_capacity(RESULTS_PER_FRAME);
-            for r in stream {
-                batch.push(r);
-                if batch.len() == RESULTS_PER_FRAME {
-                    write_frame(
-                        w,
-                        &Response::Results {
-                            results: std::mem::take(&mut batch),
-                        },
-                    )?;
-                    w.flush()?;
-                }
-            }
-            if !batch.is_empty() {
-                write_frame(w, &Response::Results { results: batch })?;
-            }
-            write_frame(w, &Response::End)?;
-        }
-        Err(e) => write_frame(
-            w,
-            &Response::Error {
-                message: e.to_string(),
-            },
-        )?,
+fn check_result(r: &SearchResult, nroots: usize) -> Result<(), ProtoError> {
+    if (r.root as usize) >= nroots || !path_stays_below(&r.path) {
+        return Err(ProtoError::BadPath(
+            String::from_utf8_lossy(&r.path).into_owned(),
+        ));
     }
-    w.flush()?;
     Ok(())
 }
 
-/// The credentials of the process at the other end of a unix socket.
-pub fn peer_cred(s: &UnixStream) -> Result<Cred, ProtoError> {
+// ---------------------------------------------------------------------------------------
+// Server side.
+
+/// The credentials of the process at the other end of a unix socket, as the kernel recorded
+/// them when it connected: uid and gid from `SO_PEERCRED`, supplementary groups from
+/// `SO_PEERGROUPS`.
+pub fn peer_cred(s: &impl AsFd) -> Result<Cred, ProtoError> {
     let c = rustix::net::sockopt::socket_peercred(s).map_err(std::io::Error::from)?;
-    let groups = std::fs::read_to_string(format!("/proc/{}/status", c.pid.as_raw_nonzero()))
-        .ok()
-        .and_then(|st| {
-            st.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
-                g.split_whitespace()
-                    .filter_map(|x| x.parse::<u32>().ok())
-                    .collect::<Vec<u32>>()
-            })
-        })
-        .unwrap_or_default();
+    let groups = peer_groups(s)?;
     Ok(Cred::new(c.uid.as_raw(), c.gid.as_raw(), groups))
 }
 
-/// Serve one connection: one search request, answered for the peer's credentials with the
-/// source `make_source(peer)` builds (e.g. a `CacheSource` with `cache.credentials(peer)`).
-pub fn serve_connection<S: Source>(
-    stream: UnixStream,
-    make_source: impl FnOnce(Cred) -> Arc<S>,
-) -> Result<(), ProtoError> {
-    let cred = peer_cred(&stream)?;
-    let mut r = BufReader::new(stream.try_clone()?);
-    let mut w = BufWriter::new(stream);
-    let Some(req) = read_request(&mut r)? else {
-        return Ok(());
+fn peer_groups(s: &impl AsFd) -> Result<Vec<u32>, ProtoError> {
+    let fd = s.as_fd().as_raw_fd();
+    let mut n: usize = 64;
+    loop {
+        let mut buf = vec![0u32; n];
+        let mut len = libc::socklen_t::try_from(n * 4).unwrap_or(libc::socklen_t::MAX);
+        // SAFETY: buf is valid for `len` bytes; the kernel writes at most `len` bytes and
+        // updates len.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            buf.truncate(len as usize / 4);
+            return Ok(buf);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ERANGE) && n < 65536 {
+            n = (len as usize / 4).max(n * 2).min(65536);
+            continue;
+        }
+        return Err(ProtoError::Io(e));
+    }
+}
+
+/// Whether the peer of `s` has closed or shut down its side.
+pub fn hung_up(s: &impl AsFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: s.as_fd().as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
     };
-    answer(&mut w, &req, make_source(cred))
+    // SAFETY: one valid pollfd, timeout 0 (no wait).
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+/// Write the answer to `request` on the connection `sock`: result frames (an empty one at
+/// least every [`HEARTBEAT`]), then End, or Error for bad input. The search is cancelled as
+/// soon as the client hangs up or a write fails (the caller sets the socket's write timeout).
+pub fn answer<S: Source>(
+    sock: &UnixStream,
+    request: &SearchRequest,
+    source: Arc<S>,
+    opts: &SearchOptions,
+) -> Result<(), ProtoError> {
+    let mut w = BufWriter::new(sock);
+    let mut stream = match crate::search_with(request, source, opts) {
+        Ok(s) => s,
+        Err(e) => {
+            write_frame(
+                &mut w,
+                &Response::Error {
+                    message: e.to_string(),
+                },
+            )?;
+            return w.flush().map_err(io_err);
+        }
+    };
+    let poll = Duration::from_millis(100);
+    let send = |w: &mut BufWriter<&UnixStream>, results: Vec<SearchResult>| {
+        write_frame(w, &Response::Results { results })?;
+        w.flush().map_err(io_err)
+    };
+    // The first frame at once: the client knows the search was taken.
+    send(&mut w, Vec::new())?;
+    let mut last = Instant::now();
+    let mut batch: Vec<SearchResult> = Vec::new();
+    loop {
+        match stream.next_batch(poll) {
+            Batch::Results(rs) => {
+                batch.extend(rs);
+                while batch.len() >= RESULTS_PER_FRAME {
+                    let rest = batch.split_off(RESULTS_PER_FRAME);
+                    send(&mut w, std::mem::replace(&mut batch, rest))?;
+                    last = Instant::now();
+                }
+            }
+            Batch::Idle => {
+                if hung_up(sock) {
+                    return Err(ProtoError::Truncated); // dropping the stream cancels it
+                }
+                if !batch.is_empty() || last.elapsed() >= HEARTBEAT {
+                    send(&mut w, std::mem::take(&mut batch))?;
+                    last = Instant::now();
+                }
+            }
+            Batch::End => break,
+        }
+        if last.elapsed() >= poll && hung_up(sock) {
+            return Err(ProtoError::Truncated);
+        }
+    }
+    if !batch.is_empty() {
+        send(&mut w, batch)?;
+    }
+    write_frame(&mut w, &Response::End)?;
+    w.flush().map_err(io_err)
+}
+
+/// The source a daemon searches for `cred`: its directory `base`, with the kernel deciding
+/// every access for `cred`. A daemon that cannot switch credentials (not root) serves only
+/// a caller with exactly its own ids.
+pub fn source_for(base: Arc<OwnedFd>, cred: &Cred) -> Result<DirectSource, ProtoError> {
+    if crate::creds::can_switch() {
+        return Ok(DirectSource::beneath(base, Some(cred.clone())));
+    }
+    let me = Cred::new(
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+        rustix::process::getgroups()
+            .map_err(std::io::Error::from)?
+            .into_iter()
+            .map(|g| g.as_raw()),
+    );
+    if me.uid == cred.uid && me.gid == cred.gid && me.groups() == cred.groups() {
+        return Ok(DirectSource::beneath(base, None));
+    }
+    Err(ProtoError::Server(
+        "this daemon cannot search as another user; search locally".into(),
+    ))
+}
+
+/// Options of a daemon's searches: a few threads each (many clients share the machine).
+pub fn daemon_search_options() -> SearchOptions {
+    SearchOptions {
+        threads: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .min(4),
+        ..Default::default()
+    }
 }
 
 /// A [`DirectSource`]-backed server for directory `src` (used by tests and as a reference for
-/// the daemon): request roots `/x` are taken as `src/x`.
+/// the daemon): request roots `/x` are `src/x`, searched as the peer.
 pub fn serve_directory(stream: UnixStream, src: &Path) -> Result<(), ProtoError> {
     let cred = peer_cred(&stream)?;
-    let mut r = BufReader::new(stream.try_clone()?);
-    let mut w = BufWriter::new(stream);
-    let Some(mut req) = read_request(&mut r)? else {
+    stream.set_read_timeout(Some(DEFAULT_TIMEOUT))?;
+    stream.set_write_timeout(Some(DEFAULT_TIMEOUT))?;
+    let base = Arc::new(
+        rustix::fs::open(
+            src,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(std::io::Error::from)?,
+    );
+    let mut r = BufReader::new(&stream);
+    let Some(req) = read_request(&mut r)? else {
         return Ok(());
     };
-    let base = src.to_string_lossy();
-    req.paths = req
-        .paths
-        .split(':')
-        .map(|p| {
-            format!(
-                "{}/{}",
-                base.trim_end_matches('/'),
-                p.trim_start_matches('/')
+    match source_for(base, &cred) {
+        Ok(source) => answer(&stream, &req, Arc::new(source), &daemon_search_options()),
+        Err(e) => {
+            let mut w = &stream;
+            write_frame(
+                &mut w,
+                &Response::Error {
+                    message: e.to_string(),
+                },
             )
-        })
-        .collect::<Vec<_>>()
-        .join(":");
-    let source = if cred.uid == rustix::process::geteuid().as_raw() {
-        DirectSource::new()
-    } else {
-        DirectSource::as_cred(cred)
-    };
-    answer(&mut w, &req, Arc::new(source))
+        }
+    }
 }
 
-/// The daemon serving `path`, if `path` lies in a dircache mount: `(mount root, socket)`.
-pub fn find_daemon(path: &Path) -> Option<(PathBuf, PathBuf)> {
-    use rustix::fs::{statx, AtFlags, StatxAttributes, StatxFlags, CWD};
-    let mut p = std::fs::canonicalize(path).ok()?;
-    loop {
-        let st = statx(CWD, &p, AtFlags::empty(), StatxFlags::TYPE).ok()?;
-        let known = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT);
-        let is_root = st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
-        if !known || is_root || p.parent().is_none() {
-            let mut buf = vec![0u8; 4096];
-            let n = rustix::fs::getxattr(&p, SOCKET_XATTR, &mut buf[..]).ok()?;
-            buf.truncate(n);
-            while buf.last() == Some(&0) {
-                buf.pop();
-            }
-            use std::os::unix::ffi::OsStringExt;
-            return Some((p, PathBuf::from(std::ffi::OsString::from_vec(buf))));
+// ---------------------------------------------------------------------------------------
+// Client side.
+
+/// What a client trusts and how long it waits.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// File system type a daemon's mount must have in /proc/self/mountinfo.
+    pub fstype: String,
+    /// Longest wait for a connection, a write or the next frame.
+    pub timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        let timeout = std::env::var("DIRCACHE_CONTROL_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
+            .map(Duration::from_secs_f64)
+            .unwrap_or(DEFAULT_TIMEOUT);
+        ClientConfig {
+            fstype: FSTYPE.into(),
+            timeout,
         }
-        p = p.parent()?.to_path_buf();
+    }
+}
+
+/// A dircache mount and its daemon's socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Daemon {
+    /// The mount point.
+    pub root: PathBuf,
+    /// The daemon's socket (from the root's [`SOCKET_XATTR`]).
+    pub socket: PathBuf,
+    /// The mount's owner (`user_id=`): the daemon is root or this user.
+    pub owner: u32,
+    /// The directory of the served file system mounted there (`/` unless a bind mount of a
+    /// subdirectory): paths sent to the daemon start with it.
+    pub fs_root: PathBuf,
+}
+
+impl Daemon {
+    /// The path the daemon knows for `rel` below the mount point (`/` is the served root).
+    fn wire_path(&self, rel: &Path) -> String {
+        let p = self.fs_root.join(rel);
+        let s = p.to_string_lossy();
+        if s.starts_with('/') {
+            s.into_owned()
+        } else {
+            format!("/{s}")
+        }
+    }
+}
+
+/// One line of /proc/self/mountinfo.
+struct MountEntry {
+    point: PathBuf,
+    fs_root: PathBuf,
+    /// Per-mount options (`ro`, `noexec`, ...).
+    opts: String,
+    dev: u64,
+    fstype: String,
+    owner: Option<u32>,
+}
+
+fn mount_table() -> Vec<MountEntry> {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in info.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        let (Some(devs), Some(fs_root), Some(point), Some(mnt_opts), Some(fstype), Some(opts)) = (
+            f.get(2),
+            f.get(3),
+            f.get(4),
+            f.get(5),
+            f.get(sep + 1),
+            f.get(sep + 3),
+        ) else {
+            continue;
+        };
+        let Some((ma, mi)) = devs.split_once(':') else {
+            continue;
+        };
+        let (Ok(ma), Ok(mi)) = (ma.parse::<u32>(), mi.parse::<u32>()) else {
+            continue;
+        };
+        let owner = opts
+            .split(',')
+            .find_map(|o| o.strip_prefix("user_id="))
+            .and_then(|v| v.parse().ok());
+        out.push(MountEntry {
+            point: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(point))),
+            fs_root: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(fs_root))),
+            opts: mnt_opts.to_string(),
+            dev: rustix::fs::makedev(ma, mi),
+            fstype: fstype.to_string(),
+            owner,
+        });
+    }
+    out
+}
+
+fn socket_xattr(root: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut buf = vec![0u8; 4096];
+    let n = rustix::fs::lgetxattr(root, SOCKET_XATTR, &mut buf[..]).ok()?;
+    buf.truncate(n);
+    while buf.last() == Some(&0) {
+        buf.pop();
+    }
+    // Only an absolute path: a relative one would depend on the client's directory.
+    if !buf.starts_with(b"/") {
+        return None;
+    }
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(&buf)))
+}
+
+/// The dircache mount `path` lies in and its daemon, if it lies in one: the innermost mount
+/// containing `path` (by /proc/self/mountinfo, and on the same device) must have type
+/// `cfg.fstype` and name a socket.
+pub fn find_daemon_with(path: &Path, cfg: &ClientConfig) -> Option<Daemon> {
+    use std::os::unix::fs::MetadataExt;
+    let p = std::fs::canonicalize(path).ok()?;
+    let dev = std::fs::metadata(&p).ok()?.dev();
+    let table = mount_table();
+    // The innermost mount containing p; the last one listed wins (mounted on top).
+    let m = table
+        .iter()
+        .filter(|m| p.starts_with(&m.point))
+        .max_by_key(|m| m.point.as_os_str().len())?;
+    let top = table.iter().rev().find(|x| x.point == m.point).unwrap_or(m);
+    if top.dev != dev || top.fstype != cfg.fstype {
+        return None;
+    }
+    let socket = socket_xattr(&top.point)?;
+    Some(Daemon {
+        root: top.point.clone(),
+        socket,
+        owner: top.owner.unwrap_or(0),
+        fs_root: top.fs_root.clone(),
+    })
+}
+
+/// [`find_daemon_with`] with the default configuration: `(mount root, socket)`.
+pub fn find_daemon(path: &Path) -> Option<(PathBuf, PathBuf)> {
+    find_daemon_with(path, &ClientConfig::default()).map(|d| (d.root, d.socket))
+}
+
+/// The options of the mount at `mnt` (the topmost one there) that access(2) applies: what a
+/// daemon answering for that mount must apply too ([`DirectSource::on_mount`]).
+pub fn mount_access(mnt: &Path) -> crate::MountAccess {
+    let table = mount_table();
+    let Some(m) = table.iter().rev().find(|m| m.point == mnt) else {
+        return crate::MountAccess::default();
+    };
+    let has = |o: &str| m.opts.split(',').any(|x| x == o);
+    crate::MountAccess {
+        read_only: has("ro"),
+        noexec: has("noexec"),
+    }
+}
+
+/// Whether `path` is itself the root of a mount of type `cfg.fstype`; its daemon if so.
+pub fn daemon_of_mount_root(path: &Path, cfg: &ClientConfig) -> Option<Daemon> {
+    let d = find_daemon_with(path, cfg)?;
+    let p = std::fs::canonicalize(path).ok()?;
+    (p == d.root).then_some(d)
+}
+
+/// Connect to `d`'s socket and check the daemon: the peer (SO_PEERCRED, taken by the kernel
+/// when the daemon listened) must be root or the mount's owner. The connection gets
+/// `cfg.timeout` for reads and writes; connecting waits at most that long too.
+pub fn connect_verified(d: &Daemon, cfg: &ClientConfig) -> Result<UnixStream, ProtoError> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(std::io::Error::from)?;
+    let addr = SocketAddrUnix::new(&d.socket).map_err(std::io::Error::from)?;
+    let deadline = Instant::now() + cfg.timeout;
+    loop {
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => break,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                // The daemon's backlog is full: it is not accepting.
+                if Instant::now() >= deadline {
+                    return Err(ProtoError::TimedOut);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(rustix::io::Errno::INPROGRESS) => {
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                let ms = i32::try_from(cfg.timeout.as_millis()).unwrap_or(i32::MAX);
+                // SAFETY: one valid pollfd.
+                if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
+                    return Err(ProtoError::TimedOut);
+                }
+                break;
+            }
+            Err(e) => return Err(ProtoError::Io(e.into())),
+        }
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(cfg.timeout))?;
+    stream.set_write_timeout(Some(cfg.timeout))?;
+    let peer = rustix::net::sockopt::socket_peercred(&stream).map_err(std::io::Error::from)?;
+    let uid = peer.uid.as_raw();
+    if uid != 0 && uid != d.owner {
+        return Err(ProtoError::Untrusted(format!(
+            "{} belongs to uid {uid}, not to root or to the owner (uid {}) of the mount {}",
+            d.socket.display(),
+            d.owner,
+            d.root.display()
+        )));
+    }
+    Ok(stream)
+}
+
+/// The outcome of [`delegate_with`].
+pub enum Delegation {
+    /// The daemon took the search.
+    Taken(SearchStream),
+    /// Search locally, for this reason (no dircache mount, an untrusted or unwilling daemon).
+    Local(String),
+}
+
+fn result_error(root: u32, e: &ProtoError) -> SearchResult {
+    SearchResult {
+        root,
+        path: Vec::new(),
+        stat: None,
+        error: Some(ResultError {
+            source: ErrorSource::Delegate,
+            errno: e.errno(),
+        }),
     }
 }
 
 /// Send the whole search to the daemon of the dircache mount the roots lie in.
 ///
 /// `Ok(None)` when delegation does not apply (a root outside any dircache mount, roots in
-/// different mounts, or no daemon answering): the caller then searches locally.
+/// different mounts, an untrusted daemon, or no daemon answering): the caller then searches
+/// locally.
 pub fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, SearchError> {
+    match delegate_with(req, &ClientConfig::default())? {
+        Delegation::Taken(s) => Ok(Some(s)),
+        Delegation::Local(_) => Ok(None),
+    }
+}
+
+/// [`delegate`] with a configuration, saying why a search stays local.
+pub fn delegate_with(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegation, SearchError> {
     req.validate()?;
+    if crate::creds::caller_has_dac_caps() {
+        // The daemon never applies capabilities; the kernel does, through the mount.
+        return Ok(Delegation::Local(
+            "the caller has CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH".into(),
+        ));
+    }
     let roots = req.roots();
-    // The daemon is looked up once (one getxattr, a FUSE round trip); the other roots only
-    // have to lie in the same file system below the same mount root.
     use std::os::unix::fs::MetadataExt;
-    let mut mount: Option<(PathBuf, PathBuf, u64)> = None;
+    let mut mount: Option<(Daemon, u64)> = None;
     let mut translated = Vec::new();
     for r in &roots {
         let Ok(m) = std::fs::metadata(r) else {
-            return Ok(None);
+            return Ok(Delegation::Local(format!("{r}: cannot stat")));
         };
         if !m.is_dir() {
             return Err(SearchError::NotADirectory((*r).to_string()));
         }
         let Ok(canon) = std::fs::canonicalize(r) else {
-            return Ok(None);
+            return Ok(Delegation::Local(format!("{r}: cannot resolve")));
         };
         match &mount {
             None => {
-                let Some((root, sock)) = find_daemon(&canon) else {
-                    return Ok(None);
+                let Some(d) = find_daemon_with(&canon, cfg) else {
+                    return Ok(Delegation::Local("not in a dircache mount".into()));
                 };
-                mount = Some((root, sock, m.dev()));
+                mount = Some((d, m.dev()));
             }
-            Some((root, _, dev)) => {
-                if !canon.starts_with(root) || m.dev() != *dev {
-                    return Ok(None);
+            Some((d, dev)) => {
+                if !canon.starts_with(&d.root) || m.dev() != *dev {
+                    return Ok(Delegation::Local("roots in different mounts".into()));
                 }
             }
         }
-        let Some((root, _, _)) = &mount else {
-            return Ok(None);
+        let Some((d, _)) = &mount else {
+            return Ok(Delegation::Local("not in a dircache mount".into()));
         };
-        let Ok(rel) = canon.strip_prefix(root) else {
-            return Ok(None);
+        let Ok(rel) = canon.strip_prefix(&d.root) else {
+            return Ok(Delegation::Local("not in a dircache mount".into()));
         };
-        translated.push(format!("/{}", rel.to_string_lossy()));
+        translated.push(d.wire_path(rel));
     }
-    let Some((_, sock, _)) = mount else {
-        return Ok(None);
+    let Some((daemon, _)) = mount else {
+        return Ok(Delegation::Local("no roots".into()));
     };
-    let Ok(stream) = UnixStream::connect(&sock) else {
-        return Ok(None);
+    let stream = match connect_verified(&daemon, cfg) {
+        Ok(s) => s,
+        Err(ProtoError::TimedOut) => {
+            return Err(SearchError::Daemon(format!(
+                "the dircache daemon at {} did not answer within {:?}",
+                daemon.socket.display(),
+                cfg.timeout
+            )))
+        }
+        Err(e) => return Ok(Delegation::Local(e.to_string())),
     };
     let wire = SearchRequest {
         paths: translated.join(":"),
         pattern: req.pattern.clone(),
         flags: Flags(req.flags.0 & !Flags::INCLUDEROOT.0),
     };
-    let mut w = BufWriter::new(match stream.try_clone() {
-        Ok(s) => s,
-        Err(_) => return Ok(None),
-    });
-    if write_request(&mut w, &wire).is_err() {
-        return Ok(None);
+    let mut w = BufWriter::new(&stream);
+    match write_request(&mut w, &wire) {
+        Ok(()) => {}
+        Err(ProtoError::TimedOut) => {
+            return Err(SearchError::Daemon(format!(
+                "the dircache daemon at {} did not answer within {:?}",
+                daemon.socket.display(),
+                cfg.timeout
+            )))
+        }
+        Err(e) => return Ok(Delegation::Local(e.to_string())),
     }
+    drop(w);
     // The first answer decides: results (or the end) mean the daemon took the search; an error
-    // (e.g. a daemon that does not know the `search` op) means: search locally.
+    // (e.g. a daemon that does not know the `search` op, or is busy) means: search locally.
     let mut r = BufReader::new(stream);
-    let first = match read_frame::<_, Response>(&mut r) {
+    let nroots = roots.len();
+    let first = match read_frame_limited::<_, Response>(&mut r, MAX_RESPONSE) {
         Ok(Some(Response::Results { results })) => Some(results),
         Ok(Some(Response::End)) => None,
-        _ => return Ok(None),
+        Ok(Some(Response::Error { message })) => {
+            return Ok(Delegation::Local(format!("daemon: {message}")))
+        }
+        Err(ProtoError::TimedOut) => {
+            return Err(SearchError::Daemon(format!(
+                "the dircache daemon at {} did not answer within {:?}",
+                daemon.socket.display(),
+                cfg.timeout
+            )))
+        }
+        Ok(None) => return Ok(Delegation::Local("daemon closed the connection".into())),
+        Err(e) => return Ok(Delegation::Local(e.to_string())),
     };
+    if let Some(bad) = first
+        .iter()
+        .flatten()
+        .find_map(|x| check_result(x, nroots).err())
+    {
+        return Err(SearchError::Daemon(format!(
+            "the dircache daemon at {} sent a bad answer: {bad}",
+            daemon.socket.display()
+        )));
+    }
     let include_root = req.flags.contains(Flags::INCLUDEROOT);
     let orig: Vec<Vec<u8>> = roots.iter().map(|r| r.as_bytes().to_vec()).collect();
     let fix = move |mut r: SearchResult| {
@@ -428,22 +874,12 @@ pub fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, SearchError
                 if c2.load(Ordering::Relaxed) {
                     break;
                 }
+                let item = item.and_then(|x| check_result(&x, nroots).map(|()| x));
                 match item {
                     Ok(x) => batch.push(fix(x)),
                     Err(e) => {
-                        let errno = match e {
-                            ProtoError::Io(ref io) => io.raw_os_error().unwrap_or(libc::EIO),
-                            _ => libc::EIO,
-                        };
-                        batch.push(SearchResult {
-                            root: 0,
-                            path: Vec::new(),
-                            stat: None,
-                            error: Some(ResultError {
-                                source: ErrorSource::Delegate,
-                                errno,
-                            }),
-                        });
+                        batch.push(result_error(0, &e));
+                        break;
                     }
                 }
                 if batch.len() >= RESULTS_PER_FRAME && tx.send(std::mem::take(&mut batch)).is_err()
@@ -464,60 +900,52 @@ pub fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, SearchError
             let _ = sock.shutdown(std::net::Shutdown::Both);
         }));
     }
-    Ok(Some(s))
+    Ok(Delegation::Taken(s))
 }
 
-/// Send a child search (paper §4) for the whole file system behind `sock` (paths `/`),
-/// feeding every result to `each` until it returns `false`. `false` if the daemon did not
-/// take the search (no daemon, or it does not know the op).
+/// Send a child search (paper §4) for the whole file system of `d` (paths `/`), feeding
+/// every result to `each` until it returns `false`. `false` if the daemon did not take the
+/// search (no daemon, an untrusted one, or one that does not know the op).
 pub(crate) fn child_search(
-    sock: &Path,
+    d: &Daemon,
+    cfg: &ClientConfig,
     pattern: &str,
     flags: Flags,
     mut each: impl FnMut(SearchResult) -> bool,
 ) -> bool {
-    let Ok(stream) = UnixStream::connect(sock) else {
+    let Ok(stream) = connect_verified(d, cfg) else {
         return false;
     };
     let wire = SearchRequest {
-        paths: "/".into(),
+        paths: d.wire_path(Path::new("")),
         pattern: pattern.into(),
         flags: Flags(flags.0 & !Flags::INCLUDEROOT.0),
     };
-    let Ok(ws) = stream.try_clone() else {
-        return false;
-    };
-    if write_request(&mut BufWriter::new(ws), &wire).is_err() {
+    if write_request(&mut BufWriter::new(&stream), &wire).is_err() {
         return false;
     }
     let mut r = BufReader::new(stream);
-    let first = match read_frame::<_, Response>(&mut r) {
+    let first = match read_frame_limited::<_, Response>(&mut r, MAX_RESPONSE) {
         Ok(Some(Response::Results { results })) => results,
         Ok(Some(Response::End)) => return true,
         _ => return false,
     };
     for x in first {
+        if let Err(e) = check_result(&x, 1) {
+            each(result_error(0, &e));
+            return true;
+        }
         if !each(x) {
             return true;
         }
     }
     for item in read_results(r) {
-        let x = match item {
-            Ok(x) => x,
-            Err(e) => SearchResult {
-                root: 0,
-                path: Vec::new(),
-                stat: None,
-                error: Some(ResultError {
-                    source: ErrorSource::Delegate,
-                    errno: match e {
-                        ProtoError::Io(ref io) => io.raw_os_error().unwrap_or(libc::EIO),
-                        _ => libc::EIO,
-                    },
-                }),
-            },
+        let item = item.and_then(|x| check_result(&x, 1).map(|()| x));
+        let (x, last) = match item {
+            Ok(x) => (x, false),
+            Err(e) => (result_error(0, &e), true),
         };
-        if !each(x) {
+        if !each(x) || last {
             break;
         }
     }
@@ -545,43 +973,47 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
     out
 }
 
-/// Mount points strictly below the given roots whose root directory names a dircache daemon
-/// socket: `(root index, path below that root) -> socket`.
+/// dircache mounts (type `cfg.fstype`) strictly below the given roots:
+/// `(root index, path below that root) -> daemon`.
 pub(crate) fn dircache_mounts_below(
     roots: &[&str],
-) -> std::collections::HashMap<(usize, Vec<u8>), PathBuf> {
+    cfg: &ClientConfig,
+) -> std::collections::HashMap<(usize, Vec<u8>), Daemon> {
     use std::os::unix::ffi::OsStrExt;
     let mut map = std::collections::HashMap::new();
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return map;
-    };
     let canon: Vec<Option<PathBuf>> = roots
         .iter()
         .map(|r| std::fs::canonicalize(r).ok())
         .collect();
-    for line in info.lines() {
-        let Some(mp) = line.split(' ').nth(4) else {
+    let table = mount_table();
+    for (k, m) in table.iter().enumerate() {
+        if m.fstype != cfg.fstype {
             continue;
-        };
-        let mp = PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(mp)));
+        }
+        // Something mounted on top of it later hides it.
+        if table[k + 1..].iter().any(|x| x.point == m.point) {
+            continue;
+        }
         for (i, c) in canon.iter().enumerate() {
             let Some(c) = c else { continue };
-            let Ok(rel) = mp.strip_prefix(c) else {
+            let Ok(rel) = m.point.strip_prefix(c) else {
                 continue;
             };
             if rel.as_os_str().is_empty() {
                 continue;
             }
-            let mut buf = vec![0u8; 4096];
-            let Ok(n) = rustix::fs::getxattr(&mp, SOCKET_XATTR, &mut buf[..]) else {
+            let Some(socket) = socket_xattr(&m.point) else {
                 continue;
             };
-            buf.truncate(n);
-            while buf.last() == Some(&0) {
-                buf.pop();
-            }
-            let sock = PathBuf::from(std::ffi::OsStr::from_bytes(&buf));
-            map.insert((i, rel.as_os_str().as_bytes().to_vec()), sock);
+            map.insert(
+                (i, rel.as_os_str().as_bytes().to_vec()),
+                Daemon {
+                    root: m.point.clone(),
+                    socket,
+                    owner: m.owner.unwrap_or(0),
+                    fs_root: m.fs_root.clone(),
+                },
+            );
         }
     }
     map

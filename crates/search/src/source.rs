@@ -79,22 +79,75 @@ fn errno(e: Errno) -> Error {
 /// **Who "the caller" is**: the access checks (R_OK/W_OK/X_OK) use `faccessat(AT_EACCESS)`,
 /// i.e. the *effective/file-system* ids of the searching thread - the same ids that decide
 /// whether the search itself may open a directory. access(2) itself uses the real ids; the two
-/// differ only in set-user-id programs. [`DirectSource::as_cred`] makes every worker thread take
-/// on other ids (per-thread setresuid/setresgid/setgroups; needs CAP_SETUID, as a daemon
-/// serving a client has): the roots are still opened (O_PATH) by the calling thread.
+/// differ only in set-user-id programs.
+///
+/// **Searching for someone else** ([`DirectSource::as_cred`], [`DirectSource::beneath`]): every
+/// operation of the search - opening the roots included - runs on a thread switched to the
+/// caller's fs uid, fs gid and groups with no effective capability ([`crate::creds`]), so the
+/// kernel decides every access exactly as it would for that caller (mode bits, POSIX ACLs,
+/// search permission on every directory, LSMs). Needs CAP_SETUID/CAP_SETGID.
+/// With [`DirectSource::beneath`], roots are paths below an opened directory (a daemon's SRC),
+/// resolved from it with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`: what lies above that
+/// directory is not checked, as it is not for a caller reaching it through a mount.
 #[derive(Debug, Clone, Default)]
 pub struct DirectSource {
     cred: Option<Cred>,
+    base: Option<Arc<OwnedFd>>,
+    mount: MountAccess,
+}
+
+/// Options of the mount a search answers for that the kernel applies in access(2) on top of
+/// the permission check: a read-only mount denies W_OK (EROFS) except on device files, FIFOs
+/// and sockets; a `noexec` mount denies X_OK on regular files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MountAccess {
+    pub read_only: bool,
+    pub noexec: bool,
 }
 
 impl DirectSource {
     pub fn new() -> DirectSource {
-        DirectSource { cred: None }
+        DirectSource {
+            cred: None,
+            base: None,
+            mount: MountAccess::default(),
+        }
     }
     /// Search as `cred` (see the type docs).
     pub fn as_cred(cred: Cred) -> DirectSource {
-        DirectSource { cred: Some(cred) }
+        DirectSource {
+            cred: Some(cred),
+            base: None,
+            mount: MountAccess::default(),
+        }
     }
+    /// Roots are paths below `base` (`/` is `base` itself), searched as `cred` (or as the
+    /// calling process when `None`).
+    pub fn beneath(base: Arc<OwnedFd>, cred: Option<Cred>) -> DirectSource {
+        DirectSource {
+            cred,
+            base: Some(base),
+            mount: MountAccess::default(),
+        }
+    }
+
+    /// Answer R_OK/W_OK/X_OK as the kernel does through a mount with these options.
+    pub fn on_mount(mut self, mount: MountAccess) -> DirectSource {
+        self.mount = mount;
+        self
+    }
+
+    fn switch(&self) -> Result<Option<crate::creds::ThreadCred>, Error> {
+        match &self.cred {
+            Some(c) => crate::creds::ThreadCred::switch(c).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+thread_local! {
+    /// A search worker's switched credentials, restored when the thread ends.
+    static WORKER_CRED: RefCell<Option<crate::creds::ThreadCred>> = const { RefCell::new(None) };
 }
 
 /// Paths up to this length are opened in one openat2; longer ones in chunks.
@@ -187,13 +240,24 @@ impl Source for DirectSource {
         if path.is_empty() {
             return Err(Error::NotFound);
         }
-        rfs::openat(
-            rfs::CWD,
-            path,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(errno)
+        // Opened as the caller (a no-op guard for a plain local search).
+        let _g = self.switch()?;
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        match &self.base {
+            None => rfs::openat(rfs::CWD, path, flags, Mode::empty()).map_err(errno),
+            Some(base) => {
+                let rel = path.strip_prefix(b"/").unwrap_or(path);
+                let rel: &[u8] = if rel.is_empty() { b"." } else { rel };
+                rfs::openat2(
+                    &**base,
+                    rel,
+                    flags,
+                    Mode::empty(),
+                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+                )
+                .map_err(errno)
+            }
+        }
     }
 
     fn open_dir(&self, root: &OwnedFd, rel: &[u8]) -> Result<OwnedFd, Error> {
@@ -253,35 +317,42 @@ impl Source for DirectSource {
 
     fn access(&self, dir: &OwnedFd, name: &[u8], mask: u32) -> bool {
         let a = rfs::Access::from_bits_truncate(mask);
-        rfs::accessat(dir, name, a, AtFlags::EACCESS).is_ok()
+        if rfs::accessat(dir, name, a, AtFlags::EACCESS).is_err() {
+            return false;
+        }
+        let w = mask & 2 != 0 && self.mount.read_only;
+        let x = mask & 1 != 0 && self.mount.noexec;
+        if !w && !x {
+            return true;
+        }
+        // What do_faccessat adds for the mount (following symlinks, as access(2) does).
+        let Ok(st) = rfs::statx(dir, name, AtFlags::empty(), StatxFlags::TYPE) else {
+            return false;
+        };
+        let kind = rfs::FileType::from_raw_mode(u32::from(st.stx_mode));
+        let special = matches!(
+            kind,
+            rfs::FileType::CharacterDevice
+                | rfs::FileType::BlockDevice
+                | rfs::FileType::Fifo
+                | rfs::FileType::Socket
+        );
+        !(w && !special || x && kind == rfs::FileType::RegularFile)
     }
 
     fn thread_init(&self) -> Result<(), Error> {
-        let Some(c) = &self.cred else { return Ok(()) };
-        use rustix::process::{Gid, Uid};
-        let groups: Vec<Gid> = c.groups().iter().map(|&g| Gid::from_raw(g)).collect();
-        // Per-thread (raw syscall) credential changes: only this worker thread is affected,
-        // and it exits at the end of the search.
-        rustix::thread::set_thread_groups(&groups).map_err(errno)?;
-        rustix::thread::set_thread_res_gid(
-            Gid::from_raw(c.gid),
-            Gid::from_raw(c.gid),
-            Gid::from_raw(c.gid),
-        )
-        .map_err(errno)?;
-        rustix::thread::set_thread_res_uid(
-            Uid::from_raw(c.uid),
-            Uid::from_raw(c.uid),
-            Uid::from_raw(c.uid),
-        )
-        .map_err(errno)?;
+        // Search worker threads live for one search: the switch lasts until the thread ends.
+        let g = self.switch()?;
+        WORKER_CRED.with(|w| *w.borrow_mut() = g);
         Ok(())
     }
 }
 
 /// A search answered by a dircache [`Cache`]: listings come from the cache where directories
 /// are complete and from its backend otherwise; permissions are decided by the cache's access
-/// policy for `creds`. Roots are paths in the cache's initial namespace (relative ones are
+/// policy for `creds` (mode bits: no POSIX ACLs, no capabilities). It is therefore **not** what
+/// a daemon answers other users with: a delegated search runs a [`DirectSource`] beneath SRC as
+/// the caller, so the kernel decides (see [`crate::proto`]). Roots are paths in the cache's initial namespace (relative ones are
 /// taken from its root).
 pub struct CacheSource {
     cache: Arc<Cache>,

@@ -1,7 +1,9 @@
 //! Delegation: a search whose roots lie in a mount whose root names a daemon socket (extended
 //! attribute `user.dircache.socket`) is sent to that daemon in one request; the results equal
 //! a local search. The "mount" is a tmpfs (needs root) and the daemon is
-//! `proto::serve_directory` on a thread, standing in for the FUSE daemon.
+//! `proto::serve_directory` on a thread, standing in for the FUSE daemon; the clients are
+//! configured to trust tmpfs mounts ([`tmpfs_trusted`]) since a real client trusts only
+//! `fuse.dircache` mounts (crates/fuse/tests/control.rs tests that with the real daemon).
 
 mod common;
 
@@ -13,8 +15,62 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use dircache_search::proto::{self, delegate, find_daemon, SOCKET_XATTR};
-use dircache_search::{search, DirectSource, Flags, SearchRequest};
+use dircache_search::proto::{self, delegate_with, find_daemon_with, Delegation, SOCKET_XATTR};
+use dircache_search::{
+    search, search_with, ClientConfig, DirectSource, Flags, SearchOptions, SearchRequest,
+    SearchStream,
+};
+
+fn tmpfs_trusted() -> ClientConfig {
+    ClientConfig {
+        fstype: "tmpfs".into(),
+        ..Default::default()
+    }
+}
+
+fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, dircache_search::SearchError> {
+    Ok(match delegate_with(req, &tmpfs_trusted())? {
+        Delegation::Taken(s) => Some(s),
+        Delegation::Local(_) => None,
+    })
+}
+
+fn find_daemon(p: &Path) -> Option<(PathBuf, PathBuf)> {
+    find_daemon_with(p, &tmpfs_trusted()).map(|d| (d.root, d.socket))
+}
+
+/// A caller holding CAP_DAC_* searches by itself (a daemon never applies capabilities), so
+/// the client side of these tests runs without them (this thread and the threads it starts);
+/// they come back on drop.
+struct NoDacCaps(rustix::thread::CapabilitySets);
+
+fn drop_dac_caps() -> NoDacCaps {
+    use rustix::thread::{capabilities, set_capabilities, CapabilitySet};
+    let before = capabilities(None).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = before;
+    c.effective -= CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH;
+    set_capabilities(None, c).unwrap_or_else(|e| panic!("{e}"));
+    NoDacCaps(before)
+}
+
+impl Drop for NoDacCaps {
+    fn drop(&mut self) {
+        let _ = rustix::thread::set_capabilities(None, self.0);
+    }
+}
+
+/// `proto::search_auto` trusting tmpfs mounts.
+fn search_auto(req: &SearchRequest) -> Result<SearchStream, dircache_search::SearchError> {
+    if let Some(s) = delegate(req)? {
+        return Ok(s);
+    }
+    let opts = SearchOptions {
+        delegate_mounts: true,
+        client: tmpfs_trusted(),
+        ..Default::default()
+    };
+    search_with(req, Arc::new(DirectSource::new()), &opts)
+}
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -107,6 +163,7 @@ fn delegated_search_equals_local_search() {
 
     let conns = Arc::new(AtomicUsize::new(0));
     daemon(&sock, canon_mnt.clone(), conns.clone(), true);
+    let _caps = drop_dac_caps();
     for _ in 0..20 {
         let pat = random_pattern(&mut rng);
         for flags in [
@@ -152,10 +209,11 @@ fn old_daemon_without_search_falls_back_to_local() {
     .unwrap_or_else(|e| panic!("setxattr: {e}"));
     let conns = Arc::new(AtomicUsize::new(0));
     daemon(&sock, mnt.clone(), conns.clone(), false);
+    let _caps = drop_dac_caps();
     let req = SearchRequest::new(mnt.to_string_lossy(), "*.c", Flags::NONE);
     assert!(delegate(&req).unwrap_or_else(|e| panic!("{e}")).is_none());
     assert_eq!(conns.load(Ordering::SeqCst), 1);
-    let got: Vec<_> = proto::search_auto(&req)
+    let got: Vec<_> = search_auto(&req)
         .unwrap_or_else(|e| panic!("{e}"))
         .map(|r| key(&r))
         .collect();
@@ -194,6 +252,7 @@ fn crossing_into_a_dircache_mount_delegates_the_subtree() {
         conns.clone(),
         true,
     );
+    let _caps = drop_dac_caps();
     let mut pats: Vec<String> = vec![
         "tmp/foo".into(),
         "var/tmp/foo".into(),
@@ -210,7 +269,7 @@ fn crossing_into_a_dircache_mount_delegates_the_subtree() {
             let req = SearchRequest::new(top.to_string_lossy(), pat.as_str(), flags);
             let want = local(&req);
             let before = conns.load(Ordering::SeqCst);
-            let got: BTreeSet<String> = proto::search_auto(&req)
+            let got: BTreeSet<String> = search_auto(&req)
                 .unwrap_or_else(|e| panic!("{e}"))
                 .map(|r| key(&r))
                 .collect();
