@@ -770,11 +770,24 @@ impl DircacheFs {
     /// A SETATTR that sets nothing but the change time (chown(f, -1, -1), and the like): the
     /// kernel sends no field for it without a writeback cache. As ext4 does, move the ctime:
     /// chown(-1, -1) as the caller on the verified inode.
+    ///
+    /// The kernel sends the same empty SETATTR when a write by another user must drop the
+    /// set-user-ID/set-group-ID bits (file_remove_privs with FUSE_HANDLE_KILLPRIV): the data
+    /// path drops them itself, as the caller. A chown(-1, -1) as that caller would try to drop
+    /// them too and fail with EPERM for a non-owner, failing the write; so a file with those
+    /// bits is answered without a change (its ctime moves with the write).
     fn touch_ctime(&self, req: &Request, ino: INodeNo, node: &NodeRef, reply: ReplyAttr) {
         let fd = match self.verified_path_fd(ino, node) {
             Ok(fd) => fd,
             Err(e) => return reply.error(e),
         };
+        if let Ok(a) = attr_of_fd(&fd) {
+            let setid = a.mode & libc::S_ISUID != 0
+                || a.mode & (libc::S_ISGID | libc::S_IXGRP) == (libc::S_ISGID | libc::S_IXGRP);
+            if setid {
+                return reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a));
+            }
+        }
         let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
         let r = self.cache.backend().as_caller(&cred, &mut || {
             rustix::fs::chownat(

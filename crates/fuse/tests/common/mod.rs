@@ -232,3 +232,23 @@ chmod 750 d/e
 "#,
     );
 }
+
+/// A caller holding CAP_DAC_* searches by itself (a daemon never applies capabilities), so a
+/// test that wants a delegated search runs its client side without them: this thread's
+/// effective CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH are dropped until the guard is dropped.
+pub struct NoDacCaps(rustix::thread::CapabilitySets);
+
+pub fn drop_dac_caps() -> NoDacCaps {
+    use rustix::thread::{capabilities, set_capabilities, CapabilitySet};
+    let before = capabilities(None).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = before;
+    c.effective -= CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH;
+    set_capabilities(None, c).unwrap_or_else(|e| panic!("{e}"));
+    NoDacCaps(before)
+}
+
+impl Drop for NoDacCaps {
+    fn drop(&mut self) {
+        let _ = rustix::thread::set_capabilities(None, self.0);
+    }
+}
