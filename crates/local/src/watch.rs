@@ -621,6 +621,22 @@ impl Fan {
         rest.strip_prefix(b"/").map(<[u8]>::to_vec)
     }
 
+    /// Whether the non-directory a file handle names is found below the root now (the name
+    /// the kernel finds for it, through any mount of its file system below the root). Not
+    /// memoised: a file's name, unlike a directory's, is not followed by the handle map. A
+    /// file hard-linked both inside and outside the root may be found by its outside name
+    /// and then go unreported.
+    fn below_root(&self, fsid: &[u8], key: &[u8]) -> bool {
+        let mut idx: Vec<usize> = (0..self.mounts.len())
+            .filter(|&i| self.mounts[i].fsid == fsid)
+            .collect();
+        if idx.is_empty() {
+            idx = (0..self.mounts.len()).collect();
+        }
+        idx.into_iter()
+            .any(|i| self.resolve_uncached(i, key).is_some())
+    }
+
     /// (dev, ino) of the object of a file handle on file system `fsid`.
     fn identify(&self, fsid: &[u8], key: &[u8]) -> Option<(u64, u64)> {
         let mut idx: Vec<usize> = (0..self.mounts.len())
@@ -755,9 +771,13 @@ impl Fan {
                 // No directory and name: a change of a file's inode that named no path (the
                 // link count, after `ln` or `rm` of another name). Every name of the inode
                 // may show it: reported by inode.
+                // The mark covers whole file systems: only a file found below the root
+                // (through any mount of its file system there) is SRC's business.
                 if let Some((fsid, h)) = object.filter(|_| !is_dir) {
-                    if let Some((dev, ino)) = self.identify(&fsid, &h) {
-                        out.push(Change::Inode { dev, ino });
+                    if self.below_root(&fsid, &h) {
+                        if let Some((dev, ino)) = self.identify(&fsid, &h) {
+                            out.push(Change::Inode { dev, ino });
+                        }
                     }
                 }
                 continue;

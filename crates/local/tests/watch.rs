@@ -319,3 +319,53 @@ fn fd_cache_only_while_a_feed_runs() {
     b.lookup(b"z", b"b").unwrap();
     assert_eq!(b.cached_fds(), 0);
 }
+
+/// The fanotify mark covers whole file systems: a change of a file's inode outside the root
+/// (a hard link made or removed elsewhere on the same file system, which fanotify reports by
+/// inode only) is not SRC's business and must not be reported; the same inside the root is.
+#[test]
+fn inode_changes_outside_the_root_are_not_reported() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: fanotify needs root");
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("root");
+    let outside = base.path().join("outside");
+    fs::create_dir(&root).unwrap();
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("a"), b"x").unwrap();
+    fs::write(root.join("x"), b"x").unwrap();
+    let b = LocalBackend::with_options(&root, 16, WatchMode::Auto).unwrap();
+    b.set_report_own_changes(true);
+    let rx = b.watch().unwrap().unwrap();
+    let drain = |rx: &ChangeFeed, d: Duration| -> Vec<Change> {
+        let end = Instant::now() + d;
+        let mut v = Vec::new();
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(c) => v.push(c),
+                Err(_) => break,
+            }
+        }
+        v
+    };
+    drain(&rx, Duration::from_millis(100));
+    // Outside: the link count of outside/a changes twice (an inode-only event each).
+    fs::hard_link(outside.join("a"), outside.join("b")).unwrap();
+    fs::remove_file(outside.join("b")).unwrap();
+    let seen = drain(&rx, Duration::from_millis(300));
+    assert!(
+        !seen.iter().any(|c| matches!(c, Change::Inode { .. })),
+        "inode changes outside the root reported: {seen:?}"
+    );
+    // Inside (control): the same is reported.
+    fs::hard_link(root.join("x"), root.join("y")).unwrap();
+    fs::remove_file(root.join("y")).unwrap();
+    let seen = drain(&rx, Duration::from_millis(300));
+    assert!(
+        seen.iter().any(|c| matches!(c, Change::Inode { .. })),
+        "inode change inside the root not reported: {seen:?}"
+    );
+}
