@@ -16,7 +16,11 @@
 //!   is dead (unlinked, replaced) and the same `(dev, ino)` shows up again while the kernel
 //!   still holds the old inode, it is a new file that reused the inode number: it keeps the
 //!   nodeid and gets the next generation, so the kernel marks its old inode bad instead of
-//!   mixing the old page cache with the new file (`fuse_iget`). FORGETs carry no generation:
+//!   mixing the old page cache with the new file (`fuse_iget`). A dentry the core has not
+//!   marked dead may still stand for a removed name (the change feed reports removals after
+//!   the fact): a new name of a known key counts the old names as live only if the backend
+//!   still shows them with that key ([`Inodes::register`]'s `names_key`), so a reused number
+//!   is never taken for a hard link of a gone file. FORGETs carry no generation:
 //!   `lookups` counts references to the nodeid across generations, which is what the kernel
 //!   forgets.
 //! - `lookups` counts the kernel's references (each LOOKUP-like reply adds one, FORGET
