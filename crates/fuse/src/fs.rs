@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 
 use crate::ascaller::AsCaller;
 use crate::creds::GroupsCache;
-use crate::inodes::{Inodes, ROOT};
+use crate::inodes::{Inodes, Key, ROOT};
 use crate::notifier::NotifyMsg;
 use crate::openfds::{FdKey, OpenFds, SharedFd};
 use crate::policy::CachePolicy;
@@ -306,13 +306,72 @@ impl DircacheFs {
         f: impl Fn(&NodeRef) -> Result<T, CoreError>,
     ) -> Result<T, Errno> {
         let n = self.node(id)?;
-        match f(&n) {
+        let (n, r) = match f(&n) {
             Err(CoreError::NotFound | CoreError::Stale) if n.is_dead() => {
                 let n = self.node(id)?;
-                f(&n).map_err(errno)
+                let r = f(&n);
+                (n, r)
+            }
+            r => (n, r),
+        };
+        match r {
+            Err(e @ (CoreError::NotFound | CoreError::Stale)) => {
+                self.with_other_alias(id, &n, f).ok_or_else(|| errno(e))
             }
             r => r.map_err(errno),
         }
+    }
+
+    /// Whether dentry `node` still names inode `key` in the backend (the core may not have
+    /// heard yet that the name was removed or replaced in SRC). Only an identity check of the
+    /// name (lstat as the daemon): nothing is served from it.
+    fn names_key(&self, node: &NodeRef, key: Key) -> bool {
+        if node.is_dead() {
+            return false;
+        }
+        let mut names = vec![node.name()];
+        let Some(mut p) = node.parent() else {
+            return false;
+        };
+        while let Some(pp) = p.parent() {
+            if p.is_dead() {
+                return false;
+            }
+            names.push(p.name());
+            p = pp;
+        }
+        if p.is_dead() {
+            return false;
+        }
+        let name = names.remove(0);
+        names.reverse();
+        let dir = names.join(&b'/');
+        match self.cache.backend().lookup(&dir, &name) {
+            Ok(a) => (a.dev, a.ino) == key,
+            Err(_) => false,
+        }
+    }
+
+    /// Run `f` on another name of `id` after it failed with ENOENT or ESTALE on the preferred
+    /// one: a hard link removed or replaced in SRC stays in the core until the change feed
+    /// reports it, and the file must still be reachable through its remaining names. The
+    /// name that worked is preferred from then on.
+    fn with_other_alias<T>(
+        &self,
+        id: INodeNo,
+        tried: &NodeRef,
+        f: impl Fn(&NodeRef) -> Result<T, CoreError>,
+    ) -> Option<T> {
+        for a in self.inodes.aliases(id.0) {
+            if Arc::ptr_eq(&a, tried) || a.is_dead() {
+                continue;
+            }
+            if let Ok(v) = f(&a) {
+                self.inodes.prefer(id.0, &a);
+                return Some(v);
+            }
+        }
+        None
     }
 
     fn node_depth(&self, id: u64, depth: u32) -> Result<NodeRef, Errno> {
@@ -382,7 +441,9 @@ impl DircacheFs {
     fn entry_reply(&self, parent: INodeNo, node: &NodeRef, reply: ReplyEntry) {
         match self.attr_of(node, false) {
             Ok(a) => {
-                let id = self.inodes.register(node, &a, parent.0);
+                let id = self
+                    .inodes
+                    .register(node, &a, parent.0, |n, k| self.names_key(n, k));
                 let ttl = self.policy.entry_ttl;
                 let writers = self.inodes.info(id).map(|i| i.writers).unwrap_or(0);
                 reply.entry_with_ttls(
@@ -602,8 +663,15 @@ impl DircacheFs {
             return Ok(s);
         }
         self.fds.admit(key.cred.uid).map_err(Errno::from_i32)?;
-        let fd = self.with_node(ino, |n| self.cache.open_node(c, n, oflags))?;
-        self.check_same_inode(ino.0, &fd)?;
+        // Through a name that still stands for the kernel's inode (see `with_node`).
+        let fd = self.with_node(ino, |n| {
+            let fd = self.cache.open_node(c, n, oflags)?;
+            match self.check_same_inode(ino.0, &fd) {
+                Ok(()) => Ok(fd),
+                Err(e) if e == Errno::ESTALE => Err(CoreError::Stale),
+                Err(e) => Err(CoreError::Os(e.code())),
+            }
+        })?;
         let uid = key.cred.uid;
         Ok(self.fds.insert(Some(key), uid, fd, oflags))
     }
@@ -1319,7 +1387,9 @@ impl fuser::Filesystem for DircacheFs {
                 self.inodes.set_stale(ino.0, false);
                 match self.attr_of(&n, true) {
                     Ok(a) => {
-                        let id = self.inodes.register(&n, &a, newparent.0);
+                        let id = self
+                            .inodes
+                            .register(&n, &a, newparent.0, |n, k| self.names_key(n, k));
                         if id != ino.0 {
                             self.queue_inval_inode(ino.0);
                         }
@@ -1692,7 +1762,9 @@ impl fuser::Filesystem for DircacheFs {
                     Err(_) => continue,
                 },
             };
-            let id = self.inodes.register(&node, &a, ino.0);
+            let id = self
+                .inodes
+                .register(&node, &a, ino.0, |n, k| self.names_key(n, k));
             if reply.add(
                 INodeNo(id),
                 (i + 3) as u64,
@@ -1964,7 +2036,9 @@ impl fuser::Filesystem for DircacheFs {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        let id = self.inodes.register(&node, &a, parent.0);
+        let id = self
+            .inodes
+            .register(&node, &a, parent.0, |n, k| self.names_key(n, k));
         let fattr = fuse_attr(id, &a);
         let writable = is_writable(flags);
         let cred = c.cred().clone();

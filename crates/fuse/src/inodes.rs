@@ -16,7 +16,11 @@
 //!   is dead (unlinked, replaced) and the same `(dev, ino)` shows up again while the kernel
 //!   still holds the old inode, it is a new file that reused the inode number: it keeps the
 //!   nodeid and gets the next generation, so the kernel marks its old inode bad instead of
-//!   mixing the old page cache with the new file (`fuse_iget`). FORGETs carry no generation:
+//!   mixing the old page cache with the new file (`fuse_iget`). A dentry the core has not
+//!   marked dead may still stand for a removed name (the change feed reports removals after
+//!   the fact): a new name of a known key counts the old names as live only if the backend
+//!   still shows them with that key ([`Inodes::register`]'s `names_key`), so a reused number
+//!   is never taken for a hard link of a gone file. FORGETs carry no generation:
 //!   `lookups` counts references to the nodeid across generations, which is what the kernel
 //!   forgets.
 //! - `lookups` counts the kernel's references (each LOOKUP-like reply adds one, FORGET
@@ -251,7 +255,21 @@ impl Inodes {
     }
 
     /// Record one more kernel reference to `node` (with attributes `attr`); returns its nodeid.
-    pub fn register(&self, node: &NodeRef, attr: &Attr, parent: u64) -> u64 {
+    ///
+    /// `names_key(alias, key)` tells whether another dentry of the same key still names that
+    /// inode in the backend. It is asked only when `node` is a new name for a key the kernel
+    /// knows: the core learns of removals in SRC from the change feed, after the fact, so a
+    /// dentry that is not dead yet may stand for a name that is gone, whose inode number the
+    /// backend already gave to `node`'s new file. Taken for a hard link, the new file would
+    /// get the old inode's nodeid and generation (the kernel would reuse its old inode and
+    /// page cache) and opens would go to the gone name (ENOENT for an existing file).
+    pub fn register(
+        &self,
+        node: &NodeRef,
+        attr: &Attr,
+        parent: u64,
+        names_key: impl Fn(&NodeRef, Key) -> bool,
+    ) -> u64 {
         let key = (attr.dev, attr.ino);
         let name = node.name();
         let mut t = self.t.lock();
@@ -270,12 +288,26 @@ impl Inodes {
         }
         if let Some(&id) = t.by_key.get(&key) {
             if let Some(i) = t.inodes.get_mut(&id) {
-                let alive = id == ROOT || i.aliases.iter().any(|n| !n.is_dead());
+                // Which names still stand for the inode: not dead in the core, and (unless
+                // it is `node` itself) still naming the inode in the backend.
+                let live: Vec<bool> = i
+                    .aliases
+                    .iter()
+                    .map(|n| {
+                        Arc::ptr_eq(n, node) || (!n.is_dead() && (id == ROOT || names_key(n, key)))
+                    })
+                    .collect();
+                let alive = id == ROOT || live.iter().any(|l| *l);
                 if alive {
+                    let mut live = live.into_iter();
+                    let by_dentry = &mut t.by_dentry;
                     i.aliases.retain(|n| {
-                        let keep = !n.is_dead() || Arc::ptr_eq(n, node);
+                        let keep = live.next().unwrap_or(false);
                         if !keep {
                             n.unpin();
+                            if by_dentry.get(&n.id()) == Some(&id) {
+                                by_dentry.remove(&n.id());
+                            }
                         }
                         keep
                     });
@@ -337,6 +369,28 @@ impl Inodes {
             },
         );
         id
+    }
+
+    /// Every name known to stand for `nodeid`, the preferred first.
+    pub fn aliases(&self, nodeid: u64) -> Vec<NodeRef> {
+        let mut t = self.t.lock();
+        match t.inodes.get_mut(&nodeid) {
+            Some(i) => {
+                i.live_alias();
+                i.aliases.clone()
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Prefer `node` (a name of `nodeid` that was just found to work) to the other names.
+    pub fn prefer(&self, nodeid: u64, node: &NodeRef) {
+        let mut t = self.t.lock();
+        if let Some(i) = t.inodes.get_mut(&nodeid) {
+            if let Some(pos) = i.aliases.iter().position(|n| Arc::ptr_eq(n, node)) {
+                i.aliases.swap(0, pos);
+            }
+        }
     }
 
     /// The FUSE generation of `nodeid` (0 when unknown).
