@@ -49,6 +49,9 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   acl / noacl                POSIX ACLs cached by the kernel [acl]
   security_xattrs / nosecurity_xattrs  pass security.* xattrs [nosecurity_xattrs]
   max_entries=N              core cache size in dentries [1048576]
+  max_open_per_user=N        backend descriptors one uid may make the daemon hold (opens of
+                             one file with the same access share one); past it EMFILE
+                             [half of what the process limit leaves after a reserve]
   socket=PATH                stats socket, an absolute path [/run/dircache/PID.sock]
 Accepted and ignored (for mount(8) and fstab): defaults, auto, noauto, user, nouser,
   users, nofail, _netdev, subtype=dircache, x-*, comment=*; on remount also the options
@@ -58,6 +61,8 @@ Accepted and ignored (for mount(8) and fstab): defaults, auto, noauto, user, nou
 const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
 /// Most request threads accepted.
 const MAX_THREADS: usize = 1024;
+/// Largest per-user descriptor cap accepted (the process limit is lower; the daemon clamps).
+const MAX_OPEN_PER_USER: usize = 1 << 20;
 /// Longest socket path (`sun_path` holds 108 bytes with the terminating NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -292,10 +297,11 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 }
                 "max_entries" => o.max_entries = Some(num(v.unwrap_or(""), k, usize::MAX)?),
                 "socket" => o.socket = Some(socket_path(v)?),
-                "threads" | "entry_timeout" | "attr_timeout" | "negative_timeout"
-                | "readdirplus" | "noreaddirplus" | "cache_dir" | "nocache_dir" | "opendir"
-                | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
-                | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" => {
+                "threads" | "max_open_per_user" | "entry_timeout" | "attr_timeout"
+                | "negative_timeout" | "readdirplus" | "noreaddirplus" | "cache_dir"
+                | "nocache_dir" | "opendir" | "noopendir" | "keep_cache" | "nokeep_cache"
+                | "passthrough" | "nopassthrough" | "acl" | "noacl" | "security_xattrs"
+                | "nosecurity_xattrs" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -323,6 +329,9 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         };
         match k.as_str() {
             "threads" => p.threads = num(v.unwrap_or(""), &k, MAX_THREADS)?,
+            "max_open_per_user" => {
+                p.max_open_per_user = num(v.unwrap_or(""), &k, MAX_OPEN_PER_USER)?
+            }
             "entry_timeout" => p.entry_ttl = secs(v.unwrap_or(""), &k)?,
             "attr_timeout" => p.attr_ttl = secs(v.unwrap_or(""), &k)?,
             "negative_timeout" => p.negative_ttl = secs(v.unwrap_or(""), &k)?,
@@ -810,6 +819,13 @@ mod tests {
         assert!(p("entry_timeout=1e300").is_err());
         assert!(p("attr_timeout=NaN").is_err());
         assert!(p("threads=1025").is_err());
+        assert!(p("max_open_per_user=0").is_err());
+        assert!(p("max_open_per_user=-1").is_err());
+        assert!(p("max_open_per_user=x").is_err());
+        assert_eq!(
+            p("max_open_per_user=40").unwrap().policy.max_open_per_user,
+            40
+        );
         assert!(p("socket=").is_err());
         assert!(p("socket=x.sock").is_err());
         assert!(p("ro=1").is_err());
