@@ -141,6 +141,25 @@ fn drop_caches() -> bool {
 }
 
 /// Run argv, return (seconds, number of output lines).
+/// `argv` run as the same user without any capability (setpriv drops the bounding set).
+fn capless(argv: impl Iterator<Item = String>) -> Vec<String> {
+    ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"]
+        .into_iter()
+        .map(String::from)
+        .chain(argv)
+        .collect()
+}
+
+/// Empty the calling thread's effective capability set (the permitted set stays); meant for
+/// a thread that ends afterwards.
+fn drop_thread_capabilities() {
+    use rustix::thread::{capabilities, set_capabilities, CapabilitySet};
+    if let Ok(mut c) = capabilities(None) {
+        c.effective = CapabilitySet::empty();
+        let _ = set_capabilities(None, c);
+    }
+}
+
 fn time_cmd(argv: &[String]) -> anyhow::Result<(f64, usize)> {
     let t0 = Instant::now();
     let out = Command::new(&argv[0])
@@ -522,10 +541,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         let ms = mnt.to_string_lossy().to_string();
         for q in &queries {
             let probe = SearchRequest::new(q.paths.replace(&rs, &ms), q.pattern.clone(), q.flags);
-            let delegated = matches!(dircache_search::proto::delegate(&probe), Ok(Some(_)));
+            // A daemon answers a delegated search only for a caller without CAP_DAC_* (it
+            // never applies capabilities), so the mount phase runs every command as uid 0
+            // without capabilities (`capless`), and probes from a thread without them.
+            let delegated = std::thread::spawn(move || {
+                drop_thread_capabilities();
+                matches!(dircache_search::proto::delegate(&probe), Ok(Some(_)))
+            })
+            .join()
+            .unwrap_or(false);
             let mut peers = Vec::new();
             for (sys, argv) in &q.peers {
-                let argv: Vec<String> = argv.iter().map(|x| x.replace(&rs, &ms)).collect();
+                let argv: Vec<String> = capless(argv.iter().map(|x| x.replace(&rs, &ms)));
                 if *sys == "dircache" {
                     let deleg: Vec<String> = argv
                         .iter()
