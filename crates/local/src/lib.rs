@@ -44,7 +44,7 @@
 //!   background thread: fanotify (`FAN_REPORT_DFID_NAME`, filesystem mark) when running as
 //!   root, recursive inotify otherwise.
 
-mod creds;
+pub mod creds;
 mod watch;
 mod xattr;
 
@@ -63,7 +63,7 @@ use dircache_core::{
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
 
-use creds::CredGuard;
+use creds::{ActAs, Caps};
 pub use watch::WatchMode;
 
 /// Default number of directory descriptors kept open.
@@ -544,10 +544,16 @@ impl LocalBackend {
         }
     }
 
+    /// Switch this thread to `cred` (nothing when the daemon is not root): the one policy of
+    /// the backend's switches, for mutations, opens, xattrs and [`Backend::as_caller`].
+    fn act_as(&self, cred: &Cred) -> Result<ActAs> {
+        ActAs::when(self.switch_creds, cred, Caps::FsOnly)
+    }
+
     /// Run mutation `f` as `cred`.
     fn as_cred<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.note_mutator();
-        let _g = CredGuard::switch(cred, self.switch_creds)?;
+        let _g = self.act_as(cred)?;
         f()
     }
 
@@ -988,7 +994,7 @@ impl Backend for LocalBackend {
             if writes {
                 self.as_cred(cred, f)
             } else {
-                let _g = CredGuard::switch(cred, self.switch_creds)?;
+                let _g = self.act_as(cred)?;
                 f()
             }
         };
@@ -1051,7 +1057,7 @@ impl LocalBackend {
         let (dir, name) = split(path).map_err(|_| Error::Access)?;
         let d = self.dir(dir)?;
         let p = {
-            let _g = CredGuard::switch(cred, self.switch_creds)?;
+            let _g = self.act_as(cred)?;
             let p = rustix::fs::openat2(
                 d.as_fd(),
                 name,
