@@ -22,7 +22,7 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use crate::creds::GroupsCache;
+use crate::creds::RequestGroups;
 use crate::inodes::{Inodes, ROOT};
 use crate::notifier::NotifyMsg;
 use crate::openfds::{FdKey, OpenFds, SharedFd};
@@ -204,7 +204,7 @@ pub struct DircacheFs {
     src: PathBuf,
     src_fd: Option<OwnedFd>,
     inodes: Arc<Inodes>,
-    groups: GroupsCache,
+    groups: RequestGroups,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     fds: OpenFds,
     next_fh: AtomicU64,
@@ -250,7 +250,7 @@ impl DircacheFs {
             src: src.to_path_buf(),
             src_fd,
             inodes: inodes.clone(),
-            groups: GroupsCache::default(),
+            groups: RequestGroups,
             files: Mutex::new(HashMap::new()),
             fds,
             next_fh: AtomicU64::new(1),
