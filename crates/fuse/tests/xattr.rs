@@ -28,6 +28,11 @@ fn have_acl_tools() -> bool {
 
 /// Run a Python script as `uid` (gid `uid`) with exactly the supplementary `groups`.
 fn py_as(dir: &Path, uid: u32, groups: &[u32], script: &str) -> String {
+    py_as_with(dir, uid, groups, &[], script)
+}
+
+/// [`py_as`] with more setpriv options (`setpriv`, e.g. capabilities).
+fn py_as_with(dir: &Path, uid: u32, groups: &[u32], setpriv: &[&str], script: &str) -> String {
     let mut c = Command::new("setpriv");
     c.arg(format!("--reuid={uid}"))
         .arg(format!("--regid={uid}"));
@@ -38,6 +43,7 @@ fn py_as(dir: &Path, uid: u32, groups: &[u32], script: &str) -> String {
         c.arg(format!("--groups={}", g.join(",")));
     }
     let o = c
+        .args(setpriv)
         .arg(PY)
         .arg("-c")
         .arg(script)
@@ -443,26 +449,13 @@ for base in (native, mnt):
         mnt = t.mnt.to_str().unwrap(),
     );
     // Alice in GROUP, with CAP_SETGID (ambient) so that she can drop it.
-    let o = Command::new("setpriv")
-        .arg(format!("--reuid={ALICE}"))
-        .arg(format!("--regid={ALICE}"))
-        .arg(format!("--groups={GROUP}"))
-        .args(["--inh-caps=+setgid", "--ambient-caps=+setgid"])
-        .arg(PY)
-        .arg("-c")
-        .arg(&script)
-        .current_dir(&t.src)
-        .env("LC_ALL", "C")
-        .stdin(Stdio::null())
-        .output()
-        .expect("setpriv python3");
-    assert!(
-        o.status.success(),
-        "python as {ALICE} failed: {}\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stderr)
+    let out = py_as_with(
+        &t.src,
+        ALICE,
+        &[GROUP],
+        &["--inh-caps=+setgid", "--ambient-caps=+setgid"],
+        &script,
     );
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
     assert_eq!(lines[0], "EACCES acl-set 0o660", "native changed? {out}");

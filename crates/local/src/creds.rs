@@ -21,20 +21,23 @@
 //! differ in what they do about those:
 //!
 //! - [`Caps::FsOnly`]: nothing beyond the fs uid switch. Used by the local backend
-//!   (`LocalBackend`) for its mutations, opens, extended attributes and `Backend::as_caller`
-//!   (inode-flag ioctls, ctime touches of the FUSE front end). What the remaining
-//!   capabilities would allow is refused by the backend itself where it matters
-//!   (`trusted.*` attributes for callers other than uid 0, in `xattr.rs`).
-//! - [`Caps::AdminOnly`]: the data path of the FUSE front end (write, fallocate, truncate,
-//!   copy_file_range, setattr through a descriptor). For a caller other than uid 0 every
-//!   effective capability is dropped but CAP_SYS_ADMIN (which registering a passthrough backing
-//!   file needs), so CAP_SYS_RESOURCE no longer lifts quota limits or opens the blocks reserved
-//!   for root, and CAP_FSETID is gone, so the backing file system clears set-user-ID and
-//!   set-group-ID bits as for that user (`file_remove_privs`). A root caller keeps every
-//!   capability; a root/root caller is not switched at all. With `shared: true` (passthrough
-//!   registration: the kernel keeps the registering thread's credentials for every later read
-//!   and write of that inode by any opener) a root caller is switched too and loses CAP_FSETID
-//!   and CAP_SYS_RESOURCE, since other users' writes share those credentials.
+//!   (`LocalBackend`) for what only reads: read-only opens, the `O_PATH` resolution of an
+//!   exec-only open, `getxattr` and `listxattr`. What the remaining capabilities would allow
+//!   there is refused by the backend itself (`trusted.*` attributes for callers other than
+//!   uid 0, in `xattr.rs`).
+//! - [`Caps::AdminOnly`]: mutations. For a caller other than uid 0 every effective capability
+//!   is dropped but CAP_SYS_ADMIN (which registering a passthrough backing file needs), so
+//!   CAP_SYS_RESOURCE no longer lifts quota limits or opens the blocks reserved for root,
+//!   CAP_SETFCAP no longer sets file capabilities, and CAP_FSETID is gone, so the backing file
+//!   system clears set-user-ID and set-group-ID bits as for that user (`file_remove_privs`).
+//!   A root caller keeps every capability; a root/root caller is not switched at all. Used with
+//!   `shared: false` by the local backend's mutations (creations, removals, renames,
+//!   attribute and xattr changes, opens that may write, `Backend::as_caller`: the FUSE front
+//!   end's inode-flag ioctls and ctime touches) and by the FUSE data path (write, fallocate,
+//!   truncate, copy_file_range, setattr through a descriptor). With `shared: true`
+//!   (passthrough registration: the kernel keeps the registering thread's credentials for every
+//!   later read and write of that inode by any opener) a root caller is switched too and loses
+//!   CAP_FSETID and CAP_SYS_RESOURCE, since other users' writes share those credentials.
 //! - [`Caps::Empty`]: delegated searches (dircache-search): the effective set is emptied, so
 //!   uid 0 without capabilities is an ordinary user for the kernel, exactly as a uid-0 process
 //!   without CAP_DAC_* is, and no capability can widen an access decision. A client holding
@@ -240,26 +243,25 @@ impl Drop for ActAs {
     }
 }
 
+/// The calling thread's effective capabilities.
+fn effective_caps() -> Option<CapabilitySet> {
+    rustix::thread::capabilities(None).ok().map(|c| c.effective)
+}
+
 /// Whether the calling thread holds a capability that widens file access decisions
-/// (CAP_DAC_OVERRIDE or CAP_DAC_READ_SEARCH in its effective set). A delegated search never
-/// applies capabilities, so such a caller searches by itself (the kernel then applies them).
+/// (CAP_DAC_OVERRIDE or CAP_DAC_READ_SEARCH in its effective set; yes when unknown). A
+/// delegated search never applies capabilities, so such a caller searches by itself (the
+/// kernel then applies them).
 pub fn caller_has_dac_caps() -> bool {
-    match rustix::thread::capabilities(None) {
-        Ok(c) => c
-            .effective
-            .intersects(CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH),
-        Err(_) => true,
+    match effective_caps() {
+        Some(e) => e.intersects(CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH),
+        None => true,
     }
 }
 
 /// Whether this process may take on other users' credentials per thread.
 pub fn can_switch() -> bool {
-    match rustix::thread::capabilities(None) {
-        Ok(c) => c
-            .effective
-            .contains(CapabilitySet::SETUID | CapabilitySet::SETGID),
-        Err(_) => false,
-    }
+    effective_caps().is_some_and(|e| e.contains(CapabilitySet::SETUID | CapabilitySet::SETGID))
 }
 
 #[cfg(test)]

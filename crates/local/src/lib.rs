@@ -544,16 +544,20 @@ impl LocalBackend {
         }
     }
 
-    /// Switch this thread to `cred` (nothing when the daemon is not root): the one policy of
-    /// the backend's switches, for mutations, opens, xattrs and [`Backend::as_caller`].
+    /// Switch this thread to `cred` for a read (read-only opens, xattr reads): the fs uid
+    /// switch alone ([`Caps::FsOnly`]); nothing when the daemon is not root.
     fn act_as(&self, cred: &Cred) -> Result<ActAs> {
         ActAs::when(self.switch_creds, cred, Caps::FsOnly)
     }
 
-    /// Run mutation `f` as `cred`.
+    /// Run mutation `f` as `cred` (also opens that may write, xattr writes and
+    /// [`Backend::as_caller`]). For a caller other than root no effective capability is kept
+    /// but CAP_SYS_ADMIN ([`Caps::AdminOnly`]), as on the FUSE data path: a user's mutation
+    /// gets no CAP_SYS_RESOURCE (quotas, blocks reserved for root), CAP_SETFCAP (file
+    /// capabilities) or any other capability the daemon holds and the user does not.
     fn as_cred<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.note_mutator();
-        let _g = self.act_as(cred)?;
+        let _g = ActAs::when(self.switch_creds, cred, Caps::AdminOnly { shared: false })?;
         f()
     }
 
