@@ -22,17 +22,29 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use crate::ascaller::AsCaller;
-use crate::creds::GroupsCache;
+use crate::creds::RequestGroups;
 use crate::inodes::{Inodes, Key, ROOT};
 use crate::notifier::NotifyMsg;
 use crate::openfds::{FdKey, OpenFds, SharedFd};
 use crate::policy::CachePolicy;
 use crate::stats::{Op, RequestCounters, SOCKET_XATTR};
 use crate::umask::with_caller_umask;
+use dircache_local::creds::{ActAs, Caps};
 
 fn errno(e: CoreError) -> Errno {
     Errno::from_i32(e.errno())
+}
+
+/// Switch this thread to `cred` for the data path (write, fallocate, truncate,
+/// copy_file_range, setattr on a descriptor; `shared` for a passthrough registration, whose
+/// credentials serve every opener): [`Caps::AdminOnly`]. Nothing changes when the daemon is
+/// not root (it could not switch).
+fn as_caller(cred: &Cred, shared: bool) -> Result<ActAs, CoreError> {
+    ActAs::when(
+        dircache_local::creds::process_is_root(),
+        cred,
+        Caps::AdminOnly { shared },
+    )
 }
 
 fn io_errno(e: std::io::Error) -> Errno {
@@ -192,7 +204,7 @@ pub struct DircacheFs {
     src: PathBuf,
     src_fd: Option<OwnedFd>,
     inodes: Arc<Inodes>,
-    groups: GroupsCache,
+    groups: RequestGroups,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     fds: OpenFds,
     next_fh: AtomicU64,
@@ -238,7 +250,7 @@ impl DircacheFs {
             src: src.to_path_buf(),
             src_fd,
             inodes: inodes.clone(),
-            groups: GroupsCache::default(),
+            groups: RequestGroups,
             files: Mutex::new(HashMap::new()),
             fds,
             next_fh: AtomicU64::new(1),
@@ -687,8 +699,7 @@ impl DircacheFs {
         register: impl FnOnce() -> std::io::Result<fuser::BackingId>,
     ) -> std::io::Result<Arc<fuser::BackingId>> {
         self.inodes.acquire_backing(nodeid, || {
-            let _g = AsCaller::switch_no_fsetid(cred)
-                .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+            let _g = as_caller(cred, true).map_err(std::io::Error::from)?;
             register()
         })
     }
@@ -717,7 +728,7 @@ impl DircacheFs {
     fn setattr_fd(fd: &SharedFd, cred: &Cred, set: &SetAttr) -> Result<Attr, Errno> {
         let e = |e: rustix::io::Errno| Errno::from_i32(e.raw_os_error());
         {
-            let _g = AsCaller::switch(cred).map_err(|e| Errno::from_i32(e.errno()))?;
+            let _g = as_caller(cred, false).map_err(errno)?;
             if set.uid.is_some() || set.gid.is_some() {
                 rustix::fs::fchown(
                     fd,
@@ -758,7 +769,7 @@ impl DircacheFs {
     /// for writing through /proc as the caller when the handle's descriptor is read-only, as
     /// for open(O_RDONLY|O_TRUNC)).
     fn truncate_fd(fd: &SharedFd, cred: &Cred, size: u64) -> Result<(), Errno> {
-        let _g = AsCaller::switch(cred).map_err(|e| Errno::from_i32(e.errno()))?;
+        let _g = as_caller(cred, false).map_err(errno)?;
         let r = if fd.writable() {
             rustix::fs::ftruncate(fd, size)
         } else {
@@ -1512,9 +1523,9 @@ impl fuser::Filesystem for DircacheFs {
         let mut done = 0usize;
         {
             // As the caller: the backing file system clears set-id bits as for that user.
-            let _g = match AsCaller::switch(&cred) {
+            let _g = match as_caller(&cred, false) {
                 Ok(g) => g,
-                Err(e) => return reply.error(Errno::from_i32(e.errno())),
+                Err(e) => return reply.error(errno(e)),
             };
             while done < data.len() {
                 let r = if append {
@@ -2169,9 +2180,9 @@ impl fuser::Filesystem for DircacheFs {
         let privs = self.has_privs(&of);
         let r = {
             // As the caller: the backing file system clears set-id bits as for that user.
-            let _g = match AsCaller::switch(&self.io_cred(req, &of)) {
+            let _g = match as_caller(&self.io_cred(req, &of), false) {
                 Ok(g) => g,
-                Err(e) => return reply.error(Errno::from_i32(e.errno())),
+                Err(e) => return reply.error(errno(e)),
             };
             // SAFETY: fallocate on a valid descriptor with plain integer arguments.
             let r = unsafe {
@@ -2243,9 +2254,9 @@ impl fuser::Filesystem for DircacheFs {
         let privs = self.has_privs(&fout);
         let r = {
             // As the caller: the backing file system clears set-id bits as for that user.
-            let _g = match AsCaller::switch(&self.io_cred(req, &fout)) {
+            let _g = match as_caller(&self.io_cred(req, &fout), false) {
                 Ok(g) => g,
-                Err(e) => return reply.error(Errno::from_i32(e.errno())),
+                Err(e) => return reply.error(errno(e)),
             };
             // SAFETY: valid descriptors and pointers to local offsets.
             let r = unsafe {

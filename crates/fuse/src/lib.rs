@@ -14,7 +14,6 @@
 //! `(dev, ino)` so all hard links share one ([`inodes`]). `st_ino` seen through the mount is
 //! the nodeid (fuser reports one number for both).
 
-mod ascaller;
 mod beneath;
 pub mod creds;
 pub mod fs;

@@ -28,6 +28,11 @@ fn have_acl_tools() -> bool {
 
 /// Run a Python script as `uid` (gid `uid`) with exactly the supplementary `groups`.
 fn py_as(dir: &Path, uid: u32, groups: &[u32], script: &str) -> String {
+    py_as_with(dir, uid, groups, &[], script)
+}
+
+/// [`py_as`] with more setpriv options (`setpriv`, e.g. capabilities).
+fn py_as_with(dir: &Path, uid: u32, groups: &[u32], setpriv: &[&str], script: &str) -> String {
     let mut c = Command::new("setpriv");
     c.arg(format!("--reuid={uid}"))
         .arg(format!("--regid={uid}"));
@@ -38,6 +43,7 @@ fn py_as(dir: &Path, uid: u32, groups: &[u32], script: &str) -> String {
         c.arg(format!("--groups={}", g.join(",")));
     }
     let o = c
+        .args(setpriv)
         .arg(PY)
         .arg("-c")
         .arg(script)
@@ -386,4 +392,75 @@ print(oct(stat.S_IMODE(os.stat(f'{{b}}/f').st_mode)))
     );
     assert_eq!(nat.trim(), "0o2660", "native, member of the group");
     assert_eq!(mnt, nat, "member of the group: through the mount vs native");
+}
+
+/// A process that drops a supplementary group with setgroups(2) acts without it at once
+/// through the mount, as natively: the daemon reads the caller's groups for every request
+/// (no reuse of what an earlier request of the same pid read). Natively, creating in a
+/// directory writable only by that group fails, and setting an ACL on a set-group-ID file of
+/// that group clears the bit.
+#[test]
+fn dropped_group_is_dropped_at_once() {
+    if !can_mount() || !have_acl_tools() {
+        return;
+    }
+    const ALICE: u32 = 1001;
+    let t = TestMount::new();
+    let native = t.dir.path().join("native");
+    std::fs::create_dir(&native).unwrap();
+    chmod(&native, 0o755);
+    for base in [&native, &t.src] {
+        let w = base.join("w");
+        std::fs::create_dir(&w).unwrap();
+        chmod(&w, 0o777);
+        let g = base.join("g");
+        std::fs::create_dir(&g).unwrap();
+        std::os::unix::fs::chown(&g, Some(0), Some(GROUP)).unwrap();
+        chmod(&g, 0o770);
+        let f = base.join("f");
+        std::fs::write(&f, "x").unwrap();
+        std::os::unix::fs::chown(&f, Some(ALICE), Some(GROUP)).unwrap();
+        chmod(&f, 0o2770);
+    }
+    let script = format!(
+        r#"{ACL_PY}
+native, mnt = {native:?}, {mnt:?}
+# Requests that need the groups, with the group held.
+for i in range(3):
+    open(f'{{mnt}}/w/warm{{i}}', 'w').close()
+os.mkdir(f'{{mnt}}/g/while_in_group')
+os.setgroups([])
+for base in (native, mnt):
+    res = []
+    try:
+        open(f'{{base}}/g/new', 'w').close()
+        res.append('created')
+    except OSError as e:
+        res.append(errno.errorcode[e.errno])
+    try:
+        os.setxattr(f'{{base}}/f', 'system.posix_acl_access', acl(1002))
+        res.append('acl-set')
+    except OSError as e:
+        res.append(errno.errorcode[e.errno])
+    res.append(oct(os.stat(f'{{base}}/f').st_mode & 0o7777))
+    print(' '.join(res))
+"#,
+        native = native.to_str().unwrap(),
+        mnt = t.mnt.to_str().unwrap(),
+    );
+    // Alice in GROUP, with CAP_SETGID (ambient) so that she can drop it.
+    let out = py_as_with(
+        &t.src,
+        ALICE,
+        &[GROUP],
+        &["--inh-caps=+setgid", "--ambient-caps=+setgid"],
+        &script,
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0], "EACCES acl-set 0o660", "native changed? {out}");
+    assert_eq!(
+        lines[1], lines[0],
+        "mount (2nd line) differs from native: {out}"
+    );
 }

@@ -1,48 +1,97 @@
-//! Per-thread file-system credentials.
+//! Acting as the caller: the one place where a thread of the daemon takes on a requester's
+//! credentials, and gives them back.
 //!
-//! Mutations run **as the caller**: before the final `*at` syscall (relative to the parent
-//! directory, which was resolved as the daemon) the calling thread switches its fs uid,
-//! fs gid and supplementary groups to the caller's [`Cred`] with the raw per-thread syscalls
-//! `SYS_setgroups`, `SYS_setfsgid` and `SYS_setfsuid`, and a drop guard switches them back
-//! afterwards, also on error or panic. The glibc wrappers are deliberately not used:
-//! glibc's `setgroups` (and `setfsuid` in some versions) broadcasts the change to every thread
-//! of the process (the "setxid" signal dance), while the kernel's credentials are per thread.
+//! [`ActAs::switch`] sets the calling thread's supplementary groups, fs gid and fs uid to the
+//! caller's [`Cred`] with the raw per-thread syscalls `SYS_setgroups`, `SYS_setfsgid` and
+//! `SYS_setfsuid`, then trims the thread's *effective* capability set as the [`Caps`] policy
+//! says (capset on the calling thread). Dropping the guard restores the capabilities, ids and
+//! groups it found, also on error or panic; if that fails the process aborts (serving on with
+//! another user's identity, or without its own, would be a security bug). The glibc wrappers
+//! are deliberately not used: glibc's `setgroups` (and `setfsuid` in some versions)
+//! broadcasts the change to every thread of the process (the "setxid" signal dance), while the
+//! kernel's credentials are per thread. Other threads keep the daemon's credentials.
 //!
-//! Changing the fs uid from 0 to another value drops the file-system capabilities
-//! (CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_FSETID, CAP_MKNOD, ...)
-//! from the thread's effective set, and switching back to 0 restores them, so the kernel
-//! checks permissions exactly as it would for the user: new files get the user as owner and
-//! the right group (fs gid, or the directory's group under a setgid directory).
+//! Changing the fs uid from 0 to another value makes the kernel drop the file-system
+//! capabilities (CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_FSETID,
+//! CAP_MKNOD, CAP_LINUX_IMMUTABLE, CAP_MAC_OVERRIDE) from the thread's effective set, and
+//! switching back to 0 raises them again from the permitted set, so the kernel checks
+//! permissions as for the user: new files get the user as owner and the right group (fs gid,
+//! or the directory's group under a set-group-ID directory). The other capabilities
+//! (CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CAP_SETFCAP, ...) survive an fs uid switch; the policies
+//! differ in what they do about those:
 //!
-//! When the process is not root the switch is skipped (it could not succeed).
+//! - [`Caps::FsOnly`]: nothing beyond the fs uid switch. Used by the local backend
+//!   (`LocalBackend`) for what only reads: read-only opens, the `O_PATH` resolution of an
+//!   exec-only open, `getxattr` and `listxattr`. What the remaining capabilities would allow
+//!   there is refused by the backend itself (`trusted.*` attributes for callers other than
+//!   uid 0, in `xattr.rs`).
+//! - [`Caps::AdminOnly`]: mutations. For a caller other than uid 0 every effective capability
+//!   is dropped but CAP_SYS_ADMIN (which registering a passthrough backing file needs), so
+//!   CAP_SYS_RESOURCE no longer lifts quota limits or opens the blocks reserved for root,
+//!   CAP_SETFCAP no longer sets file capabilities, and CAP_FSETID is gone, so the backing file
+//!   system clears set-user-ID and set-group-ID bits as for that user (`file_remove_privs`).
+//!   A root caller keeps every capability; a root/root caller is not switched at all. Used with
+//!   `shared: false` by the local backend's mutations (creations, removals, renames,
+//!   attribute and xattr changes, opens that may write, `Backend::as_caller`: the FUSE front
+//!   end's inode-flag ioctls and ctime touches) and by the FUSE data path (write, fallocate,
+//!   truncate, copy_file_range, setattr through a descriptor). With `shared: true`
+//!   (passthrough registration: the kernel keeps the registering thread's credentials for every
+//!   later read and write of that inode by any opener) a root caller is switched too and loses
+//!   CAP_FSETID and CAP_SYS_RESOURCE, since other users' writes share those credentials.
+//! - [`Caps::Empty`]: delegated searches (dircache-search): the effective set is emptied, so
+//!   uid 0 without capabilities is an ordinary user for the kernel, exactly as a uid-0 process
+//!   without CAP_DAC_* is, and no capability can widen an access decision. A client holding
+//!   CAP_DAC_OVERRIDE or CAP_DAC_READ_SEARCH searches by itself instead
+//!   ([`caller_has_dac_caps`]).
+//!
+//! A switch needs CAP_SETUID and CAP_SETGID (a root daemon). [`ActAs::switch`] fails without
+//! them; [`ActAs::when`] skips the switch when told the process cannot switch (an unprivileged
+//! daemon acts as itself, which no caller can exceed through it). Switching again from inside
+//! a guard whose policy trimmed the capabilities fails (CAP_SETGID is gone) and changes
+//! nothing. [`Caps::FsOnly`] does not look at the capabilities: restoring an fs uid of 0 raises
+//! the permitted fs capabilities, which is exact when the thread held them effective before
+//! (the daemon does).
 
 use dircache_core::{Cred, Error, Result};
+use rustix::thread::{CapabilitySet, CapabilitySets};
 
-/// Restores the thread's previous fs credentials when dropped.
-pub(crate) struct CredGuard {
-    /// `None` when no switch happened.
-    saved: Option<Saved>,
+/// What a switch does to the thread's effective capabilities (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caps {
+    /// Only what the kernel drops with a non-zero fs uid (the file-system capabilities).
+    FsOnly,
+    /// A caller other than uid 0 keeps only CAP_SYS_ADMIN; a root caller keeps everything,
+    /// and a root/root caller is not switched, unless `shared`: then root is switched and
+    /// loses CAP_FSETID and CAP_SYS_RESOURCE.
+    AdminOnly {
+        /// The credentials serve later I/O of other users too (passthrough registration).
+        shared: bool,
+    },
+    /// No effective capabilities at all, whoever the caller.
+    Empty,
 }
 
-struct Saved {
-    fsuid: u32,
-    fsgid: u32,
-    groups: Vec<u32>,
+fn os_err() -> Error {
+    Error::from(std::io::Error::last_os_error())
+}
+
+fn rustix_err(e: rustix::io::Errno) -> Error {
+    Error::from_errno(e.raw_os_error())
 }
 
 fn raw_getgroups() -> Result<Vec<u32>> {
     // SAFETY: size 0 with a null pointer only asks for the number of groups.
     let n = unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<libc::gid_t>()) };
     if n < 0 {
-        return Err(std::io::Error::last_os_error().into());
+        return Err(os_err());
     }
-    let mut v = vec![0u32; n as usize];
+    let mut v = vec![0u32; usize::try_from(n).unwrap_or(0)];
     // SAFETY: `v` has room for `n` gid_t values, which is the size passed.
     let m = unsafe { libc::syscall(libc::SYS_getgroups, n, v.as_mut_ptr()) };
     if m < 0 {
-        return Err(std::io::Error::last_os_error().into());
+        return Err(os_err());
     }
-    v.truncate(m as usize);
+    v.truncate(usize::try_from(m).unwrap_or(0));
     Ok(v)
 }
 
@@ -51,64 +100,168 @@ fn raw_setgroups(groups: &[u32]) -> Result<()> {
     // syscall only changes the calling thread's credentials.
     let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
     if r < 0 {
-        return Err(std::io::Error::last_os_error().into());
+        return Err(os_err());
     }
     Ok(())
 }
 
-/// setfsuid/setfsgid never report errors directly; they return the previous value. Setting
-/// and then querying with -1 tells whether the change took.
-fn raw_setfs(sys: libc::c_long, id: u32) -> Result<u32> {
-    // SAFETY: setfsuid/setfsgid take one integer and only change this thread's credentials.
-    let prev = unsafe { libc::syscall(sys, id) } as u32;
-    // SAFETY: as above; -1 is an invalid id, so this only queries the current value.
-    let now = unsafe { libc::syscall(sys, -1i32) } as u32;
-    if now != id {
-        return Err(Error::Perm);
-    }
-    Ok(prev)
+/// The thread's current fs uid or fs gid (`sys` is `SYS_setfsuid` or `SYS_setfsgid`).
+fn raw_getfs(sys: libc::c_long) -> u32 {
+    // SAFETY: -1 is an invalid id, so this only queries the current value.
+    unsafe { libc::syscall(sys, -1i32) as u32 }
 }
 
-impl CredGuard {
-    /// Switch this thread to `cred` (when `enabled`, i.e. the process is root).
-    pub(crate) fn switch(cred: &Cred, enabled: bool) -> Result<CredGuard> {
-        if !enabled {
-            return Ok(CredGuard { saved: None });
+/// setfsuid/setfsgid never report errors directly; they return the previous value. Setting
+/// and then querying with -1 tells whether the change took.
+fn raw_setfs(sys: libc::c_long, id: u32) -> Result<()> {
+    // SAFETY: setfsuid/setfsgid take one integer and only change this thread's credentials.
+    unsafe { libc::syscall(sys, id) };
+    if raw_getfs(sys) != id {
+        return Err(Error::Perm);
+    }
+    Ok(())
+}
+
+/// What a guard puts back.
+struct Saved {
+    fsuid: u32,
+    fsgid: u32,
+    groups: Vec<u32>,
+    /// The capability sets, when the policy changes them.
+    caps: Option<CapabilitySets>,
+}
+
+/// The calling thread acting as a caller (module docs); dropping it restores the thread's
+/// previous groups, fs ids and capabilities, or aborts the process.
+#[must_use = "the credentials are restored when the guard drops"]
+pub struct ActAs {
+    /// `None` when no switch happened.
+    saved: Option<Saved>,
+}
+
+/// Whether the process runs as root (effective uid 0), i.e. may switch per thread.
+pub fn process_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The effective set a policy leaves, from the thread's `effective` set, for `cred`; `None`
+/// when the policy leaves the capabilities alone.
+fn trimmed(caps: Caps, cred: &Cred, effective: CapabilitySet) -> Option<CapabilitySet> {
+    match caps {
+        Caps::FsOnly => None,
+        Caps::AdminOnly { .. } if cred.uid != 0 => Some(effective & CapabilitySet::SYS_ADMIN),
+        Caps::AdminOnly { shared: true } => {
+            Some(effective - (CapabilitySet::FSETID | CapabilitySet::SYS_RESOURCE))
         }
+        Caps::AdminOnly { shared: false } => None,
+        Caps::Empty => Some(CapabilitySet::empty()),
+    }
+}
+
+impl ActAs {
+    /// A guard that changed nothing.
+    pub fn none() -> ActAs {
+        ActAs { saved: None }
+    }
+
+    /// Switch to `cred` with policy `caps` when `enabled` (the process may switch, e.g.
+    /// [`process_is_root`]); otherwise change nothing.
+    pub fn when(enabled: bool, cred: &Cred, caps: Caps) -> Result<ActAs> {
+        if enabled {
+            Self::switch(cred, caps)
+        } else {
+            Ok(Self::none())
+        }
+    }
+
+    /// Switch the calling thread to `cred` with capability policy `caps` (module docs).
+    /// Needs CAP_SETUID and CAP_SETGID; on error nothing is left changed.
+    pub fn switch(cred: &Cred, caps: Caps) -> Result<ActAs> {
+        if caps == (Caps::AdminOnly { shared: false }) && cred.uid == 0 && cred.gid == 0 {
+            return Ok(Self::none());
+        }
+        let saved_caps = match caps {
+            Caps::FsOnly => None,
+            Caps::AdminOnly { shared: false } if cred.uid == 0 => None,
+            _ => Some(rustix::thread::capabilities(None).map_err(rustix_err)?),
+        };
         let groups = raw_getgroups()?;
-        // SAFETY: querying with -1 (an invalid id) changes nothing.
-        let fsuid = unsafe { libc::syscall(libc::SYS_setfsuid, -1i32) } as u32;
-        // SAFETY: as above.
-        let fsgid = unsafe { libc::syscall(libc::SYS_setfsgid, -1i32) } as u32;
+        let fsuid = raw_getfs(libc::SYS_setfsuid);
+        let fsgid = raw_getfs(libc::SYS_setfsgid);
         raw_setgroups(cred.groups())?;
-        // From here on, the guard restores groups and ids, also on error.
-        let guard = CredGuard {
+        // From here on, the guard restores everything, also on error.
+        let guard = ActAs {
             saved: Some(Saved {
                 fsuid,
                 fsgid,
                 groups,
+                caps: saved_caps,
             }),
         };
         raw_setfs(libc::SYS_setfsgid, cred.gid)?;
         raw_setfs(libc::SYS_setfsuid, cred.uid)?;
+        // After the id switch (setfsuid needs CAP_SETUID); the guard restores them first.
+        // (What the fs uid switch dropped are fs capabilities, which no policy keeps.)
+        if let Some(saved) = saved_caps {
+            if let Some(effective) = trimmed(caps, cred, saved.effective) {
+                rustix::thread::set_capabilities(None, CapabilitySets { effective, ..saved })
+                    .map_err(rustix_err)?;
+            }
+        }
         Ok(guard)
     }
 }
 
-impl Drop for CredGuard {
+impl Drop for ActAs {
     fn drop(&mut self) {
-        if let Some(s) = self.saved.take() {
-            // fsuid first: going back to 0 restores the fs capabilities.
-            let a = raw_setfs(libc::SYS_setfsuid, s.fsuid);
-            let b = raw_setfs(libc::SYS_setfsgid, s.fsgid);
-            let c = raw_setgroups(&s.groups);
-            if a.is_err() || b.is_err() || c.is_err() {
-                // Continuing with the wrong identity would be a security bug.
-                tracing::error!("dircache-local: could not restore thread credentials; aborting");
-                std::process::abort();
+        let Some(s) = self.saved.take() else {
+            return;
+        };
+        // Capabilities first (raising them from the permitted set needs none), so that
+        // setfsuid (CAP_SETUID) and setgroups (CAP_SETGID) work again.
+        let a = match s.caps {
+            Some(c) => rustix::thread::set_capabilities(None, c).is_ok(),
+            None => true,
+        };
+        // fsuid first: going back to 0 raises the permitted fs capabilities.
+        let b = raw_setfs(libc::SYS_setfsuid, s.fsuid).is_ok();
+        let c = raw_setfs(libc::SYS_setfsgid, s.fsgid).is_ok();
+        let d = raw_setgroups(&s.groups).is_ok();
+        // That raise may have added fs capabilities the saved effective set lacked.
+        let e = match s.caps {
+            Some(c) if c.effective != c.permitted => {
+                rustix::thread::set_capabilities(None, c).is_ok()
             }
+            _ => true,
+        };
+        if !(a && b && c && d && e) {
+            tracing::error!("dircache: could not restore thread credentials; aborting");
+            eprintln!("dircache: could not restore thread credentials; aborting");
+            std::process::abort();
         }
     }
+}
+
+/// The calling thread's effective capabilities.
+fn effective_caps() -> Option<CapabilitySet> {
+    rustix::thread::capabilities(None).ok().map(|c| c.effective)
+}
+
+/// Whether the calling thread holds a capability that widens file access decisions
+/// (CAP_DAC_OVERRIDE or CAP_DAC_READ_SEARCH in its effective set; yes when unknown). A
+/// delegated search never applies capabilities, so such a caller searches by itself (the
+/// kernel then applies them).
+pub fn caller_has_dac_caps() -> bool {
+    match effective_caps() {
+        Some(e) => e.intersects(CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH),
+        None => true,
+    }
+}
+
+/// Whether this process may take on other users' credentials per thread.
+pub fn can_switch() -> bool {
+    effective_caps().is_some_and(|e| e.contains(CapabilitySet::SETUID | CapabilitySet::SETGID))
 }
 
 #[cfg(test)]
@@ -116,14 +269,19 @@ mod tests {
     use super::*;
 
     fn fsuid() -> u32 {
-        // SAFETY: querying with -1 changes nothing.
-        unsafe { libc::syscall(libc::SYS_setfsuid, -1i32) as u32 }
+        raw_getfs(libc::SYS_setfsuid)
     }
 
+    fn has_cap(c: CapabilitySet) -> bool {
+        rustix::thread::capabilities(None)
+            .map(|s| s.effective.contains(c))
+            .unwrap_or(false)
+    }
+
+    // (was crates/local/src/creds.rs: CredGuard)
     #[test]
-    fn switch_and_restore() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+    fn fs_only_switch_and_restore() {
+        if !process_is_root() {
             return;
         }
         let before = raw_getgroups().unwrap();
@@ -136,7 +294,7 @@ mod tests {
             }
         });
         {
-            let _g = CredGuard::switch(&Cred::new(12345, 23456, [7, 8]), true).unwrap();
+            let _g = ActAs::when(true, &Cred::new(12345, 23456, [7, 8]), Caps::FsOnly).unwrap();
             assert_eq!(fsuid(), 12345);
             assert_eq!(raw_getgroups().unwrap(), vec![7, 8]);
             // Other threads keep root's credentials.
@@ -147,5 +305,81 @@ mod tests {
         other.join().unwrap();
         assert_eq!(fsuid(), 0);
         assert_eq!(raw_getgroups().unwrap(), before);
+    }
+
+    // (was crates/fuse/src/ascaller.rs: AsCaller)
+    #[test]
+    fn admin_only_drops_and_restores() {
+        if !process_is_root() {
+            return;
+        }
+        // (CAP_SYS_RESOURCE may be missing from the bounding set of a container.)
+        let now = || {
+            (
+                fsuid(),
+                raw_getgroups().unwrap(),
+                has_cap(CapabilitySet::FSETID),
+                has_cap(CapabilitySet::SYS_RESOURCE),
+            )
+        };
+        let before = now();
+        {
+            let _g = ActAs::switch(
+                &Cred::new(1000, 1000, [5]),
+                Caps::AdminOnly { shared: false },
+            )
+            .unwrap();
+            assert_eq!(fsuid(), 1000);
+            assert_eq!(raw_getgroups().unwrap(), vec![5]);
+            assert!(!has_cap(CapabilitySet::FSETID));
+            assert!(!has_cap(CapabilitySet::SYS_RESOURCE));
+            assert!(has_cap(CapabilitySet::SYS_ADMIN));
+        }
+        assert_eq!(now(), before);
+        {
+            let _g = ActAs::switch(&Cred::root(), Caps::AdminOnly { shared: true }).unwrap();
+            assert_eq!(fsuid(), 0);
+            assert!(!has_cap(CapabilitySet::FSETID));
+            assert!(!has_cap(CapabilitySet::SYS_RESOURCE));
+        }
+        assert_eq!(now(), before);
+    }
+
+    // (was crates/search/src/creds.rs: ThreadCred)
+    #[test]
+    fn empty_drops_capabilities_and_restores_them() {
+        if !can_switch() {
+            return;
+        }
+        let before = rustix::thread::capabilities(None).unwrap_or_else(|e| panic!("{e}"));
+        let groups = raw_getgroups().unwrap_or_else(|e| panic!("{e}"));
+        // A 0700 directory owned by someone else.
+        let d = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let p = d.path().join("x");
+        std::fs::create_dir(&p).unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::chown(&p, Some(4321), Some(4321)).unwrap_or_else(|e| panic!("{e}"));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(std::fs::read_dir(&p).is_ok());
+        {
+            let _g =
+                ActAs::switch(&Cred::new(0, 0, []), Caps::Empty).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(fsuid(), 0);
+            assert!(!caller_has_dac_caps(), "uid 0 kept CAP_DAC_*");
+            // Closed now, as the kernel closes it to uid 0 without capabilities.
+            assert!(std::fs::read_dir(&p).is_err());
+        }
+        assert!(std::fs::read_dir(&p).is_ok());
+        assert_eq!(rustix::thread::capabilities(None).ok(), Some(before));
+        assert_eq!(raw_getgroups().ok(), Some(groups));
+        {
+            let _g = ActAs::switch(&Cred::new(4321, 4321, [77]), Caps::Empty)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(fsuid(), 4321);
+            assert_eq!(raw_getgroups().ok(), Some(vec![77]));
+        }
+        assert_eq!(fsuid(), 0);
+        assert_eq!(rustix::thread::capabilities(None).ok(), Some(before));
     }
 }

@@ -44,7 +44,7 @@
 //!   background thread: fanotify (`FAN_REPORT_DFID_NAME`, filesystem mark) when running as
 //!   root, recursive inotify otherwise.
 
-mod creds;
+pub mod creds;
 mod watch;
 mod xattr;
 
@@ -63,7 +63,7 @@ use dircache_core::{
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
 
-use creds::CredGuard;
+use creds::{ActAs, Caps};
 pub use watch::WatchMode;
 
 /// Default number of directory descriptors kept open.
@@ -544,10 +544,20 @@ impl LocalBackend {
         }
     }
 
-    /// Run mutation `f` as `cred`.
+    /// Switch this thread to `cred` for a read (read-only opens, xattr reads): the fs uid
+    /// switch alone ([`Caps::FsOnly`]); nothing when the daemon is not root.
+    fn act_as(&self, cred: &Cred) -> Result<ActAs> {
+        ActAs::when(self.switch_creds, cred, Caps::FsOnly)
+    }
+
+    /// Run mutation `f` as `cred` (also opens that may write, xattr writes and
+    /// [`Backend::as_caller`]). For a caller other than root no effective capability is kept
+    /// but CAP_SYS_ADMIN ([`Caps::AdminOnly`]), as on the FUSE data path: a user's mutation
+    /// gets no CAP_SYS_RESOURCE (quotas, blocks reserved for root), CAP_SETFCAP (file
+    /// capabilities) or any other capability the daemon holds and the user does not.
     fn as_cred<T>(&self, cred: &Cred, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.note_mutator();
-        let _g = CredGuard::switch(cred, self.switch_creds)?;
+        let _g = ActAs::when(self.switch_creds, cred, Caps::AdminOnly { shared: false })?;
         f()
     }
 
@@ -988,7 +998,7 @@ impl Backend for LocalBackend {
             if writes {
                 self.as_cred(cred, f)
             } else {
-                let _g = CredGuard::switch(cred, self.switch_creds)?;
+                let _g = self.act_as(cred)?;
                 f()
             }
         };
@@ -1051,7 +1061,7 @@ impl LocalBackend {
         let (dir, name) = split(path).map_err(|_| Error::Access)?;
         let d = self.dir(dir)?;
         let p = {
-            let _g = CredGuard::switch(cred, self.switch_creds)?;
+            let _g = self.act_as(cred)?;
             let p = rustix::fs::openat2(
                 d.as_fd(),
                 name,

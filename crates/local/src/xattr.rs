@@ -20,7 +20,6 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use dircache_core::{Cred, Error, Result, XattrTarget};
 use rustix::fs::{Mode, OFlags};
 
-use crate::creds::CredGuard;
 use crate::{check_path, errno, split, statx_fd, LocalBackend, RESOLVE};
 
 /// Largest value (XATTR_SIZE_MAX) and name list (XATTR_LIST_MAX) the kernel hands out.
@@ -101,7 +100,7 @@ impl LocalBackend {
         let _g = if is_posix_acl(name) {
             None
         } else {
-            Some(CredGuard::switch(cred, self.switch_creds)?)
+            Some(self.act_as(cred)?)
         };
         // Most values (ACLs) are small: a short buffer first, the largest possible on ERANGE.
         let mut buf = Vec::new();
@@ -130,7 +129,7 @@ impl LocalBackend {
 
     pub(crate) fn listxattr_impl(&self, cred: &Cred, t: XattrTarget<'_>) -> Result<Vec<u8>> {
         let t = self.xattr_target(t)?;
-        let _g = CredGuard::switch(cred, self.switch_creds)?;
+        let _g = self.act_as(cred)?;
         let mut buf = vec![0u8; XATTR_MAX];
         // SAFETY: the path is NUL-terminated; buf is valid for buf.len() bytes.
         let r = unsafe { libc::listxattr(t.proc.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };

@@ -435,3 +435,176 @@ fn exec_open_of_execute_only_file() {
         .map(drop);
     assert_eq!(dir, Err(dircache_core::Error::Access));
 }
+
+/// A loop-mounted ext4 file system, unmounted (and its loop device released) on drop.
+struct Ext4 {
+    _dir: tempfile::TempDir,
+    mnt: PathBuf,
+}
+
+impl Ext4 {
+    /// 8 MiB, 1 KiB blocks, 20 % of the blocks reserved for root (CAP_SYS_RESOURCE).
+    fn new() -> Option<Ext4> {
+        let dir = tmp();
+        let img = dir.path().join("img");
+        let mnt = dir.path().join("m");
+        fs::create_dir(&mnt).unwrap();
+        fs::File::create(&img).unwrap().set_len(8 << 20).unwrap();
+        let ok = |c: &mut std::process::Command| c.status().map(|s| s.success()).unwrap_or(false);
+        if !ok(std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "20", "-b", "1024"])
+            .arg(&img))
+        {
+            assert!(std::env::var("CI").is_err(), "mkfs.ext4 failed in CI");
+            eprintln!("skipping: no mkfs.ext4");
+            return None;
+        }
+        if !ok(std::process::Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mnt))
+        {
+            assert!(std::env::var("CI").is_err(), "loop mount failed in CI");
+            eprintln!("skipping: cannot loop-mount");
+            return None;
+        }
+        Some(Ext4 { _dir: dir, mnt })
+    }
+}
+
+impl Drop for Ext4 {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.mnt).status();
+    }
+}
+
+/// Run `sh -c script` in `dir` as uid/gid `id` without groups or capabilities (setpriv).
+fn sh_as(id: u32, dir: &Path, script: &str) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .arg(format!("--reuid={id}"))
+        .arg(format!("--regid={id}"))
+        .args(["--clear-groups", "sh", "-c", script])
+        .current_dir(dir)
+        .env("LC_ALL", "C")
+        .output()
+        .expect("setpriv sh")
+}
+
+/// The blocks a file system reserves for root are not a user's: once only those are free, a
+/// user's mkdir fails with ENOSPC natively, and so must the same mkdir made as that user by
+/// the backend (which runs as root with CAP_SYS_RESOURCE unless it drops it for the caller).
+/// Quota limits are lifted by the same capability.
+#[test]
+fn reserved_blocks_are_not_the_callers() {
+    if !is_root() {
+        return;
+    }
+    let Some(ext4) = Ext4::new() else {
+        return;
+    };
+    let m = &ext4.mnt;
+    chmod(m, 0o777);
+    if !rustix::thread::capabilities(None)
+        .map(|c| {
+            c.effective
+                .contains(rustix::thread::CapabilitySet::SYS_RESOURCE)
+        })
+        .unwrap_or(false)
+    {
+        // Then the backend cannot use the reserve either: the test shows nothing here.
+        eprintln!("note: no CAP_SYS_RESOURCE here (container bounding set?)");
+    }
+    // The user fills the file system: what is left is root's reserve.
+    let fill = sh_as(U, m, "dd if=/dev/zero of=fill bs=1k 2>&1; exit 0");
+    let free = |p: &Path| {
+        let s = rustix::fs::statvfs(p).unwrap();
+        (s.f_bfree, s.f_bavail)
+    };
+    let (bfree, bavail) = free(m);
+    assert!(
+        bavail == 0 && bfree > 100,
+        "not only the reserve left: {bfree} free, {bavail} available; {}",
+        String::from_utf8_lossy(&fill.stdout)
+    );
+    // Natively: ENOSPC for the user.
+    let native = sh_as(U, m, "mkdir native");
+    assert!(!native.status.success());
+    assert!(
+        String::from_utf8_lossy(&native.stderr).contains("No space left"),
+        "{}",
+        String::from_utf8_lossy(&native.stderr)
+    );
+    // Through the backend, as that user: the same.
+    let b = LocalBackend::new(m).unwrap();
+    let r = b.mkdir(&Cred::new(U, U, []), b"through", 0o755);
+    assert_eq!(
+        r.map(|_| ()).map_err(|e| e.errno()),
+        Err(libc::ENOSPC),
+        "the backend used root's reserve for a user"
+    );
+    assert!(!m.join("through").exists());
+    // Root may use its reserve, natively and through the backend.
+    b.mkdir(&Cred::root(), b"roots", 0o755).unwrap();
+}
+
+/// Capabilities that are not file-system capabilities survive an fs uid switch. A user's own
+/// process holds none of them, so a mutation the backend makes as a user must not use them
+/// either: setting file capabilities (`security.capability`, CAP_SETFCAP) on one's own
+/// program is EPERM natively, and must be EPERM through the backend (which a root daemon
+/// would otherwise do with its own CAP_SETFCAP: a user's program running as root). The same
+/// holds for CAP_SYS_RESOURCE (quotas, blocks reserved for root:
+/// `reserved_blocks_are_not_the_callers`).
+#[test]
+fn mutations_as_a_user_hold_no_capabilities() {
+    if !is_root() {
+        return;
+    }
+    let t = tmp();
+    let r = t.path();
+    chmod(r, 0o755);
+    let f = r.join("prog");
+    fs::write(&f, "#!/bin/sh\n").unwrap();
+    chown(&f, U, U);
+    chmod(&f, 0o755);
+    // VFS_CAP_REVISION_2 | VFS_CAP_FLAGS_EFFECTIVE, permitted = CAP_SETUID.
+    let mut cap = Vec::new();
+    for w in [0x0200_0001u32, 1 << 7, 0, 0, 0] {
+        cap.extend_from_slice(&w.to_le_bytes());
+    }
+    let hex: String = cap.iter().map(|b| format!("{b:02x}")).collect();
+    let native = sh_as(
+        U,
+        r,
+        &format!("setfattr -n security.capability -v 0x{hex} prog 2>&1; echo rc=$?"),
+    );
+    let native = String::from_utf8_lossy(&native.stdout).into_owned();
+    if native.contains("not found") {
+        assert!(std::env::var("CI").is_err(), "setfattr missing in CI");
+        eprintln!("skipping: no setfattr");
+        return;
+    }
+    assert!(
+        native.contains("Operation not permitted") && !native.contains("rc=0"),
+        "natively: {native}"
+    );
+    let b = LocalBackend::new(r).unwrap();
+    let target = dircache_core::XattrTarget {
+        path: b"prog",
+        expect: None,
+    };
+    let got = b.setxattr(
+        &Cred::new(U, U, []),
+        target,
+        b"security.capability",
+        &cap,
+        0,
+    );
+    assert_eq!(
+        got.map_err(|e| e.errno()),
+        Err(libc::EPERM),
+        "the backend set file capabilities for a user"
+    );
+    // Root may, natively and through the backend.
+    b.setxattr(&Cred::root(), target, b"security.capability", &cap, 0)
+        .unwrap();
+}

@@ -11,7 +11,7 @@
 //! * [`proto`] - the wire format (length-prefixed JSON frames) a mount's daemon or a server
 //!   accepts, the client side of delegation (which daemons it trusts: [`proto::ClientConfig`])
 //!   and [`proto::answer`] for the daemon;
-//! * [`creds`] - running a search with another user's credentials, the kernel deciding.
+//! * [`dircache_local::creds`] - running a search with another user's credentials ([`Caps::Empty`](dircache_local::creds::Caps::Empty)), the kernel deciding.
 //!
 //! ## Semantics
 //! * `paths` is a `:`-separated list of directories, searched in order (all results of the
@@ -42,7 +42,6 @@
 //!   are answered with an open of the directory (same permission semantics as listing it) and
 //!   one lstat per name instead of a full listing.
 
-pub mod creds;
 pub mod pattern;
 pub mod proto;
 pub mod source;
@@ -424,7 +423,7 @@ pub fn search_with<S: Source>(
     let (tx, rx) = crossbeam_channel::bounded(opts.channel_batches.max(1));
     let cancel = Arc::new(AtomicBool::new(false));
     // A caller with CAP_DAC_* searches the mounts itself: a daemon never applies capabilities.
-    let mounts = if opts.delegate_mounts && !creds::caller_has_dac_caps() {
+    let mounts = if opts.delegate_mounts && !dircache_local::creds::caller_has_dac_caps() {
         proto::dircache_mounts_below(&req.roots(), &opts.client)
     } else {
         Default::default()

@@ -26,7 +26,7 @@
 //! **Serving** ([`answer`]): the daemon takes the caller's ids once, at connect, from
 //! `SO_PEERCRED` and `SO_PEERGROUPS` ([`peer_cred`]; never from /proc, where pids are reused)
 //! and runs the search with a [`DirectSource`] switched to those ids beneath its SRC, so the
-//! kernel decides every access (see [`crate::creds`]).
+//! kernel decides every access (see [`dircache_local::creds`]).
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -416,7 +416,7 @@ pub fn answer<S: Source>(
 /// every access for `cred`. A daemon that cannot switch credentials (not root) serves only
 /// a caller with exactly its own ids.
 pub fn source_for(base: Arc<OwnedFd>, cred: &Cred) -> Result<DirectSource, ProtoError> {
-    if crate::creds::can_switch() {
+    if dircache_local::creds::can_switch() {
         return Ok(DirectSource::beneath(base, Some(cred.clone())));
     }
     let me = Cred::new(
@@ -746,7 +746,7 @@ pub fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, SearchError
 /// [`delegate`] with a configuration, saying why a search stays local.
 pub fn delegate_with(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegation, SearchError> {
     req.validate()?;
-    if crate::creds::caller_has_dac_caps() {
+    if dircache_local::creds::caller_has_dac_caps() {
         // The daemon never applies capabilities; the kernel does, through the mount.
         return Ok(Delegation::Local(
             "the caller has CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH".into(),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use dircache_core::{
     At, Attr, Cache, Cred, Creds, Error, FileType, LookupFlags, NodeRef, Timespec,
 };
+use dircache_local::creds::{ActAs, Caps};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags, StatxFlags};
 use rustix::io::Errno;
 
@@ -83,7 +84,7 @@ fn errno(e: Errno) -> Error {
 ///
 /// **Searching for someone else** ([`DirectSource::as_cred`], [`DirectSource::beneath`]): every
 /// operation of the search - opening the roots included - runs on a thread switched to the
-/// caller's fs uid, fs gid and groups with no effective capability ([`crate::creds`]), so the
+/// caller's fs uid, fs gid and groups with no effective capability ([`dircache_local::creds`], [`Caps::Empty`]), so the
 /// kernel decides every access exactly as it would for that caller (mode bits, POSIX ACLs,
 /// search permission on every directory, LSMs). Needs CAP_SETUID/CAP_SETGID.
 /// With [`DirectSource::beneath`], roots are paths below an opened directory (a daemon's SRC),
@@ -137,9 +138,9 @@ impl DirectSource {
         self
     }
 
-    fn switch(&self) -> Result<Option<crate::creds::ThreadCred>, Error> {
+    fn switch(&self) -> Result<Option<ActAs>, Error> {
         match &self.cred {
-            Some(c) => crate::creds::ThreadCred::switch(c).map(Some),
+            Some(c) => ActAs::switch(c, Caps::Empty).map(Some),
             None => Ok(None),
         }
     }
@@ -147,7 +148,7 @@ impl DirectSource {
 
 thread_local! {
     /// A search worker's switched credentials, restored when the thread ends.
-    static WORKER_CRED: RefCell<Option<crate::creds::ThreadCred>> = const { RefCell::new(None) };
+    static WORKER_CRED: RefCell<Option<ActAs>> = const { RefCell::new(None) };
 }
 
 /// Paths up to this length are opened in one openat2; longer ones in chunks.
