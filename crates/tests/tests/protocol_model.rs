@@ -194,13 +194,18 @@ fn scenario(variant: Variant) {
     );
 }
 
+/// Seeds of the random schedules a broken variant must be caught within: fixed, so that
+/// whether shuttle finds the bug does not depend on the run (an unseeded search found the
+/// rarest one in most runs, not all).
+const SEEDS: std::ops::RangeInclusive<u64> = 1..=16;
+
 fn fails(variant: Variant) -> bool {
-    // Random, then PCT (which favours few preemptions at chosen points).
-    let r = std::panic::catch_unwind(|| shuttle::check_random(move || scenario(variant), 3000));
-    if r.is_err() {
-        return true;
-    }
-    std::panic::catch_unwind(|| shuttle::check_pct(move || scenario(variant), 3000, 3)).is_err()
+    SEEDS.into_iter().any(|seed| {
+        std::panic::catch_unwind(|| {
+            shuttle::check_random_with_seed(move || scenario(variant), seed, 3000)
+        })
+        .is_err()
+    })
 }
 
 #[test]
@@ -442,14 +447,12 @@ fn core_scenario(variant: CoreVariant, warm: bool) {
 
 fn core_fails(variant: CoreVariant) -> bool {
     [false, true].into_iter().any(|warm| {
-        std::panic::catch_unwind(|| {
-            shuttle::check_random(move || core_scenario(variant, warm), 3000)
-        })
-        .is_err()
-            || std::panic::catch_unwind(|| {
-                shuttle::check_pct(move || core_scenario(variant, warm), 3000, 3)
+        SEEDS.into_iter().any(|seed| {
+            std::panic::catch_unwind(|| {
+                shuttle::check_random_with_seed(move || core_scenario(variant, warm), seed, 3000)
             })
             .is_err()
+        })
     })
 }
 
