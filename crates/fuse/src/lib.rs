@@ -10,9 +10,13 @@
 //! - file data goes to the real file (FUSE passthrough when possible);
 //! - statistics are served on a unix socket ([`stats`]).
 //!
-//! Nodeids: root is 1; every other inode gets a fresh, never reused nodeid, keyed by
-//! `(dev, ino)` so all hard links share one ([`inodes`]). `st_ino` seen through the mount is
-//! the nodeid (fuser reports one number for both).
+//! Nodeids: root is 1; every other inode's nodeid is derived from its backend `(dev, ino)` (the
+//! backend's inode number on SRC's own device), so all hard links share one and `st_ino` seen
+//! through the mount is stable across FORGET and remounts; an inode number reused for a new
+//! file gets a new generation ([`inodes`]).
+//!
+//! Every action taken for a request runs with the requester's credentials on the inode the
+//! kernel named (`dircache_local::creds`, verified by `(dev, ino)`); see `docs/security.md`.
 
 mod beneath;
 pub mod creds;
