@@ -14,7 +14,7 @@
 //! Mutations carry the caller's [`Cred`]: a backend creates files owned by that caller and may
 //! enforce permissions as that caller (the local backend switches its thread's fsuid/fsgid).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use crate::{Attr, Cred, DirEntry, Error, RenameMode, Result, SetAttr, StatFs};
 
@@ -45,11 +45,14 @@ pub enum Change {
 /// The file an extended-attribute call is about: its backend path and, when the caller holds a
 /// particular file (a FUSE node stands for one inode), that file's `(dev, ino)`. A backend
 /// that can tell must fail with [`Error::Stale`] rather than act on another file the path
-/// names by now (renamed over from outside since the caller's lookup).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// names by now (renamed over from outside since the caller's lookup). `open`, when given, is
+/// an open descriptor of the file (one whose names are all gone: unlinked while open), used
+/// instead of `path`.
+#[derive(Debug, Clone, Copy)]
 pub struct XattrTarget<'a> {
     pub path: &'a [u8],
     pub expect: Option<(u64, u64)>,
+    pub open: Option<BorrowedFd<'a>>,
 }
 
 /// What backends without extended attributes answer (EOPNOTSUPP, as a file system without

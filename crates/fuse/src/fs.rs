@@ -174,6 +174,8 @@ struct XattrCall {
     backend: Arc<dyn Backend>,
     path: Vec<u8>,
     expect: Option<(u64, u64)>,
+    /// An open descriptor of the inode, for a file whose names are all gone.
+    open: Option<Arc<SharedFd>>,
 }
 
 impl XattrCall {
@@ -181,6 +183,7 @@ impl XattrCall {
         XattrTarget {
             path: &self.path,
             expect: self.expect,
+            open: self.open.as_ref().map(|f| f.as_fd()),
         }
     }
 }
@@ -531,12 +534,29 @@ impl DircacheFs {
     /// ESTALE (the kernel then looks the name up again), never another user's file.
     fn xattr_target(&self, ino: INodeNo) -> Result<XattrCall, Errno> {
         let node = self.node(ino)?;
+        let expect = self.inodes.locate(ino.0).map(|l| l.3);
         if node.is_dead() {
+            // A file unlinked while open: its open descriptor names it, as natively.
+            let open = self
+                .files
+                .lock()
+                .values()
+                .find(|f| f.nodeid == ino.0)
+                .map(|f| f.fd.clone());
+            if let Some(open) = open {
+                let backend = self.cache.node_backend(&node);
+                return Ok(XattrCall {
+                    node,
+                    backend,
+                    path: Vec::new(),
+                    expect,
+                    open: Some(open),
+                });
+            }
             // Its name is gone or names another inode (node() found no live alias): the
             // kernel looks the name up again on ESTALE.
             return Err(Errno::ESTALE);
         }
-        let expect = self.inodes.locate(ino.0).map(|l| l.3);
         let path = self.cache.node_path(&node).map_err(errno)?;
         let backend = self.cache.node_backend(&node);
         Ok(XattrCall {
@@ -544,6 +564,7 @@ impl DircacheFs {
             backend,
             path,
             expect,
+            open: None,
         })
     }
 

@@ -464,3 +464,41 @@ for base in (native, mnt):
         "mount (2nd line) differs from native: {out}"
     );
 }
+
+/// xattr calls on a file that is open but whose every name is gone (unlinked) work as
+/// natively, through its open descriptor (the kernel names the inode; there is no path).
+#[test]
+fn xattrs_of_an_unlinked_open_file_match_native() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let native = t.dir.path().join("native");
+    std::fs::create_dir(&native).expect("mkdir");
+    let script = r#"
+import os
+fd = os.open("f", os.O_CREAT | os.O_RDWR, 0o644)
+os.setxattr(fd, "user.before", b"1")
+os.unlink("f")
+out = []
+for what, call in [
+    ("set", lambda: os.setxattr(fd, "user.after", b"2")),
+    ("get", lambda: os.getxattr(fd, "user.before")),
+    ("list", lambda: sorted(os.listxattr(fd))),
+    ("remove", lambda: os.removexattr(fd, "user.before")),
+    ("list2", lambda: sorted(os.listxattr(fd))),
+]:
+    try:
+        out.append(f"{what} {call()}")
+    except OSError as e:
+        out.append(f"{what} errno {e.errno}")
+print("\n".join(out))
+"#;
+    let want = py(&native, script, None);
+    assert!(want.contains("get b'1'"), "native oracle: {want}");
+    let got = py(&t.mnt, script, None);
+    assert_eq!(
+        got, want,
+        "xattrs of an unlinked open file: mount vs native"
+    );
+}

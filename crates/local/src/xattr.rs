@@ -59,11 +59,15 @@ fn len_result(r: isize) -> Result<usize> {
 impl LocalBackend {
     /// Resolve `t` as the daemon and check it is the inode the caller holds.
     fn xattr_target(&self, t: XattrTarget<'_>) -> Result<Target> {
-        check_path(t.path)?;
         let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = if t.path.is_empty() {
+        let fd = if let Some(open) = t.open {
+            // The caller's open file itself (its names are gone): no path to resolve.
+            open.try_clone_to_owned().map_err(Error::from)?
+        } else if t.path.is_empty() {
+            check_path(t.path)?;
             rustix::fs::openat2(&self.root, c".", flags, Mode::empty(), RESOLVE).map_err(errno)?
         } else {
+            check_path(t.path)?;
             let (dir, name) = split(t.path)?;
             let d = self.dir(dir)?;
             rustix::fs::openat2(d.as_fd(), name, flags, Mode::empty(), RESOLVE).map_err(errno)?
@@ -216,6 +220,7 @@ mod tests {
         let t = XattrTarget {
             path: b"a",
             expect: Some((a.dev, a.ino)),
+            open: None,
         };
         b.setxattr(&me, t, b"user.k", b"first", 0).unwrap();
         assert_eq!(b.getxattr(&me, t, b"user.k").unwrap(), b"first");
@@ -234,6 +239,7 @@ mod tests {
         let fresh = XattrTarget {
             path: b"a",
             expect: None,
+            open: None,
         };
         assert_eq!(
             b.getxattr(&me, fresh, b"user.k"),
@@ -252,6 +258,7 @@ mod tests {
         let t = XattrTarget {
             path: b"f",
             expect: None,
+            open: None,
         };
         b.setxattr(&Cred::root(), t, b"trusted.t", b"1", 0).unwrap();
         b.setxattr(&Cred::root(), t, b"user.u", b"1", 0).unwrap();

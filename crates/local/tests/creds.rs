@@ -591,6 +591,7 @@ fn mutations_as_a_user_hold_no_capabilities() {
     let target = dircache_core::XattrTarget {
         path: b"prog",
         expect: None,
+        open: None,
     };
     let got = b.setxattr(
         &Cred::new(U, U, []),
