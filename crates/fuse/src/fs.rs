@@ -519,11 +519,10 @@ impl DircacheFs {
         let dirfd = self.src_fd.as_ref().ok_or(Errno::EIO)?;
         let p = self.cache.node_path(node).map_err(errno)?;
         let p: &[u8] = if p.is_empty() { b"." } else { &p };
-        crate::beneath::open_beneath(
+        dircache_local::open_beneath(
             dirfd.as_fd(),
             p,
             rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
         )
         .map_err(|e| Errno::from_i32(e.raw_os_error()))
     }
@@ -762,24 +761,7 @@ impl DircacheFs {
                 rustix::fs::fchmod(fd, rustix::fs::Mode::from_raw_mode(m & 0o7777)).map_err(e)?;
             }
             if set.atime.is_some() || set.mtime.is_some() {
-                let ts = |t: Option<TimeSet>| match t {
-                    None => rustix::fs::Timespec {
-                        tv_sec: 0,
-                        tv_nsec: rustix::fs::UTIME_OMIT,
-                    },
-                    Some(TimeSet::Now) => rustix::fs::Timespec {
-                        tv_sec: 0,
-                        tv_nsec: rustix::fs::UTIME_NOW,
-                    },
-                    Some(TimeSet::At(t)) => rustix::fs::Timespec {
-                        tv_sec: t.sec,
-                        tv_nsec: i64::from(t.nsec) as _,
-                    },
-                };
-                let times = rustix::fs::Timestamps {
-                    last_access: ts(set.atime),
-                    last_modification: ts(set.mtime),
-                };
+                let times = dircache_local::timestamps(set.atime, set.mtime);
                 rustix::fs::futimens(fd, &times).map_err(e)?;
             }
         }

@@ -18,7 +18,6 @@
 //! Every action taken for a request runs with the requester's credentials on the inode the
 //! kernel named (`dircache_local::creds`, verified by `(dev, ino)`); see `docs/security.md`.
 
-mod beneath;
 pub mod creds;
 pub mod fs;
 pub mod inodes;

@@ -282,6 +282,48 @@ fn chunk_ends(path: &[u8]) -> Vec<usize> {
     ends
 }
 
+/// Open `path` (a backend path: no `.`, `..` or empty components; "." for `base` itself)
+/// beneath the directory `base`, never following a symlink, with open(2) `flags`. A path
+/// longer than one syscall takes is resolved in the pieces [`chunk_ends`] cuts, each
+/// openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) from the previous
+/// piece's O_PATH descriptor. For front ends that need a descriptor of a node outside the
+/// backend's own calls (ioctls, fsyncdir); the backend itself also caches the pieces.
+pub fn open_beneath(
+    base: BorrowedFd<'_>,
+    path: &[u8],
+    flags: OFlags,
+) -> std::result::Result<OwnedFd, rustix::io::Errno> {
+    let ends = chunk_ends(path);
+    let mut cur: Option<OwnedFd> = None;
+    let mut begin = 0;
+    for (i, &end) in ends.iter().enumerate() {
+        let at = cur.as_ref().map_or(base, |f| f.as_fd());
+        let last = i + 1 == ends.len();
+        let fl = if last {
+            flags
+        } else {
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC
+        };
+        cur = Some(rustix::fs::openat2(
+            at,
+            &path[begin..end],
+            fl,
+            Mode::empty(),
+            RESOLVE,
+        )?);
+        begin = end + 1;
+    }
+    cur.ok_or(rustix::io::Errno::INVAL)
+}
+
+/// utimensat(2) timestamps for a setattr's atime and mtime (UTIME_OMIT when not set).
+pub fn timestamps(atime: Option<TimeSet>, mtime: Option<TimeSet>) -> rustix::fs::Timestamps {
+    rustix::fs::Timestamps {
+        last_access: timespec(atime),
+        last_modification: timespec(mtime),
+    }
+}
+
 /// Split a non-root path into (parent, name).
 fn split(path: &[u8]) -> Result<(&[u8], &[u8])> {
     check_path(path)?;
@@ -654,10 +696,7 @@ impl LocalBackend {
             rustix::fs::ftruncate(&f, size).map_err(errno)?;
         }
         if set.atime.is_some() || set.mtime.is_some() {
-            let times = rustix::fs::Timestamps {
-                last_access: timespec(set.atime),
-                last_modification: timespec(set.mtime),
-            };
+            let times = timestamps(set.atime, set.mtime);
             rustix::fs::utimensat(dfd, name, &times, AtFlags::SYMLINK_NOFOLLOW).map_err(errno)?;
         }
         Ok(())

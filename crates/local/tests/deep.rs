@@ -302,3 +302,26 @@ fn deep_swap_for_symlink_never_escapes() {
     assert_eq!(b.getattr(&etc).unwrap_err(), Error::Loop);
     assert_eq!(b.lookup(&etc, b"passwd").unwrap_err(), Error::Loop);
 }
+
+/// `open_beneath` (the front end's way to a node's descriptor) reaches the bottom of a chain
+/// 40 levels (~8 KiB) deep, the same inode as the kernel's, and follows no symlink there.
+#[test]
+fn open_beneath_any_depth_no_symlinks() {
+    let t = tempfile::tempdir().unwrap();
+    let (path, bottom) = chain(t.path(), 40);
+    assert!(path.len() > 4096);
+    let root = rustix::fs::open(t.path(), OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = dircache_local::open_beneath(root.as_fd(), &path, flags).expect("deep open");
+    let ino = |f: &OwnedFd| rustix::fs::fstat(f).unwrap().st_ino;
+    assert_eq!(ino(&fd), ino(&bottom));
+    assert!(dircache_local::open_beneath(root.as_fd(), b".", flags).is_ok());
+    // A symlink as the last piece of a deep path (to "/"): refused, not followed.
+    rustix::fs::symlinkat("/", &bottom, "up").unwrap();
+    let mut link = path.clone();
+    link.extend_from_slice(b"/up/etc");
+    assert_eq!(
+        dircache_local::open_beneath(root.as_fd(), &link, flags).map(|_| ()),
+        Err(rustix::io::Errno::LOOP)
+    );
+}
