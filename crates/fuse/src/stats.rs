@@ -207,30 +207,26 @@ pub fn rss_bytes() -> u64 {
     pages * u64::try_from(page).unwrap_or(4096)
 }
 
-/// Write one frame.
+/// The control protocol's errors as this crate's.
+fn proto_err(e: dircache_search::proto::ProtoError) -> Error {
+    use dircache_search::proto::ProtoError;
+    match e {
+        ProtoError::Io(e) => Error::Io(e),
+        ProtoError::TimedOut => Error::Io(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+        e => Error::Protocol(e.to_string()),
+    }
+}
+
+/// Write one frame (the framing of `dircache_search::proto`: one implementation for both).
 pub fn write_frame(w: &mut impl Write, v: &Value) -> Result<(), Error> {
-    let body = serde_json::to_vec(v).map_err(|e| Error::Protocol(e.to_string()))?;
-    let len = u32::try_from(body.len()).map_err(|_| Error::Protocol("frame too large".into()))?;
-    w.write_all(&len.to_be_bytes())?;
-    w.write_all(&body)?;
+    dircache_search::proto::write_frame(w, v).map_err(proto_err)?;
     w.flush()?;
     Ok(())
 }
 
 /// Read one frame of at most `max` bytes, incrementally; `None` at a clean end of stream.
 pub fn read_frame_max(r: &mut impl Read, max: usize) -> Result<Option<Value>, Error> {
-    use dircache_search::proto::{read_frame_bytes, ProtoError};
-    match read_frame_bytes(r, max) {
-        Ok(Some(body)) => serde_json::from_slice(&body)
-            .map(Some)
-            .map_err(|e| Error::Protocol(e.to_string())),
-        Ok(None) => Ok(None),
-        Err(ProtoError::Io(e)) => Err(Error::Io(e)),
-        Err(ProtoError::TimedOut) => Err(Error::Io(std::io::Error::from(
-            std::io::ErrorKind::TimedOut,
-        ))),
-        Err(e) => Err(Error::Protocol(e.to_string())),
-    }
+    dircache_search::proto::read_frame_limited(r, max).map_err(proto_err)
 }
 
 /// Read one frame (at most [`MAX_FRAME`] bytes); `None` at a clean end of stream.
