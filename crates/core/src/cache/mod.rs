@@ -1,18 +1,34 @@
-//! The cache proper: public API here, machinery in the submodules.
+//! The cache proper: public API here, machinery in the submodules, one idea per file.
 //!
-//! - [`dentry`]: the nodes and their locks;
-//! - [`fast`]: signatures, the direct-lookup table and the prefix-check cache;
-//! - [`walk`]: the fast path and the component-at-a-time slow path;
-//! - [`mutate`]: mutations that keep the cache coherent;
-//! - [`coherence`]: version bumps, kills, eviction, readdir/completeness, outside changes.
+//! - [`dentry`]: the nodes, their children maps and attribute seqlock;
+//! - [`path`]: path syntax (validation, splitting, lexical normalization);
+//! - [`dlht`]: signatures and the direct-lookup hash table (SOSP'15 §3.1);
+//! - [`pcc`]: the per-credential prefix-check cache and credential interning (§3.1);
+//! - [`walk`]: the fast path (one DLHT + one PCC probe), the slow path (component at a time),
+//!   publishing slow-path results, and the per-component backend fills;
+//! - [`invalidate`]: invalidation windows, subtree version bumps, kills (§3.2);
+//! - [`evict`]: counting dentries, CLOCK eviction of leaves, lazy DLHT sweeps;
+//! - [`listing`]: readdir and directory completeness (§5.1);
+//! - [`negative`]: negative and deep negative entries (§5.2);
+//! - [`outside`]: changes made behind the cache's back, and revival of moved directories;
+//! - [`hardlinks`]: attributes shared by the cached names of one inode;
+//! - [`mounts`]: mounts, bind mounts and namespaces (§4.3);
+//! - [`mutate`]: mutations that keep the cache coherent.
 //!
-//! The invariants are written down in `docs/core.md`.
+//! The invariants are written down in `docs/core.md`, which maps each paper section to its file.
 
-mod coherence;
 mod dentry;
-mod fast;
+mod dlht;
+mod evict;
+mod hardlinks;
+mod invalidate;
+mod listing;
+mod mounts;
 mod mutate;
+mod negative;
+mod outside;
 mod path;
+mod pcc;
 mod walk;
 
 use std::collections::VecDeque;
@@ -23,7 +39,11 @@ use parking_lot::{Mutex, RwLock};
 use siphasher::sip128::SipHasher13;
 
 pub use dentry::Dentry;
-use fast::{new_dlht, Dlht, Pcc, SigKey};
+use hardlinks::HardLinks;
+pub(crate) use mounts::Mount;
+pub use mounts::{MountOptions, MountSource, Namespace};
+pub(crate) use pcc::CredState;
+pub use pcc::Creds;
 
 use crate::stats::Stats;
 use crate::{
@@ -98,31 +118,9 @@ impl Dentry {
     }
 }
 
-/// Cached names of multiply linked inodes, by (dev, ino).
-pub(crate) type HardLinks = hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>;
-
 /// A file system instance: one backend.
 pub(crate) struct Super {
     pub(crate) backend: Arc<dyn Backend>,
-}
-
-/// Per-credential state: the credential and its prefix-check cache.
-pub(crate) struct CredState {
-    pub(crate) cred: Cred,
-    /// Whether the cache applies its access policy (false: the caller checked already).
-    pub(crate) check: bool,
-    pub(crate) pcc: Pcc,
-}
-
-/// Interned credentials with their prefix-check cache. Cheap to clone; equal credentials
-/// share one state.
-#[derive(Clone)]
-pub struct Creds(pub(crate) Arc<CredState>);
-
-impl Creds {
-    pub fn cred(&self) -> &Cred {
-        &self.0.cred
-    }
 }
 
 /// An open directory: the start of relative lookups, like a working directory or an `O_PATH`
@@ -165,54 +163,6 @@ pub enum At<'a> {
     Root,
     /// An open directory (and its namespace).
     Dir(&'a DirHandle),
-}
-
-/// A mount: a file system (or a bound directory) attached at a mount point.
-pub(crate) struct Mount {
-    pub(crate) root: NodeRef,
-    /// The mount and dentry this mount covers; `None` for a namespace root.
-    pub(crate) parent: Option<(Arc<Mount>, NodeRef)>,
-    pub(crate) opts: MountOptions,
-}
-
-/// A mount namespace: a mount table and its own direct-lookup table.
-pub struct Namespace {
-    pub(crate) base: SipHasher13,
-    pub(crate) dlht: Dlht,
-    pub(crate) root: Arc<Mount>,
-    /// Mount point dentry id -> what is mounted there.
-    pub(crate) mounts: RwLock<hashbrown::HashMap<u64, Arc<Mount>>>,
-}
-
-impl Namespace {
-    fn new(root: Arc<Mount>, mounts: hashbrown::HashMap<u64, Arc<Mount>>) -> Namespace {
-        let key = SigKey::random();
-        Namespace {
-            base: key.hasher(),
-            dlht: new_dlht(),
-            root,
-            mounts: RwLock::new(mounts),
-        }
-    }
-}
-
-/// Per-mount options (§4.3).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MountOptions {
-    /// Mutations fail with EROFS.
-    pub read_only: bool,
-    /// Set-user-id and set-group-id bits are ignored (reported by [`Cache::mount_options`]).
-    pub nosuid: bool,
-    /// Files may not be executed: access(X_OK) on non-directories fails with EACCES.
-    pub noexec: bool,
-}
-
-/// What to mount.
-pub enum MountSource {
-    /// A new file system served by another backend.
-    Backend(Arc<dyn Backend>),
-    /// A bind mount: an existing directory of the same namespace, by absolute path.
-    Bind(Vec<u8>),
 }
 
 /// One entry the cache dropped because of a change learned from outside, for front ends that
@@ -343,25 +293,6 @@ impl Cache {
     /// to the backend so files are created as the caller.
     pub fn kernel_checked(&self, cred: Cred) -> Creds {
         self.intern(cred, false)
-    }
-
-    fn intern(&self, cred: Cred, check: bool) -> Creds {
-        let mut m = self.creds.lock();
-        let key = (cred, check);
-        if let Some(s) = m.get(&key).and_then(Weak::upgrade) {
-            return Creds(s);
-        }
-        if m.len() > 1024 {
-            m.retain(|_, w| w.strong_count() > 0);
-        }
-        let pcc = Pcc::new(if check { self.config.pcc_slots } else { 2 });
-        let s = Arc::new(CredState {
-            cred: key.0.clone(),
-            check,
-            pcc,
-        });
-        m.insert(key, Arc::downgrade(&s));
-        Creds(s)
     }
 
     // ------------------------------------------------------------------------------------
@@ -693,7 +624,7 @@ impl Cache {
             .sum();
         // Dentry + link + attr + a children-map slot, and a DLHT entry each.
         let per_dentry = std::mem::size_of::<Dentry>() as u64 + 16 + 48 + 128 + 32;
-        let per_fast = std::mem::size_of::<fast::FastEntry>() as u64 + 32;
+        let per_fast = std::mem::size_of::<dlht::FastEntry>() as u64 + 32;
         s.bytes = s.entries * per_dentry + fast * per_fast + pcc as u64;
         s
     }
@@ -708,7 +639,7 @@ mod size_tests {
         assert!(std::mem::size_of::<super::Dentry>() <= 184);
         assert!(std::mem::size_of::<super::dentry::Link>() <= 24);
         assert!(std::mem::size_of::<super::dentry::Inner>() <= 16);
-        assert!(std::mem::size_of::<super::fast::FastEntry>() <= 48);
+        assert!(std::mem::size_of::<super::dlht::FastEntry>() <= 48);
         assert!(std::mem::size_of::<super::NodeKind>() <= 8);
     }
 }

@@ -8,16 +8,14 @@ use std::sync::Arc;
 
 use siphasher::sip128::SipHasher13;
 
-use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN, MOUNTED};
-use super::fast::{finish, sig_of, EntryExtra, FastEntry, Seen, FOLLOW_MARK};
+use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN};
+use super::dlht::{finish, norm_lex, raw_key, sig_of, EntryExtra, FastEntry, Seen, FOLLOW_MARK};
+use super::invalidate::RETRIES;
 use super::path::{self, check_path};
 use super::{
     At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
 };
 use crate::{Attr, DotDot, Error, FileType, LookupFlags, Result, MAX_SYMLINKS, NAME_MAX, X_OK};
-
-/// How often a backend question is asked again when a rename overlapped it.
-const RETRIES: u32 = 100;
 
 /// Where a walk starts.
 pub(crate) struct Start<'a> {
@@ -91,18 +89,6 @@ fn next_component(stack: &mut Vec<(Cow<'_, [u8]>, usize)>) -> Next {
 }
 
 impl Cache {
-    /// The invalidation counter if no window is open, read before computing a backend path.
-    pub(crate) fn quiet(&self) -> Option<u64> {
-        let e0 = self.inval_end.load(Ordering::SeqCst);
-        let s0 = self.inval_start.load(Ordering::SeqCst);
-        (s0 == e0).then_some(s0)
-    }
-
-    /// Whether no window opened since [`Cache::quiet`]: a backend path computed then was right.
-    pub(crate) fn still_quiet(&self, q: Option<u64>) -> bool {
-        q.is_some_and(|s0| self.inval_start.load(Ordering::SeqCst) == s0)
-    }
-
     pub(crate) fn start<'a>(&'a self, at: At<'a>) -> Start<'a> {
         match at {
             At::Root => Start {
@@ -538,57 +524,6 @@ impl Cache {
         Ok(w)
     }
 
-    /// `..` of (mnt, cur): the parent, climbing out of mounts; the namespace root is its own
-    /// parent.
-    pub(crate) fn dotdot(
-        &self,
-        ns: &Namespace,
-        mnt: &Arc<Mount>,
-        cur: &NodeRef,
-    ) -> (Arc<Mount>, NodeRef) {
-        let mut mnt = mnt.clone();
-        let mut cur = cur.clone();
-        loop {
-            if Arc::ptr_eq(&cur, &mnt.root) {
-                match &mnt.parent {
-                    Some((pm, mp)) if !Arc::ptr_eq(&mnt, &ns.root) => {
-                        let (pm, mp) = (pm.clone(), mp.clone());
-                        mnt = pm;
-                        cur = mp;
-                        continue;
-                    }
-                    _ => return (mnt, cur),
-                }
-            }
-            return match cur.parent_ref() {
-                Some(p) => (mnt, p),
-                None => (mnt.clone(), cur),
-            };
-        }
-    }
-
-    /// Follow mounts stacked on `node` in `ns`.
-    pub(crate) fn cross(
-        &self,
-        ns: &Namespace,
-        mnt: &Arc<Mount>,
-        node: NodeRef,
-    ) -> (Arc<Mount>, NodeRef) {
-        let mut mnt = mnt.clone();
-        let mut node = node;
-        while node.has(MOUNTED) {
-            let m = ns.mounts.read().get(&node.id).cloned();
-            match m {
-                Some(m) => {
-                    node = m.root.clone();
-                    mnt = m;
-                }
-                None => break,
-            }
-        }
-        (mnt, node)
-    }
-
     /// Publish a slow-path result in the DLHT and this credential's PCC, then undo it if an
     /// invalidation started meanwhile (SOSP'15 §3.2's global counter protocol).
     fn publish(&self, cs: &CredState, st: &Start<'_>, path: &[u8], w: &Walk, s0: u64) {
@@ -878,79 +813,6 @@ impl Cache {
         node
     }
 
-    /// A directory that vanished behind the cache's back and turned up again as `dir/name`
-    /// (same dev and inode): bring the same dentry back, relinked, with a new version.
-    fn revive(&self, dir: &NodeRef, name: &[u8], a: &Attr) -> Option<NodeRef> {
-        let mut d = self.detached.lock();
-        if d.is_empty() {
-            return None;
-        }
-        let i = d
-            .iter()
-            .position(|(dev, ino, _)| (*dev == a.dev || *dev == 0) && *ino == a.ino)?;
-        let (_, _, node) = d.remove(i)?;
-        if !node.has(DEAD) || !Arc::ptr_eq(&node.sb, &dir.sb) {
-            return None;
-        }
-        node.link.store(Arc::new(super::dentry::Link {
-            parent: Some(Arc::downgrade(dir)),
-            name: name.into(),
-        }));
-        node.set_attr(Some(*a));
-        node.clear(COMPLETE);
-        node.version
-            .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
-        node.clear(DEAD);
-        Some(node)
-    }
-
-    /// After `dir` was revived: bring back the directories that were cached below it when it
-    /// vanished and are still there (same name and inode), so handles on them work again.
-    fn revive_below(&self, dir: &NodeRef) {
-        let below: Vec<NodeRef> = {
-            let d = self.detached.lock();
-            d.iter()
-                .map(|(_, _, n)| n.clone())
-                .filter(|n| {
-                    n.has(DEAD)
-                        && n.link
-                            .load()
-                            .parent
-                            .as_ref()
-                            .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(dir)))
-                })
-                .collect()
-        };
-        for n in below {
-            let name = n.name();
-            let Ok(dpath) = self.path_of(dir) else {
-                return;
-            };
-            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
-            self.stats.backend.lookup.inc();
-            if let Ok(a) = dir.sb.backend.lookup(&dpath, &name) {
-                if a.is_dir() && a.ino == n.attr.ino() {
-                    let kind = NodeKind::Positive(FileType::Directory);
-                    self.insert_child(dir, &name, gen0, ver0, kind, Some(a));
-                }
-            }
-        }
-    }
-
-    /// A negative child of `dir` (deep negatives under negatives and non-directories, or a
-    /// miss in a complete directory).
-    pub(crate) fn negative_child(&self, dir: &NodeRef, name: &[u8], err: Error) -> NodeRef {
-        let gen0 = dir.inner.read().gen;
-        self.insert_child(
-            dir,
-            name,
-            gen0,
-            dir.version(),
-            NodeKind::Negative(err),
-            None,
-        )
-    }
-
     pub(crate) fn new_dentry(
         &self,
         parent: &NodeRef,
@@ -1195,42 +1057,4 @@ impl Cache {
         }
         Ok((node, opts))
     }
-}
-
-/// The fast path's key for a path without `..`: its bytes as given, after the handle's
-/// lexical path (or alone for an absolute path, leading slashes dropped).
-fn raw_key(lex: &[u8], path: &[u8]) -> Vec<u8> {
-    if path.first() == Some(&b'/') {
-        let i = path.iter().position(|&b| b != b'/').unwrap_or(path.len());
-        return path[i..].to_vec();
-    }
-    let mut out = Vec::with_capacity(lex.len() + 1 + path.len());
-    out.extend_from_slice(lex);
-    if !lex.is_empty() {
-        out.push(b'/');
-    }
-    out.extend_from_slice(path);
-    out
-}
-
-/// `lex` joined with the lexical form of `path` (no `.`, no empty components; `..` kept).
-fn norm_lex(lex: &[u8], path: &[u8]) -> Vec<u8> {
-    let abs = path.first() == Some(&b'/');
-    let mut out: Vec<u8> = if abs { Vec::new() } else { lex.to_vec() };
-    for c in path::components(path) {
-        match c {
-            b"." => {}
-            b".." => match out.iter().rposition(|&b| b == b'/') {
-                Some(i) => out.truncate(i),
-                None => out.clear(),
-            },
-            c => {
-                if !out.is_empty() {
-                    out.push(b'/');
-                }
-                out.extend_from_slice(c);
-            }
-        }
-    }
-    out
 }
