@@ -32,26 +32,14 @@ impl Cache {
                 return Ok(out);
             }
         }
-        let mut tries = 0;
-        loop {
+        let (r, gen0, ver0) = self.by_path(node, |p| {
             let (gen0, ver0) = (node.inner.read().gen, node.version());
-            let q = self.quiet();
-            let p = self.path_of(node)?;
             self.stats.backend.readdir.inc();
-            let entries = node.sb.backend.readdir(&p, want_attrs)?;
-            // As in `child`: a rename overlapping the listing may have made `p` another
-            // directory's path.
-            if !self.still_quiet(q) {
-                if tries < 100 {
-                    tries += 1;
-                    std::thread::yield_now();
-                    continue;
-                }
-                return Ok(entries);
-            }
-            self.merge_listing(node, &entries, gen0, ver0);
-            return Ok(entries);
-        }
+            (node.sb.backend.readdir(p, want_attrs), gen0, ver0)
+        })?;
+        let entries = r?;
+        self.merge_listing(node, &entries, gen0, ver0);
+        Ok(entries)
     }
 
     /// The listing from the cache, or `None` if attributes were wanted and some are missing.

@@ -31,6 +31,9 @@ mod path;
 mod pcc;
 mod walk;
 
+#[cfg(test)]
+mod race_tests;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -193,8 +196,13 @@ pub struct Cache {
     pub(crate) inval_start: AtomicU64,
     pub(crate) inval_end: AtomicU64,
     /// Renames take this exclusively, other mutations shared: a mutation's backend paths
-    /// cannot be changed under it by a rename of an ancestor. Lookups never take it.
+    /// cannot be changed under it by a rename of an ancestor. Lookups take it (shared) only
+    /// as `by_path`'s fallback, after renames raced their backend call a few times.
     pub(crate) tree_lock: RwLock<()>,
+    /// Rename sequence count (Linux's `rename_lock` seqcount): odd while a rename through the
+    /// cache is changing backend paths (from before the backend renames until the links are
+    /// updated). Changed only under `tree_lock.write()`. See `Cache::by_path`.
+    pub(crate) rename_seq: AtomicU64,
     pub(crate) creds: Mutex<hashbrown::HashMap<(Cred, bool), Weak<CredState>>>,
     pub(crate) stats: Stats,
     pub(crate) entries: AtomicU64,
@@ -254,6 +262,7 @@ impl Cache {
             inval_start: AtomicU64::new(0),
             inval_end: AtomicU64::new(0),
             tree_lock: RwLock::new(()),
+            rename_seq: AtomicU64::new(0),
             creds: Mutex::new(Default::default()),
             stats: Stats::default(),
             entries: AtomicU64::new(1),

@@ -242,14 +242,14 @@ impl Cache {
         if ino == 0 {
             return false;
         }
-        let Ok(dir) = self.path_of(parent) else {
-            return false;
-        };
-        self.stats.backend.lookup.inc();
         let dev = node.attr.dev();
-        match parent.sb.backend.lookup(&dir, name) {
+        let r = self.by_path(parent, |dir| {
+            self.stats.backend.lookup.inc();
+            parent.sb.backend.lookup(dir, name)
+        });
+        match r {
             // Same inode number on another device: a file system was mounted over the name.
-            Ok(a) if a.ino == ino && a.kind() == kind && (dev == 0 || a.dev == dev) => {
+            Ok(Ok(a)) if a.ino == ino && a.kind() == kind && (dev == 0 || a.dev == dev) => {
                 node.set_attr(Some(a));
                 true
             }
@@ -259,11 +259,11 @@ impl Cache {
 
     /// Whether `parent/name` is still missing in the backend.
     fn still_missing(&self, parent: &NodeRef, name: &[u8]) -> bool {
-        let Ok(dir) = self.path_of(parent) else {
-            return false;
-        };
-        self.stats.backend.lookup.inc();
-        matches!(parent.sb.backend.lookup(&dir, name), Err(Error::NotFound))
+        let r = self.by_path(parent, |dir| {
+            self.stats.backend.lookup.inc();
+            parent.sb.backend.lookup(dir, name)
+        });
+        matches!(r, Ok(Err(Error::NotFound)))
     }
 
     /// The walk to a changed path's directory failed: drop the first cached negative on the
@@ -334,12 +334,14 @@ impl Cache {
         };
         for n in below {
             let name = n.name();
-            let Ok(dpath) = self.path_of(dir) else {
+            let Ok((r, gen0, ver0)) = self.by_path(dir, |dpath| {
+                let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+                self.stats.backend.lookup.inc();
+                (dir.sb.backend.lookup(dpath, &name), gen0, ver0)
+            }) else {
                 return;
             };
-            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
-            self.stats.backend.lookup.inc();
-            if let Ok(a) = dir.sb.backend.lookup(&dpath, &name) {
+            if let Ok(a) = r {
                 if a.is_dir() && a.ino == n.attr.ino() {
                     let kind = NodeKind::Positive(FileType::Directory);
                     self.insert_child(dir, &name, gen0, ver0, kind, Some(a));

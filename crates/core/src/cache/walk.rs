@@ -10,7 +10,6 @@ use siphasher::sip128::SipHasher13;
 
 use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN};
 use super::dlht::{finish, norm_lex, raw_key, sig_of, EntryExtra, FastEntry, Seen, FOLLOW_MARK};
-use super::invalidate::RETRIES;
 use super::path::{self, check_path};
 use super::{
     At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
@@ -681,40 +680,29 @@ impl Cache {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let mut tries = 0;
-        loop {
-            let (gen0, ver0) = {
-                let inner = dir.inner.read();
-                if let Some(c) = inner.child(name) {
-                    c.touch();
-                    return Ok(c.clone());
-                }
-                if self.config.completeness && dir.has(COMPLETE) {
-                    drop(inner);
-                    return Ok(self.negative_child(dir, name, Error::NotFound));
-                }
-                (inner.gen, dir.version())
-            };
-            *missed = true;
-            let q = self.quiet();
-            let dpath = self.path_of(dir)?;
-            self.stats.backend.lookup.inc();
-            let r = dir.sb.backend.lookup(&dpath, name);
-            // A rename elsewhere may have moved a directory on `dpath` between computing it
-            // and asking: then the answer may be another directory's. Ask again.
-            let quiet = self.still_quiet(q);
-            if !quiet && tries < RETRIES {
-                tries += 1;
-                std::thread::yield_now();
-                continue;
+        {
+            let inner = dir.inner.read();
+            if let Some(c) = inner.child(name) {
+                c.touch();
+                return Ok(c.clone());
             }
-            let kind = match r {
-                Ok(a) => (NodeKind::Positive(a.kind()), Some(a)),
-                Err(Error::NotFound) => (NodeKind::Negative(Error::NotFound), None),
-                Err(e) => return Err(e),
-            };
-            return Ok(self.insert_child_if(dir, name, gen0, ver0, kind.0, kind.1, quiet));
+            if self.config.completeness && dir.has(COMPLETE) {
+                drop(inner);
+                return Ok(self.negative_child(dir, name, Error::NotFound));
+            }
         }
+        *missed = true;
+        let (r, gen0, ver0) = self.by_path(dir, |dpath| {
+            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+            self.stats.backend.lookup.inc();
+            (dir.sb.backend.lookup(dpath, name), gen0, ver0)
+        })?;
+        let (kind, attr) = match r {
+            Ok(a) => (NodeKind::Positive(a.kind()), Some(a)),
+            Err(Error::NotFound) => (NodeKind::Negative(Error::NotFound), None),
+            Err(e) => return Err(e),
+        };
+        Ok(self.insert_child(dir, name, gen0, ver0, kind, attr))
     }
 
     /// `child` with the search-permission check on `dir` and `.`/`..` handling, for the node
@@ -760,21 +748,6 @@ impl Cache {
         kind: NodeKind,
         attr: Option<Attr>,
     ) -> NodeRef {
-        self.insert_child_if(dir, name, gen0, ver0, kind, attr, true)
-    }
-
-    /// [`Cache::insert_child`], caching only if `quiet` (no rename overlapped the question).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn insert_child_if(
-        &self,
-        dir: &NodeRef,
-        name: &[u8],
-        gen0: u64,
-        ver0: u64,
-        kind: NodeKind,
-        attr: Option<Attr>,
-        quiet: bool,
-    ) -> NodeRef {
         let cacheable = match kind {
             NodeKind::Negative(_) => self.config.negatives,
             NodeKind::Positive(_) => true,
@@ -783,7 +756,7 @@ impl Cache {
         if let Some(c) = inner.child(name) {
             return c.clone();
         }
-        let fresh = quiet && inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
+        let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
         let revived = match (kind, attr) {
             (NodeKind::Positive(FileType::Directory), Some(a)) if fresh => {
                 self.revive(dir, name, &a)
@@ -856,30 +829,21 @@ impl Cache {
             return node.attr.load_last().ok_or(Error::NotFound);
         }
         *missed = true;
-        let mut tries = 0;
-        loop {
-            let v0 = node.version();
-            let q = self.quiet();
-            let p = self.path_of(node)?;
+        let (r, v0, s0) = self.by_path(node, |p| {
+            // What the answer will be checked against before it is cached: a change of the
+            // node's attributes (or an invalidation of it) during the call makes it older.
+            let (v0, s0) = (node.version(), node.attr.stamp());
             self.stats.backend.getattr.inc();
-            let a = node.sb.backend.getattr(&p)?;
-            let quiet = self.still_quiet(q);
-            if !quiet && tries < RETRIES {
-                tries += 1;
-                std::thread::yield_now();
-                continue;
-            }
-            if !quiet {
-                return Ok(a);
-            }
-            if node.version() == v0 {
-                if node.file_type() == Some(a.kind()) {
-                    node.set_attr(Some(a));
-                    self.note_links(node, &a);
-                }
-                return Ok(a);
-            }
+            (node.sb.backend.getattr(p), v0, s0)
+        })?;
+        let a = r?;
+        if node.version() == v0
+            && node.file_type() == Some(a.kind())
+            && node.attr.store_if_unchanged(s0, &a)
+        {
+            self.note_links(node, &a);
         }
+        Ok(a)
     }
 
     /// The backend path of a dentry.
@@ -927,23 +891,13 @@ impl Cache {
             return Ok(t.to_vec());
         }
         *missed = true;
-        let mut tries = 0;
-        loop {
-            let q = self.quiet();
-            let p = self.path_of(node)?;
+        let t = self.by_path(node, |p| {
             self.stats.backend.readlink.inc();
-            let t = node.sb.backend.readlink(&p)?;
-            let quiet = self.still_quiet(q);
-            if !quiet && tries < RETRIES {
-                tries += 1;
-                std::thread::yield_now();
-                continue;
-            }
-            if quiet {
-                node.inner.write().set_target(&t);
-            }
-            return Ok(t);
-        }
+            node.sb.backend.readlink(p)
+        })??;
+        // A symlink's target never changes (a new link is a new dentry).
+        node.inner.write().set_target(&t);
+        Ok(t)
     }
 
     pub(crate) fn open_dir_handle(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<DirHandle> {
