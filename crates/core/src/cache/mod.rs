@@ -16,6 +16,39 @@
 //! - [`mutate`]: mutations that keep the cache coherent.
 //!
 //! The invariants are written down in `docs/core.md`, which maps each paper section to its file.
+//!
+//! # Lock order
+//!
+//! A lock may be taken while holding the locks above it in this list (indentation: nested
+//! inside), never the other way round. Locks at the same level are never held together.
+//!
+//! ```text
+//! Cache::tree_lock        RwLock<()>: mutations shared, rename exclusive (mutate.rs);
+//!                           shared by `by_path`'s fallback (invalidate.rs), holding nothing
+//!   Cache::lru            Mutex: account_new; evict (try_lock) (evict.rs)
+//!     Dentry::inner       RwLock, per dentry. Two at once only in rename, lower dentry id
+//!                           first; otherwise one at a time (a child's is released before
+//!                           its parent's is taken: insert_child, bump_subtree, kill)
+//!       Cache::hardlinks  Mutex: new_dentry -> note_links under a parent's inner (hardlinks.rs)
+//!       Cache::detached   Mutex: revive under the parent's inner (outside.rs)
+//!         AttrCell        per-dentry seqlock: writers spin for 12 stores, nothing inside
+//!                           (set_attr under hardlinks, detached, inner)
+//!   Cache::namespaces     Mutex: bump_subtree (following mounts), sweep_dlht, stats
+//!     Namespace::mounts   RwLock: mount tables (mounts.rs)
+//! Cache::creds            Mutex: credential interning (pcc.rs); nothing inside
+//! ```
+//!
+//! Not locks, never waited on by readers: `Dentry::link` (arc-swap), the DLHT (papaya,
+//! epoch guards), PCC slots, versions, flags, pins and the invalidation counters (atomics).
+//! `Cache::rename_seq` is a seqcount: its write side is taken only under `tree_lock.write()`
+//! and readers never wait on it (they retry, then take `tree_lock` shared).
+//!
+//! **Backend calls** are made holding only `tree_lock` (a mutation holds it shared for its
+//! whole duration, a rename exclusively; `by_path`'s fallback holds it shared for one call)
+//! and, in a rename, the write side of `rename_seq`. No other lock above is ever held across
+//! a backend call, and no path-based backend call (`by_path`) is made while `rename_seq` is
+//! odd in the same thread. Dropping a dentry takes no lock (`Drop for Dentry` uses
+//! `get_mut`), so dropping the last reference under any of these locks is safe.
 
 mod dentry;
 mod dlht;
