@@ -9,6 +9,8 @@
 //!
 //! See `docs/core.md` in the repository for the invariants and the code paths that keep them.
 
+#![forbid(unsafe_code)]
+
 mod backend;
 mod cache;
 mod config;

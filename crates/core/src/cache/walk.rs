@@ -621,6 +621,10 @@ impl Cache {
         if !seen.valid() {
             return None;
         }
+        if !deps.is_empty() && !self.config.symlink_aliases {
+            // A path through a symlink is an alias (§4.2): switched off, it takes the slow path.
+            return None;
+        }
         let mut h = ns.base;
         h.write(full);
         if follow_key {
