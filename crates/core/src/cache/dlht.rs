@@ -135,7 +135,8 @@ pub(crate) struct EntryExtra {
     pub(crate) deps: Box<[Seen]>,
     /// Options of the mount the entry lies in, when not the defaults.
     pub(crate) mount: MountOptions,
-    /// The full lexical path, kept only when `Config::verify_path` is on.
+    /// The path key that was hashed (`raw_key` or `norm_lex`), kept only when
+    /// `Config::verify_path` is on.
     pub(crate) path: Option<Box<[u8]>>,
 }
 
