@@ -15,6 +15,8 @@
 //!   With a bounded retry loop that then returns its last answer unchecked, this fails.
 //! * `unrelated_window_does_not_retry`: a chmod of an unrelated directory (an invalidation
 //!   window, no rename) during the call must not make the cache ask again.
+//! * `rename_seq_is_odd_around_the_backend_rename`: the write side of the rename sequence
+//!   count covers the backend's rename (where backend paths start to differ from the links).
 //! * `setattr_during_getattr_caches_nothing_stale`: a chmod of the same file through the cache
 //!   lands between the backend's getattr answer and the cache storing it: the older answer
 //!   must not overwrite the newer attributes.
@@ -37,6 +39,7 @@ enum Op {
     Getattr,
     Readlink,
     Readdir,
+    Rename,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -82,7 +85,8 @@ impl Racing {
                         self.calls.fetch_add(1, Ordering::SeqCst);
                     }
                     // Holding `tree_lock` excludes renames: a rename started now would wait.
-                    if a.when != when || a.left == 0 || cache.tree_lock.is_locked() {
+                    let excluded = op != Op::Rename && cache.tree_lock.is_locked();
+                    if a.when != when || a.left == 0 || excluded {
                         return;
                     }
                     a.left -= 1;
@@ -145,7 +149,10 @@ impl Backend for Racing {
         self.inner.rmdir(cred, path)
     }
     fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
-        self.inner.rename(cred, old, new, mode)
+        self.maybe(Op::Rename, When::Before);
+        let r = self.inner.rename(cred, old, new, mode);
+        self.maybe(Op::Rename, When::After);
+        r
     }
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
         self.inner.setattr(cred, path, set)
@@ -431,4 +438,39 @@ fn setattr_during_getattr_caches_nothing_stale() {
         0o600,
         "the pre-chmod attributes were cached over the chmod's"
     );
+}
+
+/// From before the backend renames until after it did, `rename_seq` is odd: a backend call by
+/// path overlapping any part of it is asked again. (Moving `rename_begin` after the backend
+/// call, or dropping it before the links are updated, leaves a gap in which a lookup computes
+/// a path from the old links and gets the answer for the new occupant of that path.)
+#[test]
+fn rename_seq_is_odd_around_the_backend_rename() {
+    for when in [When::Before, When::After] {
+        let (be, cache) = setup();
+        let seen = Arc::new(AtomicU32::new(u32::MAX));
+        let s2 = seen.clone();
+        let probe: Race = Box::new(move |c: &Arc<Cache>| {
+            s2.store(
+                (c.rename_seq.load(Ordering::SeqCst) & 1) as u32,
+                Ordering::SeqCst,
+            );
+        });
+        let before = cache.rename_seq.load(Ordering::SeqCst);
+        arm(&be, Op::Rename, when, ONCE, probe);
+        swap()(&cache);
+        disarm(&be);
+        assert_eq!(be.fired.load(Ordering::SeqCst), 1, "the probe never ran");
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            1,
+            "rename_seq even {when:?} the backend rename"
+        );
+        let after = cache.rename_seq.load(Ordering::SeqCst);
+        assert_eq!(
+            after,
+            before + 2,
+            "rename_seq not even again after the rename"
+        );
+    }
 }
