@@ -114,11 +114,21 @@ impl Cache {
             NodeKind::Negative(_) => return self.drop_negative_chain(&parent),
             NodeKind::Positive(_) => return Vec::new(),
         }
-        let node = parent.inner.read().child(last).cloned();
+        let node = {
+            let mut pi = parent.inner.write();
+            let node = pi.child(last).cloned();
+            if node.is_none() {
+                // Not cached: a lookup of the name may be holding the backend's answer from
+                // before the change. Bumping `gen` in the same critical section as finding
+                // the name absent keeps that answer out of the map (`insert_child`), also for
+                // an attribute-only change.
+                pi.gen += 1;
+            }
+            node
+        };
         let Some(node) = node else {
             if !attr_only {
                 // Not cached, but the parent's listing (and attributes) changed.
-                parent.inner.write().gen += 1;
                 parent.clear(COMPLETE);
                 parent.set_attr(None);
                 if !self.detached.lock().is_empty() {

@@ -17,6 +17,9 @@
 //!   window, no rename) during the call must not make the cache ask again.
 //! * `rename_seq_is_odd_around_the_backend_rename`: the write side of the rename sequence
 //!   count covers the backend's rename (where backend paths start to differ from the links).
+//! * `outside_attr_change_during_lookup_caches_nothing_stale`: a chmod behind the cache's back,
+//!   reported with `apply_change(Change::Attr)` while a lookup of that (uncached) name is
+//!   between the backend's answer and inserting it: the older answer must not be cached.
 //! * `setattr_during_getattr_caches_nothing_stale`: a chmod of the same file through the cache
 //!   lands between the backend's getattr answer and the cache storing it: the older answer
 //!   must not overwrite the newer attributes.
@@ -30,7 +33,8 @@ use parking_lot::Mutex;
 use super::invalidate::OPTIMISTIC_TRIES;
 use crate::memory::MemoryBackend;
 use crate::{
-    At, Attr, Backend, Cache, Config, Cred, DirEntry, LookupFlags, RenameMode, Result, SetAttr,
+    At, Attr, Backend, Cache, Change, Config, Cred, DirEntry, LookupFlags, RenameMode, Result,
+    SetAttr,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -473,4 +477,45 @@ fn rename_seq_is_odd_around_the_backend_rename() {
             "rename_seq not even again after the rename"
         );
     }
+}
+
+/// A chmod made behind the cache's back and reported (`Change::Attr`) while a lookup of the
+/// same, not yet cached, name holds the backend's older answer: once `apply_change` returned,
+/// the cache must not serve the older mode (docs/core.md, "What the cache promises").
+#[test]
+fn outside_attr_change_during_lookup_caches_nothing_stale() {
+    let (be, cache) = setup();
+    let root = cache.credentials(Cred::root());
+    let a = cache
+        .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+        .expect("a");
+    let weak = Arc::downgrade(&be);
+    let chmod_outside: Race = Box::new(move |c: &Arc<Cache>| {
+        let be = weak.upgrade().expect("backend");
+        let set = SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        be.inner
+            .setattr(&Cred::root(), b"a/f", &set)
+            .expect("chmod behind the cache");
+        c.apply_change(&Change::Attr {
+            path: b"a/f".to_vec(),
+        });
+    });
+    arm(&be, Op::Lookup, When::After, ONCE, chmod_outside);
+    let first = cache.lookup_child(&root, &a, b"f").expect("f");
+    disarm(&be);
+    assert_eq!(be.fired.load(Ordering::SeqCst), 1, "the chmod never raced");
+    assert_eq!(
+        first.cached_attr().map(|x| x.mode & 0o7777),
+        Some(0o644),
+        "setup"
+    );
+    let again = cache.lookup_child(&root, &a, b"f").expect("f again");
+    assert_eq!(
+        cache.getattr(&again).expect("getattr").mode & 0o7777,
+        0o600,
+        "the mode from before the reported chmod is still cached"
+    );
 }
