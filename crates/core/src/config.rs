@@ -27,7 +27,11 @@ pub struct Config {
     pub negatives: bool,
     /// Deep negatives: remember `a/b/c` missing when `a` is missing, and ENOTDIR under files.
     pub deep_negatives: bool,
-    /// Symlink aliases (§4.2): cache `/X/L/Z` as a redirect to the target's entry.
+    /// Symlink aliases (§4.2): publish paths that go through symbolic links in the
+    /// direct-lookup table (`/X/L/Z`, with `/X/L -> Y`, as an entry for the dentry of
+    /// `/X/Y/Z` that also checks the link), so they take the fast path. Off: such paths are
+    /// always resolved by the slow path (a path ending in a symlink is still published for
+    /// the link itself, as for `lstat`).
     pub symlink_aliases: bool,
     /// `..` semantics.
     pub dotdot: DotDot,

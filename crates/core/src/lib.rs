@@ -3,11 +3,14 @@
 //! A user-level directory cache after Tsai et al., *How to Get More Value From Your File
 //! System Directory Cache* (SOSP'15): a direct-lookup hash table keyed by keyed signatures of
 //! full paths, a per-credential prefix-check cache validated by version counters, directory
-//! completeness, deep negative entries, symlink aliases, mounts and namespaces. Lookups never
-//! take a global lock (McKenney et al., scalable dentry cache). The crate does no I/O of its
-//! own: everything below the cache is a [`Backend`].
+//! completeness, deep negative entries, symlink aliases, mounts and namespaces. Lookups take no
+//! global lock (McKenney et al., scalable dentry cache), except as the fallback of a backend
+//! call that renames raced three times. The crate does no I/O of its own: everything below
+//! the cache is a [`Backend`].
 //!
 //! See `docs/core.md` in the repository for the invariants and the code paths that keep them.
+
+#![forbid(unsafe_code)]
 
 mod backend;
 mod cache;

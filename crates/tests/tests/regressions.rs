@@ -834,7 +834,7 @@ fn handle_survives_outside_rename_of_an_ancestor() {
 }
 
 /// oracle seed 101 (both backends) hangs at op#1587, `rename(a, f/c/c, RENAME_EXCHANGE)`:
-/// `bump_subtree` (coherence.rs) loops forever. Shrunk (forked replays) to 46 ops, then by hand
+/// `bump_subtree` (invalidate.rs) loops forever. Shrunk (forked replays) to 46 ops, then by hand
 /// to: the cache knows `a/b/c/x` and `a/b/g`; outside, `mv a/b f/c`; invalidate both paths;
 /// the cache learns `f/c/c/x` and `f/c/g`; then exchange `a` and `f/c/c`. Without `a/b/g`
 /// (one interior child) it does not hang. The exchange runs on a thread so that the test

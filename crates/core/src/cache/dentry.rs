@@ -7,7 +7,8 @@
 //!   the slow path and by writers, never by the fast path.
 //! - `version` is bumped (never decreased) by invalidations; the fast path compares it with
 //!   the version recorded in a direct-lookup entry.
-//! - `attr` is replaced wholesale (arc-swap); readers copy it out.
+//! - `attr` is stored inline under a sequence lock ([`AttrCell`]): readers copy the words out
+//!   and retry if a writer was active; writers spin on the sequence (never across a call).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -381,6 +382,29 @@ impl AttrCell {
                 self.w[2].store(0, Ordering::Relaxed);
             }
         });
+    }
+
+    /// The writers' sequence now: pass it to [`AttrCell::store_if_unchanged`] to store
+    /// attributes fetched after this call only if nobody stored or forgot any meanwhile.
+    pub(crate) fn stamp(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
+    }
+
+    /// Store `a` if no writer ran since [`AttrCell::stamp`] returned `s0` (so `a`, asked for
+    /// after that, is not older than what a writer stored since). Returns whether it stored.
+    pub(crate) fn store_if_unchanged(&self, s0: u64, a: &Attr) -> bool {
+        if s0 & 1 == 1
+            || self
+                .seq
+                .compare_exchange(s0, s0 + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        self.store_words(a);
+        self.seq.store(s0 + 2, Ordering::Release);
+        true
     }
 
     pub(crate) fn set_ino(&self, ino: u64) {

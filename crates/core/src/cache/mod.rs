@@ -1,19 +1,71 @@
-//! The cache proper: public API here, machinery in the submodules.
+//! The cache proper: public API here, machinery in the submodules, one idea per file.
 //!
-//! - [`dentry`]: the nodes and their locks;
-//! - [`fast`]: signatures, the direct-lookup table and the prefix-check cache;
-//! - [`walk`]: the fast path and the component-at-a-time slow path;
-//! - [`mutate`]: mutations that keep the cache coherent;
-//! - [`coherence`]: version bumps, kills, eviction, readdir/completeness, outside changes.
+//! - [`dentry`]: the nodes, their children maps and attribute seqlock;
+//! - [`path`]: path syntax (validation, splitting, lexical normalization);
+//! - [`dlht`]: signatures and the direct-lookup hash table (SOSP'15 §3.1);
+//! - [`pcc`]: the per-credential prefix-check cache and credential interning (§3.1);
+//! - [`walk`]: the fast path (one DLHT + one PCC probe), the slow path (component at a time),
+//!   publishing slow-path results, and the per-component backend fills;
+//! - [`invalidate`]: invalidation windows, subtree version bumps, kills (§3.2);
+//! - [`evict`]: counting dentries, CLOCK eviction of leaves, lazy DLHT sweeps;
+//! - [`listing`]: readdir and directory completeness (§5.1);
+//! - [`negative`]: negative and deep negative entries (§5.2);
+//! - [`outside`]: changes made behind the cache's back, and revival of moved directories;
+//! - [`hardlinks`]: attributes shared by the cached names of one inode;
+//! - [`mounts`]: mounts, bind mounts and namespaces (§4.3);
+//! - [`mutate`]: mutations that keep the cache coherent.
 //!
-//! The invariants are written down in `docs/core.md`.
+//! The invariants are written down in `docs/core.md`, which maps each paper section to its file.
+//!
+//! # Lock order
+//!
+//! A lock may be taken while holding the locks above it in this list (indentation: nested
+//! inside), never the other way round. Locks at the same level are never held together.
+//!
+//! ```text
+//! Cache::tree_lock        RwLock<()>: mutations shared, rename exclusive (mutate.rs);
+//!                           shared by `by_path`'s fallback (invalidate.rs), holding nothing
+//!   Cache::lru            Mutex: account_new; evict (try_lock) (evict.rs)
+//!     Dentry::inner       RwLock, per dentry. Two at once only in rename, lower dentry id
+//!                           first; otherwise one at a time (a child's is released before
+//!                           its parent's is taken: insert_child, bump_subtree, kill)
+//!       Cache::hardlinks  Mutex: new_dentry -> note_links under a parent's inner (hardlinks.rs)
+//!       Cache::detached   Mutex: revive under the parent's inner (outside.rs)
+//!         AttrCell        per-dentry seqlock: writers spin for 12 stores, nothing inside
+//!                           (set_attr under hardlinks, detached, inner)
+//!   Cache::namespaces     Mutex: bump_subtree (following mounts), sweep_dlht, stats
+//!     Namespace::mounts   RwLock: mount tables (mounts.rs)
+//! Cache::creds            Mutex: credential interning (pcc.rs); nothing inside
+//! ```
+//!
+//! Not locks, never waited on by readers: `Dentry::link` (arc-swap), the DLHT (papaya,
+//! epoch guards), PCC slots, versions, flags, pins and the invalidation counters (atomics).
+//! `Cache::rename_seq` is a seqcount: its write side is taken only under `tree_lock.write()`
+//! and readers never wait on it (they retry, then take `tree_lock` shared).
+//!
+//! **Backend calls** are made holding only `tree_lock` (a mutation holds it shared for its
+//! whole duration, a rename exclusively; `by_path`'s fallback holds it shared for one call)
+//! and, in a rename, the write side of `rename_seq`. No other lock above is ever held across
+//! a backend call, and no path-based backend call (`by_path`) is made while `rename_seq` is
+//! odd in the same thread. Dropping a dentry takes no lock (`Drop for Dentry` uses
+//! `get_mut`), so dropping the last reference under any of these locks is safe.
 
-mod coherence;
 mod dentry;
-mod fast;
+mod dlht;
+mod evict;
+mod hardlinks;
+mod invalidate;
+mod listing;
+mod mounts;
 mod mutate;
+mod negative;
+mod outside;
 mod path;
+mod pcc;
 mod walk;
+
+#[cfg(test)]
+mod race_tests;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +75,11 @@ use parking_lot::{Mutex, RwLock};
 use siphasher::sip128::SipHasher13;
 
 pub use dentry::Dentry;
-use fast::{new_dlht, Dlht, Pcc, SigKey};
+use hardlinks::HardLinks;
+pub(crate) use mounts::Mount;
+pub use mounts::{MountOptions, MountSource, Namespace};
+pub(crate) use pcc::CredState;
+pub use pcc::Creds;
 
 use crate::stats::Stats;
 use crate::{
@@ -98,31 +154,9 @@ impl Dentry {
     }
 }
 
-/// Cached names of multiply linked inodes, by (dev, ino).
-pub(crate) type HardLinks = hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>;
-
 /// A file system instance: one backend.
 pub(crate) struct Super {
     pub(crate) backend: Arc<dyn Backend>,
-}
-
-/// Per-credential state: the credential and its prefix-check cache.
-pub(crate) struct CredState {
-    pub(crate) cred: Cred,
-    /// Whether the cache applies its access policy (false: the caller checked already).
-    pub(crate) check: bool,
-    pub(crate) pcc: Pcc,
-}
-
-/// Interned credentials with their prefix-check cache. Cheap to clone; equal credentials
-/// share one state.
-#[derive(Clone)]
-pub struct Creds(pub(crate) Arc<CredState>);
-
-impl Creds {
-    pub fn cred(&self) -> &Cred {
-        &self.0.cred
-    }
 }
 
 /// An open directory: the start of relative lookups, like a working directory or an `O_PATH`
@@ -167,54 +201,6 @@ pub enum At<'a> {
     Dir(&'a DirHandle),
 }
 
-/// A mount: a file system (or a bound directory) attached at a mount point.
-pub(crate) struct Mount {
-    pub(crate) root: NodeRef,
-    /// The mount and dentry this mount covers; `None` for a namespace root.
-    pub(crate) parent: Option<(Arc<Mount>, NodeRef)>,
-    pub(crate) opts: MountOptions,
-}
-
-/// A mount namespace: a mount table and its own direct-lookup table.
-pub struct Namespace {
-    pub(crate) base: SipHasher13,
-    pub(crate) dlht: Dlht,
-    pub(crate) root: Arc<Mount>,
-    /// Mount point dentry id -> what is mounted there.
-    pub(crate) mounts: RwLock<hashbrown::HashMap<u64, Arc<Mount>>>,
-}
-
-impl Namespace {
-    fn new(root: Arc<Mount>, mounts: hashbrown::HashMap<u64, Arc<Mount>>) -> Namespace {
-        let key = SigKey::random();
-        Namespace {
-            base: key.hasher(),
-            dlht: new_dlht(),
-            root,
-            mounts: RwLock::new(mounts),
-        }
-    }
-}
-
-/// Per-mount options (§4.3).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MountOptions {
-    /// Mutations fail with EROFS.
-    pub read_only: bool,
-    /// Set-user-id and set-group-id bits are ignored (reported by [`Cache::mount_options`]).
-    pub nosuid: bool,
-    /// Files may not be executed: access(X_OK) on non-directories fails with EACCES.
-    pub noexec: bool,
-}
-
-/// What to mount.
-pub enum MountSource {
-    /// A new file system served by another backend.
-    Backend(Arc<dyn Backend>),
-    /// A bind mount: an existing directory of the same namespace, by absolute path.
-    Bind(Vec<u8>),
-}
-
 /// One entry the cache dropped because of a change learned from outside, for front ends that
 /// must tell their own caches (the FUSE layer turns these into kernel notifications).
 #[derive(Clone)]
@@ -243,8 +229,13 @@ pub struct Cache {
     pub(crate) inval_start: AtomicU64,
     pub(crate) inval_end: AtomicU64,
     /// Renames take this exclusively, other mutations shared: a mutation's backend paths
-    /// cannot be changed under it by a rename of an ancestor. Lookups never take it.
+    /// cannot be changed under it by a rename of an ancestor. Lookups take it (shared) only
+    /// as `by_path`'s fallback, after renames raced their backend call a few times.
     pub(crate) tree_lock: RwLock<()>,
+    /// Rename sequence count (Linux's `rename_lock` seqcount): odd while a rename through the
+    /// cache is changing backend paths (from before the backend renames until the links are
+    /// updated). Changed only under `tree_lock.write()`. See `Cache::by_path`.
+    pub(crate) rename_seq: AtomicU64,
     pub(crate) creds: Mutex<hashbrown::HashMap<(Cred, bool), Weak<CredState>>>,
     pub(crate) stats: Stats,
     pub(crate) entries: AtomicU64,
@@ -304,6 +295,7 @@ impl Cache {
             inval_start: AtomicU64::new(0),
             inval_end: AtomicU64::new(0),
             tree_lock: RwLock::new(()),
+            rename_seq: AtomicU64::new(0),
             creds: Mutex::new(Default::default()),
             stats: Stats::default(),
             entries: AtomicU64::new(1),
@@ -343,25 +335,6 @@ impl Cache {
     /// to the backend so files are created as the caller.
     pub fn kernel_checked(&self, cred: Cred) -> Creds {
         self.intern(cred, false)
-    }
-
-    fn intern(&self, cred: Cred, check: bool) -> Creds {
-        let mut m = self.creds.lock();
-        let key = (cred, check);
-        if let Some(s) = m.get(&key).and_then(Weak::upgrade) {
-            return Creds(s);
-        }
-        if m.len() > 1024 {
-            m.retain(|_, w| w.strong_count() > 0);
-        }
-        let pcc = Pcc::new(if check { self.config.pcc_slots } else { 2 });
-        let s = Arc::new(CredState {
-            cred: key.0.clone(),
-            check,
-            pcc,
-        });
-        m.insert(key, Arc::downgrade(&s));
-        Creds(s)
     }
 
     // ------------------------------------------------------------------------------------
@@ -693,7 +666,7 @@ impl Cache {
             .sum();
         // Dentry + link + attr + a children-map slot, and a DLHT entry each.
         let per_dentry = std::mem::size_of::<Dentry>() as u64 + 16 + 48 + 128 + 32;
-        let per_fast = std::mem::size_of::<fast::FastEntry>() as u64 + 32;
+        let per_fast = std::mem::size_of::<dlht::FastEntry>() as u64 + 32;
         s.bytes = s.entries * per_dentry + fast * per_fast + pcc as u64;
         s
     }
@@ -708,7 +681,7 @@ mod size_tests {
         assert!(std::mem::size_of::<super::Dentry>() <= 184);
         assert!(std::mem::size_of::<super::dentry::Link>() <= 24);
         assert!(std::mem::size_of::<super::dentry::Inner>() <= 16);
-        assert!(std::mem::size_of::<super::fast::FastEntry>() <= 48);
+        assert!(std::mem::size_of::<super::dlht::FastEntry>() <= 48);
         assert!(std::mem::size_of::<super::NodeKind>() <= 8);
     }
 }

@@ -414,10 +414,11 @@ impl Cache {
         let old = join(&self.path_of(parent)?, name);
         let new = join(&self.path_of(newparent)?, newname);
         self.stats.backend.mutation.inc();
-        // The window opens before the backend renames: from then until the tree is updated,
-        // backend paths computed from the old links are wrong, and every lookup that asks the
-        // backend meanwhile sees the window and asks again (`Cache::child`, `attr_of`, `list`).
         let _w = self.inval_window();
+        // From before the backend renames until the links below are updated, backend paths
+        // computed from the old links may name other objects: a backend call by path that
+        // overlaps this is asked again (`Cache::by_path`).
+        let renaming = self.rename_begin();
         parent.sb.backend.rename(&c.0.cred, &old, &new, full)?;
 
         // After a whiteout rename the source name holds the whiteout: no negative there, and
@@ -485,6 +486,7 @@ impl Cache {
             parent.set(HAS_CHILDREN);
             newparent.set(HAS_CHILDREN);
         }
+        drop(renaming);
         if full.whiteout() {
             parent.clear(COMPLETE);
         }

@@ -8,16 +8,13 @@ use std::sync::Arc;
 
 use siphasher::sip128::SipHasher13;
 
-use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN, MOUNTED};
-use super::fast::{finish, sig_of, EntryExtra, FastEntry, Seen, FOLLOW_MARK};
+use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN};
+use super::dlht::{finish, norm_lex, raw_key, sig_of, EntryExtra, FastEntry, Seen, FOLLOW_MARK};
 use super::path::{self, check_path};
 use super::{
     At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
 };
 use crate::{Attr, DotDot, Error, FileType, LookupFlags, Result, MAX_SYMLINKS, NAME_MAX, X_OK};
-
-/// How often a backend question is asked again when a rename overlapped it.
-const RETRIES: u32 = 100;
 
 /// Where a walk starts.
 pub(crate) struct Start<'a> {
@@ -91,18 +88,6 @@ fn next_component(stack: &mut Vec<(Cow<'_, [u8]>, usize)>) -> Next {
 }
 
 impl Cache {
-    /// The invalidation counter if no window is open, read before computing a backend path.
-    pub(crate) fn quiet(&self) -> Option<u64> {
-        let e0 = self.inval_end.load(Ordering::SeqCst);
-        let s0 = self.inval_start.load(Ordering::SeqCst);
-        (s0 == e0).then_some(s0)
-    }
-
-    /// Whether no window opened since [`Cache::quiet`]: a backend path computed then was right.
-    pub(crate) fn still_quiet(&self, q: Option<u64>) -> bool {
-        q.is_some_and(|s0| self.inval_start.load(Ordering::SeqCst) == s0)
-    }
-
     pub(crate) fn start<'a>(&'a self, at: At<'a>) -> Start<'a> {
         match at {
             At::Root => Start {
@@ -538,57 +523,6 @@ impl Cache {
         Ok(w)
     }
 
-    /// `..` of (mnt, cur): the parent, climbing out of mounts; the namespace root is its own
-    /// parent.
-    pub(crate) fn dotdot(
-        &self,
-        ns: &Namespace,
-        mnt: &Arc<Mount>,
-        cur: &NodeRef,
-    ) -> (Arc<Mount>, NodeRef) {
-        let mut mnt = mnt.clone();
-        let mut cur = cur.clone();
-        loop {
-            if Arc::ptr_eq(&cur, &mnt.root) {
-                match &mnt.parent {
-                    Some((pm, mp)) if !Arc::ptr_eq(&mnt, &ns.root) => {
-                        let (pm, mp) = (pm.clone(), mp.clone());
-                        mnt = pm;
-                        cur = mp;
-                        continue;
-                    }
-                    _ => return (mnt, cur),
-                }
-            }
-            return match cur.parent_ref() {
-                Some(p) => (mnt, p),
-                None => (mnt.clone(), cur),
-            };
-        }
-    }
-
-    /// Follow mounts stacked on `node` in `ns`.
-    pub(crate) fn cross(
-        &self,
-        ns: &Namespace,
-        mnt: &Arc<Mount>,
-        node: NodeRef,
-    ) -> (Arc<Mount>, NodeRef) {
-        let mut mnt = mnt.clone();
-        let mut node = node;
-        while node.has(MOUNTED) {
-            let m = ns.mounts.read().get(&node.id).cloned();
-            match m {
-                Some(m) => {
-                    node = m.root.clone();
-                    mnt = m;
-                }
-                None => break,
-            }
-        }
-        (mnt, node)
-    }
-
     /// Publish a slow-path result in the DLHT and this credential's PCC, then undo it if an
     /// invalidation started meanwhile (SOSP'15 §3.2's global counter protocol).
     fn publish(&self, cs: &CredState, st: &Start<'_>, path: &[u8], w: &Walk, s0: u64) {
@@ -687,6 +621,10 @@ impl Cache {
         if !seen.valid() {
             return None;
         }
+        if !deps.is_empty() && !self.config.symlink_aliases {
+            // A path through a symlink is an alias (§4.2): switched off, it takes the slow path.
+            return None;
+        }
         let mut h = ns.base;
         h.write(full);
         if follow_key {
@@ -746,40 +684,29 @@ impl Cache {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let mut tries = 0;
-        loop {
-            let (gen0, ver0) = {
-                let inner = dir.inner.read();
-                if let Some(c) = inner.child(name) {
-                    c.touch();
-                    return Ok(c.clone());
-                }
-                if self.config.completeness && dir.has(COMPLETE) {
-                    drop(inner);
-                    return Ok(self.negative_child(dir, name, Error::NotFound));
-                }
-                (inner.gen, dir.version())
-            };
-            *missed = true;
-            let q = self.quiet();
-            let dpath = self.path_of(dir)?;
-            self.stats.backend.lookup.inc();
-            let r = dir.sb.backend.lookup(&dpath, name);
-            // A rename elsewhere may have moved a directory on `dpath` between computing it
-            // and asking: then the answer may be another directory's. Ask again.
-            let quiet = self.still_quiet(q);
-            if !quiet && tries < RETRIES {
-                tries += 1;
-                std::thread::yield_now();
-                continue;
+        {
+            let inner = dir.inner.read();
+            if let Some(c) = inner.child(name) {
+                c.touch();
+                return Ok(c.clone());
             }
-            let kind = match r {
-                Ok(a) => (NodeKind::Positive(a.kind()), Some(a)),
-                Err(Error::NotFound) => (NodeKind::Negative(Error::NotFound), None),
-                Err(e) => return Err(e),
-            };
-            return Ok(self.insert_child_if(dir, name, gen0, ver0, kind.0, kind.1, quiet));
+            if self.config.completeness && dir.has(COMPLETE) {
+                drop(inner);
+                return Ok(self.negative_child(dir, name, Error::NotFound));
+            }
         }
+        *missed = true;
+        let (r, gen0, ver0) = self.by_path(dir, |dpath| {
+            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+            self.stats.backend.lookup.inc();
+            (dir.sb.backend.lookup(dpath, name), gen0, ver0)
+        })?;
+        let (kind, attr) = match r {
+            Ok(a) => (NodeKind::Positive(a.kind()), Some(a)),
+            Err(Error::NotFound) => (NodeKind::Negative(Error::NotFound), None),
+            Err(e) => return Err(e),
+        };
+        Ok(self.insert_child(dir, name, gen0, ver0, kind, attr))
     }
 
     /// `child` with the search-permission check on `dir` and `.`/`..` handling, for the node
@@ -825,21 +752,6 @@ impl Cache {
         kind: NodeKind,
         attr: Option<Attr>,
     ) -> NodeRef {
-        self.insert_child_if(dir, name, gen0, ver0, kind, attr, true)
-    }
-
-    /// [`Cache::insert_child`], caching only if `quiet` (no rename overlapped the question).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn insert_child_if(
-        &self,
-        dir: &NodeRef,
-        name: &[u8],
-        gen0: u64,
-        ver0: u64,
-        kind: NodeKind,
-        attr: Option<Attr>,
-        quiet: bool,
-    ) -> NodeRef {
         let cacheable = match kind {
             NodeKind::Negative(_) => self.config.negatives,
             NodeKind::Positive(_) => true,
@@ -848,7 +760,7 @@ impl Cache {
         if let Some(c) = inner.child(name) {
             return c.clone();
         }
-        let fresh = quiet && inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
+        let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
         let revived = match (kind, attr) {
             (NodeKind::Positive(FileType::Directory), Some(a)) if fresh => {
                 self.revive(dir, name, &a)
@@ -876,79 +788,6 @@ impl Cache {
             node.set(DEAD);
         }
         node
-    }
-
-    /// A directory that vanished behind the cache's back and turned up again as `dir/name`
-    /// (same dev and inode): bring the same dentry back, relinked, with a new version.
-    fn revive(&self, dir: &NodeRef, name: &[u8], a: &Attr) -> Option<NodeRef> {
-        let mut d = self.detached.lock();
-        if d.is_empty() {
-            return None;
-        }
-        let i = d
-            .iter()
-            .position(|(dev, ino, _)| (*dev == a.dev || *dev == 0) && *ino == a.ino)?;
-        let (_, _, node) = d.remove(i)?;
-        if !node.has(DEAD) || !Arc::ptr_eq(&node.sb, &dir.sb) {
-            return None;
-        }
-        node.link.store(Arc::new(super::dentry::Link {
-            parent: Some(Arc::downgrade(dir)),
-            name: name.into(),
-        }));
-        node.set_attr(Some(*a));
-        node.clear(COMPLETE);
-        node.version
-            .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
-        node.clear(DEAD);
-        Some(node)
-    }
-
-    /// After `dir` was revived: bring back the directories that were cached below it when it
-    /// vanished and are still there (same name and inode), so handles on them work again.
-    fn revive_below(&self, dir: &NodeRef) {
-        let below: Vec<NodeRef> = {
-            let d = self.detached.lock();
-            d.iter()
-                .map(|(_, _, n)| n.clone())
-                .filter(|n| {
-                    n.has(DEAD)
-                        && n.link
-                            .load()
-                            .parent
-                            .as_ref()
-                            .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(dir)))
-                })
-                .collect()
-        };
-        for n in below {
-            let name = n.name();
-            let Ok(dpath) = self.path_of(dir) else {
-                return;
-            };
-            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
-            self.stats.backend.lookup.inc();
-            if let Ok(a) = dir.sb.backend.lookup(&dpath, &name) {
-                if a.is_dir() && a.ino == n.attr.ino() {
-                    let kind = NodeKind::Positive(FileType::Directory);
-                    self.insert_child(dir, &name, gen0, ver0, kind, Some(a));
-                }
-            }
-        }
-    }
-
-    /// A negative child of `dir` (deep negatives under negatives and non-directories, or a
-    /// miss in a complete directory).
-    pub(crate) fn negative_child(&self, dir: &NodeRef, name: &[u8], err: Error) -> NodeRef {
-        let gen0 = dir.inner.read().gen;
-        self.insert_child(
-            dir,
-            name,
-            gen0,
-            dir.version(),
-            NodeKind::Negative(err),
-            None,
-        )
     }
 
     pub(crate) fn new_dentry(
@@ -994,30 +833,21 @@ impl Cache {
             return node.attr.load_last().ok_or(Error::NotFound);
         }
         *missed = true;
-        let mut tries = 0;
-        loop {
-            let v0 = node.version();
-            let q = self.quiet();
-            let p = self.path_of(node)?;
+        let (r, v0, s0) = self.by_path(node, |p| {
+            // What the answer will be checked against before it is cached: a change of the
+            // node's attributes (or an invalidation of it) during the call makes it older.
+            let (v0, s0) = (node.version(), node.attr.stamp());
             self.stats.backend.getattr.inc();
-            let a = node.sb.backend.getattr(&p)?;
-            let quiet = self.still_quiet(q);
-            if !quiet && tries < RETRIES {
-                tries += 1;
-                std::thread::yield_now();
-                continue;
-            }
-            if !quiet {
-                return Ok(a);
-            }
-            if node.version() == v0 {
-                if node.file_type() == Some(a.kind()) {
-                    node.set_attr(Some(a));
-                    self.note_links(node, &a);
-                }
-                return Ok(a);
-            }
+            (node.sb.backend.getattr(p), v0, s0)
+        })?;
+        let a = r?;
+        if node.version() == v0
+            && node.file_type() == Some(a.kind())
+            && node.attr.store_if_unchanged(s0, &a)
+        {
+            self.note_links(node, &a);
         }
+        Ok(a)
     }
 
     /// The backend path of a dentry.
@@ -1065,23 +895,13 @@ impl Cache {
             return Ok(t.to_vec());
         }
         *missed = true;
-        let mut tries = 0;
-        loop {
-            let q = self.quiet();
-            let p = self.path_of(node)?;
+        let t = self.by_path(node, |p| {
             self.stats.backend.readlink.inc();
-            let t = node.sb.backend.readlink(&p)?;
-            let quiet = self.still_quiet(q);
-            if !quiet && tries < RETRIES {
-                tries += 1;
-                std::thread::yield_now();
-                continue;
-            }
-            if quiet {
-                node.inner.write().set_target(&t);
-            }
-            return Ok(t);
-        }
+            node.sb.backend.readlink(p)
+        })??;
+        // A symlink's target never changes (a new link is a new dentry).
+        node.inner.write().set_target(&t);
+        Ok(t)
     }
 
     pub(crate) fn open_dir_handle(&self, c: &Creds, at: At<'_>, path: &[u8]) -> Result<DirHandle> {
@@ -1195,42 +1015,4 @@ impl Cache {
         }
         Ok((node, opts))
     }
-}
-
-/// The fast path's key for a path without `..`: its bytes as given, after the handle's
-/// lexical path (or alone for an absolute path, leading slashes dropped).
-fn raw_key(lex: &[u8], path: &[u8]) -> Vec<u8> {
-    if path.first() == Some(&b'/') {
-        let i = path.iter().position(|&b| b != b'/').unwrap_or(path.len());
-        return path[i..].to_vec();
-    }
-    let mut out = Vec::with_capacity(lex.len() + 1 + path.len());
-    out.extend_from_slice(lex);
-    if !lex.is_empty() {
-        out.push(b'/');
-    }
-    out.extend_from_slice(path);
-    out
-}
-
-/// `lex` joined with the lexical form of `path` (no `.`, no empty components; `..` kept).
-fn norm_lex(lex: &[u8], path: &[u8]) -> Vec<u8> {
-    let abs = path.first() == Some(&b'/');
-    let mut out: Vec<u8> = if abs { Vec::new() } else { lex.to_vec() };
-    for c in path::components(path) {
-        match c {
-            b"." => {}
-            b".." => match out.iter().rposition(|&b| b == b'/') {
-                Some(i) => out.truncate(i),
-                None => out.clear(),
-            },
-            c => {
-                if !out.is_empty() {
-                    out.push(b'/');
-                }
-                out.extend_from_slice(c);
-            }
-        }
-    }
-    out
 }

@@ -1,30 +1,33 @@
-//! The fast path's two tables: the direct-lookup hash table (DLHT) and the per-credential
-//! prefix-check cache (PCC), SOSP'15 §3.1.
+//! Signatures and the direct-lookup hash table (DLHT), SOSP'15 §3.1.
 //!
-//! **Signatures.** A path is keyed by SipHash-1-3-128 of its lexical form (components joined
-//! by single `/`, no `.`, relative to the namespace root) under a random key per namespace.
-//! SipHash is a keyed PRF: without the key, nobody can construct colliding paths.
-//! The hasher is streaming, so the state after hashing a directory's path plus `/` can be
-//! stored in a directory handle and resumed for relative lookups.
+//! **Signatures.** A path is keyed by SipHash-1-3-128 under a random key per namespace, over
+//! the path relative to the namespace root (leading slashes dropped; a relative path from a
+//! [`super::DirHandle`] is hashed after the handle's lexical path and a `/`). Which bytes are
+//! hashed depends on whether the path may hold `..` ([`super::path::has_dotdot`]):
+//! - without `..`, the bytes **as given** ([`raw_key`]): `a//b/./c` is its own key, distinct
+//!   from `a/b/c`, published by the slow path when it resolved exactly that string (no
+//!   normalization on the hit path);
+//! - with `..`, the lexical form ([`norm_lex`]: components joined by single `/`, no `.`,
+//!   `..` resolved against the prefix), and the fast path resolves `prefix/..` only after
+//!   confirming `prefix` (docs/core.md, "`..` and symlinks").
+//!
+//! SipHash is a keyed PRF: without the key, nobody can construct colliding paths. The hasher
+//! is streaming, so the state after hashing a directory's path plus `/` can be stored in a
+//! directory handle and resumed for relative lookups (§3.3).
 //!
 //! **DLHT entries are self-validating.** An entry records the version of its target dentry
-//! (and of every symlink the path went through) when it was inserted; it is valid only while
-//! all those versions are unchanged. Invalidation therefore only bumps versions; dead entries
-//! are swept lazily (bounded by [`super::Cache`]'s sweep).
-//!
-//! **PCC.** Per credential, a direct-mapped array of `(signature, stamp)` slots. A slot says
-//! "this credential passed every permission check along this path when it resolved to the
-//! DLHT entry with this stamp". Stamps are unique per DLHT entry (global counter), so a PCC slot
-//! can only confirm the exact entry its walk produced. Keying the PCC by path rather than by
-//! dentry (the paper keys by dentry) makes aliases through symlinks and bind mounts need no
-//! special alias dentries: each lexical path carries its own prefix-check result.
+//! and its parent (and of every symlink the path went through, [`Seen`]) when it was
+//! inserted; it is valid only while all those versions are unchanged. Invalidation therefore
+//! only bumps versions; dead entries are swept lazily (`Cache::sweep_dlht` in `evict.rs`).
+//! The per-credential half of a fast-path hit is in `pcc.rs`.
 
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 
+use super::path;
 use super::{MountOptions, NodeRef};
 use crate::cache::dentry::{DEAD, EVICTED};
 
@@ -132,7 +135,8 @@ pub(crate) struct EntryExtra {
     pub(crate) deps: Box<[Seen]>,
     /// Options of the mount the entry lies in, when not the defaults.
     pub(crate) mount: MountOptions,
-    /// The full lexical path, kept only when `Config::verify_path` is on.
+    /// The path key that was hashed (`raw_key` or `norm_lex`), kept only when
+    /// `Config::verify_path` is on.
     pub(crate) path: Option<Box<[u8]>>,
 }
 
@@ -204,67 +208,42 @@ pub(crate) fn new_dlht() -> Dlht {
         .build()
 }
 
-const EMPTY: u64 = 0;
-
-/// A bounded, lock-free prefix-check cache: 2-way set-associative slots holding DLHT entry
-/// stamps. A slot needs no signature: stamps are unique per DLHT entry and an entry lives under
-/// exactly one signature, so "the slot for `sig` holds the stamp of the entry found under `sig`"
-/// can only be true if this credential's walk produced (or re-used) exactly that entry. One
-/// 64-bit atomic per slot: no torn reads, no locks; readers never write.
-pub(crate) struct Pcc {
-    slots: Box<[AtomicU64]>,
-    mask: usize,
+/// The fast path's key for a path without `..`: its bytes as given, after the handle's
+/// lexical path (or alone for an absolute path, leading slashes dropped).
+pub(crate) fn raw_key(lex: &[u8], path: &[u8]) -> Vec<u8> {
+    if path.first() == Some(&b'/') {
+        let i = path.iter().position(|&b| b != b'/').unwrap_or(path.len());
+        return path[i..].to_vec();
+    }
+    let mut out = Vec::with_capacity(lex.len() + 1 + path.len());
+    out.extend_from_slice(lex);
+    if !lex.is_empty() {
+        out.push(b'/');
+    }
+    out.extend_from_slice(path);
+    out
 }
 
-impl Pcc {
-    pub(crate) fn new(slots: usize) -> Pcc {
-        let n = slots.max(2).next_power_of_two();
-        let slots = (0..n).map(|_| AtomicU64::new(EMPTY)).collect();
-        Pcc { slots, mask: n - 1 }
-    }
-
-    /// First slot of `sig`'s 2-slot set. The DLHT indexes by the low half; use the high half.
-    #[inline]
-    fn set(&self, sig: Sig) -> usize {
-        ((sig >> 64) as usize) & self.mask & !1
-    }
-
-    /// Whether this credential's walk of `sig` produced the DLHT entry `stamp`.
-    #[inline]
-    pub(crate) fn check(&self, sig: Sig, stamp: u64) -> bool {
-        let i = self.set(sig);
-        self.slots[i].load(Ordering::Acquire) == stamp
-            || self.slots[i + 1].load(Ordering::Acquire) == stamp
-    }
-
-    pub(crate) fn insert(&self, sig: Sig, stamp: u64) {
-        debug_assert!(stamp != EMPTY);
-        let i = self.set(sig);
-        let (a, b) = (&self.slots[i], &self.slots[i + 1]);
-        let (va, vb) = (a.load(Ordering::Relaxed), b.load(Ordering::Relaxed));
-        if va == stamp || vb == stamp {
-            return;
-        }
-        // Prefer an empty slot; otherwise replace the older stamp (stamps grow with time).
-        let victim = if va == EMPTY || (vb != EMPTY && va < vb) {
-            a
-        } else {
-            b
-        };
-        victim.store(stamp, Ordering::Release);
-    }
-
-    /// Drop `stamp` from `sig`'s set if it is there.
-    pub(crate) fn remove(&self, sig: Sig, stamp: u64) {
-        let i = self.set(sig);
-        for s in &self.slots[i..i + 2] {
-            let _ = s.compare_exchange(stamp, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
+/// `lex` joined with the lexical form of `path` (no `.`, no empty components; `..` kept).
+pub(crate) fn norm_lex(lex: &[u8], path: &[u8]) -> Vec<u8> {
+    let abs = path.first() == Some(&b'/');
+    let mut out: Vec<u8> = if abs { Vec::new() } else { lex.to_vec() };
+    for c in path::components(path) {
+        match c {
+            b"." => {}
+            b".." => match out.iter().rposition(|&b| b == b'/') {
+                Some(i) => out.truncate(i),
+                None => out.clear(),
+            },
+            c => {
+                if !out.is_empty() {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(c);
+            }
         }
     }
-
-    pub(crate) fn bytes(&self) -> usize {
-        self.slots.len() * std::mem::size_of::<AtomicU64>()
-    }
+    out
 }
 
 #[cfg(test)]
@@ -285,19 +264,5 @@ mod tests {
     fn keys_differ_per_instance() {
         let (a, b) = (SigKey::random(), SigKey::random());
         assert_ne!(sig_of(&a.hasher(), b"x"), sig_of(&b.hasher(), b"x"));
-    }
-
-    #[test]
-    fn pcc_confirms_only_the_exact_entry() {
-        let p = Pcc::new(8);
-        p.insert(42, 7);
-        assert!(p.check(42, 7));
-        assert!(!p.check(42, 8));
-        p.insert(42, 9);
-        assert!(p.check(42, 7) && p.check(42, 9), "two ways");
-        p.insert(42, 11);
-        assert!(!p.check(42, 7), "the older stamp is replaced");
-        p.remove(42, 9);
-        assert!(!p.check(42, 9));
     }
 }

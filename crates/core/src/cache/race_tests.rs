@@ -1,0 +1,521 @@
+//! Backend calls that race mutations through the cache (`Cache::by_path` in `invalidate.rs`).
+//!
+//! A backend call by path is made without locks: the path is computed from the dentry links,
+//! then the backend answers. A rename through the cache that runs in between makes the path
+//! name another object, so the answer is about the wrong file. These tests put that rename
+//! exactly there, deterministically: a wrapping backend runs a mutation on another thread
+//! *inside* the backend call of the thread under test (before or after the inner backend
+//! answers) and waits for it to finish.
+//!
+//! * `*_once`: one rename races the call: the answer and what is cached must be those of the
+//!   object the dentry names (a retry).
+//! * `*_always`: every optimistic try races a rename: the answer must still be right (the
+//!   fallback takes `tree_lock`, which renames take exclusively, so the racing rename waits;
+//!   the wrapper sees the lock held and does not fire, as a real rename would block there).
+//!   With a bounded retry loop that then returns its last answer unchecked, this fails.
+//! * `unrelated_window_does_not_retry`: a chmod of an unrelated directory (an invalidation
+//!   window, no rename) during the call must not make the cache ask again.
+//! * `rename_seq_is_odd_around_the_backend_rename`: the write side of the rename sequence
+//!   count covers the backend's rename (where backend paths start to differ from the links).
+//! * `outside_attr_change_during_lookup_caches_nothing_stale`: a chmod behind the cache's back,
+//!   reported with `apply_change(Change::Attr)` while a lookup of that (uncached) name is
+//!   between the backend's answer and inserting it: the older answer must not be cached.
+//! * `setattr_during_getattr_caches_nothing_stale`: a chmod of the same file through the cache
+//!   lands between the backend's getattr answer and the cache storing it: the older answer
+//!   must not overwrite the newer attributes.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::ThreadId;
+
+use parking_lot::Mutex;
+
+use super::invalidate::OPTIMISTIC_TRIES;
+use crate::memory::MemoryBackend;
+use crate::{
+    At, Attr, Backend, Cache, Change, Config, Cred, DirEntry, LookupFlags, RenameMode, Result,
+    SetAttr,
+};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Lookup,
+    Getattr,
+    Readlink,
+    Readdir,
+    Rename,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum When {
+    /// The mutation runs before the inner backend answers (the answer sees it).
+    Before,
+    /// The mutation runs after the inner backend answered (the answer predates it).
+    After,
+}
+
+type Race = Box<dyn Fn(&Arc<Cache>) + Send + Sync>;
+
+struct Armed {
+    thread: ThreadId,
+    op: Op,
+    when: When,
+    left: u32,
+    race: Arc<Race>,
+}
+
+/// A memory backend that runs a mutation through the cache, on another thread, inside the
+/// armed call of the armed thread.
+struct Racing {
+    inner: MemoryBackend,
+    armed: Mutex<Option<Armed>>,
+    /// How often the mutation ran.
+    fired: AtomicU32,
+    /// How often the armed call was made by the armed thread (raced or not).
+    calls: AtomicU32,
+    cache: OnceLock<Weak<Cache>>,
+}
+
+impl Racing {
+    fn maybe(&self, op: Op, when: When) {
+        let Some(cache) = self.cache.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let race = {
+            let mut a = self.armed.lock();
+            match &mut *a {
+                Some(a) if a.thread == std::thread::current().id() && a.op == op => {
+                    if when == When::Before {
+                        self.calls.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // Holding `tree_lock` excludes renames: a rename started now would wait.
+                    let excluded = op != Op::Rename && cache.tree_lock.is_locked();
+                    if a.when != when || a.left == 0 || excluded {
+                        return;
+                    }
+                    a.left -= 1;
+                    a.race.clone()
+                }
+                _ => return,
+            }
+        };
+        self.fired.fetch_add(1, Ordering::SeqCst);
+        let c = cache.clone();
+        std::thread::scope(|s| {
+            s.spawn(move || race(&c))
+                .join()
+                .expect("racing mutation panicked");
+        });
+    }
+}
+
+impl Backend for Racing {
+    fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
+        self.maybe(Op::Lookup, When::Before);
+        let r = self.inner.lookup(dir, name);
+        self.maybe(Op::Lookup, When::After);
+        r
+    }
+    fn getattr(&self, path: &[u8]) -> Result<Attr> {
+        self.maybe(Op::Getattr, When::Before);
+        let r = self.inner.getattr(path);
+        self.maybe(Op::Getattr, When::After);
+        r
+    }
+    fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
+        self.maybe(Op::Readdir, When::Before);
+        let r = self.inner.readdir(path, plus);
+        self.maybe(Op::Readdir, When::After);
+        r
+    }
+    fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
+        self.maybe(Op::Readlink, When::Before);
+        let r = self.inner.readlink(path);
+        self.maybe(Op::Readlink, When::After);
+        r
+    }
+    fn mknod(&self, cred: &Cred, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
+        self.inner.mknod(cred, path, mode, rdev)
+    }
+    fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
+        self.inner.mkdir(cred, path, mode)
+    }
+    fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
+        self.inner.symlink(cred, target, path)
+    }
+    fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr> {
+        self.inner.link(cred, old, new)
+    }
+    fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        self.inner.unlink(cred, path)
+    }
+    fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        self.inner.rmdir(cred, path)
+    }
+    fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
+        self.maybe(Op::Rename, When::Before);
+        let r = self.inner.rename(cred, old, new, mode);
+        self.maybe(Op::Rename, When::After);
+        r
+    }
+    fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
+        self.inner.setattr(cred, path, set)
+    }
+}
+
+/// `a` and `b` with distinguishable contents, and an unrelated directory `u`.
+fn setup() -> (Arc<Racing>, Arc<Cache>) {
+    let inner = MemoryBackend::new();
+    inner.populate(&[
+        "a/f",
+        "a/l -> ta",
+        "a/onlya",
+        "b/f",
+        "b/l -> tb",
+        "b/onlyb",
+        "u/",
+    ]);
+    let be = Arc::new(Racing {
+        inner,
+        armed: Mutex::new(None),
+        fired: AtomicU32::new(0),
+        calls: AtomicU32::new(0),
+        cache: OnceLock::new(),
+    });
+    let cache = Cache::new(be.clone(), Config::default()).expect("cache");
+    assert!(be.cache.set(Arc::downgrade(&cache)).is_ok());
+    (be, cache)
+}
+
+fn arm(be: &Racing, op: Op, when: When, left: u32, race: Race) {
+    be.fired.store(0, Ordering::SeqCst);
+    be.calls.store(0, Ordering::SeqCst);
+    *be.armed.lock() = Some(Armed {
+        thread: std::thread::current().id(),
+        op,
+        when,
+        left,
+        race: Arc::new(race),
+    });
+}
+
+fn disarm(be: &Racing) {
+    *be.armed.lock() = None;
+}
+
+/// Swap `a` and `b` (RENAME_EXCHANGE through the cache).
+fn swap() -> Race {
+    Box::new(|c: &Arc<Cache>| {
+        let root = c.credentials(Cred::root());
+        c.rename(&root, At::Root, b"a", b"b", RenameMode::Exchange)
+            .expect("exchange a and b");
+    })
+}
+
+/// What the backend holds at `path` now.
+fn truth(be: &Racing, path: &[u8]) -> Attr {
+    be.inner.getattr(path).expect("backend getattr")
+}
+
+/// The racing rename ran: once, or on every optimistic try and then never again (the last
+/// try holds `tree_lock`).
+fn check_fired(be: &Racing, times: u32) {
+    let fired = be.fired.load(Ordering::SeqCst);
+    if times == ONCE {
+        assert_eq!(fired, 1, "the rename never raced");
+    } else {
+        assert_eq!(
+            fired, OPTIMISTIC_TRIES,
+            "not the optimistic tries, then the lock"
+        );
+    }
+}
+
+/// Every optimistic try races (more than any bounded retry loop makes), or just the first.
+const ALWAYS: u32 = 1000;
+const ONCE: u32 = 1;
+
+fn lookup_races_rename(times: u32) {
+    let (be, cache) = setup();
+    let root = cache.credentials(Cred::root());
+    let a = cache
+        .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+        .expect("a");
+    let want = truth(&be, b"a/f").ino;
+    arm(&be, Op::Lookup, When::Before, times, swap());
+    let f = cache.lookup_child(&root, &a, b"f");
+    disarm(&be);
+    check_fired(&be, times);
+    let f = f.expect("a's f");
+    let got = f.cached_attr().map(|x| x.ino);
+    assert_eq!(
+        got,
+        Some(want),
+        "the dentry of the moved a/f got another file's inode"
+    );
+    // What is cached now is what the backend holds where `a`'s dentry now is.
+    let again = cache.lookup_child(&root, &a, b"f").expect("f again");
+    let now = cache.node_path(&again).expect("path");
+    assert_eq!(
+        cache.getattr(&again).expect("attr").ino,
+        truth(&be, &now).ino
+    );
+}
+
+#[test]
+fn lookup_races_rename_once() {
+    lookup_races_rename(ONCE);
+}
+
+#[test]
+fn lookup_races_rename_always() {
+    lookup_races_rename(ALWAYS);
+}
+
+fn getattr_races_rename(times: u32) {
+    let (be, cache) = setup();
+    let root = cache.credentials(Cred::root());
+    let a = cache
+        .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+        .expect("a");
+    // A plain listing caches the children without attributes.
+    cache.readdir_node(&root, &a, false).expect("list a");
+    let f = cache.lookup_child(&root, &a, b"f").expect("f");
+    assert!(
+        f.cached_attr().is_none(),
+        "setup: f must have no attributes"
+    );
+    let want = truth(&be, b"a/f").ino;
+    arm(&be, Op::Getattr, When::Before, times, swap());
+    let got = cache.getattr(&f);
+    disarm(&be);
+    check_fired(&be, times);
+    assert_eq!(
+        got.expect("getattr").ino,
+        want,
+        "getattr answered for another file"
+    );
+    if let Some(c) = f.cached_attr() {
+        assert_eq!(c.ino, want, "another file's attributes were cached");
+    }
+}
+
+#[test]
+fn getattr_races_rename_once() {
+    getattr_races_rename(ONCE);
+}
+
+#[test]
+fn getattr_races_rename_always() {
+    getattr_races_rename(ALWAYS);
+}
+
+fn readlink_races_rename(times: u32) {
+    let (be, cache) = setup();
+    let root = cache.credentials(Cred::root());
+    let a = cache
+        .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+        .expect("a");
+    cache.readdir_node(&root, &a, false).expect("list a");
+    let l = cache.lookup_child(&root, &a, b"l").expect("l");
+    arm(&be, Op::Readlink, When::Before, times, swap());
+    let got = cache.readlink_node(&l);
+    disarm(&be);
+    check_fired(&be, times);
+    assert_eq!(got.expect("readlink"), b"ta", "readlink answered for b/l");
+    assert_eq!(
+        cache.readlink_node(&l).expect("cached"),
+        b"ta",
+        "b/l's target was cached on a/l"
+    );
+}
+
+#[test]
+fn readlink_races_rename_once() {
+    readlink_races_rename(ONCE);
+}
+
+#[test]
+fn readlink_races_rename_always() {
+    readlink_races_rename(ALWAYS);
+}
+
+fn readdir_races_rename(times: u32) {
+    let (be, cache) = setup();
+    let root = cache.credentials(Cred::root());
+    let a = cache
+        .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+        .expect("a");
+    arm(&be, Op::Readdir, When::Before, times, swap());
+    let got = cache.readdir_node(&root, &a, false);
+    disarm(&be);
+    check_fired(&be, times);
+    let names = |v: Vec<DirEntry>| {
+        let mut n: Vec<Vec<u8>> = v.into_iter().map(|e| e.name).collect();
+        n.sort();
+        n
+    };
+    let want = vec![b"f".to_vec(), b"l".to_vec(), b"onlya".to_vec()];
+    assert_eq!(names(got.expect("readdir")), want, "listed b instead of a");
+    let cached = cache.readdir_node(&root, &a, false).expect("again");
+    assert_eq!(names(cached), want, "b's listing was cached for a");
+}
+
+#[test]
+fn readdir_races_rename_once() {
+    readdir_races_rename(ONCE);
+}
+
+#[test]
+fn readdir_races_rename_always() {
+    readdir_races_rename(ALWAYS);
+}
+
+/// Only a rename makes a path-based answer wrong: an invalidation window for anything else
+/// (here a chmod of an unrelated directory) must not make the cache ask the backend again.
+#[test]
+fn unrelated_window_does_not_retry() {
+    let (be, cache) = setup();
+    let root = cache.credentials(Cred::root());
+    let a = cache
+        .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+        .expect("a");
+    let u = cache
+        .lookup(&root, At::Root, b"u", LookupFlags::FOLLOW)
+        .expect("u");
+    let chmod_u: Race = Box::new(move |c: &Arc<Cache>| {
+        let root = c.credentials(Cred::root());
+        let set = SetAttr {
+            mode: Some(0o700),
+            ..SetAttr::default()
+        };
+        c.setattr_node(&root, &u, &set).expect("chmod u");
+    });
+    arm(&be, Op::Lookup, When::Before, ALWAYS, chmod_u);
+    let f = cache.lookup_child(&root, &a, b"f");
+    disarm(&be);
+    assert!(f.is_ok());
+    assert_eq!(
+        be.calls.load(Ordering::SeqCst),
+        1,
+        "the backend was asked again although no rename raced the lookup"
+    );
+}
+
+/// A chmod through the cache between the backend's getattr answer and the cache storing it:
+/// the older answer may be returned (it was true during the call) but must not be cached over
+/// the chmod's newer attributes.
+#[test]
+fn setattr_during_getattr_caches_nothing_stale() {
+    let (be, cache) = setup();
+    let root = cache.credentials(Cred::root());
+    let a = cache
+        .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+        .expect("a");
+    cache.readdir_node(&root, &a, false).expect("list a");
+    let f = cache.lookup_child(&root, &a, b"f").expect("f");
+    assert!(
+        f.cached_attr().is_none(),
+        "setup: f must have no attributes"
+    );
+    let f2 = f.clone();
+    let chmod_f: Race = Box::new(move |c: &Arc<Cache>| {
+        let root = c.credentials(Cred::root());
+        let set = SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        c.setattr_node(&root, &f2, &set).expect("chmod f");
+    });
+    arm(&be, Op::Getattr, When::After, ONCE, chmod_f);
+    let got = cache.getattr(&f).expect("getattr");
+    disarm(&be);
+    assert_eq!(be.fired.load(Ordering::SeqCst), 1, "the chmod never raced");
+    assert_eq!(
+        got.mode & 0o7777,
+        0o644,
+        "setup: the answer predates the chmod"
+    );
+    assert_eq!(truth(&be, b"a/f").mode & 0o7777, 0o600);
+    assert_eq!(
+        cache.getattr(&f).expect("getattr").mode & 0o7777,
+        0o600,
+        "the pre-chmod attributes were cached over the chmod's"
+    );
+}
+
+/// From before the backend renames until after it did, `rename_seq` is odd: a backend call by
+/// path overlapping any part of it is asked again. (Moving `rename_begin` after the backend
+/// call, or dropping it before the links are updated, leaves a gap in which a lookup computes
+/// a path from the old links and gets the answer for the new occupant of that path.)
+#[test]
+fn rename_seq_is_odd_around_the_backend_rename() {
+    for when in [When::Before, When::After] {
+        let (be, cache) = setup();
+        let seen = Arc::new(AtomicU32::new(u32::MAX));
+        let s2 = seen.clone();
+        let probe: Race = Box::new(move |c: &Arc<Cache>| {
+            s2.store(
+                (c.rename_seq.load(Ordering::SeqCst) & 1) as u32,
+                Ordering::SeqCst,
+            );
+        });
+        let before = cache.rename_seq.load(Ordering::SeqCst);
+        arm(&be, Op::Rename, when, ONCE, probe);
+        swap()(&cache);
+        disarm(&be);
+        assert_eq!(be.fired.load(Ordering::SeqCst), 1, "the probe never ran");
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            1,
+            "rename_seq even {when:?} the backend rename"
+        );
+        let after = cache.rename_seq.load(Ordering::SeqCst);
+        assert_eq!(
+            after,
+            before + 2,
+            "rename_seq not even again after the rename"
+        );
+    }
+}
+
+/// A chmod made behind the cache's back and reported (`Change::Attr`) while a lookup of the
+/// same, not yet cached, name holds the backend's older answer: once `apply_change` returned,
+/// the cache must not serve the older mode (docs/core.md, "What the cache promises").
+#[test]
+fn outside_attr_change_during_lookup_caches_nothing_stale() {
+    let (be, cache) = setup();
+    let root = cache.credentials(Cred::root());
+    let a = cache
+        .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+        .expect("a");
+    let weak = Arc::downgrade(&be);
+    let chmod_outside: Race = Box::new(move |c: &Arc<Cache>| {
+        let be = weak.upgrade().expect("backend");
+        let set = SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        be.inner
+            .setattr(&Cred::root(), b"a/f", &set)
+            .expect("chmod behind the cache");
+        c.apply_change(&Change::Attr {
+            path: b"a/f".to_vec(),
+        });
+    });
+    arm(&be, Op::Lookup, When::After, ONCE, chmod_outside);
+    let first = cache.lookup_child(&root, &a, b"f").expect("f");
+    disarm(&be);
+    assert_eq!(be.fired.load(Ordering::SeqCst), 1, "the chmod never raced");
+    assert_eq!(
+        first.cached_attr().map(|x| x.mode & 0o7777),
+        Some(0o644),
+        "setup"
+    );
+    let again = cache.lookup_child(&root, &a, b"f").expect("f again");
+    assert_eq!(
+        cache.getattr(&again).expect("getattr").mode & 0o7777,
+        0o600,
+        "the mode from before the reported chmod is still cached"
+    );
+}
