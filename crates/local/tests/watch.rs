@@ -105,7 +105,7 @@ fn exercise(mode: WatchMode) {
 
 #[test]
 fn fanotify_reports_outside_changes() {
-    if !is_root() {
+    if !need_root("fanotify") {
         return;
     }
     exercise(WatchMode::Fanotify);
@@ -245,8 +245,8 @@ fn unsafe_free_is_root() -> bool {
 /// under the directory's old path.
 #[test]
 fn own_directory_rename_keeps_paths_right() {
-    if !is_root() {
-        return; // fanotify only
+    if !need_root("fanotify only") {
+        return;
     }
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let t = tmp();
@@ -326,8 +326,7 @@ fn fd_cache_only_while_a_feed_runs() {
 #[test]
 fn inode_changes_outside_the_root_are_not_reported() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: fanotify needs root");
+    if !need_root("fanotify") {
         return;
     }
     let base = tempfile::tempdir().unwrap();
