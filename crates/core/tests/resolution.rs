@@ -246,6 +246,97 @@ fn relative_lookups_from_a_handle_match_the_kernel() {
     }
 }
 
+/// Lexical `..` from a handle: the kernel, started at the handle's directory, on the cleaned
+/// relative path (leading `..` kept: they climb above the handle).
+#[test]
+fn lexical_relative_lookups_from_a_handle() {
+    let spec = spec();
+    let spec: Vec<&str> = spec.iter().map(String::as_str).collect();
+    let t = Twin::new(&spec);
+    let rel = [
+        "g",
+        "..",
+        "../..",
+        "../../..",
+        "../file",
+        "../l/../g",
+        "c/../../file",
+        "../l/..",
+        "../up/a/b/g",
+        "../abs/c/f",
+        "../abs/..",
+        "../../a/l/../b",
+        "/a/l/..",
+        "c/f/..",
+    ];
+    for fastpath in [true, false] {
+        let c = t.cache(Config {
+            dotdot: DotDot::Lexical,
+            fastpath,
+            ..Config::default()
+        });
+        let r = root(&c);
+        let h = c.opendir(&r, At::Root, b"a/b").expect("opendir a/b");
+        for round in 0..2 {
+            for p in rel {
+                for f in flag_sets() {
+                    let want = t.kernel_in(&t.dir.path().join("a/b"), &plan9_clean(p), f);
+                    let got = resolve(&c, &r, At::Dir(&h), p, f);
+                    assert_eq!(
+                        got, want,
+                        "fastpath={fastpath} round {round} a/b + {p:?} {f:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Physical `..` needs search permission on the directory it climbs out of (Linux looks `..`
+/// up in it); lexical `..` never looks at that directory, so it may even be missing.
+#[test]
+fn dotdot_permission_physical_and_lexical() {
+    use dircache_core::SetAttr;
+    let spec = ["a/locked/x", "a/y"];
+    for dotdot in [DotDot::Posix, DotDot::Lexical] {
+        // Other users' permissions: the kernel cannot be asked rootless; Linux's rule above.
+        let (_m, c) = common::cache_with(
+            &spec,
+            Config {
+                dotdot,
+                ..Config::default()
+            },
+        );
+        let r = root(&c);
+        let u = common::user(&c, 1000);
+        let chmod = SetAttr {
+            mode: Some(0o700),
+            ..Default::default()
+        };
+        c.setattr(&r, At::Root, b"a/locked", &chmod, LookupFlags::FOLLOW)
+            .unwrap();
+        for _ in 0..2 {
+            let through_locked = resolve(&c, &u, At::Root, "a/locked/../y", LookupFlags::FOLLOW);
+            let through_missing = resolve(&c, &u, At::Root, "a/missing/../y", LookupFlags::FOLLOW);
+            match dotdot {
+                DotDot::Posix => {
+                    assert_eq!(through_locked, Err(libc::EACCES));
+                    assert_eq!(through_missing, Err(libc::ENOENT));
+                }
+                DotDot::Lexical => {
+                    assert_eq!(through_locked, Ok("a/y".into()));
+                    assert_eq!(through_missing, Ok("a/y".into()));
+                }
+            }
+            // Either way, the locked directory itself stays closed.
+            assert_eq!(
+                resolve(&c, &u, At::Root, "a/locked/x", LookupFlags::FOLLOW),
+                Err(libc::EACCES)
+            );
+        }
+    }
+}
+
 /// Replacing a symlink must redirect what was cached through it (SOSP'15 §4.2: "if a symbolic
 /// link changes, we must invalidate all descendant aliases").
 #[test]

@@ -159,16 +159,21 @@ impl Twin {
 }
 
 /// A lexically cleaned path (Plan 9's rules, written independently of the cache's own): drop
-/// empty and `.` components, let `..` remove the previous name, and drop `..` at the top.
+/// empty and `.` components, let `..` remove the previous name; at the top, `..` is dropped
+/// for an absolute path and kept for a relative one (it climbs above the start).
 pub fn plan9_clean(path: &str) -> String {
     let abs = path.starts_with('/');
     let mut out: Vec<&str> = Vec::new();
     for c in path.split('/') {
         match c {
             "" | "." => {}
-            ".." => {
-                out.pop();
-            }
+            ".." => match out.last() {
+                Some(&l) if l != ".." => {
+                    out.pop();
+                }
+                _ if !abs => out.push(".."),
+                _ => {}
+            },
             c => out.push(c),
         }
     }
