@@ -164,7 +164,8 @@ fn complete_directory_answers_misses_without_the_backend() {
 
 /// Invariant: a directory marked complete holds every one of its entries. Eviction must not
 /// take a child out of a complete directory and leave it complete (the child would then be
-/// answered ENOENT). Force evictions with a tiny cache and check every listed name.
+/// answered ENOENT). A handle pins `d` (so `d` itself stays) while a tiny cache evicts its
+/// children; every listed name must still resolve.
 #[test]
 fn eviction_never_makes_a_complete_directory_lie() {
     let mut spec: Vec<String> = (0..40).map(|i| format!("d/f{i}")).collect();
@@ -173,13 +174,16 @@ fn eviction_never_makes_a_complete_directory_lie() {
     let (_m, c) = cache_with(
         &spec,
         Config {
-            max_entries: 32,
+            max_entries: 64,
             ..Config::default()
         },
     );
     let r = root(&c);
+    let h = c.opendir(&r, At::Root, b"d").unwrap();
+    let mut was_complete = 0;
     for round in 0..3 {
         assert_eq!(c.readdir(&r, At::Root, b"d").unwrap().len(), 40);
+        was_complete += h.node().is_complete() as u32;
         for i in 0..200 {
             assert!(c
                 .stat(&r, At::Root, format!("other/g{i}").as_bytes(), F)
@@ -192,13 +196,21 @@ fn eviction_never_makes_a_complete_directory_lie() {
                 Ok(p.clone()),
                 "round {round}"
             );
+            assert_eq!(
+                resolve(&c, &r, At::Dir(&h), &format!("f{i}"), F),
+                Ok(p),
+                "round {round}"
+            );
         }
     }
+    // The test is only meaningful if the directory was complete and then lost children.
+    assert_eq!(was_complete, 3, "the listing did not make d complete");
     assert!(
-        c.stats().entries <= 64,
-        "eviction did not run: {} entries",
-        c.stats().entries
+        c.stats().evictions >= 40,
+        "too few evictions: {}",
+        c.stats().evictions
     );
+    assert!(!h.node().is_dead());
 }
 
 /// Prefix-check cache: a user's cached permission to reach `a/b/c` is revoked when an
