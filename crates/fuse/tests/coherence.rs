@@ -1,14 +1,28 @@
-//! Changes made directly in SRC are seen through the mount within 100 ms.
+//! Changes made directly in SRC are seen through the mount. Each check waits for the change
+//! to show (generous limit, so a loaded machine does not fail it) and reports how long it took
+//! on stderr; the design target is 100 ms (docs/testing.md: latency is measured, not asserted).
 
 mod common;
 use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-const LIMIT: Duration = Duration::from_millis(100);
+/// How long a change may take to show before the test fails: an event that never comes.
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// Report how long `what` took to show (straight to fd 2, past the harness's capture).
+fn took(what: &str, d: Option<Duration>) -> Option<Duration> {
+    if let Some(d) = d {
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("outside change visible: {what} after {d:?}\n").as_bytes(),
+        );
+    }
+    d
+}
 
 #[test]
-fn outside_changes_visible_within_100ms() {
+fn outside_changes_become_visible() {
     if !can_mount() {
         return;
     }
@@ -34,7 +48,10 @@ fn outside_changes_visible_within_100ms() {
 
     // create
     std::fs::write(t.s("dir/new"), b"hello").unwrap();
-    let d = wait_for(LIMIT, || std::fs::metadata(t.m("dir/new")).is_ok());
+    let d = took(
+        "create",
+        wait_for(LIMIT, || std::fs::metadata(t.m("dir/new")).is_ok()),
+    );
     assert!(d.is_some(), "created file not visible");
     assert!(
         wait_for(LIMIT, || names(&t).contains(&"new".to_string())).is_some(),
@@ -43,32 +60,45 @@ fn outside_changes_visible_within_100ms() {
 
     // chmod
     std::fs::set_permissions(t.s("dir/new"), std::fs::Permissions::from_mode(0o600)).unwrap();
-    let d = wait_for(LIMIT, || {
-        std::fs::metadata(t.m("dir/new"))
-            .map(|m| m.permissions().mode() & 0o777 == 0o600)
-            .unwrap_or(false)
-    });
+    let d = took(
+        "chmod",
+        wait_for(LIMIT, || {
+            std::fs::metadata(t.m("dir/new"))
+                .map(|m| m.permissions().mode() & 0o777 == 0o600)
+                .unwrap_or(false)
+        }),
+    );
     assert!(d.is_some(), "chmod not visible");
 
     // write (data and size)
     std::fs::write(t.s("dir/old"), b"version 2").unwrap();
-    let d = wait_for(LIMIT, || {
-        std::fs::read(t.m("dir/old"))
-            .map(|c| c == b"version 2")
-            .unwrap_or(false)
-    });
+    let d = took(
+        "write",
+        wait_for(LIMIT, || {
+            std::fs::read(t.m("dir/old"))
+                .map(|c| c == b"version 2")
+                .unwrap_or(false)
+        }),
+    );
     assert!(d.is_some(), "new content not visible");
 
     // rename
     std::fs::rename(t.s("dir/new"), t.s("dir/renamed")).unwrap();
-    let d = wait_for(LIMIT, || {
-        std::fs::metadata(t.m("dir/new")).is_err() && std::fs::metadata(t.m("dir/renamed")).is_ok()
-    });
+    let d = took(
+        "rename",
+        wait_for(LIMIT, || {
+            std::fs::metadata(t.m("dir/new")).is_err()
+                && std::fs::metadata(t.m("dir/renamed")).is_ok()
+        }),
+    );
     assert!(d.is_some(), "rename not visible");
 
     // remove
     std::fs::remove_file(t.s("dir/renamed")).unwrap();
-    let d = wait_for(LIMIT, || std::fs::metadata(t.m("dir/renamed")).is_err());
+    let d = took(
+        "remove",
+        wait_for(LIMIT, || std::fs::metadata(t.m("dir/renamed")).is_err()),
+    );
     assert!(d.is_some(), "removal not visible");
     assert!(
         wait_for(LIMIT, || names(&t) == vec!["old".to_string()]).is_some(),
@@ -78,7 +108,10 @@ fn outside_changes_visible_within_100ms() {
     // a new directory tree
     std::fs::create_dir_all(t.s("dir/x/y")).unwrap();
     std::fs::write(t.s("dir/x/y/z"), b"z").unwrap();
-    let d = wait_for(LIMIT, || std::fs::read(t.m("dir/x/y/z")).is_ok());
+    let d = took(
+        "new tree",
+        wait_for(LIMIT, || std::fs::read(t.m("dir/x/y/z")).is_ok()),
+    );
     assert!(d.is_some(), "new tree not visible");
 }
 

@@ -105,6 +105,46 @@ impl Daemon {
         self.status_field("VmRSS:")
     }
 
+    /// The names of the daemon's threads, sorted.
+    fn thread_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", self.pid()))
+            .map(|d| {
+                d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+                    .map(|c| c.trim().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Threads serving a control connection (`dircache-ctl-conn`, which /proc cuts to 15
+    /// bytes).
+    fn conn_threads(&self) -> usize {
+        self.thread_names()
+            .iter()
+            .filter(|c| c.starts_with("dircache-ctl-co"))
+            .count()
+    }
+
+    /// Wait until the daemon is idle, as a baseline for thread counts: its start-up is over
+    /// (every thread but the main one has named itself, and the FUSE session's `fuser-N`
+    /// workers run) and no control connection is being served (`dircache-ctl-conn`, which
+    /// /proc shows cut to 15 bytes) — the start-up probe's and earlier requests' have ended.
+    fn settle(&self) {
+        let idle = || {
+            let n = self.thread_names();
+            n.iter().filter(|c| *c == "dircache").count() == 1
+                && n.iter().any(|c| c.starts_with("fuser-"))
+                && !n.iter().any(|c| c.starts_with("dircache-ctl-co"))
+        };
+        assert!(
+            wait_for(Duration::from_secs(20), idle).is_some(),
+            "daemon not idle after 20 s: {:?}",
+            self.thread_names()
+        );
+    }
+
     /// utime + stime of the whole daemon, in clock ticks.
     /// CPU ticks the daemon spent, but for its change-feed threads: their mark covers the
     /// whole file system, so they work for whatever else the machine (or a parallel test) is
@@ -341,7 +381,9 @@ fn socket_dir_owned_by_another_user_is_refused() {
             run.join("ctl.sock")
         },
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // The daemon answers FUSE requests (a listing) only after it set up, or refused, its
+    // control socket (`dircache_fuse::mount` decides before the session runs).
+    assert!(std::fs::read_dir(d.m("")).is_ok(), "mount not served");
     assert!(
         !d.sock.exists(),
         "the daemon put its socket in a directory user 1001 controls"
@@ -573,7 +615,7 @@ fn held_connections_and_huge_frames_are_bounded() {
     // Let the daemon settle, then take the baseline.
     let o = dircache_as(0, &["stats", &d.m("")], &[]);
     let _ = o;
-    std::thread::sleep(Duration::from_millis(300));
+    d.settle();
     let (threads0, rss0) = (d.threads(), d.rss_kib());
     let script = format!(
         r#"
@@ -654,7 +696,7 @@ fn huge_alternations_are_cheap() {
     let _ = s.read_to_end(&mut sink);
     let took = t.elapsed();
     std::thread::sleep(Duration::from_millis(200));
-    let cpu = d.cpu_ticks() - cpu0;
+    let cpu = d.cpu_ticks().saturating_sub(cpu0);
     assert!(took < Duration::from_secs(3), "answered after {took:?}");
     assert!(cpu < 150, "the daemon spent {cpu} ticks on one request");
 }
@@ -682,7 +724,9 @@ fn disconnect_cancels_the_search() {
     let mut s = UnixStream::connect(&d.sock).expect("connect");
     s.write_all(&frame(&req)).expect("send");
     std::thread::sleep(Duration::from_millis(700));
-    let busy0 = d.cpu_ticks() - idle;
+    // Saturating: the feed threads' ticks are read a moment after the process total, so a
+    // window in which the rest of the daemon did nothing can come out a tick or two negative.
+    let busy0 = d.cpu_ticks().saturating_sub(idle);
     drop(s);
     std::thread::sleep(Duration::from_millis(500));
     let c0 = d.cpu_ticks();
@@ -690,9 +734,9 @@ fn disconnect_cancels_the_search() {
     let c1 = d.cpu_ticks();
     assert!(busy0 >= 20, "the search did not run ({busy0} ticks)");
     assert!(
-        c1 - c0 < 30,
+        c1.saturating_sub(c0) < 30,
         "the daemon used {} ticks in the 2 s after its client left",
-        c1 - c0
+        c1.saturating_sub(c0)
     );
 }
 
@@ -745,7 +789,7 @@ fn control_socket_survives_random_frames() {
         s.read_exact(&mut len).expect("ping answer");
     };
     ping();
-    std::thread::sleep(Duration::from_millis(200));
+    d.settle();
     let threads0 = d.threads();
     let corpus: Vec<Vec<u8>> = [
         r#"{"op":"stats"}"#,
@@ -839,19 +883,22 @@ fn a_client_that_never_reads_is_dropped() {
             }
         }
     });
-    std::thread::sleep(Duration::from_millis(300));
-    let threads0 = d.threads();
+    // Count the connection's own thread: the FUSE session grows its worker pool on demand,
+    // so the daemon's total thread count is no baseline.
+    d.settle();
     let req = serde_json::json!({"op":"search","paths":"/","pattern":"*","flags":2});
     let mut s = UnixStream::connect(&d.sock).expect("connect");
     s.write_all(&frame(&req)).expect("send");
     // Never read. The daemon fills the socket buffer and blocks.
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(d.threads() > threads0, "the search did not start");
-    let gone = wait_for(Duration::from_secs(20), || d.threads() <= threads0);
+    assert!(
+        wait_for(Duration::from_secs(20), || d.conn_threads() > 0).is_some(),
+        "the search did not start"
+    );
+    let gone = wait_for(Duration::from_secs(30), || d.conn_threads() == 0);
     assert!(
         gone.is_some(),
-        "daemon threads {threads0} -> {} 22 s after a client stopped reading",
-        d.threads()
+        "the connection is still served 30 s after its client stopped reading: {:?}",
+        d.thread_names()
     );
     drop(s);
 }

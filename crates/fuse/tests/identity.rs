@@ -428,7 +428,8 @@ cat f > /dev/null
 python3 -c 'import os, time; print(abs(os.stat("f").st_atime - time.time()) < 5)'
 python3 -c 'import os; print(os.stat("g").st_atime); os.open("g", os.O_RDONLY); print(os.stat("g").st_atime)'
 python3 -c 'import os, time; fd = os.open("g", os.O_RDONLY); os.read(fd, 1); print(abs(os.stat("g").st_atime - time.time()) < 5)'
-sleep 0.1
+# Wait (at most 5 s) until the listing shows the new atimes, rather than sleeping.
+i=0; until [ -z "$(ls -lu --time-style=+%s | awk 'NF > 5 && $6 <= 946684800')" ] || [ $i -ge 500 ]; do sleep 0.01; i=$((i+1)); done
 ls -lu --time-style=+%s | awk 'NF > 5 { print $7, ($6 > 946684800) }'
 "#;
         let (n, m) = setup_native_and_mount(&t, setup, script);
@@ -462,7 +463,8 @@ m = mmap.mmap(fd, 8192)
 m[0:5] = b"hello"
 m.close(); os.close(fd)
 '
-sleep 0.2
+# Wait (at most 5 s) for the write-back to move the mtime, rather than sleeping.
+i=0; until [ "$(stat -c %Y f)" -gt 946684800 ] || [ $i -ge 500 ]; do sleep 0.01; i=$((i+1)); done
 stat -c %Y f | awk '{ print ($1 > 946684800) }'
 python3 -c '
 import mmap, os

@@ -123,7 +123,7 @@ fn users() -> Vec<Who> {
 
 #[test]
 fn creation_as_user_matches_kernel() {
-    if !is_root() {
+    if !need_root("switches to other users' credentials") {
         return;
     }
     for (i, w) in users().iter().enumerate() {
@@ -237,7 +237,7 @@ fn creation_as_user_matches_kernel() {
 
 #[test]
 fn expected_denials() {
-    if !is_root() {
+    if !need_root("switches to other users' credentials") {
         return;
     }
     let (_t, r) = setup();
@@ -357,7 +357,7 @@ fn expected_denials() {
 
 #[test]
 fn mutations_on_other_threads_are_not_affected() {
-    if !is_root() {
+    if !need_root("switches to other users' credentials") {
         return;
     }
     // Many threads mutating as different users at once: each file gets its own caller's owner.
@@ -398,7 +398,7 @@ fn mutations_on_other_threads_are_not_affected() {
 /// search its directory; a plain read of it stays refused.
 #[test]
 fn exec_open_of_execute_only_file() {
-    if !is_root() {
+    if !need_root("switches to other users' credentials") {
         return;
     }
     const FMODE_EXEC: i32 = 0o40;
@@ -496,7 +496,7 @@ fn sh_as(id: u32, dir: &Path, script: &str) -> std::process::Output {
 /// Quota limits are lifted by the same capability.
 #[test]
 fn reserved_blocks_are_not_the_callers() {
-    if !is_root() {
+    if !need_root("switches to other users' credentials") {
         return;
     }
     let Some(ext4) = Ext4::new() else {
@@ -556,7 +556,7 @@ fn reserved_blocks_are_not_the_callers() {
 /// `reserved_blocks_are_not_the_callers`).
 #[test]
 fn mutations_as_a_user_hold_no_capabilities() {
-    if !is_root() {
+    if !need_root("switches to other users' credentials") {
         return;
     }
     let t = tmp();

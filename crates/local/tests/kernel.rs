@@ -897,7 +897,7 @@ fn cached(r: &Path) -> LocalBackend {
 /// the kernel says; resolution crosses the mount point (RESOLVE_BENEATH allows it).
 #[test]
 fn cross_device_is_exdev() {
-    if !is_root() {
+    if !need_root("mounts a tmpfs for a second device") {
         return;
     }
     let t = tmp();
@@ -916,7 +916,10 @@ fn cross_device_is_exdev() {
         )
     };
     if m != 0 {
-        eprintln!("cannot mount tmpfs: {}", std::io::Error::last_os_error());
+        cannot_run(&format!(
+            "cannot mount tmpfs: {}",
+            std::io::Error::last_os_error()
+        ));
         return;
     }
     struct Unmount(CString);

@@ -379,8 +379,8 @@ fn run(seed: u64, steps: usize) {
 
 #[test]
 fn memory_backend_agrees_with_kernel() {
-    if !common::is_root() {
-        return; // needs to switch credentials
+    if !common::need_root("switches credentials") {
+        return;
     }
     // SAFETY: umask has no preconditions; this test binary has no other test that cares.
     unsafe { libc::umask(0) };

@@ -83,7 +83,7 @@ impl Drop for Mount {
 
 fn mount_tmpfs(at: &Path) -> Option<Mount> {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: needs root");
+        cannot_run("needs root to mount tmpfs");
         return None;
     }
     let ok = Command::new("mount")
@@ -92,7 +92,7 @@ fn mount_tmpfs(at: &Path) -> Option<Mount> {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipped: cannot mount tmpfs");
+        cannot_run("cannot mount tmpfs");
         return None;
     }
     Some(Mount(at.to_path_buf()))

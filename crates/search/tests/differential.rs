@@ -424,7 +424,7 @@ fn many_roots_and_wide_dirs_stay_within_descriptor_bounds() {
 #[test]
 fn pattern_decomposition_at_a_mount_point() {
     if !is_root() {
-        eprintln!("skipped: needs root to mount tmpfs");
+        cannot_run("needs root to mount tmpfs");
         return;
     }
     let t = tmp();
@@ -436,7 +436,7 @@ fn pattern_decomposition_at_a_mount_point() {
         .arg(&mnt)
         .status();
     if !st.is_ok_and(|s| s.success()) {
-        eprintln!("skipped: cannot mount tmpfs");
+        cannot_run("cannot mount tmpfs");
         return;
     }
     struct Umount(PathBuf);

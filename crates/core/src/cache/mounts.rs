@@ -107,11 +107,18 @@ impl Cache {
         while node.has(MOUNTED) {
             let m = ns.mounts.read().get(&node.id).cloned();
             match m {
-                Some(m) => {
+                // Only a mount made on this dentry as seen through `mnt`: a bind mount of a
+                // directory holding a mount point shows the covered directory (MS_BIND without
+                // MS_REC does not replicate submounts).
+                Some(m)
+                    if m.parent
+                        .as_ref()
+                        .is_some_and(|(pm, _)| Arc::ptr_eq(pm, &mnt)) =>
+                {
                     node = m.root.clone();
                     mnt = m;
                 }
-                None => break,
+                _ => break,
             }
         }
         (mnt, node)

@@ -406,7 +406,9 @@ impl Cache {
         } else {
             (st.mnt.clone(), st.node.clone())
         };
-        let mut follow_final = flags.follow;
+        // `directory` means what a trailing slash means: the final symlink is followed (as the
+        // fast path does).
+        let mut follow_final = flags.follow || flags.directory;
         let mut must_dir = flags.directory;
         if path::wants_dir(path) {
             follow_final = true;

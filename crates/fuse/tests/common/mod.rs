@@ -9,15 +9,32 @@ use std::time::{Duration, Instant};
 
 pub const PY: &str = "/usr/bin/python3";
 
-/// Whether real mounts can be made here (root and /dev/fuse). Tests skip otherwise.
+/// Whether real mounts can be made here (root and /dev/fuse). Tests return early otherwise,
+/// after [`cannot_run`] (which fails the test under CI).
 pub fn can_mount() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if !root || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipping: needs root and /dev/fuse");
+        cannot_run("needs root and /dev/fuse");
         return false;
     }
     true
+}
+
+/// A test that cannot run here (no root, no /dev/fuse, ...). Under CI (the `CI` variable is
+/// set) that is a failure: CI must run every test. Elsewhere the test returns early, but says
+/// so loudly on stderr (past the test harness's output capture).
+pub fn cannot_run(why: &str) {
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: cannot run ({why}), and CI is set: a skipped test fails in CI");
+    }
+    // Straight to the stderr descriptor: the test harness captures eprintln! of passing tests.
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("\n*** SKIPPED {test}: {why}. This test did NOT run (in CI it fails). ***\n")
+            .as_bytes(),
+    );
 }
 
 /// A dircache mount served in this process. Drop unmounts (lazily if busy) and joins the

@@ -1,0 +1,352 @@
+//! What the cache answers without asking the backend, and when it must ask again, on the
+//! in-memory backend (`MemoryBackend::calls` counts backend calls): deep negative entries,
+//! directory completeness (SOSP'15 §5.1-5.2), and prefix-check invalidation when an
+//! ancestor's permissions change (§3.2, "Directory References" for open handles). Expected
+//! errno values are Linux's (path_resolution(7)).
+
+mod common;
+
+use common::{cache_with, resolve, root, user};
+use dircache_core::{At, Backend, Change, Config, Cred, LookupFlags, SetAttr};
+
+const F: LookupFlags = LookupFlags::FOLLOW;
+
+fn chmod(m: u32) -> SetAttr {
+    SetAttr {
+        mode: Some(m),
+        ..Default::default()
+    }
+}
+
+/// Deep negatives: after `missing/x/y` failed with ENOENT and `file/x/y` with ENOTDIR (as
+/// Linux), asking again costs no backend call; creating the missing directory (through the
+/// cache, or outside and reported) makes the names below it resolvable.
+#[test]
+fn deep_negatives_answer_without_the_backend_and_are_dropped_on_create() {
+    let (m, c) = cache_with(&["d/file"], Config::default());
+    let r = root(&c);
+    let cases = [
+        ("d/missing/x/y", libc::ENOENT),
+        ("d/missing/x/y/z/w", libc::ENOENT),
+        ("d/file/x/y", libc::ENOTDIR),
+        ("d/file/", libc::ENOTDIR),
+        ("d/missing", libc::ENOENT),
+    ];
+    for (p, e) in cases {
+        assert_eq!(resolve(&c, &r, At::Root, p, F), Err(e), "{p}");
+    }
+    m.reset_calls();
+    for _ in 0..3 {
+        for (p, e) in cases {
+            assert_eq!(resolve(&c, &r, At::Root, p, F), Err(e), "{p}");
+        }
+    }
+    assert_eq!(m.calls(), 0, "negative answers went to the backend");
+
+    // Through the cache: mkdir -p d/missing/x.
+    c.mkdir(&r, At::Root, b"d/missing", 0o755).unwrap();
+    assert_eq!(
+        resolve(&c, &r, At::Root, "d/missing/x/y", F),
+        Err(libc::ENOENT)
+    );
+    c.mkdir(&r, At::Root, b"d/missing/x", 0o755).unwrap();
+    c.mknod(&r, At::Root, b"d/missing/x/y", libc::S_IFREG | 0o644, 0)
+        .unwrap();
+    assert_eq!(
+        resolve(&c, &r, At::Root, "d/missing/x/y", F),
+        Ok("d/missing/x/y".into())
+    );
+    assert_eq!(
+        resolve(&c, &r, At::Root, "d/missing/x/y/z/w", F),
+        Err(libc::ENOTDIR)
+    );
+
+    // Outside, reported by the change feed: the file becomes a directory.
+    m.unlink(&Cred::root(), b"d/file").unwrap();
+    m.mkdir(&Cred::root(), b"d/file", 0o755).unwrap();
+    m.mkdir(&Cred::root(), b"d/file/x", 0o755).unwrap();
+    c.apply_change(&Change::Entry {
+        path: b"d/file".to_vec(),
+    });
+    assert_eq!(
+        resolve(&c, &r, At::Root, "d/file/x", F),
+        Ok("d/file/x".into())
+    );
+    assert_eq!(
+        resolve(&c, &r, At::Root, "d/file/x/y", F),
+        Err(libc::ENOENT)
+    );
+}
+
+/// The same, fed by the backend's own change feed (`MemoryBackend::with_watch`), as a front
+/// end would apply it.
+#[test]
+fn change_feed_reports_outside_creates_under_deep_negatives() {
+    let m = std::sync::Arc::new(dircache_core::memory::MemoryBackend::with_watch());
+    m.populate(&["d/"]);
+    let c = dircache_core::Cache::new(m.clone(), Config::default()).unwrap();
+    let feed = m.watch().unwrap().expect("with_watch gives a feed");
+    let r = root(&c);
+    for _ in 0..2 {
+        assert_eq!(resolve(&c, &r, At::Root, "d/a/b/c", F), Err(libc::ENOENT));
+    }
+    m.mkdir(&Cred::root(), b"d/a", 0o755).unwrap();
+    m.mkdir(&Cred::root(), b"d/a/b", 0o755).unwrap();
+    m.mknod(&Cred::root(), b"d/a/b/c", libc::S_IFREG | 0o600, 0)
+        .unwrap();
+    let mut n = 0;
+    while let Ok(ch) = feed.try_recv() {
+        c.apply_change(&ch);
+        n += 1;
+    }
+    assert!(n >= 3, "the feed reported {n} changes for three creates");
+    assert_eq!(
+        resolve(&c, &r, At::Root, "d/a/b/c", F),
+        Ok("d/a/b/c".into())
+    );
+}
+
+/// Directory completeness: once a directory was listed, a missing name in it is answered
+/// ENOENT without a backend call, and listing it again costs none either. Without the
+/// optimization, the same miss goes to the backend. A name created through the cache keeps
+/// the directory complete; one created outside and reported is found.
+#[test]
+fn complete_directory_answers_misses_without_the_backend() {
+    for completeness in [true, false] {
+        let (m, c) = cache_with(
+            &["d/a", "d/b", "d/sub/"],
+            Config {
+                completeness,
+                ..Config::default()
+            },
+        );
+        let r = root(&c);
+        let listed = c.readdir(&r, At::Root, b"d").unwrap();
+        assert_eq!(listed.len(), 3);
+        m.reset_calls();
+        assert_eq!(resolve(&c, &r, At::Root, "d/nope", F), Err(libc::ENOENT));
+        assert_eq!(resolve(&c, &r, At::Root, "d/nope2/x", F), Err(libc::ENOENT));
+        let again = c.readdir(&r, At::Root, b"d").unwrap();
+        assert_eq!(again.len(), 3);
+        if completeness {
+            assert_eq!(m.calls(), 0, "complete directory asked the backend");
+            assert!(c.lookup(&r, At::Root, b"d", F).unwrap().is_complete());
+        } else {
+            assert!(
+                m.calls() >= 2,
+                "without completeness a miss must ask the backend"
+            );
+            continue;
+        }
+        c.mknod(&r, At::Root, b"d/c", libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        // The create changed d's mtime: the cache forgets d's attributes and fetches them
+        // once (one getattr); after that, misses in d still cost nothing.
+        assert!(c.lookup(&r, At::Root, b"d", F).unwrap().is_complete());
+        c.stat(&r, At::Root, b"d", F).unwrap();
+        m.reset_calls();
+        assert_eq!(resolve(&c, &r, At::Root, "d/nope3", F), Err(libc::ENOENT));
+        assert_eq!(c.readdir(&r, At::Root, b"d").unwrap().len(), 4);
+        assert_eq!(m.calls(), 0, "a create through the cache lost completeness");
+        // Outside: the cache cannot know until told.
+        m.mknod(&Cred::root(), b"d/outside", libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        c.apply_change(&Change::Entry {
+            path: b"d/outside".to_vec(),
+        });
+        assert_eq!(
+            resolve(&c, &r, At::Root, "d/outside", F),
+            Ok("d/outside".into())
+        );
+        assert_eq!(c.readdir(&r, At::Root, b"d").unwrap().len(), 5);
+    }
+}
+
+/// Invariant: a directory marked complete holds every one of its entries. Eviction must not
+/// take a child out of a complete directory and leave it complete (the child would then be
+/// answered ENOENT). A handle pins `d` (so `d` itself stays) while a tiny cache evicts its
+/// children; every listed name must still resolve.
+#[test]
+fn eviction_never_makes_a_complete_directory_lie() {
+    let mut spec: Vec<String> = (0..40).map(|i| format!("d/f{i}")).collect();
+    spec.extend((0..200).map(|i| format!("other/g{i}")));
+    let spec: Vec<&str> = spec.iter().map(String::as_str).collect();
+    let (_m, c) = cache_with(
+        &spec,
+        Config {
+            max_entries: 64,
+            ..Config::default()
+        },
+    );
+    let r = root(&c);
+    let h = c.opendir(&r, At::Root, b"d").unwrap();
+    let mut was_complete = 0;
+    for round in 0..3 {
+        assert_eq!(c.readdir(&r, At::Root, b"d").unwrap().len(), 40);
+        was_complete += h.node().is_complete() as u32;
+        for i in 0..200 {
+            assert!(c
+                .stat(&r, At::Root, format!("other/g{i}").as_bytes(), F)
+                .is_ok());
+        }
+        for i in 0..40 {
+            let p = format!("d/f{i}");
+            assert_eq!(
+                resolve(&c, &r, At::Root, &p, F),
+                Ok(p.clone()),
+                "round {round}"
+            );
+            assert_eq!(
+                resolve(&c, &r, At::Dir(&h), &format!("f{i}"), F),
+                Ok(p),
+                "round {round}"
+            );
+        }
+    }
+    // The test is only meaningful if the directory was complete and then lost children.
+    assert_eq!(was_complete, 3, "the listing did not make d complete");
+    assert!(
+        c.stats().evictions >= 40,
+        "too few evictions: {}",
+        c.stats().evictions
+    );
+    assert!(!h.node().is_dead());
+}
+
+/// Prefix-check cache: a user's cached permission to reach `a/b/c` is revoked when an
+/// ancestor loses search permission (chmod through the cache, or outside and reported), and
+/// given back when it regains it. Root keeps access. Another user's cached checks are his own.
+#[test]
+fn chmod_of_an_ancestor_revokes_cached_prefix_checks() {
+    let (m, c) = cache_with(&["a/b/c/f"], Config::default());
+    let r = root(&c);
+    let u = user(&c, 1000);
+    let v = user(&c, 1001);
+    let paths = ["a/b/c/f", "a/b/c", "a/b/c/../c/f", "a/b/c/nope"];
+    let want = |p: &str| {
+        if p.ends_with("nope") {
+            Err(libc::ENOENT)
+        } else {
+            Ok(common::plan9_clean(p))
+        }
+    };
+    for _ in 0..2 {
+        for p in paths {
+            assert_eq!(resolve(&c, &u, At::Root, p, F), want(p), "{p}");
+            assert_eq!(resolve(&c, &v, At::Root, p, F), want(p), "{p}");
+        }
+    }
+    // chmod 700 a (owned by root): search denied to others.
+    c.setattr(&r, At::Root, b"a", &chmod(0o700), F).unwrap();
+    for _ in 0..2 {
+        for p in paths {
+            assert_eq!(
+                resolve(&c, &u, At::Root, p, F),
+                Err(libc::EACCES),
+                "{p} after chmod"
+            );
+            assert_eq!(resolve(&c, &r, At::Root, p, F), want(p), "root {p}");
+        }
+    }
+    // Give a to uid 1000: he may search again, 1001 still may not.
+    c.setattr(
+        &r,
+        At::Root,
+        b"a",
+        &SetAttr {
+            uid: Some(1000),
+            ..Default::default()
+        },
+        F,
+    )
+    .unwrap();
+    for p in paths {
+        assert_eq!(resolve(&c, &u, At::Root, p, F), want(p), "{p} after chown");
+        assert_eq!(
+            resolve(&c, &v, At::Root, p, F),
+            Err(libc::EACCES),
+            "{p} other user"
+        );
+    }
+    // Outside the cache: chmod 0 a/b, reported as an attribute change.
+    m.setattr(&Cred::root(), b"a/b", &chmod(0)).unwrap();
+    c.apply_change(&Change::Attr {
+        path: b"a/b".to_vec(),
+    });
+    for _ in 0..2 {
+        assert_eq!(resolve(&c, &u, At::Root, "a/b/c/f", F), Err(libc::EACCES));
+    }
+    m.setattr(&Cred::root(), b"a/b", &chmod(0o755)).unwrap();
+    c.apply_change(&Change::Attr {
+        path: b"a/b".to_vec(),
+    });
+    assert_eq!(
+        resolve(&c, &u, At::Root, "a/b/c/f", F),
+        Ok("a/b/c/f".into())
+    );
+}
+
+/// Directory references (SOSP'15 §3.2): a process whose working directory is a/b keeps
+/// opening names below it after an ancestor loses search permission (Linux checks only the
+/// components walked), but `..` out of it needs search permission on a/b again and a path
+/// through a fails.
+#[test]
+fn open_handle_keeps_access_after_ancestor_chmod() {
+    let (_m, c) = cache_with(&["a/b/c/f", "a/b/g"], Config::default());
+    let r = root(&c);
+    let u = user(&c, 1000);
+    let h = c.opendir(&u, At::Root, b"a/b").unwrap();
+    for _ in 0..2 {
+        assert_eq!(resolve(&c, &u, At::Dir(&h), "c/f", F), Ok("a/b/c/f".into()));
+    }
+    c.setattr(&r, At::Root, b"a", &chmod(0o700), F).unwrap();
+    for _ in 0..2 {
+        assert_eq!(resolve(&c, &u, At::Dir(&h), "c/f", F), Ok("a/b/c/f".into()));
+        assert_eq!(resolve(&c, &u, At::Dir(&h), "g", F), Ok("a/b/g".into()));
+        assert_eq!(
+            resolve(&c, &u, At::Dir(&h), "c/../g", F),
+            Ok("a/b/g".into())
+        );
+        // `..` of a/b is a: reaching it needs search on a/b only (allowed), but a/b again
+        // from there needs search on a (denied).
+        assert_eq!(resolve(&c, &u, At::Dir(&h), "..", F), Ok("a".into()));
+        assert_eq!(resolve(&c, &u, At::Dir(&h), "../b/g", F), Err(libc::EACCES));
+        assert_eq!(resolve(&c, &u, At::Root, "a/b/g", F), Err(libc::EACCES));
+        assert_eq!(
+            c.opendir(&u, At::Root, b"a/b").err(),
+            Some(dircache_core::Error::Access)
+        );
+    }
+    // Removing search permission on the handle's own directory does end relative access.
+    c.setattr(&r, At::Root, b"a/b", &chmod(0o700), F).unwrap();
+    assert_eq!(resolve(&c, &u, At::Dir(&h), "g", F), Err(libc::EACCES));
+}
+
+/// Renaming an ancestor moves everything cached below it: old paths fail, new ones resolve
+/// (both were in the fast path's table before).
+#[test]
+fn rename_of_an_ancestor_moves_cached_paths() {
+    let (_m, c) = cache_with(&["a/b/c/f", "z/"], Config::default());
+    let r = root(&c);
+    let u = user(&c, 1000);
+    for _ in 0..2 {
+        assert_eq!(
+            resolve(&c, &u, At::Root, "a/b/c/f", F),
+            Ok("a/b/c/f".into())
+        );
+        assert_eq!(resolve(&c, &u, At::Root, "z/b/c/f", F), Err(libc::ENOENT));
+    }
+    c.rename(&r, At::Root, b"a/b", b"z/b", Default::default())
+        .unwrap();
+    for _ in 0..2 {
+        assert_eq!(resolve(&c, &u, At::Root, "a/b/c/f", F), Err(libc::ENOENT));
+        assert_eq!(
+            resolve(&c, &u, At::Root, "z/b/c/f", F),
+            Ok("z/b/c/f".into())
+        );
+        assert_eq!(
+            resolve(&c, &u, At::Root, "z/b/c/../../../a", F),
+            Ok("a".into())
+        );
+    }
+}
