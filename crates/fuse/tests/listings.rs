@@ -354,3 +354,86 @@ fn listing_matches_native() {
         );
     }
 }
+
+/// Listings the core served (from the cache or the backend) and READDIR(PLUS) requests the
+/// kernel sent, from the daemon's stats.
+fn fetches_and_chunks(t: &TestMount) -> (u64, u64) {
+    let v = dircache_fuse::stats::query(
+        &t.dir.path().join("ctl.sock"),
+        &serde_json::json!({"op": "stats"}),
+    )
+    .expect("stats");
+    let s = &v["stats"];
+    let n = |x: &serde_json::Value| x.as_u64().unwrap_or(0);
+    let by = &s["kernel_requests"]["by_kind"];
+    (
+        n(&s["core"]["readdir_hits"]) + n(&s["core"]["backend_readdir"]),
+        n(&by["readdir"]) + n(&by["readdirplus"]),
+    )
+}
+
+/// One stream reads a 5,000-entry directory while, between its chunks, names are created and
+/// removed through the mount: the stream resumes from one snapshot (one listing fetched per
+/// pass, not one per chunk: no quadratic cost) and still holds every unchanged name once.
+fn one_fetch_per_pass_case(label: &str, policy: CachePolicy) -> Result<(), String> {
+    const N: usize = 5000;
+    let t = TestMount::with_policy(policy);
+    let prep = t.dir.path().join("prep");
+    std::fs::create_dir(&prep).unwrap();
+    for i in 0..N {
+        std::fs::write(prep.join(stable_name(i)), b"").unwrap();
+    }
+    std::fs::rename(&prep, t.s("big")).unwrap();
+    let (f0, c0) = fetches_and_chunks(&t);
+    let mut d = Dir::open(&t.m("big"));
+    let mut names = Vec::new();
+    let mut changes = 0;
+    while let Some(n) = d.next() {
+        names.push(n);
+        if names.len() % 20 == 0 {
+            let p = t.m(&format!("big/through-the-mount-{changes}"));
+            std::fs::write(&p, b"").unwrap();
+            std::fs::remove_file(&p).unwrap();
+            changes += 1;
+        }
+    }
+    drop(d);
+    let (f1, c1) = fetches_and_chunks(&t);
+    let (fetches, chunks) = (f1 - f0, c1 - c0);
+    let stable: Vec<Vec<u8>> = names
+        .into_iter()
+        .filter(|n| !n.starts_with(b"through-the-mount-"))
+        .collect();
+    let unique: BTreeSet<&Vec<u8>> = stable.iter().collect();
+    if stable.len() != N || unique.len() != N {
+        return Err(format!(
+            "{label}: {} names, {} distinct, want {N}",
+            stable.len(),
+            unique.len()
+        ));
+    }
+    if chunks < 10 {
+        return Err(format!(
+            "{label}: only {chunks} chunks: the test needs resumes"
+        ));
+    }
+    if fetches > 2 {
+        return Err(format!(
+            "{label}: {fetches} listings fetched for one pass of {chunks} chunks ({changes} changes)"
+        ));
+    }
+    eprintln!("{label}: {fetches} fetches, {chunks} chunks, {changes} changes");
+    Ok(())
+}
+
+#[test]
+fn a_pass_fetches_the_listing_once_while_names_change() {
+    if !can_mount() {
+        return;
+    }
+    let failures: Vec<String> = policies()
+        .into_iter()
+        .filter_map(|(label, policy)| one_fetch_per_pass_case(label, policy).err())
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
