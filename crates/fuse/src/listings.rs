@@ -46,6 +46,11 @@ use dircache_core::DirEntry;
 /// The offset after `..`: cookies of entries are above it.
 pub const AFTER_DOTDOT: u64 = 2;
 
+/// Directory handles count up from here, so that none equals an open file's handle (those
+/// count up from 1): the kernel passes a directory's handle with some requests on its inode
+/// (SETATTR of fchmod/futimens, ioctl), which look handles up among open files.
+const FIRST_DIR_FH: u64 = 1 << 63;
+
 /// One snapshot of a directory, in cookie order.
 pub struct Snapshot {
     /// Fetch ticket: taken before the fetch, larger is newer.
@@ -104,7 +109,7 @@ impl Listings {
         Listings {
             key: std::collections::hash_map::RandomState::new(),
             tickets: AtomicU64::new(1),
-            next_fh: AtomicU64::new(1),
+            next_fh: AtomicU64::new(FIRST_DIR_FH),
             streams: papaya::HashMap::new(),
             shared: papaya::HashMap::new(),
         }
@@ -121,7 +126,7 @@ impl Listings {
         }
     }
 
-    /// OPENDIR: a new stream; returns its handle (never 0).
+    /// OPENDIR: a new stream; returns its handle (never 0, never an open file's).
     pub fn open(&self) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.streams
@@ -272,7 +277,7 @@ mod tests {
     fn opendir_streams_keep_their_own_snapshot_until_release() {
         let l = Listings::new();
         let fh = l.open();
-        assert_ne!(fh, 0);
+        assert!(fh >= FIRST_DIR_FH);
         let a = l.store(3, fh, l.ticket(), vec![entry("x")]);
         let _other = l.store(3, 0, l.ticket(), vec![entry("y")]);
         let got = l.resume(3, fh, 9).expect("stream snapshot");
