@@ -33,7 +33,9 @@
 //!   shared snapshot as it is (changes made meanwhile need not show, POSIX allows either), so
 //!   resuming never re-fetches while a snapshot exists: a listing of n entries costs one
 //!   fetch, not one per chunk. It is dropped when a stream reaches the end (a later resume
-//!   of another stream then fetches once more) and when the kernel forgets the directory.
+//!   of another stream then fetches once more; the newest ticket stays as a watermark, so a
+//!   slow fetch that began before some stream started cannot come back as the shared
+//!   snapshot) and when the kernel forgets the directory.
 //!
 //! Both tables are lock-free maps (papaya) keyed by handle or node id: no global mutex.
 
@@ -53,8 +55,6 @@ const FIRST_DIR_FH: u64 = 1 << 63;
 
 /// One snapshot of a directory, in cookie order.
 pub struct Snapshot {
-    /// Fetch ticket: taken before the fetch, larger is newer.
-    ticket: u64,
     entries: Vec<(u64, DirEntry)>,
 }
 
@@ -82,6 +82,14 @@ impl Snapshot {
     }
 }
 
+/// The handle-0 snapshot of one directory: `ticket` is the newest ever stored (kept when
+/// the snapshot is dropped at the end of a stream).
+#[derive(Clone)]
+struct Shared {
+    ticket: u64,
+    snapshot: Option<Arc<Snapshot>>,
+}
+
 /// The state of one stream opened with OPENDIR.
 struct Stream {
     snapshot: Option<Arc<Snapshot>>,
@@ -95,7 +103,7 @@ pub struct Listings {
     /// Streams opened with OPENDIR, by handle.
     streams: papaya::HashMap<u64, Arc<Stream>>,
     /// The shared snapshot of handle-0 streams (`no_opendir`), by directory node id.
-    shared: papaya::HashMap<u64, Arc<Snapshot>>,
+    shared: papaya::HashMap<u64, Shared>,
 }
 
 impl Default for Listings {
@@ -156,7 +164,10 @@ impl Listings {
                 return s.snapshot.clone();
             }
         }
-        self.shared.pin().get(&nodeid).cloned()
+        self.shared
+            .pin()
+            .get(&nodeid)
+            .and_then(|s| s.snapshot.clone())
     }
 
     /// A ticket to take before fetching a listing (see [`Listings::store`]).
@@ -172,7 +183,7 @@ impl Listings {
             .map(|e| (self.cookie(&e.name), e))
             .collect();
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
-        let snap = Arc::new(Snapshot { ticket, entries });
+        let snap = Arc::new(Snapshot { entries });
         if fh != 0 {
             let streams = self.streams.pin();
             if streams.contains_key(&fh) {
@@ -185,16 +196,20 @@ impl Listings {
                 return snap;
             }
         }
+        let new = Shared {
+            ticket,
+            snapshot: Some(snap.clone()),
+        };
         self.shared.pin().update_or_insert(
             nodeid,
             |old| {
                 if old.ticket < ticket {
-                    snap.clone()
+                    new.clone()
                 } else {
                     old.clone()
                 }
             },
-            snap.clone(),
+            new.clone(),
         );
         snap
     }
@@ -205,10 +220,13 @@ impl Listings {
         if fh != 0 && self.streams.pin().contains_key(&fh) {
             return;
         }
-        let _ = self
-            .shared
-            .pin()
-            .remove_if(&nodeid, |_, s| Arc::ptr_eq(s, snap));
+        self.shared.pin().update(nodeid, |old| match &old.snapshot {
+            Some(s) if Arc::ptr_eq(s, snap) => Shared {
+                ticket: old.ticket,
+                snapshot: None,
+            },
+            _ => old.clone(),
+        });
     }
 }
 
@@ -268,6 +286,9 @@ mod tests {
         // The end of a stream drops the shared snapshot it used.
         l.finished(3, 0, &got);
         assert!(l.resume(3, 0, 5).is_none());
+        // A fetch that began before the dropped one cannot come back.
+        let _ = l.store(3, 0, old, vec![entry("x")]);
+        assert!(l.resume(3, 0, 5).is_none());
         // Offset 0 always fetches.
         let _ = l.store(3, 0, l.ticket(), vec![entry("x")]);
         assert!(l.resume(3, 0, 0).is_none());
@@ -291,7 +312,6 @@ mod tests {
     #[test]
     fn a_run_of_equal_cookies_is_not_split() {
         let snap = Snapshot {
-            ticket: 1,
             entries: vec![
                 (5, entry("a")),
                 (9, entry("b")),
