@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
 use dircache_core::{
-    Attr, Backend, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType, NodeKind, NodeRef,
-    RenameMode, SetAttr, TimeSet, Timespec, XattrTarget,
+    Attr, Backend, Cache, Cred, Creds, Error as CoreError, FileType, NodeKind, NodeRef, RenameMode,
+    SetAttr, TimeSet, Timespec, XattrTarget,
 };
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 
 use crate::creds::RequestGroups;
 use crate::inodes::{Inodes, Key, ROOT};
+use crate::listings::{Listings, Snapshot, AFTER_DOTDOT};
 use crate::notifier::NotifyMsg;
 use crate::openfds::{FdKey, OpenFds, SharedFd};
 use crate::policy::CachePolicy;
@@ -211,7 +212,7 @@ pub struct DircacheFs {
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     fds: OpenFds,
     next_fh: AtomicU64,
-    listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    listings: Listings,
     counters: Arc<RequestCounters>,
     notify: Sender<NotifyMsg>,
     passthrough: bool,
@@ -257,7 +258,7 @@ impl DircacheFs {
             files: Mutex::new(HashMap::new()),
             fds,
             next_fh: AtomicU64::new(1),
-            listings: Mutex::new(HashMap::new()),
+            listings: Listings::new(),
             counters: counters.clone(),
             notify,
             passthrough: false,
@@ -485,28 +486,27 @@ impl DircacheFs {
     fn dir_changed(&self, dir: &NodeRef) {
         self.inodes.clear_acl_absent();
         self.cache.forget_attr(dir);
-        if let Some(id) = self.inodes.nodeid_of(dir) {
-            self.listings.lock().remove(&id);
-        }
+        // Listing streams keep their snapshots: they resume by cookie (listings.rs), and
+        // every new stream (offset 0) fetches the directory as it is now.
     }
 
+    /// The snapshot a READDIR(PLUS) of `ino` at `offset` on handle `fh` is served from.
     fn listing(
         &self,
         req: &Request,
         ino: INodeNo,
+        fh: FileHandle,
         offset: u64,
         plus: bool,
-    ) -> Result<Arc<Vec<DirEntry>>, Errno> {
-        if offset > 0 {
-            if let Some(l) = self.listings.lock().get(&ino.0) {
-                return Ok(l.clone());
-            }
+    ) -> Result<Arc<Snapshot>, Errno> {
+        if let Some(s) = self.listings.resume(ino.0, fh.0, offset) {
+            return Ok(s);
         }
+        let ticket = self.listings.ticket();
         let dir = self.node(ino)?;
         let c = self.read_creds(req);
-        let l = Arc::new(self.cache.readdir_node(&c, &dir, plus).map_err(errno)?);
-        self.listings.lock().insert(ino.0, l.clone());
-        Ok(l)
+        let l = self.cache.readdir_node(&c, &dir, plus).map_err(errno)?;
+        Ok(self.listings.store(ino.0, fh.0, ticket, l))
     }
 
     fn parent_nodeid(&self, node: &NodeRef) -> u64 {
@@ -1026,6 +1026,7 @@ impl fuser::Filesystem for DircacheFs {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.count(Op::forget);
+        self.listings.forget_dir(ino.0);
         self.inodes.forget(ino.0, nlookup);
     }
 
@@ -1651,19 +1652,19 @@ impl fuser::Filesystem for DircacheFs {
         } else {
             FopenFlags::empty()
         };
-        reply.opened(FileHandle(0), flags)
+        reply.opened(FileHandle(self.listings.open()), flags)
     }
 
     fn readdir(
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         self.count(Op::readdir);
-        let list = match self.listing(req, ino, offset, false) {
+        let list = match self.listing(req, ino, fh, offset, false) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
         };
@@ -1697,24 +1698,26 @@ impl fuser::Filesystem for DircacheFs {
             }
             off = 2;
         }
-        let start = (off - 2) as usize;
+        let start = list.resume_at(off.max(AFTER_DOTDOT));
         let mut finished = true;
-        for (i, e) in list.iter().enumerate().skip(start) {
+        for (i, (cookie, e)) in list.entries().iter().enumerate().skip(start) {
             // getdents' d_ino: the entry's own number on the directory's device (for a mount
             // point, the covered directory's, as natively).
             let d_ino = self.inodes.ino_of(dev, e.ino);
-            if reply.add(
-                INodeNo(d_ino.max(2)),
-                (i + 3) as u64,
-                fuse_kind(e.kind),
-                OsStr::from_bytes(&e.name),
-            ) {
+            if list.ends_chunk_before(i, i > start)
+                || reply.add(
+                    INodeNo(d_ino.max(2)),
+                    *cookie,
+                    fuse_kind(e.kind),
+                    OsStr::from_bytes(&e.name),
+                )
+            {
                 finished = false;
                 break;
             }
         }
-        if finished && start > 0 {
-            self.listings.lock().remove(&ino.0);
+        if finished {
+            self.listings.finished(ino.0, fh.0, &list);
         }
         reply.ok()
     }
@@ -1723,12 +1726,12 @@ impl fuser::Filesystem for DircacheFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         self.count(Op::readdirplus);
-        let list = match self.listing(req, ino, offset, true) {
+        let list = match self.listing(req, ino, fh, offset, true) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
         };
@@ -1763,9 +1766,14 @@ impl fuser::Filesystem for DircacheFs {
             off = 2;
         }
         let c = self.read_creds(req);
-        let start = (off - 2) as usize;
+        let start = list.resume_at(off.max(AFTER_DOTDOT));
         let mut finished = true;
-        for (i, e) in list.iter().enumerate().skip(start) {
+        let mut added = false;
+        for (i, (cookie, e)) in list.entries().iter().enumerate().skip(start) {
+            if list.ends_chunk_before(i, added) {
+                finished = false;
+                break;
+            }
             let Some(node) = self.child(&c, &dir, OsStr::from_bytes(&e.name)) else {
                 continue;
             };
@@ -1781,7 +1789,7 @@ impl fuser::Filesystem for DircacheFs {
                 .register(&node, &a, ino.0, |n, k| self.names_key(n, k));
             if reply.add(
                 INodeNo(id),
-                (i + 3) as u64,
+                *cookie,
                 OsStr::from_bytes(&e.name),
                 &ttl,
                 &fuse_attr(id, &a),
@@ -1791,9 +1799,10 @@ impl fuser::Filesystem for DircacheFs {
                 finished = false;
                 break;
             }
+            added = true;
         }
-        if finished && start > 0 {
-            self.listings.lock().remove(&ino.0);
+        if finished {
+            self.listings.finished(ino.0, fh.0, &list);
         }
         reply.ok()
     }
@@ -1802,11 +1811,12 @@ impl fuser::Filesystem for DircacheFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
         self.count(Op::releasedir);
+        self.listings.release(fh.0);
         reply.ok()
     }
 

@@ -22,6 +22,7 @@ pub mod creds;
 pub mod fs;
 pub mod inodes;
 pub mod kmount;
+mod listings;
 pub mod notifier;
 mod openfds;
 pub mod policy;

@@ -13,7 +13,10 @@ fn find_du_ls_stat_match_src() {
     for script in [
         "find . | sort",
         "find . -type f -name '*.txt' | sort",
-        "du -s --apparent-size .; du -a --apparent-size . | sort -k2",
+        // -l: every link of a hard-linked file is counted, so `du -a` shows the same names
+        // whichever link it meets first (listing order through the mount is cookie order,
+        // not SRC's; see listings.rs). `du -s` still counts each inode once.
+        "du -s --apparent-size .; du -al --apparent-size . | sort -k2",
         "ls -lR --time-style=+%s .",
         "find . -printf '%p %s %m %n %U %G %y %T@ %l\\n' | sort",
         "stat -c '%n %s %a %h %u %g %F %Y' a/f1.txt d d/link1 a/b/zero.bin",
