@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
 use dircache_core::{
-    Attr, Backend, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType, NodeKind, NodeRef,
-    RenameMode, SetAttr, TimeSet, Timespec, XattrTarget,
+    Attr, Backend, BackendFile, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType,
+    NodeKind, NodeRef, RenameMode, SetAttr, TimeSet, Timespec, XattrTarget,
 };
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
@@ -29,23 +28,14 @@ use crate::openfds::{FdKey, OpenFds, SharedFd};
 use crate::policy::CachePolicy;
 use crate::stats::{Op, RequestCounters, SOCKET_XATTR};
 use crate::umask::with_caller_umask;
-use dircache_local::creds::{ActAs, Caps};
 
 mod handles;
 mod xattrs;
 
-use handles::OpenFile;
+use handles::OpenFiles;
 
 fn errno(e: CoreError) -> Errno {
     Errno::from_i32(e.errno())
-}
-
-fn io_errno(e: std::io::Error) -> Errno {
-    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
-}
-
-fn last_errno() -> Errno {
-    io_errno(std::io::Error::last_os_error())
 }
 
 fn to_system_time(t: Timespec) -> SystemTime {
@@ -111,34 +101,7 @@ pub fn fuse_attr(ino: u64, a: &Attr) -> FileAttr {
     }
 }
 
-/// Attributes of an open descriptor (fstat).
-pub fn attr_of_fd(fd: impl AsFd) -> std::io::Result<Attr> {
-    let st = rustix::fs::fstat(fd)?;
-    Ok(Attr {
-        ino: st.st_ino,
-        dev: st.st_dev,
-        mode: st.st_mode,
-        nlink: st.st_nlink as u32,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        rdev: st.st_rdev,
-        size: st.st_size as u64,
-        blocks: st.st_blocks as u64,
-        blksize: st.st_blksize as u32,
-        atime: Timespec {
-            sec: st.st_atime,
-            nsec: st.st_atime_nsec as u32,
-        },
-        mtime: Timespec {
-            sec: st.st_mtime,
-            nsec: st.st_mtime_nsec as u32,
-        },
-        ctime: Timespec {
-            sec: st.st_ctime,
-            nsec: st.st_ctime_nsec as u32,
-        },
-    })
-}
+pub use dircache_core::file::attr_of_fd;
 
 fn negative_attr() -> FileAttr {
     FileAttr {
@@ -164,11 +127,10 @@ fn negative_attr() -> FileAttr {
 pub struct DircacheFs {
     cache: Arc<Cache>,
     policy: CachePolicy,
-    src: PathBuf,
-    src_fd: Option<OwnedFd>,
     inodes: Arc<Inodes>,
     groups: RequestGroups,
-    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    /// Open handles by file handle: looked up on every read and write (no global lock).
+    files: OpenFiles,
     fds: OpenFds,
     next_fh: AtomicU64,
     listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
@@ -187,12 +149,10 @@ pub struct FsParts {
 }
 
 impl DircacheFs {
-    /// A file system serving `cache` (whose backend is rooted at `src`, used for xattrs and
-    /// statfs). `notify` feeds the notifier thread.
+    /// A file system serving `cache`. `notify` feeds the notifier thread.
     pub fn new(
         cache: Arc<Cache>,
         policy: CachePolicy,
-        src: &Path,
         notify: Sender<NotifyMsg>,
         socket_path: Option<PathBuf>,
     ) -> (DircacheFs, FsParts) {
@@ -200,21 +160,13 @@ impl DircacheFs {
         let root_attr = cache.getattr(&root).ok();
         let inodes = Arc::new(Inodes::new(root, root_attr.as_ref()));
         let counters = Arc::new(RequestCounters::default());
-        let src_fd = rustix::fs::open(
-            src,
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .ok();
         let fds = OpenFds::new(policy.max_open_per_user);
         let fs = DircacheFs {
             cache,
             policy,
-            src: src.to_path_buf(),
-            src_fd,
             inodes: inodes.clone(),
             groups: RequestGroups,
-            files: Mutex::new(HashMap::new()),
+            files: OpenFiles::new(),
             fds,
             next_fh: AtomicU64::new(1),
             listings: Mutex::new(HashMap::new()),
@@ -455,23 +407,6 @@ impl DircacheFs {
             .unwrap_or(ROOT)
     }
 
-    fn real_path_fd(&self, node: &NodeRef) -> Result<OwnedFd, Errno> {
-        let dirfd = self.src_fd.as_ref().ok_or(Errno::EIO)?;
-        let p = self.cache.node_path(node).map_err(errno)?;
-        let p: &[u8] = if p.is_empty() { b"." } else { &p };
-        dircache_local::open_beneath(
-            dirfd.as_fd(),
-            p,
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
-        )
-        .map_err(|e| Errno::from_i32(e.raw_os_error()))
-    }
-
-    fn proc_path(fd: &OwnedFd) -> std::ffi::CString {
-        // A decimal number never contains NUL.
-        std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
-    }
-
     fn rename_mode(flags: RenameFlags) -> Result<RenameMode, Errno> {
         // The kernel already refused invalid combinations (EXCHANGE with either other flag)
         // and checked CAP_MKNOD for a whiteout, in the caller's context.
@@ -498,20 +433,23 @@ impl DircacheFs {
         }
     }
 
-    /// An O_PATH descriptor of the real file behind `ino`, verified to be the inode the
-    /// kernel named (same `(dev, ino)` as when the nodeid was given out): ESTALE otherwise.
-    fn verified_path_fd(&self, ino: INodeNo, node: &NodeRef) -> Result<OwnedFd, Errno> {
-        let key = self
-            .inodes
-            .locate(ino.0)
-            .map(|l| l.3)
-            .ok_or(Errno::ESTALE)?;
-        let fd = self.real_path_fd(node)?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| Errno::from_i32(e.raw_os_error()))?;
-        if (st.st_dev, st.st_ino) != key {
+    /// The file behind `ino` opened by its backend with open(2) `flags`, which may be O_PATH
+    /// (`Backend::open_verified`): verified to be the inode the kernel named (same
+    /// `(dev, ino)` as when the nodeid was given out), ESTALE otherwise, after which the name
+    /// is forgotten here and in the kernel as for an xattr call.
+    fn open_verified(
+        &self,
+        ino: INodeNo,
+        cred: &Cred,
+        flags: i32,
+    ) -> Result<Box<dyn BackendFile>, Errno> {
+        let x = self.xattr_target(ino)?;
+        if x.expect.is_none() {
             return Err(Errno::ESTALE);
         }
-        Ok(fd)
+        x.backend
+            .open_verified(cred, x.target(), flags)
+            .map_err(|e| self.xattr_error(ino, &x, e))
     }
 
     /// A SETATTR that sets nothing but the change time (chown(f, -1, -1), and the like): the
@@ -524,35 +462,25 @@ impl DircacheFs {
     /// them too and fail with EPERM for a non-owner, failing the write; so a file with those
     /// bits is answered without a change (its ctime moves with the write).
     fn touch_ctime(&self, req: &Request, ino: INodeNo, node: &NodeRef, reply: ReplyAttr) {
-        let fd = match self.verified_path_fd(ino, node) {
-            Ok(fd) => fd,
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        let f = match self.open_verified(ino, &cred, libc::O_PATH) {
+            Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        if let Ok(a) = attr_of_fd(&fd) {
+        if let Ok(a) = f.attr() {
             let setid = a.mode & libc::S_ISUID != 0
                 || a.mode & (libc::S_ISGID | libc::S_IXGRP) == (libc::S_ISGID | libc::S_IXGRP);
             if setid {
                 return reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a));
             }
         }
-        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
-        let r = self.cache.backend().as_caller(&cred, &mut || {
-            rustix::fs::chownat(
-                &fd,
-                "",
-                None,
-                None,
-                rustix::fs::AtFlags::EMPTY_PATH | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-            )
-            .map_err(|e| CoreError::from(std::io::Error::from(e)))
-        });
-        if let Err(e) = r {
-            return reply.error(errno(e));
-        }
-        self.attrs_changed(node);
-        match attr_of_fd(&fd) {
-            Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
-            Err(e) => reply.error(io_errno(e)),
+        // Nothing set: chown(-1, -1) as the caller.
+        match f.setattr(&cred, &SetAttr::default()) {
+            Ok(a) => {
+                self.attrs_changed(node);
+                reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
+            }
+            Err(e) => reply.error(errno(e)),
         }
     }
 
@@ -682,7 +610,7 @@ impl fuser::Filesystem for DircacheFs {
         self.count(Op::getattr);
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
-                if let Ok(a) = attr_of_fd(&*of.fd) {
+                if let Ok(a) = of.fd.attr() {
                     let writers = self.inodes.info(ino.0).map(|i| i.writers).unwrap_or(0);
                     return reply.attr(&self.attr_ttl_of(writers), &self.attr_for(ino.0, &a));
                 }
@@ -716,13 +644,7 @@ impl fuser::Filesystem for DircacheFs {
             }
             Err(e) => {
                 // An unlinked file that is still open: answer from its descriptor.
-                let of = self
-                    .files
-                    .lock()
-                    .values()
-                    .find(|f| f.nodeid == ino.0)
-                    .cloned();
-                match of.map(|f| attr_of_fd(&*f.fd)) {
+                match self.any_open(ino.0).map(|f| f.fd.attr()) {
                     Some(Ok(a)) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
                     _ => match self.inodes.dir_attr(ino.0) {
                         // A removed directory the kernel still holds (an open descriptor, a
@@ -793,9 +715,9 @@ impl fuser::Filesystem for DircacheFs {
                 && atime.is_none()
                 && mtime.is_none()
             {
-                return match attr_of_fd(&*fd) {
+                return match fd.attr() {
                     Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
-                    Err(e) => reply.error(io_errno(e)),
+                    Err(e) => reply.error(errno(e)),
                 };
             }
         }
@@ -827,13 +749,7 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) if e == Errno::ENOENT || e == Errno::ESTALE => {
                 // fchmod/fchown/futimens of an open file whose name is gone: the kernel sends
                 // no handle for those, but the inode is still open here.
-                let of = self
-                    .files
-                    .lock()
-                    .values()
-                    .find(|f| f.nodeid == ino.0)
-                    .cloned();
-                let Some(of) = of else {
+                let Some(of) = self.any_open(ino.0) else {
                     return reply.error(e);
                 };
                 match Self::setattr_fd(&of.fd, c.cred(), &set) {
@@ -1328,59 +1244,34 @@ impl fuser::Filesystem for DircacheFs {
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
         self.count(Op::fsyncdir);
-        let fd = match self.node(ino).and_then(|n| self.real_path_fd(&n)) {
-            Ok(fd) => fd,
-            Err(e) => return reply.error(e),
-        };
-        // An O_PATH descriptor cannot be synced: reopen it read-only through /proc.
-        let p = Self::proc_path(&fd);
-        let dfd = match rustix::fs::open(
-            p.as_c_str(),
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        ) {
-            Ok(d) => d,
-            Err(e) => return reply.error(Errno::from_i32(e.raw_os_error())),
-        };
-        let r = if datasync {
-            rustix::fs::fdatasync(&dfd)
-        } else {
-            rustix::fs::fsync(&dfd)
-        };
+        let c = self.read_creds(req);
+        let r = self.xattr_target(ino).and_then(|x| {
+            x.backend
+                .fsyncdir(c.cred(), x.target(), datasync)
+                .map_err(|e| self.xattr_error(ino, &x, e))
+        });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e.raw_os_error())),
+            Err(e) => reply.error(e),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         self.count(Op::statfs);
-        if let Ok(s) = self.cache.backend().statfs(b"") {
-            return reply.statfs(
-                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
-            );
-        }
-        match rustix::fs::statvfs(&self.src) {
+        match self.cache.backend().statfs(b"") {
             Ok(s) => reply.statfs(
-                s.f_blocks,
-                s.f_bfree,
-                s.f_bavail,
-                s.f_files,
-                s.f_ffree,
-                s.f_bsize as u32,
-                s.f_namemax as u32,
-                s.f_frsize as u32,
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
             ),
-            Err(e) => reply.error(Errno::from_i32(e.raw_os_error())),
+            // What the kernel assumes of a FUSE file system that does not implement STATFS.
+            Err(CoreError::NotSupported) => reply.statfs(0, 0, 0, 0, 0, 512, 255, 0),
+            Err(e) => reply.error(errno(e)),
         }
     }
 

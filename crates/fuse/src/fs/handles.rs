@@ -4,19 +4,12 @@
 // The `*_impl` methods take what the `fuser::Filesystem` methods they serve take.
 #![allow(clippy::too_many_arguments)]
 
-use super::*;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
-/// Switch this thread to `cred` for the data path (write, fallocate, truncate,
-/// copy_file_range, setattr on a descriptor; `shared` for a passthrough registration, whose
-/// credentials serve every opener): [`Caps::AdminOnly`]. Nothing changes when the daemon is
-/// not root (it could not switch).
-pub(super) fn as_caller(cred: &Cred, shared: bool) -> Result<ActAs, CoreError> {
-    ActAs::when(
-        dircache_local::creds::process_is_root(),
-        cred,
-        Caps::AdminOnly { shared },
-    )
-}
+use dircache_core::Whence;
+use parking_lot::RwLock;
+
+use super::*;
 
 pub(super) struct OpenFile {
     /// The daemon's descriptor, shared by the same caller's opens of the inode with the same
@@ -34,16 +27,74 @@ pub(super) fn is_writable(flags: i32) -> bool {
     matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR) || flags & libc::O_TRUNC != 0
 }
 
-impl DircacheFs {
-    /// On a `noatime` mount, make reads through the backend descriptor `fd` (the daemon's
-    /// own, and the kernel's passthrough reads) leave the atime alone. The descriptor was
-    /// opened as the caller, who may not own the file (O_NOATIME at open would then be
-    /// EPERM); F_SETFL runs as the daemon (CAP_FOWNER) and grants no access, only drops the
-    /// atime update the mount option promises.
-    pub(super) fn apply_noatime(&self, fd: &impl AsFd) {
-        if !self.noatime {
-            return;
+/// The open handles by file handle, in shards: a read or write looks its handle up under one
+/// shard's read lock (no lock all requests share, and no writer but the open and release of a
+/// handle of the same shard). A removed handle is dropped at once (its descriptor closed when
+/// no request in flight holds it), not at some later reclamation.
+pub(super) struct OpenFiles {
+    shards: Box<[Shard]>,
+}
+
+type Shard = RwLock<HashMap<u64, Arc<OpenFile>>>;
+
+const SHARDS: usize = 64;
+
+impl OpenFiles {
+    pub(super) fn new() -> OpenFiles {
+        OpenFiles {
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
         }
+    }
+
+    fn shard(&self, fh: u64) -> &Shard {
+        &self.shards[(fh % SHARDS as u64) as usize]
+    }
+
+    pub(super) fn get(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        self.shard(fh).read().get(&fh).cloned()
+    }
+
+    pub(super) fn insert(&self, fh: u64, of: Arc<OpenFile>) {
+        self.shard(fh).write().insert(fh, of);
+    }
+
+    pub(super) fn remove(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        self.shard(fh).write().remove(&fh)
+    }
+
+    /// Some handle of `nodeid` (a scan of every shard).
+    pub(super) fn find(&self, nodeid: u64) -> Option<Arc<OpenFile>> {
+        self.shards
+            .iter()
+            .find_map(|s| s.read().values().find(|f| f.nodeid == nodeid).cloned())
+    }
+}
+
+/// The file an ioctl runs on: an open handle's, or a directory the backend opened for it.
+pub(super) enum IoctlFile {
+    Open(Arc<SharedFd>),
+    Dir(Box<dyn BackendFile>),
+}
+
+impl IoctlFile {
+    pub(super) fn get(&self) -> &dyn BackendFile {
+        match self {
+            IoctlFile::Open(f) => &***f,
+            IoctlFile::Dir(f) => &**f,
+        }
+    }
+}
+
+impl DircacheFs {
+    /// On a `noatime` mount, make reads through the backend's open file (the daemon's own,
+    /// and the kernel's passthrough reads) leave the atime alone. The file was opened as the
+    /// caller, who may not own it (O_NOATIME at open would then be EPERM); F_SETFL runs as
+    /// the daemon (CAP_FOWNER) and grants no access, only drops the atime update the mount
+    /// option promises. A file without a local descriptor is the backend's business.
+    pub(super) fn apply_noatime(&self, file: &dyn BackendFile) {
+        let Some(fd) = file.fd().filter(|_| self.noatime) else {
+            return;
+        };
         let r = rustix::fs::fcntl_getfl(fd)
             .and_then(|fl| rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NOATIME));
         if let Err(e) = r {
@@ -52,7 +103,13 @@ impl DircacheFs {
     }
 
     pub(super) fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>, Errno> {
-        self.files.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
+        self.files.get(fh.0).ok_or(Errno::EBADF)
+    }
+
+    /// Some open handle of `nodeid` (for a file whose names are gone: its attributes and
+    /// xattrs through the open file). A scan of the open handles, off the hit path.
+    pub(super) fn any_open(&self, nodeid: u64) -> Option<Arc<OpenFile>> {
+        self.files.find(nodeid)
     }
 
     pub(super) fn add_open(&self, of: OpenFile) -> u64 {
@@ -65,7 +122,7 @@ impl DircacheFs {
             self.queue_inval_inode(of.nodeid);
         }
         self.inodes.add_open(of.nodeid, 1);
-        self.files.lock().insert(fh, Arc::new(of));
+        self.files.insert(fh, Arc::new(of));
         fh
     }
 
@@ -86,24 +143,21 @@ impl DircacheFs {
         }
     }
 
-    /// Check that `fd` is the real inode the kernel's `nodeid` stands for (the path may name
+    /// Check that `file` is the real inode the kernel's `nodeid` stands for (the path may name
     /// another file since the kernel's lookup). ESTALE makes the kernel look the name up again.
-    pub(super) fn check_same_inode(&self, nodeid: u64, fd: &OwnedFd) -> Result<(), Errno> {
+    pub(super) fn check_same_inode(
+        &self,
+        nodeid: u64,
+        file: &dyn BackendFile,
+    ) -> Result<(), Errno> {
         let Some((_, _, _, key)) = self.inodes.locate(nodeid) else {
             return Ok(());
         };
         if key == (u64::MAX, u64::MAX) {
             return Ok(());
         }
-        let st = rustix::fs::statx(
-            fd,
-            c"",
-            rustix::fs::AtFlags::EMPTY_PATH,
-            rustix::fs::StatxFlags::INO,
-        )
-        .map_err(|e| Errno::from_i32(e.raw_os_error()))?;
-        let dev = libc::makedev(st.stx_dev_major, st.stx_dev_minor);
-        if (dev, st.stx_ino) != key {
+        let a = file.attr().map_err(errno)?;
+        if (a.dev, a.ino) != key {
             tracing::debug!("open of nodeid {nodeid}: the path names another inode now");
             return Err(Errno::ESTALE);
         }
@@ -127,29 +181,42 @@ impl DircacheFs {
         // Through a name that still stands for the kernel's inode (see `with_node`).
         let fd = self.with_node(ino, |n| {
             let fd = self.cache.open_node(c, n, oflags)?;
-            match self.check_same_inode(ino.0, &fd) {
+            match self.check_same_inode(ino.0, &*fd) {
                 Ok(()) => Ok(fd),
                 Err(e) if e == Errno::ESTALE => Err(CoreError::Stale),
                 Err(e) => Err(CoreError::Os(e.code())),
             }
         })?;
         let uid = key.cred.uid;
-        Ok(self.fds.insert(Some(key), uid, fd, oflags))
+        Ok(self.fds.insert(Some(key), uid, fd))
     }
 
-    /// Register `fd` as the passthrough backing file of `nodeid` (or share the inode's). The
+    /// Register `file` as the passthrough backing file of `nodeid` (or share the inode's). The
     /// kernel keeps the registering thread's credentials for every read and write through it,
-    /// by any opener: register as the caller, never with CAP_FSETID, so that a write through
-    /// it clears set-user-ID/set-group-ID bits as the backing file system decides.
+    /// by any opener: register as the caller, never with CAP_FSETID (`shared`), so that a write
+    /// through it clears set-user-ID/set-group-ID bits as the backing file system decides.
+    /// A backend file without a local descriptor cannot be a backing file (EOPNOTSUPP).
     pub(super) fn backing_for(
         &self,
         nodeid: u64,
+        file: &SharedFd,
         cred: &Cred,
-        register: impl FnOnce() -> std::io::Result<fuser::BackingId>,
+        register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<fuser::BackingId>,
     ) -> std::io::Result<Arc<fuser::BackingId>> {
+        let fd = file
+            .fd()
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
         self.inodes.acquire_backing(nodeid, || {
-            let _g = as_caller(cred, true).map_err(std::io::Error::from)?;
-            register()
+            let mut register = Some(register);
+            let mut out = None;
+            file.as_caller(cred, true, &mut || {
+                if let Some(r) = register.take() {
+                    out = Some(r(fd).map_err(CoreError::from)?);
+                }
+                Ok(())
+            })
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+            out.ok_or_else(|| std::io::Error::from_raw_os_error(libc::EIO))
         })
     }
 
@@ -160,7 +227,7 @@ impl DircacheFs {
         self.cache
             .getattr(&of.node)
             .ok()
-            .or_else(|| attr_of_fd(&*of.fd).ok())
+            .or_else(|| of.fd.attr().ok())
             .map(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
             .unwrap_or(true)
     }
@@ -173,50 +240,15 @@ impl DircacheFs {
         self.queue_inval_inode(of.nodeid);
     }
 
-    /// chown, chmod and utimens of an open file through its descriptor, as `cred`.
+    /// chown, chmod and utimens of an open file, as `cred`.
     pub(super) fn setattr_fd(fd: &SharedFd, cred: &Cred, set: &SetAttr) -> Result<Attr, Errno> {
-        let e = |e: rustix::io::Errno| Errno::from_i32(e.raw_os_error());
-        {
-            let _g = as_caller(cred, false).map_err(errno)?;
-            if set.uid.is_some() || set.gid.is_some() {
-                rustix::fs::fchown(
-                    fd,
-                    set.uid.map(rustix::fs::Uid::from_raw),
-                    set.gid.map(rustix::fs::Gid::from_raw),
-                )
-                .map_err(e)?;
-            }
-            if let Some(m) = set.mode {
-                rustix::fs::fchmod(fd, rustix::fs::Mode::from_raw_mode(m & 0o7777)).map_err(e)?;
-            }
-            if set.atime.is_some() || set.mtime.is_some() {
-                let times = dircache_local::timestamps(set.atime, set.mtime);
-                rustix::fs::futimens(fd, &times).map_err(e)?;
-            }
-        }
-        attr_of_fd(fd).map_err(io_errno)
+        fd.setattr(cred, set).map_err(errno)
     }
 
-    /// Truncate the file open as `of` to `size` as `cred`, through its descriptor (reopened
-    /// for writing through /proc as the caller when the handle's descriptor is read-only, as
-    /// for open(O_RDONLY|O_TRUNC)).
+    /// Truncate the open file `fd` to `size` as `cred` (a read-only one as for
+    /// open(O_RDONLY|O_TRUNC): see [`BackendFile::set_size`]).
     pub(super) fn truncate_fd(fd: &SharedFd, cred: &Cred, size: u64) -> Result<(), Errno> {
-        let _g = as_caller(cred, false).map_err(errno)?;
-        let r = if fd.writable() {
-            rustix::fs::ftruncate(fd, size)
-        } else {
-            let p = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))
-                .unwrap_or_default();
-            rustix::fs::open(
-                p.as_c_str(),
-                rustix::fs::OFlags::WRONLY
-                    | rustix::fs::OFlags::NONBLOCK
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .and_then(|w| rustix::fs::ftruncate(&w, size))
-        };
-        r.map_err(|e| Errno::from_i32(e.raw_os_error()))
+        fd.set_size(cred, size).map_err(errno)
     }
 
     pub(super) fn fopen_flags(&self) -> FopenFlags {
@@ -227,39 +259,26 @@ impl DircacheFs {
         }
     }
 
-    /// A descriptor to run an inode-flags ioctl on: the handle the kernel opened for it
-    /// (files), else (directories, which get no handle under FUSE_NO_OPENDIR_SUPPORT) the
-    /// verified directory reopened read-only.
-    pub(super) fn ioctl_fd(&self, ino: INodeNo, fh: FileHandle) -> Result<OwnedFd, Errno> {
+    /// The file to run an inode-flags ioctl on, as `cred`: the handle the kernel opened for
+    /// it (files), else (directories, which get no handle under FUSE_NO_OPENDIR_SUPPORT) the
+    /// verified directory opened read-only by the backend.
+    pub(super) fn ioctl_fd(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        cred: &Cred,
+    ) -> Result<IoctlFile, Errno> {
         if let Ok(of) = self.open_file(fh) {
             if of.nodeid == ino.0 {
-                return of.fd.as_fd().try_clone_to_owned().map_err(io_errno);
+                return Ok(IoctlFile::Open(of.fd.clone()));
             }
         }
         let node = self.node(ino)?;
         if node.kind() != NodeKind::Positive(FileType::Directory) {
             return Err(Errno::from_i32(libc::ENOTTY));
         }
-        let key = self
-            .inodes
-            .locate(ino.0)
-            .map(|l| l.3)
-            .ok_or(Errno::ESTALE)?;
-        let pfd = self.verified_path_fd(ino, &node)?;
-        let dfd = rustix::fs::open(
-            Self::proc_path(&pfd).as_c_str(),
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::NONBLOCK
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| Errno::from_i32(e.raw_os_error()))?;
-        let st = rustix::fs::fstat(&dfd).map_err(|e| Errno::from_i32(e.raw_os_error()))?;
-        if (st.st_dev, st.st_ino) != key {
-            return Err(Errno::ESTALE);
-        }
-        Ok(dfd)
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK;
+        self.open_verified(ino, cred, flags).map(IoctlFile::Dir)
     }
 
     /// Open flags for a handle the daemon serves (no passthrough) of a file opened with
@@ -293,14 +312,14 @@ impl DircacheFs {
             Err(e) => return reply.error(e),
         };
         // Before a passthrough backing file is made from it (it copies the flags).
-        self.apply_noatime(&fd);
+        self.apply_noatime(&**fd);
         let writable = is_writable(flags.0);
         if flags.0 & libc::O_TRUNC != 0 {
             self.attrs_changed(&node);
         }
         let cred = c.cred().clone();
         if self.passthrough {
-            match self.backing_for(ino.0, &cred, || reply.open_backing(&*fd)) {
+            match self.backing_for(ino.0, &fd, &cred, |b| reply.open_backing(b)) {
                 Ok(b) => {
                     let fh = self.add_open(OpenFile {
                         fd,
@@ -346,16 +365,10 @@ impl DircacheFs {
             Err(e) => return reply.error(e),
         };
         let mut buf = vec![0u8; size as usize];
-        let mut done = 0usize;
-        while done < buf.len() {
-            match rustix::io::pread(&*of.fd, &mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return reply.error(Errno::from_i32(e.raw_os_error())),
-            }
+        match of.fd.read_at(&mut buf, offset) {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(errno(e)),
         }
-        reply.data(&buf[..done])
     }
 
     pub(super) fn write_impl(
@@ -382,43 +395,20 @@ impl DircacheFs {
             flags.0 & libc::O_APPEND != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let privs = self.has_privs(&of);
         let cred = self.io_cred(req, &of);
-        let mut done = 0usize;
-        {
-            // As the caller: the backing file system clears set-id bits as for that user.
-            let _g = match as_caller(&cred, false) {
-                Ok(g) => g,
-                Err(e) => return reply.error(errno(e)),
-            };
-            while done < data.len() {
-                let r = if append {
-                    rustix::io::pwritev2(
-                        &*of.fd,
-                        &[std::io::IoSlice::new(&data[done..])],
-                        0,
-                        rustix::io::ReadWriteFlags::APPEND,
-                    )
-                } else {
-                    rustix::io::pwrite(&*of.fd, &data[done..], offset + done as u64)
-                };
-                match r {
-                    Ok(n) => done += n,
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(e) => {
-                        if done > 0 {
-                            break;
-                        }
-                        return reply.error(Errno::from_i32(e.raw_os_error()));
-                    }
-                }
-            }
-        }
+        // As the caller: the backing file system clears set-id bits as for that user.
+        let done = match of.fd.write_at(&cred, data, offset, append) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(e)),
+        };
         if privs {
             self.privs_maybe_killed(&of);
         } else if append {
             // The kernel put the data in its page cache at `offset` and takes offset + done
             // as the size: when the data went elsewhere, both are wrong.
-            let at = rustix::fs::fstat(&*of.fd)
-                .map(|st| (st.st_size as u64).wrapping_sub(done as u64))
+            let at = of
+                .fd
+                .attr()
+                .map(|a| a.size.wrapping_sub(done as u64))
                 .unwrap_or(u64::MAX);
             if at != offset {
                 self.cache.forget_attr(&of.node);
@@ -439,7 +429,7 @@ impl DircacheFs {
         reply: ReplyEmpty,
     ) {
         self.count(Op::release);
-        let of = self.files.lock().remove(&fh.0);
+        let of = self.files.remove(fh.0);
         if let Some(of) = of {
             // Reads moved the atime, writes (also through a mapping) mtime and ctime: the
             // next GETATTR or LOOKUP asks the backend.
@@ -469,14 +459,9 @@ impl DircacheFs {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        let r = if datasync {
-            rustix::fs::fdatasync(&*of.fd)
-        } else {
-            rustix::fs::fsync(&*of.fd)
-        };
-        match r {
+        match of.fd.sync(datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e.raw_os_error())),
+            Err(e) => reply.error(errno(e)),
         }
     }
 
@@ -509,10 +494,11 @@ impl DircacheFs {
             Err(e) => return reply.error(errno(e)),
         };
         self.dir_changed(&dir);
-        self.apply_noatime(&fd);
-        let a = match attr_of_fd(&fd)
-            .map_err(io_errno)
-            .or_else(|_| self.attr_of(&node, false).map_err(errno))
+        self.apply_noatime(&*fd);
+        let a = match fd
+            .attr()
+            .or_else(|_| self.attr_of(&node, false))
+            .map_err(errno)
         {
             Ok(a) => a,
             Err(e) => return reply.error(e),
@@ -524,9 +510,9 @@ impl DircacheFs {
         let writable = is_writable(flags);
         let cred = c.cred().clone();
         let key = FdKey::new(id, oflags, cred.clone());
-        let fd = self.fds.insert(Some(key), cred.uid, fd, oflags);
+        let fd = self.fds.insert(Some(key), cred.uid, fd);
         if self.passthrough {
-            match self.backing_for(id, &cred, || reply.open_backing(&*fd)) {
+            match self.backing_for(id, &fd, &cred, |b| reply.open_backing(b)) {
                 Ok(b) => {
                     let fh = self.add_open(OpenFile {
                         fd,
@@ -599,12 +585,17 @@ impl DircacheFs {
             }
             buf[..len].copy_from_slice(&in_data[..len]);
         }
-        let fd = match self.ioctl_fd(ino, fh) {
-            Ok(fd) => fd,
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        let file = match self.ioctl_fd(ino, fh, &cred) {
+            Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
-        let r = self.cache.backend().as_caller(&cred, &mut || {
+        let file = file.get();
+        // Only a local descriptor has inode flags to ask about.
+        let Some(fd) = file.fd() else {
+            return reply.error(Errno::from_i32(libc::ENOTTY));
+        };
+        let r = file.as_caller(&cred, false, &mut || {
             // SAFETY: ioctl on a live descriptor; each of these commands reads or writes at
             // most 28 bytes (an int, or a struct fsxattr) at the pointer, and buf has 28.
             let r = unsafe { libc::ioctl(fd.as_raw_fd(), cmd as libc::Ioctl, buf.as_mut_ptr()) };
@@ -644,27 +635,11 @@ impl DircacheFs {
             Err(e) => return reply.error(e),
         };
         let privs = self.has_privs(&of);
-        let r = {
-            // As the caller: the backing file system clears set-id bits as for that user.
-            let _g = match as_caller(&self.io_cred(req, &of), false) {
-                Ok(g) => g,
-                Err(e) => return reply.error(errno(e)),
-            };
-            // SAFETY: fallocate on a valid descriptor with plain integer arguments.
-            let r = unsafe {
-                libc::fallocate(
-                    of.fd.as_fd().as_raw_fd(),
-                    mode,
-                    offset as i64,
-                    length as i64,
-                )
-            };
-            if r < 0 {
-                Err(last_errno())
-            } else {
-                Ok(())
-            }
-        };
+        // As the caller: the backing file system clears set-id bits as for that user.
+        let r = of
+            .fd
+            .allocate(&self.io_cred(req, &of), mode, offset, length)
+            .map_err(errno);
         if let Err(e) = r {
             return reply.error(e);
         }
@@ -689,12 +664,11 @@ impl DircacheFs {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        // SAFETY: lseek on a valid descriptor; the daemon's own offset is never used for I/O.
-        let r = unsafe { libc::lseek(of.fd.as_fd().as_raw_fd(), offset, whence) };
-        if r < 0 {
-            return reply.error(last_errno());
+        // The daemon's own offset is never used for I/O: SEEK_DATA/SEEK_HOLE are what matter.
+        match Whence::from_raw(whence).and_then(|w| of.fd.seek(offset, w)) {
+            Ok(r) => reply.offset(r as i64),
+            Err(e) => reply.error(errno(e)),
         }
-        reply.offset(r)
     }
 
     pub(super) fn copy_file_range_impl(
@@ -715,35 +689,15 @@ impl DircacheFs {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
-        let mut oin = offset_in as i64;
-        let mut oout = offset_out as i64;
         let privs = self.has_privs(&fout);
-        let r = {
-            // As the caller: the backing file system clears set-id bits as for that user.
-            let _g = match as_caller(&self.io_cred(req, &fout), false) {
-                Ok(g) => g,
-                Err(e) => return reply.error(errno(e)),
-            };
-            // SAFETY: valid descriptors and pointers to local offsets.
-            let r = unsafe {
-                libc::copy_file_range(
-                    fin.fd.as_fd().as_raw_fd(),
-                    &mut oin,
-                    fout.fd.as_fd().as_raw_fd(),
-                    &mut oout,
-                    len.min(u32::MAX as u64) as usize,
-                    0,
-                )
-            };
-            if r < 0 {
-                Err(last_errno())
-            } else {
-                Ok(r)
-            }
-        };
-        let r = match r {
+        // Written as the caller: the backing file system clears set-id bits as for that user.
+        let cred = self.io_cred(req, &fout);
+        let r = match fin
+            .fd
+            .copy_to(&cred, offset_in, &**fout.fd, offset_out, len)
+        {
             Ok(r) => r,
-            Err(e) => return reply.error(e),
+            Err(e) => return reply.error(errno(e)),
         };
         self.cache.forget_attr(&fout.node);
         if privs {

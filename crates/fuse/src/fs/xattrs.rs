@@ -22,7 +22,7 @@ impl XattrCall {
         XattrTarget {
             path: &self.path,
             expect: self.expect,
-            open: self.open.as_ref().map(|f| f.as_fd()),
+            open: self.open.as_ref().and_then(|f| f.fd()),
         }
     }
 }
@@ -37,12 +37,7 @@ impl DircacheFs {
         let expect = self.inodes.locate(ino.0).map(|l| l.3);
         if node.is_dead() {
             // A file unlinked while open: its open descriptor names it, as natively.
-            let open = self
-                .files
-                .lock()
-                .values()
-                .find(|f| f.nodeid == ino.0)
-                .map(|f| f.fd.clone());
+            let open = self.any_open(ino.0).map(|f| f.fd.clone());
             if let Some(open) = open {
                 let backend = self.cache.node_backend(&node);
                 return Ok(XattrCall {
