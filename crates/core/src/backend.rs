@@ -13,6 +13,12 @@
 //!
 //! Mutations carry the caller's [`Cred`]: a backend creates files owned by that caller and may
 //! enforce permissions as that caller (the local backend switches its thread's fsuid/fsgid).
+//!
+//! A front end reaches file data and everything else about a file only through this trait and
+//! the open files it returns ([`BackendFile`], from [`Backend::open`]; what a front end does to
+//! a node it holds but did not open, a directory's fsync or inode flags, a ctime touch, goes
+//! through [`Backend::open_verified`]): it never builds a path into the backend's storage, so
+//! a backend without local files (a remote one) serves the same front end.
 
 use std::os::fd::BorrowedFd;
 
