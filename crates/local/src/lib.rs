@@ -318,10 +318,7 @@ pub fn open_beneath(
 
 /// utimensat(2) timestamps for a setattr's atime and mtime (UTIME_OMIT when not set).
 pub fn timestamps(atime: Option<TimeSet>, mtime: Option<TimeSet>) -> rustix::fs::Timestamps {
-    rustix::fs::Timestamps {
-        last_access: timespec(atime),
-        last_modification: timespec(mtime),
-    }
+    dircache_core::file::timestamps(atime, mtime)
 }
 
 /// Split a non-root path into (parent, name).
@@ -406,23 +403,6 @@ fn dtype_kind(t: rustix::fs::FileType) -> Option<FileType> {
         R::Socket => FileType::Socket,
         _ => return None,
     })
-}
-
-fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {
-    match t {
-        None => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_OMIT,
-        },
-        Some(TimeSet::Now) => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_NOW,
-        },
-        Some(TimeSet::At(t)) => rustix::fs::Timespec {
-            tv_sec: t.sec,
-            tv_nsec: i64::from(t.nsec) as _,
-        },
-    }
 }
 
 impl LocalBackend {
@@ -1238,7 +1218,8 @@ impl LocalBackend {
             return Err(Error::IsDir);
         }
         if set.atime.is_some() || set.mtime.is_some() {
-            let times = [timespec(set.atime), timespec(set.mtime)];
+            let t = timestamps(set.atime, set.mtime);
+            let times = [t.last_access, t.last_modification];
             // SAFETY: fd is live, the path is "", `times` is an array of two timespecs laid
             // out as the kernel's (rustix::fs::Timespec is libc's timespec on Linux).
             let r = unsafe {
