@@ -286,8 +286,8 @@ fn chunk_ends(path: &[u8]) -> Vec<usize> {
 /// beneath the directory `base`, never following a symlink, with open(2) `flags`. A path
 /// longer than one syscall takes is resolved in the pieces [`chunk_ends`] cuts, each
 /// openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) from the previous
-/// piece's O_PATH descriptor. For front ends that need a descriptor of a node outside the
-/// backend's own calls (ioctls, fsyncdir); the backend itself also caches the pieces.
+/// piece's O_PATH descriptor. Used by `Backend::open_verified` (a front end's ioctls, fsyncdir
+/// and ctime touches); the backend's other calls cache the pieces.
 pub fn open_beneath(
     base: BorrowedFd<'_>,
     path: &[u8],
