@@ -13,9 +13,16 @@
 //!
 //! Mutations carry the caller's [`Cred`]: a backend creates files owned by that caller and may
 //! enforce permissions as that caller (the local backend switches its thread's fsuid/fsgid).
+//!
+//! A front end reaches file data and everything else about a file only through this trait and
+//! the open files it returns ([`BackendFile`], from [`Backend::open`]; what a front end does to
+//! a node it holds but did not open, a directory's fsync or inode flags, a ctime touch, goes
+//! through [`Backend::open_verified`]): it never builds a path into the backend's storage, so
+//! a backend without local files (a remote one) serves the same front end.
 
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 
+use crate::file::BackendFile;
 use crate::{Attr, Cred, DirEntry, Error, RenameMode, Result, SetAttr, StatFs};
 
 /// What a multi-component [`Backend::walk`] found.
@@ -42,8 +49,9 @@ pub enum Change {
     Overflow,
 }
 
-/// The file an extended-attribute call is about: its backend path and, when the caller holds a
-/// particular file (a FUSE node stands for one inode), that file's `(dev, ino)`. A backend
+/// The file an extended-attribute call (or [`Backend::open_verified`], [`Backend::fsyncdir`])
+/// is about: its backend path and, when the caller holds a particular file (a FUSE node
+/// stands for one inode), that file's `(dev, ino)`. A backend
 /// that can tell must fail with [`Error::Stale`] rather than act on another file the path
 /// names by now (renamed over from outside since the caller's lookup). `open`, when given, is
 /// an open descriptor of the file (one whose names are all gone: unlinked while open), used
@@ -131,9 +139,50 @@ pub trait Backend: Send + Sync + 'static {
         Err(Error::NotSupported)
     }
 
-    /// Open `path` for data access with open(2) `flags` (O_CREAT allowed, with `mode`).
-    fn open(&self, _cred: &Cred, _path: &[u8], _flags: i32, _mode: u32) -> Result<OwnedFd> {
+    /// Open `path` for data access with open(2) `flags` (O_CREAT allowed, with `mode`), as
+    /// `cred`: the backend decides access as the kernel would for that caller, and creates
+    /// the file owned by the caller. What is done with the open file later goes through
+    /// [`BackendFile`], whose mutations take the requester's credentials again.
+    fn open(
+        &self,
+        _cred: &Cred,
+        _path: &[u8],
+        _flags: i32,
+        _mode: u32,
+    ) -> Result<Box<dyn BackendFile>> {
         Err(Error::NotSupported)
+    }
+
+    /// Open the very file `target` names (its `expect`ed `(dev, ino)`, else [`Error::Stale`];
+    /// `target.open`, when given, instead of the path) with open(2) `flags`, which may be
+    /// `O_PATH`: for what a front end does to a node it holds rather than to a file it opened
+    /// (a directory's inode-flag ioctls and fsync, a ctime touch). Resolving the node needs no
+    /// permission of the caller (the kernel already resolved it for them: it names the node);
+    /// the file is reopened with `flags` as the daemon, since the kernel already checked the
+    /// caller's own open of it, or needs none (`O_PATH`); `cred` is the requester, for a
+    /// backend that decides (or logs) per caller. Everything done with the result
+    /// runs as the caller (the [`BackendFile`] methods taking a `Cred`, and
+    /// [`BackendFile::as_caller`] for an ioctl). Default: not supported.
+    fn open_verified(
+        &self,
+        _cred: &Cred,
+        _target: XattrTarget<'_>,
+        _flags: i32,
+    ) -> Result<Box<dyn BackendFile>> {
+        Err(Error::NotSupported)
+    }
+
+    /// fsync (fdatasync if `datasync`) the directory `target` names, verified as for
+    /// [`open_verified`](Self::open_verified). A sync changes nothing a caller could be
+    /// refused (the kernel checked the caller's open of the directory): `cred` is the
+    /// requester, passed on as to `open_verified`.
+    /// Default: through `open_verified`; a backend that cannot open it has nothing to sync.
+    fn fsyncdir(&self, cred: &Cred, target: XattrTarget<'_>, datasync: bool) -> Result<()> {
+        match self.open_verified(cred, target, libc::O_RDONLY | libc::O_DIRECTORY) {
+            Ok(f) => f.sync(datasync),
+            Err(Error::NotSupported) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The whole value of extended attribute `name` of `target` (not following a final
@@ -167,13 +216,6 @@ pub trait Backend: Send + Sync + 'static {
     /// Remove extended attribute `name` of `target` as the caller.
     fn removexattr(&self, _cred: &Cred, _target: XattrTarget<'_>, _name: &[u8]) -> Result<()> {
         Err(XATTR_UNSUPPORTED)
-    }
-
-    /// Run `f` (a syscall the front end makes on a descriptor of one of this backend's files,
-    /// such as an inode-flags ioctl) with `cred`'s file-system credentials, as mutations run,
-    /// so the kernel decides what the caller may do. Default: not supported.
-    fn as_caller(&self, _cred: &Cred, _f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        Err(Error::NotSupported)
     }
 
     /// Start reporting changes made behind the cache's back. `None` if the backend cannot.

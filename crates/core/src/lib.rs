@@ -17,6 +17,7 @@ mod cache;
 mod config;
 mod cred;
 mod error;
+pub mod file;
 pub mod memory;
 mod policy;
 pub mod stats;
@@ -30,6 +31,7 @@ pub use cache::{
 pub use config::{Config, DotDot};
 pub use cred::Cred;
 pub use error::{Error, Result};
+pub use file::{BackendFile, FdFile, Whence};
 pub use policy::{AccessPolicy, PosixPolicy};
 pub use stats::StatsSnapshot;
 pub use types::*;

@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
 use dircache_core::{
-    Attr, Backend, Cache, Cred, Creds, Error as CoreError, FileType, NodeKind, NodeRef, RenameMode,
-    SetAttr, TimeSet, Timespec, XattrTarget,
+    Attr, Backend, BackendFile, Cache, Cred, Creds, Error as CoreError, FileType, NodeKind,
+    NodeRef, RenameMode, SetAttr, TimeSet, Timespec, XattrTarget,
 };
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
@@ -20,7 +19,6 @@ use fuser::{
     ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use parking_lot::Mutex;
 
 use crate::creds::RequestGroups;
 use crate::inodes::{Inodes, Key, ROOT};
@@ -30,30 +28,14 @@ use crate::openfds::{FdKey, OpenFds, SharedFd};
 use crate::policy::CachePolicy;
 use crate::stats::{Op, RequestCounters, SOCKET_XATTR};
 use crate::umask::with_caller_umask;
-use dircache_local::creds::{ActAs, Caps};
+
+mod handles;
+mod xattrs;
+
+use handles::OpenFiles;
 
 fn errno(e: CoreError) -> Errno {
     Errno::from_i32(e.errno())
-}
-
-/// Switch this thread to `cred` for the data path (write, fallocate, truncate,
-/// copy_file_range, setattr on a descriptor; `shared` for a passthrough registration, whose
-/// credentials serve every opener): [`Caps::AdminOnly`]. Nothing changes when the daemon is
-/// not root (it could not switch).
-fn as_caller(cred: &Cred, shared: bool) -> Result<ActAs, CoreError> {
-    ActAs::when(
-        dircache_local::creds::process_is_root(),
-        cred,
-        Caps::AdminOnly { shared },
-    )
-}
-
-fn io_errno(e: std::io::Error) -> Errno {
-    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
-}
-
-fn last_errno() -> Errno {
-    io_errno(std::io::Error::last_os_error())
 }
 
 fn to_system_time(t: Timespec) -> SystemTime {
@@ -119,34 +101,7 @@ pub fn fuse_attr(ino: u64, a: &Attr) -> FileAttr {
     }
 }
 
-/// Attributes of an open descriptor (fstat).
-pub fn attr_of_fd(fd: impl AsFd) -> std::io::Result<Attr> {
-    let st = rustix::fs::fstat(fd)?;
-    Ok(Attr {
-        ino: st.st_ino,
-        dev: st.st_dev,
-        mode: st.st_mode,
-        nlink: st.st_nlink as u32,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        rdev: st.st_rdev,
-        size: st.st_size as u64,
-        blocks: st.st_blocks as u64,
-        blksize: st.st_blksize as u32,
-        atime: Timespec {
-            sec: st.st_atime,
-            nsec: st.st_atime_nsec as u32,
-        },
-        mtime: Timespec {
-            sec: st.st_mtime,
-            nsec: st.st_mtime_nsec as u32,
-        },
-        ctime: Timespec {
-            sec: st.st_ctime,
-            nsec: st.st_ctime_nsec as u32,
-        },
-    })
-}
+pub use dircache_core::file::attr_of_fd;
 
 fn negative_attr() -> FileAttr {
     FileAttr {
@@ -168,48 +123,14 @@ fn negative_attr() -> FileAttr {
     }
 }
 
-/// The node of an xattr call, the backend of its file system, its path there and the
-/// (dev, ino) the kernel's node is.
-struct XattrCall {
-    node: NodeRef,
-    backend: Arc<dyn Backend>,
-    path: Vec<u8>,
-    expect: Option<(u64, u64)>,
-    /// An open descriptor of the inode, for a file whose names are all gone.
-    open: Option<Arc<SharedFd>>,
-}
-
-impl XattrCall {
-    fn target(&self) -> XattrTarget<'_> {
-        XattrTarget {
-            path: &self.path,
-            expect: self.expect,
-            open: self.open.as_ref().map(|f| f.as_fd()),
-        }
-    }
-}
-
-struct OpenFile {
-    /// The daemon's descriptor, shared by the same caller's opens of the inode with the same
-    /// flags (see `openfds`).
-    fd: Arc<SharedFd>,
-    nodeid: u64,
-    node: NodeRef,
-    writable: bool,
-    backing: bool,
-    /// The opener, for data the kernel sends on nobody's behalf (page cache writeback).
-    cred: Cred,
-}
-
 /// The FUSE file system: a front end over an `Arc<Cache>`.
 pub struct DircacheFs {
     cache: Arc<Cache>,
     policy: CachePolicy,
-    src: PathBuf,
-    src_fd: Option<OwnedFd>,
     inodes: Arc<Inodes>,
     groups: RequestGroups,
-    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    /// Open handles by file handle: looked up on every read and write (no global lock).
+    files: OpenFiles,
     fds: OpenFds,
     next_fh: AtomicU64,
     listings: Listings,
@@ -228,12 +149,10 @@ pub struct FsParts {
 }
 
 impl DircacheFs {
-    /// A file system serving `cache` (whose backend is rooted at `src`, used for xattrs and
-    /// statfs). `notify` feeds the notifier thread.
+    /// A file system serving `cache`. `notify` feeds the notifier thread.
     pub fn new(
         cache: Arc<Cache>,
         policy: CachePolicy,
-        src: &Path,
         notify: Sender<NotifyMsg>,
         socket_path: Option<PathBuf>,
     ) -> (DircacheFs, FsParts) {
@@ -241,21 +160,13 @@ impl DircacheFs {
         let root_attr = cache.getattr(&root).ok();
         let inodes = Arc::new(Inodes::new(root, root_attr.as_ref()));
         let counters = Arc::new(RequestCounters::default());
-        let src_fd = rustix::fs::open(
-            src,
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .ok();
         let fds = OpenFds::new(policy.max_open_per_user);
         let fs = DircacheFs {
             cache,
             policy,
-            src: src.to_path_buf(),
-            src_fd,
             inodes: inodes.clone(),
             groups: RequestGroups,
-            files: Mutex::new(HashMap::new()),
+            files: OpenFiles::new(),
             fds,
             next_fh: AtomicU64::new(1),
             listings: Listings::new(),
@@ -271,22 +182,6 @@ impl DircacheFs {
     /// The mount is `noatime` (reads through it leave the backend's atime alone).
     pub fn set_noatime(&mut self, on: bool) {
         self.noatime = on;
-    }
-
-    /// On a `noatime` mount, make reads through the backend descriptor `fd` (the daemon's
-    /// own, and the kernel's passthrough reads) leave the atime alone. The descriptor was
-    /// opened as the caller, who may not own the file (O_NOATIME at open would then be
-    /// EPERM); F_SETFL runs as the daemon (CAP_FOWNER) and grants no access, only drops the
-    /// atime update the mount option promises.
-    fn apply_noatime(&self, fd: &impl AsFd) {
-        if !self.noatime {
-            return;
-        }
-        let r = rustix::fs::fcntl_getfl(fd)
-            .and_then(|fl| rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NOATIME));
-        if let Err(e) = r {
-            tracing::debug!("O_NOATIME: {e}");
-        }
     }
 
     fn count(&self, op: Op) {
@@ -419,10 +314,6 @@ impl DircacheFs {
         }
     }
 
-    fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>, Errno> {
-        self.files.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
-    }
-
     /// Attributes for a reply: fresh from the backend when they may have changed through
     /// another name or an open writer.
     fn attr_of(&self, node: &NodeRef, force_fresh: bool) -> Result<Attr, CoreError> {
@@ -515,96 +406,6 @@ impl DircacheFs {
             .unwrap_or(ROOT)
     }
 
-    fn real_path_fd(&self, node: &NodeRef) -> Result<OwnedFd, Errno> {
-        let dirfd = self.src_fd.as_ref().ok_or(Errno::EIO)?;
-        let p = self.cache.node_path(node).map_err(errno)?;
-        let p: &[u8] = if p.is_empty() { b"." } else { &p };
-        dircache_local::open_beneath(
-            dirfd.as_fd(),
-            p,
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
-        )
-        .map_err(|e| Errno::from_i32(e.raw_os_error()))
-    }
-
-    /// What an xattr call on `ino` is about: the node, its backend path, and the (dev, ino)
-    /// of the inode the kernel's node stands for. The backend acts on that inode only, with
-    /// the caller's rights: a path renamed over from outside since the kernel's lookup gives
-    /// ESTALE (the kernel then looks the name up again), never another user's file.
-    fn xattr_target(&self, ino: INodeNo) -> Result<XattrCall, Errno> {
-        let node = self.node(ino)?;
-        let expect = self.inodes.locate(ino.0).map(|l| l.3);
-        if node.is_dead() {
-            // A file unlinked while open: its open descriptor names it, as natively.
-            let open = self
-                .files
-                .lock()
-                .values()
-                .find(|f| f.nodeid == ino.0)
-                .map(|f| f.fd.clone());
-            if let Some(open) = open {
-                let backend = self.cache.node_backend(&node);
-                return Ok(XattrCall {
-                    node,
-                    backend,
-                    path: Vec::new(),
-                    expect,
-                    open: Some(open),
-                });
-            }
-            // Its name is gone or names another inode (node() found no live alias): the
-            // kernel looks the name up again on ESTALE.
-            return Err(Errno::ESTALE);
-        }
-        let path = self.cache.node_path(&node).map_err(errno)?;
-        let backend = self.cache.node_backend(&node);
-        Ok(XattrCall {
-            node,
-            backend,
-            path,
-            expect,
-            open: None,
-        })
-    }
-
-    /// The errno for a failed xattr call. ESTALE means the node's path names another inode
-    /// now (renamed over from outside, the change not yet applied): forget that name here
-    /// and in the kernel first, so that the kernel's retry (it looks the name up again on
-    /// ESTALE) finds the file that is there now, as a native call would.
-    fn xattr_error(&self, ino: INodeNo, x: &XattrCall, e: CoreError) -> Errno {
-        if e == CoreError::Stale && Arc::ptr_eq(&x.backend, self.cache.backend()) {
-            let parent = self.parent_nodeid(&x.node);
-            let invals = self.cache.invalidate(&x.path);
-            self.inodes.clear_acl_absent();
-            let mut msgs = vec![
-                NotifyMsg::InvalEntry(parent, x.node.name()),
-                NotifyMsg::InvalInode(parent),
-                NotifyMsg::InvalInode(ino.0),
-            ];
-            for inv in invals {
-                if let Some(p) = inv.parent.as_ref().and_then(|p| self.inodes.nodeid_of(p)) {
-                    msgs.push(NotifyMsg::InvalEntry(p, inv.name));
-                }
-                if let Some(n) = inv.node.as_ref().and_then(|n| self.inodes.nodeid_of(n)) {
-                    msgs.push(NotifyMsg::InvalInode(n));
-                }
-            }
-            for m in msgs {
-                let _ = self.notify.send(m);
-            }
-        }
-        errno(e)
-    }
-
-    fn proc_path(fd: &OwnedFd) -> std::ffi::CString {
-        // A decimal number never contains NUL.
-        std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
-    }
-
-    fn xattr_blocked(&self, name: &OsStr) -> bool {
-        !self.policy.security_xattrs && name.as_bytes().starts_with(b"security.")
-    }
-
     fn rename_mode(flags: RenameFlags) -> Result<RenameMode, Errno> {
         // The kernel already refused invalid combinations (EXCHANGE with either other flag)
         // and checked CAP_MKNOD for a whiteout, in the caller's context.
@@ -631,222 +432,23 @@ impl DircacheFs {
         }
     }
 
-    fn add_open(&self, of: OpenFile) -> u64 {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        if of.writable {
-            self.inodes.add_writer(of.nodeid, 1);
-            // Writes through a shared mapping of a passthrough file never reach the FUSE
-            // inode: drop the kernel's attributes now, and give them no lifetime while the
-            // file is open for writing (`attr_ttl_of`), so `stat` asks the backend.
-            self.queue_inval_inode(of.nodeid);
-        }
-        self.inodes.add_open(of.nodeid, 1);
-        self.files.lock().insert(fh, Arc::new(of));
-        fh
-    }
-
-    fn open_flags(flags: i32) -> i32 {
-        // The kernel handles O_CREAT/O_EXCL itself; offsets come with every request, so the
-        // daemon's descriptor must not append (a write of a caller whose file appends is
-        // made with RWF_APPEND instead, see `write`); O_DIRECT is the kernel file's business.
-        flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_APPEND | libc::O_DIRECT)
-    }
-
-    /// The requester of a data operation on `of`: the caller in the request header, or the
-    /// opener when the kernel sends it on nobody's behalf (pid 0: page cache writeback).
-    fn io_cred(&self, req: &Request, of: &OpenFile) -> Cred {
-        if req.pid() == 0 {
-            of.cred.clone()
-        } else {
-            self.groups.cred(req.pid(), req.uid(), req.gid())
-        }
-    }
-
-    /// Check that `fd` is the real inode the kernel's `nodeid` stands for (the path may name
-    /// another file since the kernel's lookup). ESTALE makes the kernel look the name up again.
-    fn check_same_inode(&self, nodeid: u64, fd: &OwnedFd) -> Result<(), Errno> {
-        let Some((_, _, _, key)) = self.inodes.locate(nodeid) else {
-            return Ok(());
-        };
-        if key == (u64::MAX, u64::MAX) {
-            return Ok(());
-        }
-        let st = rustix::fs::statx(
-            fd,
-            c"",
-            rustix::fs::AtFlags::EMPTY_PATH,
-            rustix::fs::StatxFlags::INO,
-        )
-        .map_err(|e| Errno::from_i32(e.raw_os_error()))?;
-        let dev = libc::makedev(st.stx_dev_major, st.stx_dev_minor);
-        if (dev, st.stx_ino) != key {
-            tracing::debug!("open of nodeid {nodeid}: the path names another inode now");
-            return Err(Errno::ESTALE);
-        }
-        Ok(())
-    }
-
-    /// The daemon's descriptor for an open of `ino` with `oflags` by `c`: the one this caller
-    /// already holds for the inode with the same flags, else a new one opened as the caller
-    /// (within the caller's share of descriptors) and checked to be the kernel's inode.
-    fn open_shared(&self, c: &Creds, ino: INodeNo, oflags: i32) -> Result<Arc<SharedFd>, Errno> {
-        let key = FdKey::new(ino.0, oflags, c.cred().clone());
-        if let Some(s) = self.fds.get(&key) {
-            return Ok(s);
-        }
-        self.fds.admit(key.cred.uid).map_err(Errno::from_i32)?;
-        // Through a name that still stands for the kernel's inode (see `with_node`).
-        let fd = self.with_node(ino, |n| {
-            let fd = self.cache.open_node(c, n, oflags)?;
-            match self.check_same_inode(ino.0, &fd) {
-                Ok(()) => Ok(fd),
-                Err(e) if e == Errno::ESTALE => Err(CoreError::Stale),
-                Err(e) => Err(CoreError::Os(e.code())),
-            }
-        })?;
-        let uid = key.cred.uid;
-        Ok(self.fds.insert(Some(key), uid, fd, oflags))
-    }
-
-    /// Register `fd` as the passthrough backing file of `nodeid` (or share the inode's). The
-    /// kernel keeps the registering thread's credentials for every read and write through it,
-    /// by any opener: register as the caller, never with CAP_FSETID, so that a write through
-    /// it clears set-user-ID/set-group-ID bits as the backing file system decides.
-    fn backing_for(
+    /// The file behind `ino` opened by its backend with open(2) `flags`, which may be O_PATH
+    /// (`Backend::open_verified`): verified to be the inode the kernel named (same
+    /// `(dev, ino)` as when the nodeid was given out), ESTALE otherwise, after which the name
+    /// is forgotten here and in the kernel as for an xattr call.
+    fn open_verified(
         &self,
-        nodeid: u64,
+        ino: INodeNo,
         cred: &Cred,
-        register: impl FnOnce() -> std::io::Result<fuser::BackingId>,
-    ) -> std::io::Result<Arc<fuser::BackingId>> {
-        self.inodes.acquire_backing(nodeid, || {
-            let _g = as_caller(cred, true).map_err(std::io::Error::from)?;
-            register()
-        })
-    }
-
-    /// Whether the kernel may believe `node` has set-user-ID/set-group-ID bits that a write
-    /// by a caller without CAP_FSETID clears in the backing file system.
-    fn has_privs(&self, of: &OpenFile) -> bool {
-        // The core's attributes (what the kernel was told), else the real file's now.
-        self.cache
-            .getattr(&of.node)
-            .ok()
-            .or_else(|| attr_of_fd(&*of.fd).ok())
-            .map(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
-            .unwrap_or(true)
-    }
-
-    /// After a write-like call on a file that had set-id bits: the backing file system may
-    /// have cleared them; the kernel must not keep the old mode (it decides exec and access
-    /// with it).
-    fn privs_maybe_killed(&self, of: &OpenFile) {
-        self.cache.forget_attr(&of.node);
-        self.queue_inval_inode(of.nodeid);
-    }
-
-    /// chown, chmod and utimens of an open file through its descriptor, as `cred`.
-    fn setattr_fd(fd: &SharedFd, cred: &Cred, set: &SetAttr) -> Result<Attr, Errno> {
-        let e = |e: rustix::io::Errno| Errno::from_i32(e.raw_os_error());
-        {
-            let _g = as_caller(cred, false).map_err(errno)?;
-            if set.uid.is_some() || set.gid.is_some() {
-                rustix::fs::fchown(
-                    fd,
-                    set.uid.map(rustix::fs::Uid::from_raw),
-                    set.gid.map(rustix::fs::Gid::from_raw),
-                )
-                .map_err(e)?;
-            }
-            if let Some(m) = set.mode {
-                rustix::fs::fchmod(fd, rustix::fs::Mode::from_raw_mode(m & 0o7777)).map_err(e)?;
-            }
-            if set.atime.is_some() || set.mtime.is_some() {
-                let times = dircache_local::timestamps(set.atime, set.mtime);
-                rustix::fs::futimens(fd, &times).map_err(e)?;
-            }
-        }
-        attr_of_fd(fd).map_err(io_errno)
-    }
-
-    /// Truncate the file open as `of` to `size` as `cred`, through its descriptor (reopened
-    /// for writing through /proc as the caller when the handle's descriptor is read-only, as
-    /// for open(O_RDONLY|O_TRUNC)).
-    fn truncate_fd(fd: &SharedFd, cred: &Cred, size: u64) -> Result<(), Errno> {
-        let _g = as_caller(cred, false).map_err(errno)?;
-        let r = if fd.writable() {
-            rustix::fs::ftruncate(fd, size)
-        } else {
-            let p = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))
-                .unwrap_or_default();
-            rustix::fs::open(
-                p.as_c_str(),
-                rustix::fs::OFlags::WRONLY
-                    | rustix::fs::OFlags::NONBLOCK
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .and_then(|w| rustix::fs::ftruncate(&w, size))
-        };
-        r.map_err(|e| Errno::from_i32(e.raw_os_error()))
-    }
-
-    fn fopen_flags(&self) -> FopenFlags {
-        if self.policy.keep_cache {
-            FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::empty()
-        }
-    }
-
-    /// An O_PATH descriptor of the real file behind `ino`, verified to be the inode the
-    /// kernel named (same `(dev, ino)` as when the nodeid was given out): ESTALE otherwise.
-    fn verified_path_fd(&self, ino: INodeNo, node: &NodeRef) -> Result<OwnedFd, Errno> {
-        let key = self
-            .inodes
-            .locate(ino.0)
-            .map(|l| l.3)
-            .ok_or(Errno::ESTALE)?;
-        let fd = self.real_path_fd(node)?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| Errno::from_i32(e.raw_os_error()))?;
-        if (st.st_dev, st.st_ino) != key {
+        flags: i32,
+    ) -> Result<Box<dyn BackendFile>, Errno> {
+        let x = self.xattr_target(ino)?;
+        if x.expect.is_none() {
             return Err(Errno::ESTALE);
         }
-        Ok(fd)
-    }
-
-    /// A descriptor to run an inode-flags ioctl on: the handle the kernel opened for it
-    /// (files), else (directories, which get no handle under FUSE_NO_OPENDIR_SUPPORT) the
-    /// verified directory reopened read-only.
-    fn ioctl_fd(&self, ino: INodeNo, fh: FileHandle) -> Result<OwnedFd, Errno> {
-        if let Ok(of) = self.open_file(fh) {
-            if of.nodeid == ino.0 {
-                return of.fd.as_fd().try_clone_to_owned().map_err(io_errno);
-            }
-        }
-        let node = self.node(ino)?;
-        if node.kind() != NodeKind::Positive(FileType::Directory) {
-            return Err(Errno::from_i32(libc::ENOTTY));
-        }
-        let key = self
-            .inodes
-            .locate(ino.0)
-            .map(|l| l.3)
-            .ok_or(Errno::ESTALE)?;
-        let pfd = self.verified_path_fd(ino, &node)?;
-        let dfd = rustix::fs::open(
-            Self::proc_path(&pfd).as_c_str(),
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::NONBLOCK
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| Errno::from_i32(e.raw_os_error()))?;
-        let st = rustix::fs::fstat(&dfd).map_err(|e| Errno::from_i32(e.raw_os_error()))?;
-        if (st.st_dev, st.st_ino) != key {
-            return Err(Errno::ESTALE);
-        }
-        Ok(dfd)
+        x.backend
+            .open_verified(cred, x.target(), flags)
+            .map_err(|e| self.xattr_error(ino, &x, e))
     }
 
     /// A SETATTR that sets nothing but the change time (chown(f, -1, -1), and the like): the
@@ -859,47 +461,25 @@ impl DircacheFs {
     /// them too and fail with EPERM for a non-owner, failing the write; so a file with those
     /// bits is answered without a change (its ctime moves with the write).
     fn touch_ctime(&self, req: &Request, ino: INodeNo, node: &NodeRef, reply: ReplyAttr) {
-        let fd = match self.verified_path_fd(ino, node) {
-            Ok(fd) => fd,
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        let f = match self.open_verified(ino, &cred, libc::O_PATH) {
+            Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        if let Ok(a) = attr_of_fd(&fd) {
+        if let Ok(a) = f.attr() {
             let setid = a.mode & libc::S_ISUID != 0
                 || a.mode & (libc::S_ISGID | libc::S_IXGRP) == (libc::S_ISGID | libc::S_IXGRP);
             if setid {
                 return reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a));
             }
         }
-        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
-        let r = self.cache.backend().as_caller(&cred, &mut || {
-            rustix::fs::chownat(
-                &fd,
-                "",
-                None,
-                None,
-                rustix::fs::AtFlags::EMPTY_PATH | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-            )
-            .map_err(|e| CoreError::from(std::io::Error::from(e)))
-        });
-        if let Err(e) = r {
-            return reply.error(errno(e));
-        }
-        self.attrs_changed(node);
-        match attr_of_fd(&fd) {
-            Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
-            Err(e) => reply.error(io_errno(e)),
-        }
-    }
-
-    /// Open flags for a handle the daemon serves (no passthrough) of a file opened with
-    /// open(2) `flags`. A caller that appends gets direct I/O: through the page cache the
-    /// kernel splits a write at a page boundary into two WRITEs, and two appends could then
-    /// land with another writer's data between them (a native O_APPEND write is one piece).
-    fn fopen_flags_for(&self, flags: i32) -> FopenFlags {
-        if flags & libc::O_APPEND != 0 {
-            FopenFlags::FOPEN_DIRECT_IO
-        } else {
-            self.fopen_flags()
+        // Nothing set: chown(-1, -1) as the caller.
+        match f.setattr(&cred, &SetAttr::default()) {
+            Ok(a) => {
+                self.attrs_changed(node);
+                reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
+            }
+            Err(e) => reply.error(errno(e)),
         }
     }
 
@@ -907,10 +487,6 @@ impl DircacheFs {
     fn queue_inval_inode(&self, nodeid: u64) {
         let _ = self.notify.send(NotifyMsg::InvalInode(nodeid));
     }
-}
-
-fn is_writable(flags: i32) -> bool {
-    matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR) || flags & libc::O_TRUNC != 0
 }
 
 fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
@@ -1034,7 +610,7 @@ impl fuser::Filesystem for DircacheFs {
         self.count(Op::getattr);
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
-                if let Ok(a) = attr_of_fd(&*of.fd) {
+                if let Ok(a) = of.fd.attr() {
                     let writers = self.inodes.info(ino.0).map(|i| i.writers).unwrap_or(0);
                     return reply.attr(&self.attr_ttl_of(writers), &self.attr_for(ino.0, &a));
                 }
@@ -1068,13 +644,7 @@ impl fuser::Filesystem for DircacheFs {
             }
             Err(e) => {
                 // An unlinked file that is still open: answer from its descriptor.
-                let of = self
-                    .files
-                    .lock()
-                    .values()
-                    .find(|f| f.nodeid == ino.0)
-                    .cloned();
-                match of.map(|f| attr_of_fd(&*f.fd)) {
+                match self.any_open(ino.0).map(|f| f.fd.attr()) {
                     Some(Ok(a)) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
                     _ => match self.inodes.dir_attr(ino.0) {
                         // A removed directory the kernel still holds (an open descriptor, a
@@ -1145,9 +715,9 @@ impl fuser::Filesystem for DircacheFs {
                 && atime.is_none()
                 && mtime.is_none()
             {
-                return match attr_of_fd(&*fd) {
+                return match fd.attr() {
                     Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
-                    Err(e) => reply.error(io_errno(e)),
+                    Err(e) => reply.error(errno(e)),
                 };
             }
         }
@@ -1179,13 +749,7 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) if e == Errno::ENOENT || e == Errno::ESTALE => {
                 // fchmod/fchown/futimens of an open file whose name is gone: the kernel sends
                 // no handle for those, but the inode is still open here.
-                let of = self
-                    .files
-                    .lock()
-                    .values()
-                    .find(|f| f.nodeid == ino.0)
-                    .cloned();
-                let Some(of) = of else {
+                let Some(of) = self.any_open(ino.0) else {
                     return reply.error(e);
                 };
                 match Self::setattr_fd(&of.fd, c.cred(), &set) {
@@ -1423,52 +987,7 @@ impl fuser::Filesystem for DircacheFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.count(Op::open);
-        let node = match self.node(ino) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let c = self.creds(req);
-        let oflags = Self::open_flags(flags.0);
-        let fd = match self.open_shared(&c, ino, oflags) {
-            Ok(fd) => fd,
-            Err(e) => return reply.error(e),
-        };
-        // Before a passthrough backing file is made from it (it copies the flags).
-        self.apply_noatime(&fd);
-        let writable = is_writable(flags.0);
-        if flags.0 & libc::O_TRUNC != 0 {
-            self.attrs_changed(&node);
-        }
-        let cred = c.cred().clone();
-        if self.passthrough {
-            match self.backing_for(ino.0, &cred, || reply.open_backing(&*fd)) {
-                Ok(b) => {
-                    let fh = self.add_open(OpenFile {
-                        fd,
-                        nodeid: ino.0,
-                        node,
-                        writable,
-                        backing: true,
-                        cred,
-                    });
-                    self.counters
-                        .passthrough_opens
-                        .fetch_add(1, Ordering::Relaxed);
-                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b);
-                }
-                Err(e) => tracing::debug!("passthrough open failed: {e}"),
-            }
-        }
-        let fh = self.add_open(OpenFile {
-            fd,
-            nodeid: ino.0,
-            node,
-            writable,
-            backing: false,
-            cred,
-        });
-        reply.opened(FileHandle(fh), self.fopen_flags_for(flags.0))
+        self.open_impl(req, ino, flags, reply)
     }
 
     fn read(
@@ -1482,22 +1001,7 @@ impl fuser::Filesystem for DircacheFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.count(Op::read);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
-        let mut buf = vec![0u8; size as usize];
-        let mut done = 0usize;
-        while done < buf.len() {
-            match rustix::io::pread(&*of.fd, &mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return reply.error(Errno::from_i32(e.raw_os_error())),
-            }
-        }
-        reply.data(&buf[..done])
+        self.read_impl(_req, _ino, fh, offset, size, _flags, _lock_owner, reply)
     }
 
     fn write(
@@ -1512,62 +1016,17 @@ impl fuser::Filesystem for DircacheFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.count(Op::write);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
-        // A caller whose file appends (O_APPEND at open or set by fcntl) appends at the real
-        // end, not at the offset the kernel computed from its cached size (a native append
-        // meanwhile would be overwritten). Page cache writeback writes where it says.
-        let append =
-            flags.0 & libc::O_APPEND != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        let privs = self.has_privs(&of);
-        let cred = self.io_cred(req, &of);
-        let mut done = 0usize;
-        {
-            // As the caller: the backing file system clears set-id bits as for that user.
-            let _g = match as_caller(&cred, false) {
-                Ok(g) => g,
-                Err(e) => return reply.error(errno(e)),
-            };
-            while done < data.len() {
-                let r = if append {
-                    rustix::io::pwritev2(
-                        &*of.fd,
-                        &[std::io::IoSlice::new(&data[done..])],
-                        0,
-                        rustix::io::ReadWriteFlags::APPEND,
-                    )
-                } else {
-                    rustix::io::pwrite(&*of.fd, &data[done..], offset + done as u64)
-                };
-                match r {
-                    Ok(n) => done += n,
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(e) => {
-                        if done > 0 {
-                            break;
-                        }
-                        return reply.error(Errno::from_i32(e.raw_os_error()));
-                    }
-                }
-            }
-        }
-        if privs {
-            self.privs_maybe_killed(&of);
-        } else if append {
-            // The kernel put the data in its page cache at `offset` and takes offset + done
-            // as the size: when the data went elsewhere, both are wrong.
-            let at = rustix::fs::fstat(&*of.fd)
-                .map(|st| (st.st_size as u64).wrapping_sub(done as u64))
-                .unwrap_or(u64::MAX);
-            if at != offset {
-                self.cache.forget_attr(&of.node);
-                self.queue_inval_inode(of.nodeid);
-            }
-        }
-        reply.written(done as u32)
+        self.write_impl(
+            req,
+            _ino,
+            fh,
+            offset,
+            data,
+            write_flags,
+            flags,
+            _lock_owner,
+            reply,
+        )
     }
 
     fn flush(
@@ -1595,22 +1054,7 @@ impl fuser::Filesystem for DircacheFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::release);
-        let of = self.files.lock().remove(&fh.0);
-        if let Some(of) = of {
-            // Reads moved the atime, writes (also through a mapping) mtime and ctime: the
-            // next GETATTR or LOOKUP asks the backend.
-            self.inodes.add_open(of.nodeid, -1);
-            self.cache.forget_attr(&of.node);
-            if of.writable {
-                self.inodes.add_writer(of.nodeid, -1);
-                self.queue_inval_inode(of.nodeid);
-            }
-            if of.backing {
-                self.inodes.release_backing(ino.0);
-            }
-        }
-        reply.ok()
+        self.release_impl(_req, ino, fh, _flags, _lock_owner, _flush, reply)
     }
 
     fn fsync(
@@ -1621,20 +1065,7 @@ impl fuser::Filesystem for DircacheFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::fsync);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
-        let r = if datasync {
-            rustix::fs::fdatasync(&*of.fd)
-        } else {
-            rustix::fs::fsync(&*of.fd)
-        };
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e.raw_os_error())),
-        }
+        self.fsync_impl(_req, _ino, fh, datasync, reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -1822,59 +1253,34 @@ impl fuser::Filesystem for DircacheFs {
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
         self.count(Op::fsyncdir);
-        let fd = match self.node(ino).and_then(|n| self.real_path_fd(&n)) {
-            Ok(fd) => fd,
-            Err(e) => return reply.error(e),
-        };
-        // An O_PATH descriptor cannot be synced: reopen it read-only through /proc.
-        let p = Self::proc_path(&fd);
-        let dfd = match rustix::fs::open(
-            p.as_c_str(),
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        ) {
-            Ok(d) => d,
-            Err(e) => return reply.error(Errno::from_i32(e.raw_os_error())),
-        };
-        let r = if datasync {
-            rustix::fs::fdatasync(&dfd)
-        } else {
-            rustix::fs::fsync(&dfd)
-        };
+        let c = self.read_creds(req);
+        let r = self.xattr_target(ino).and_then(|x| {
+            x.backend
+                .fsyncdir(c.cred(), x.target(), datasync)
+                .map_err(|e| self.xattr_error(ino, &x, e))
+        });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e.raw_os_error())),
+            Err(e) => reply.error(e),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         self.count(Op::statfs);
-        if let Ok(s) = self.cache.backend().statfs(b"") {
-            return reply.statfs(
-                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
-            );
-        }
-        match rustix::fs::statvfs(&self.src) {
+        match self.cache.backend().statfs(b"") {
             Ok(s) => reply.statfs(
-                s.f_blocks,
-                s.f_bfree,
-                s.f_bavail,
-                s.f_files,
-                s.f_ffree,
-                s.f_bsize as u32,
-                s.f_namemax as u32,
-                s.f_frsize as u32,
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
             ),
-            Err(e) => reply.error(Errno::from_i32(e.raw_os_error())),
+            // What the kernel assumes of a FUSE file system that does not implement STATFS.
+            Err(CoreError::NotSupported) => reply.statfs(0, 0, 0, 0, 0, 512, 255, 0),
+            Err(e) => reply.error(errno(e)),
         }
     }
 
@@ -1888,130 +1294,19 @@ impl fuser::Filesystem for DircacheFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::setxattr);
-        if self.xattr_blocked(name) {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
-        }
-        let x = match self.xattr_target(ino) {
-            Ok(t) => t,
-            Err(e) => return reply.error(e),
-        };
-        let c = self.creds(req);
-        if let Err(e) = x
-            .backend
-            .setxattr(c.cred(), x.target(), name.as_bytes(), value, flags)
-        {
-            return reply.error(self.xattr_error(ino, &x, e));
-        }
-        self.attrs_changed(&x.node);
-        reply.ok()
+        self.setxattr_impl(req, ino, name, value, flags, _position, reply)
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.count(Op::getxattr);
-        if ino.0 == ROOT && name.as_bytes() == SOCKET_XATTR.as_bytes() {
-            if let Some(p) = &self.socket_path {
-                let v = p.as_os_str().as_bytes();
-                return if size == 0 {
-                    reply.size(v.len() as u32)
-                } else if (size as usize) < v.len() {
-                    reply.error(Errno::from_i32(libc::ERANGE))
-                } else {
-                    reply.data(v)
-                };
-            }
-        }
-        if self.xattr_blocked(name) {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
-        }
-        // The kernel's POSIX ACL fetch (FUSE_POSIX_ACL): answer a known absence directly.
-        let acl_bit = match name.as_bytes() {
-            b"system.posix_acl_access" => 1,
-            b"system.posix_acl_default" => 2,
-            _ => 0,
-        };
-        let acl_key = if acl_bit != 0 {
-            self.inodes.locate(ino.0).map(|l| l.3)
-        } else {
-            None
-        };
-        if let Some(k) = acl_key {
-            if self.inodes.acl_absent(k, acl_bit) {
-                self.counters.acl_memo_hits.fetch_add(1, Ordering::Relaxed);
-                return reply.error(Errno::from_i32(libc::ENODATA));
-            }
-        }
-        let acl_gen = self.inodes.acl_gen();
-        let x = match self.xattr_target(ino) {
-            Ok(t) => t,
-            Err(e) => return reply.error(e),
-        };
-        // Groups matter for user.* reads only (the kernel's ACL fetches need none).
-        let c = if acl_bit != 0 {
-            self.read_creds(req)
-        } else {
-            self.creds(req)
-        };
-        let v = match x.backend.getxattr(c.cred(), x.target(), name.as_bytes()) {
-            Ok(v) => v,
-            Err(e) => {
-                if e.errno() == libc::ENODATA {
-                    if let Some(k) = acl_key {
-                        self.inodes.note_acl_absent(k, acl_bit, acl_gen);
-                    }
-                }
-                return reply.error(self.xattr_error(ino, &x, e));
-            }
-        };
-        if size == 0 {
-            reply.size(v.len() as u32)
-        } else if (size as usize) < v.len() {
-            reply.error(Errno::from_i32(libc::ERANGE))
-        } else {
-            reply.data(&v)
-        }
+        self.getxattr_impl(req, ino, name, size, reply)
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.count(Op::listxattr);
-        let x = match self.xattr_target(ino) {
-            Ok(t) => t,
-            Err(e) => return reply.error(e),
-        };
-        let c = self.creds(req);
-        let names = match x.backend.listxattr(c.cred(), x.target()) {
-            Ok(v) => v,
-            Err(e) => return reply.error(self.xattr_error(ino, &x, e)),
-        };
-        let list: Vec<u8> = names
-            .split(|b| *b == 0)
-            .filter(|n| !n.is_empty() && !self.xattr_blocked(OsStr::from_bytes(n)))
-            .flat_map(|n| n.iter().copied().chain(std::iter::once(0)))
-            .collect();
-        if size == 0 {
-            reply.size(list.len() as u32)
-        } else if (size as usize) < list.len() {
-            reply.error(Errno::from_i32(libc::ERANGE))
-        } else {
-            reply.data(&list)
-        }
+        self.listxattr_impl(req, ino, size, reply)
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count(Op::removexattr);
-        if self.xattr_blocked(name) {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
-        }
-        let x = match self.xattr_target(ino) {
-            Ok(t) => t,
-            Err(e) => return reply.error(e),
-        };
-        let c = self.creds(req);
-        if let Err(e) = x.backend.removexattr(c.cred(), x.target(), name.as_bytes()) {
-            return reply.error(self.xattr_error(ino, &x, e));
-        }
-        self.attrs_changed(&x.node);
-        reply.ok()
+        self.removexattr_impl(req, ino, name, reply)
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -2033,82 +1328,7 @@ impl fuser::Filesystem for DircacheFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.count(Op::create);
-        let dir = match self.node(parent) {
-            Ok(d) => d,
-            Err(e) => return reply.error(e),
-        };
-        let c = self.creds(req);
-        let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
-        // Within the caller's share of descriptors, checked before anything is created.
-        if let Err(e) = self.fds.admit(req.uid()) {
-            return reply.error(Errno::from_i32(e));
-        }
-        let (node, fd) = match with_caller_umask(mode & 0o7777, umask, |mode| {
-            self.cache
-                .create_at(&c, &dir, name.as_bytes(), mode, oflags)
-        }) {
-            Ok(x) => x,
-            Err(e) => return reply.error(errno(e)),
-        };
-        self.dir_changed(&dir);
-        self.apply_noatime(&fd);
-        let a = match attr_of_fd(&fd)
-            .map_err(io_errno)
-            .or_else(|_| self.attr_of(&node, false).map_err(errno))
-        {
-            Ok(a) => a,
-            Err(e) => return reply.error(e),
-        };
-        let id = self
-            .inodes
-            .register(&node, &a, parent.0, |n, k| self.names_key(n, k));
-        let fattr = fuse_attr(id, &a);
-        let writable = is_writable(flags);
-        let cred = c.cred().clone();
-        let key = FdKey::new(id, oflags, cred.clone());
-        let fd = self.fds.insert(Some(key), cred.uid, fd, oflags);
-        if self.passthrough {
-            match self.backing_for(id, &cred, || reply.open_backing(&*fd)) {
-                Ok(b) => {
-                    let fh = self.add_open(OpenFile {
-                        fd,
-                        nodeid: id,
-                        node,
-                        writable,
-                        backing: true,
-                        cred,
-                    });
-                    self.counters
-                        .passthrough_opens
-                        .fetch_add(1, Ordering::Relaxed);
-                    return reply.created_passthrough(
-                        &self.policy.entry_ttl,
-                        &fattr,
-                        Generation(self.inodes.generation(id)),
-                        FileHandle(fh),
-                        FopenFlags::empty(),
-                        &b,
-                    );
-                }
-                Err(e) => tracing::debug!("passthrough create failed: {e}"),
-            }
-        }
-        let fh = self.add_open(OpenFile {
-            fd,
-            nodeid: id,
-            node,
-            writable,
-            backing: false,
-            cred,
-        });
-        reply.created(
-            &self.policy.entry_ttl,
-            &fattr,
-            Generation(self.inodes.generation(id)),
-            FileHandle(fh),
-            self.fopen_flags_for(flags),
-        )
+        self.create_impl(req, parent, name, mode, umask, flags, reply)
     }
 
     /// The inode-flags ioctls (lsattr/chattr, xfs_io): FS_IOC_GETFLAGS/SETFLAGS and
@@ -2126,53 +1346,7 @@ impl fuser::Filesystem for DircacheFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        self.count(Op::other);
-        // The kernel's fileattr requests (fuse_priv_ioctl) carry these numbers.
-        const GETFLAGS: u32 = 0x8008_6601;
-        const SETFLAGS: u32 = 0x4008_6602;
-        const FSGETXATTR: u32 = 0x801c_581f;
-        const FSSETXATTR: u32 = 0x401c_5820;
-        let (len, set) = match cmd {
-            GETFLAGS => (4, false),
-            SETFLAGS => (4, true),
-            FSGETXATTR => (28, false),
-            FSSETXATTR => (28, true),
-            _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
-        };
-        let mut buf = [0u8; 28];
-        if set {
-            if in_data.len() < len {
-                return reply.error(Errno::EINVAL);
-            }
-            buf[..len].copy_from_slice(&in_data[..len]);
-        }
-        let fd = match self.ioctl_fd(ino, fh) {
-            Ok(fd) => fd,
-            Err(e) => return reply.error(e),
-        };
-        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
-        let r = self.cache.backend().as_caller(&cred, &mut || {
-            // SAFETY: ioctl on a live descriptor; each of these commands reads or writes at
-            // most 28 bytes (an int, or a struct fsxattr) at the pointer, and buf has 28.
-            let r = unsafe { libc::ioctl(fd.as_raw_fd(), cmd as libc::Ioctl, buf.as_mut_ptr()) };
-            if r < 0 {
-                Err(CoreError::from(std::io::Error::last_os_error()))
-            } else {
-                Ok(())
-            }
-        });
-        if let Err(e) = r {
-            return reply.error(errno(e));
-        }
-        if set {
-            if let Some(n) = self.inodes.get(ino.0) {
-                self.attrs_changed(&n);
-            }
-            self.queue_inval_inode(ino.0);
-            reply.ioctl(0, &[])
-        } else {
-            reply.ioctl(0, &buf[..len])
-        }
+        self.ioctl_impl(req, ino, fh, _flags, cmd, in_data, _out_size, reply)
     }
 
     fn fallocate(
@@ -2185,41 +1359,7 @@ impl fuser::Filesystem for DircacheFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::fallocate);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
-        let privs = self.has_privs(&of);
-        let r = {
-            // As the caller: the backing file system clears set-id bits as for that user.
-            let _g = match as_caller(&self.io_cred(req, &of), false) {
-                Ok(g) => g,
-                Err(e) => return reply.error(errno(e)),
-            };
-            // SAFETY: fallocate on a valid descriptor with plain integer arguments.
-            let r = unsafe {
-                libc::fallocate(
-                    of.fd.as_fd().as_raw_fd(),
-                    mode,
-                    offset as i64,
-                    length as i64,
-                )
-            };
-            if r < 0 {
-                Err(last_errno())
-            } else {
-                Ok(())
-            }
-        };
-        if let Err(e) = r {
-            return reply.error(e);
-        }
-        self.cache.forget_attr(&of.node);
-        if privs {
-            self.privs_maybe_killed(&of);
-        }
-        reply.ok()
+        self.fallocate_impl(req, _ino, fh, offset, length, mode, reply)
     }
 
     fn lseek(
@@ -2231,17 +1371,7 @@ impl fuser::Filesystem for DircacheFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.count(Op::lseek);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
-        // SAFETY: lseek on a valid descriptor; the daemon's own offset is never used for I/O.
-        let r = unsafe { libc::lseek(of.fd.as_fd().as_raw_fd(), offset, whence) };
-        if r < 0 {
-            return reply.error(last_errno());
-        }
-        reply.offset(r)
+        self.lseek_impl(_req, _ino, fh, offset, whence, reply)
     }
 
     fn copy_file_range(
@@ -2257,45 +1387,8 @@ impl fuser::Filesystem for DircacheFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        self.count(Op::copy_file_range);
-        let (fin, fout) = match (self.open_file(fh_in), self.open_file(fh_out)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => return reply.error(e),
-        };
-        let mut oin = offset_in as i64;
-        let mut oout = offset_out as i64;
-        let privs = self.has_privs(&fout);
-        let r = {
-            // As the caller: the backing file system clears set-id bits as for that user.
-            let _g = match as_caller(&self.io_cred(req, &fout), false) {
-                Ok(g) => g,
-                Err(e) => return reply.error(errno(e)),
-            };
-            // SAFETY: valid descriptors and pointers to local offsets.
-            let r = unsafe {
-                libc::copy_file_range(
-                    fin.fd.as_fd().as_raw_fd(),
-                    &mut oin,
-                    fout.fd.as_fd().as_raw_fd(),
-                    &mut oout,
-                    len.min(u32::MAX as u64) as usize,
-                    0,
-                )
-            };
-            if r < 0 {
-                Err(last_errno())
-            } else {
-                Ok(r)
-            }
-        };
-        let r = match r {
-            Ok(r) => r,
-            Err(e) => return reply.error(e),
-        };
-        self.cache.forget_attr(&fout.node);
-        if privs {
-            self.privs_maybe_killed(&fout);
-        }
-        reply.written(r as u32)
+        self.copy_file_range_impl(
+            req, _ino_in, fh_in, offset_in, _ino_out, fh_out, offset_out, len, _flags, reply,
+        )
     }
 }

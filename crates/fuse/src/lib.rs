@@ -7,7 +7,8 @@
 //! - requests that reach the daemon are answered from the core cache ([`fs::DircacheFs`]);
 //! - the kernel gets long timeouts ([`CachePolicy`]) because the daemon invalidates
 //!   explicitly, from one dedicated thread ([`notifier`]) fed by the backend's change feed;
-//! - file data goes to the real file (FUSE passthrough when possible);
+//! - file data goes to the backend's open file ([`dircache_core::BackendFile`]; FUSE
+//!   passthrough when it has a local descriptor);
 //! - statistics are served on a unix socket ([`stats`]).
 //!
 //! Nodeids: root is 1; every other inode's nodeid is derived from its backend `(dev, ino)` (the
@@ -16,7 +17,10 @@
 //! file gets a new generation ([`inodes`]).
 //!
 //! Every action taken for a request runs with the requester's credentials on the inode the
-//! kernel named (`dircache_local::creds`, verified by `(dev, ino)`); see `docs/security.md`.
+//! kernel named (verified by `(dev, ino)`): the front end reaches the files only through the
+//! `Backend` and `BackendFile` traits, which take the requester's `Cred` (the local backend
+//! switches with `dircache_local::creds`); no path into SRC is built here. See
+//! `docs/security.md`.
 
 pub mod creds;
 pub mod fs;
@@ -106,7 +110,6 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     let (mut fs, parts) = DircacheFs::new(
         cache.clone(),
         cfg.policy.clone(),
-        &cfg.src,
         tx.clone(),
         cfg.socket_path.clone(),
     );

@@ -11,10 +11,10 @@
 //!   itself (directory descriptors, change feed, control socket, search).
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ops::Deref;
 use std::sync::{Arc, Weak};
 
-use dircache_core::Cred;
+use dircache_core::{BackendFile, Cred};
 use parking_lot::Mutex;
 
 /// What makes two opens share a descriptor.
@@ -52,27 +52,19 @@ struct Inner {
     total: usize,
 }
 
-/// A descriptor held for one or more open handles; counted against its user until dropped.
+/// A backend's open file held for one or more open handles; counted against its user until
+/// dropped.
 pub struct SharedFd {
-    fd: OwnedFd,
-    /// The open(2) flags it was opened with.
-    pub flags: i32,
+    file: Box<dyn BackendFile>,
     uid: u32,
     key: Option<FdKey>,
     table: Weak<Mutex<Inner>>,
 }
 
-impl AsFd for SharedFd {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-}
-
-impl SharedFd {
-    /// Whether the descriptor may write (ftruncate, fallocate, write).
-    pub fn writable(&self) -> bool {
-        matches!(self.flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR)
-            && self.flags & libc::O_PATH == 0
+impl Deref for SharedFd {
+    type Target = dyn BackendFile;
+    fn deref(&self) -> &(dyn BackendFile + 'static) {
+        &*self.file
     }
 }
 
@@ -150,9 +142,14 @@ impl OpenFds {
         Ok(())
     }
 
-    /// Count `fd` for `cred.uid`; with `key`, share it (when another thread stored one for
-    /// the same key meanwhile, that one is returned and `fd` is closed).
-    pub fn insert(&self, key: Option<FdKey>, uid: u32, fd: OwnedFd, flags: i32) -> Arc<SharedFd> {
+    /// Count `file` for `cred.uid`; with `key`, share it (when another thread stored one for
+    /// the same key meanwhile, that one is returned and `file` is closed).
+    pub fn insert(
+        &self,
+        key: Option<FdKey>,
+        uid: u32,
+        file: Box<dyn BackendFile>,
+    ) -> Arc<SharedFd> {
         let mut t = self.inner.lock();
         if let Some(k) = &key {
             if let Some(s) = t.map.get(k).and_then(Weak::upgrade) {
@@ -162,8 +159,7 @@ impl OpenFds {
         *t.per_uid.entry(uid).or_default() += 1;
         t.total += 1;
         let s = Arc::new(SharedFd {
-            fd,
-            flags,
+            file,
             uid,
             key: key.clone(),
             table: Arc::downgrade(&self.inner),
@@ -185,8 +181,9 @@ impl OpenFds {
 mod tests {
     use super::*;
 
-    fn fd() -> OwnedFd {
-        rustix::fs::open("/", rustix::fs::OFlags::PATH, rustix::fs::Mode::empty()).unwrap()
+    fn fd() -> Box<dyn BackendFile> {
+        let fd = rustix::fs::open("/", rustix::fs::OFlags::PATH, rustix::fs::Mode::empty());
+        Box::new(dircache_core::FdFile::new(fd.unwrap()))
     }
 
     #[test]
@@ -197,14 +194,14 @@ mod tests {
             total: 3,
         };
         let k = |n| FdKey::new(n, libc::O_RDONLY | libc::O_LARGEFILE, Cred::new(7, 7, []));
-        let a = t.insert(Some(k(1)), 7, fd(), 0);
+        let a = t.insert(Some(k(1)), 7, fd());
         assert!(Arc::ptr_eq(&t.get(&k(1)).unwrap(), &a));
-        let a2 = t.insert(Some(k(1)), 7, fd(), 0);
+        let a2 = t.insert(Some(k(1)), 7, fd());
         assert!(Arc::ptr_eq(&a, &a2));
         assert_eq!(t.held_by(7), 1);
-        let b = t.insert(Some(k(2)), 7, fd(), 0);
+        let b = t.insert(Some(k(2)), 7, fd());
         assert_eq!(t.admit(7), Err(libc::EMFILE));
-        let c = t.insert(None, 8, fd(), 0);
+        let c = t.insert(None, 8, fd());
         assert_eq!(t.admit(9), Err(libc::ENFILE));
         drop((a, a2, c));
         assert!(t.get(&k(1)).is_none());

@@ -117,6 +117,12 @@ fd2 = os.open('copy', os.O_CREAT | os.O_RDWR, 0o644)
 n = os.copy_file_range(fd, fd2, 3, 1 << 20, 0)
 out('copy_file_range', n, os.pread(fd2, 3, 0), os.fstat(fd2).st_size)
 os.close(fd); os.close(fd2)
+# appends, syncs of a file and of a directory (FSYNCDIR), statvfs
+fd = os.open('copy', os.O_WRONLY | os.O_APPEND); os.write(fd, b'++')
+out('append', os.fstat(fd).st_size, e(os.fsync, fd), e(os.fdatasync, fd)); os.close(fd)
+dfd = os.open('.', os.O_RDONLY | os.O_DIRECTORY)
+out('fsyncdir', e(os.fsync, dfd), e(os.fdatasync, dfd)); os.close(dfd)
+out('statvfs', os.statvfs('.').f_namemax)
 # open, unlink, keep using
 fd = os.open('gone', os.O_CREAT | os.O_RDWR, 0o644); os.unlink('gone')
 os.write(fd, b'still here'); out('unlinked-open', os.pread(fd, 10, 0), os.fstat(fd).st_nlink, os.fstat(fd).st_size)

@@ -32,10 +32,10 @@
 //!   system clears set-user-ID and set-group-ID bits as for that user (`file_remove_privs`).
 //!   A root caller keeps every capability; a root/root caller is not switched at all. Used with
 //!   `shared: false` by the local backend's mutations (creations, removals, renames,
-//!   attribute and xattr changes, opens that may write, `Backend::as_caller`: the FUSE front
-//!   end's inode-flag ioctls and ctime touches) and by the FUSE data path (write, fallocate,
-//!   truncate, copy_file_range, setattr through a descriptor). With `shared: true`
-//!   (passthrough registration: the kernel keeps the registering thread's credentials for every
+//!   attribute and xattr changes, opens that may write) and by its open files
+//!   ([`data_path_caller`]: the FUSE data path, write, fallocate, truncate, copy_file_range,
+//!   setattr through a descriptor, and the front end's inode-flag ioctls and ctime touches).
+//!   With `shared: true` (passthrough registration: the kernel keeps the registering thread's credentials for every
 //!   later read and write of that inode by any opener) a root caller is switched too and loses
 //!   CAP_FSETID and CAP_SYS_RESOURCE, since other users' writes share those credentials.
 //! - [`Caps::Empty`]: delegated searches (dircache-search): the effective set is emptied, so
@@ -137,6 +137,21 @@ struct Saved {
 pub struct ActAs {
     /// `None` when no switch happened.
     saved: Option<Saved>,
+}
+
+/// How the local backend's open files ([`dircache_core::FdFile`]) act as the caller: the
+/// data path (write, fallocate, truncate, copy_file_range, setattr through a descriptor, and
+/// the front end's ioctls and passthrough registration through
+/// [`dircache_core::BackendFile::as_caller`]) runs under [`Caps::AdminOnly`] (`shared` for a
+/// passthrough registration). Nothing changes when the daemon is not root (it could not
+/// switch).
+pub fn data_path_caller(
+    cred: &Cred,
+    shared: bool,
+    f: &mut dyn FnMut() -> Result<()>,
+) -> Result<()> {
+    let _g = ActAs::when(process_is_root(), cred, Caps::AdminOnly { shared })?;
+    f()
 }
 
 /// Whether the process runs as root (effective uid 0), i.e. may switch per thread.

@@ -57,8 +57,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dircache_core::{
-    Attr, Backend, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode, Result, SetAttr,
-    StatFs, TimeSet, Timespec, Walked, XattrTarget, NAME_MAX, PATH_MAX,
+    Attr, Backend, BackendFile, ChangeFeed, Cred, DirEntry, Error, FdFile, FileType, RenameMode,
+    Result, SetAttr, StatFs, TimeSet, Timespec, Walked, XattrTarget, NAME_MAX, PATH_MAX,
 };
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
@@ -286,8 +286,8 @@ fn chunk_ends(path: &[u8]) -> Vec<usize> {
 /// beneath the directory `base`, never following a symlink, with open(2) `flags`. A path
 /// longer than one syscall takes is resolved in the pieces [`chunk_ends`] cuts, each
 /// openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) from the previous
-/// piece's O_PATH descriptor. For front ends that need a descriptor of a node outside the
-/// backend's own calls (ioctls, fsyncdir); the backend itself also caches the pieces.
+/// piece's O_PATH descriptor. Used by `Backend::open_verified` (a front end's ioctls, fsyncdir
+/// and ctime touches); the backend's other calls cache the pieces.
 pub fn open_beneath(
     base: BorrowedFd<'_>,
     path: &[u8],
@@ -318,10 +318,7 @@ pub fn open_beneath(
 
 /// utimensat(2) timestamps for a setattr's atime and mtime (UTIME_OMIT when not set).
 pub fn timestamps(atime: Option<TimeSet>, mtime: Option<TimeSet>) -> rustix::fs::Timestamps {
-    rustix::fs::Timestamps {
-        last_access: timespec(atime),
-        last_modification: timespec(mtime),
-    }
+    dircache_core::file::timestamps(atime, mtime)
 }
 
 /// Split a non-root path into (parent, name).
@@ -406,23 +403,6 @@ fn dtype_kind(t: rustix::fs::FileType) -> Option<FileType> {
         R::Socket => FileType::Socket,
         _ => return None,
     })
-}
-
-fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {
-    match t {
-        None => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_OMIT,
-        },
-        Some(TimeSet::Now) => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_NOW,
-        },
-        Some(TimeSet::At(t)) => rustix::fs::Timespec {
-            tv_sec: t.sec,
-            tv_nsec: i64::from(t.nsec) as _,
-        },
-    }
 }
 
 impl LocalBackend {
@@ -592,8 +572,7 @@ impl LocalBackend {
         ActAs::when(self.switch_creds, cred, Caps::FsOnly)
     }
 
-    /// Run mutation `f` as `cred` (also opens that may write, xattr writes and
-    /// [`Backend::as_caller`]). For a caller other than root no effective capability is kept
+    /// Run mutation `f` as `cred` (also opens that may write and xattr writes). For a caller other than root no effective capability is kept
     /// but CAP_SYS_ADMIN ([`Caps::AdminOnly`]), as on the FUSE data path: a user's mutation
     /// gets no CAP_SYS_RESOURCE (quotas, blocks reserved for root), CAP_SETFCAP (file
     /// capabilities) or any other capability the daemon holds and the user does not.
@@ -934,10 +913,6 @@ impl Backend for LocalBackend {
         })
     }
 
-    fn as_caller(&self, cred: &Cred, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.as_cred(cred, f)
-    }
-
     fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
         let (odir, oname) = split(old)?;
         let (ndir, nname) = split(new)?;
@@ -1005,50 +980,61 @@ impl Backend for LocalBackend {
         })
     }
 
-    fn open(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
-        check_path(path)?;
-        if flags & FMODE_EXEC != 0
-            && flags & libc::O_ACCMODE == libc::O_RDONLY
-            && flags & (libc::O_TRUNC | libc::O_CREAT) == 0
-        {
-            return self.open_exec(cred, path);
-        }
-        // openat2 rejects unknown flag bits with EINVAL, and FUSE passes on kernel-internal
-        // ones (e.g. __FMODE_EXEC for execve): keep only the open(2) flags that mean something
-        // for a regular file here.
-        let known = libc::O_ACCMODE
-            | libc::O_APPEND
-            | libc::O_TRUNC
-            | libc::O_CREAT
-            | libc::O_EXCL
-            | libc::O_NONBLOCK
-            | libc::O_DSYNC
-            | libc::O_SYNC
-            | libc::O_DIRECT
-            | libc::O_NOATIME
-            | libc::O_LARGEFILE
-            | libc::O_DIRECTORY;
-        let oflags =
-            OFlags::from_bits_retain((flags & known) as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-        let m = Mode::from_raw_mode(mode & 0o7777);
-        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || oflags.contains(OFlags::CREATE);
-        // Only a descriptor that may write makes this thread a mutator (as_cred marks it).
-        let run = |f: &dyn Fn() -> Result<OwnedFd>| -> Result<OwnedFd> {
-            if writes {
-                self.as_cred(cred, f)
-            } else {
-                let _g = self.act_as(cred)?;
-                f()
+    fn open(
+        &self,
+        cred: &Cred,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+    ) -> Result<Box<dyn BackendFile>> {
+        self.open_fd(cred, path, flags, mode)
+            .map(|fd| self.file(fd))
+    }
+
+    fn open_verified(
+        &self,
+        _cred: &Cred,
+        target: XattrTarget<'_>,
+        flags: i32,
+    ) -> Result<Box<dyn BackendFile>> {
+        // Resolved as the daemon (module docs of `Backend::open_verified`), never through a
+        // symlink, beneath the root.
+        let pfd = match target.open {
+            Some(fd) => fd.try_clone_to_owned().map_err(Error::from)?,
+            None => {
+                check_path(target.path)?;
+                let p: &[u8] = if target.path.is_empty() {
+                    b"."
+                } else {
+                    target.path
+                };
+                open_beneath(
+                    self.root.as_fd(),
+                    p,
+                    OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                )
+                .map_err(errno)?
             }
         };
-        if path.is_empty() {
-            return run(&|| {
-                rustix::fs::openat2(&self.root, c".", oflags, m, RESOLVE).map_err(errno)
-            });
+        if let Some(key) = target.expect {
+            let st = rustix::fs::fstat(&pfd).map_err(errno)?;
+            if (st.st_dev, st.st_ino) != key {
+                return Err(Error::Stale);
+            }
         }
-        let (dir, name) = split(path)?;
-        let d = self.dir(dir)?;
-        run(&|| rustix::fs::openat2(d.as_fd(), name, oflags, m, RESOLVE).map_err(errno))
+        if flags & libc::O_PATH != 0 {
+            return Ok(self.file(pfd));
+        }
+        // The very inode checked above, not the path again.
+        let proc = CString::new(format!("/proc/self/fd/{}", pfd.as_raw_fd()))
+            .map_err(|_| Error::Invalid)?;
+        let fd = rustix::fs::open(
+            proc.as_c_str(),
+            OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(errno)?;
+        Ok(self.file(fd))
     }
 
     fn getxattr(&self, cred: &Cred, target: XattrTarget<'_>, name: &[u8]) -> Result<Vec<u8>> {
@@ -1096,6 +1082,64 @@ impl LocalBackend {
     /// (faccessat2 as the caller), and that very inode (not the path again) is reopened for
     /// reading as the daemon through /proc/self/fd. The descriptor serves only the kernel's
     /// exec of it: the caller's own open(2) for reading is refused by the kernel first.
+    /// An open file of this backend over `fd`: its mutations run as the requester
+    /// ([`creds::data_path_caller`]) when the daemon switches credentials.
+    fn file(&self, fd: OwnedFd) -> Box<dyn BackendFile> {
+        let f = FdFile::new(fd);
+        Box::new(if self.switch_creds {
+            f.acting_as(creds::data_path_caller)
+        } else {
+            f
+        })
+    }
+
+    /// [`Backend::open`]'s descriptor.
+    fn open_fd(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
+        check_path(path)?;
+        if flags & FMODE_EXEC != 0
+            && flags & libc::O_ACCMODE == libc::O_RDONLY
+            && flags & (libc::O_TRUNC | libc::O_CREAT) == 0
+        {
+            return self.open_exec(cred, path);
+        }
+        // openat2 rejects unknown flag bits with EINVAL, and FUSE passes on kernel-internal
+        // ones (e.g. __FMODE_EXEC for execve): keep only the open(2) flags that mean something
+        // for a regular file here.
+        let known = libc::O_ACCMODE
+            | libc::O_APPEND
+            | libc::O_TRUNC
+            | libc::O_CREAT
+            | libc::O_EXCL
+            | libc::O_NONBLOCK
+            | libc::O_DSYNC
+            | libc::O_SYNC
+            | libc::O_DIRECT
+            | libc::O_NOATIME
+            | libc::O_LARGEFILE
+            | libc::O_DIRECTORY;
+        let oflags =
+            OFlags::from_bits_retain((flags & known) as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let m = Mode::from_raw_mode(mode & 0o7777);
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || oflags.contains(OFlags::CREATE);
+        // Only a descriptor that may write makes this thread a mutator (as_cred marks it).
+        let run = |f: &dyn Fn() -> Result<OwnedFd>| -> Result<OwnedFd> {
+            if writes {
+                self.as_cred(cred, f)
+            } else {
+                let _g = self.act_as(cred)?;
+                f()
+            }
+        };
+        if path.is_empty() {
+            return run(&|| {
+                rustix::fs::openat2(&self.root, c".", oflags, m, RESOLVE).map_err(errno)
+            });
+        }
+        let (dir, name) = split(path)?;
+        let d = self.dir(dir)?;
+        run(&|| rustix::fs::openat2(d.as_fd(), name, oflags, m, RESOLVE).map_err(errno))
+    }
+
     fn open_exec(&self, cred: &Cred, path: &[u8]) -> Result<OwnedFd> {
         let (dir, name) = split(path).map_err(|_| Error::Access)?;
         let d = self.dir(dir)?;
@@ -1174,7 +1218,8 @@ impl LocalBackend {
             return Err(Error::IsDir);
         }
         if set.atime.is_some() || set.mtime.is_some() {
-            let times = [timespec(set.atime), timespec(set.mtime)];
+            let t = timestamps(set.atime, set.mtime);
+            let times = [t.last_access, t.last_modification];
             // SAFETY: fd is live, the path is "", `times` is an array of two timespecs laid
             // out as the kernel's (rustix::fs::Timespec is libc's timespec on Linux).
             let r = unsafe {

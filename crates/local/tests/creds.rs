@@ -418,7 +418,9 @@ fn exec_open_of_execute_only_file() {
     let fd = b.open(&u, b"xo", libc::O_RDONLY | FMODE_EXEC, 0).unwrap();
     let mut head = [0u8; 4];
     use std::io::Read;
-    fs::File::from(fd).read_exact(&mut head).unwrap();
+    fs::File::from(fd.fd().unwrap().try_clone_to_owned().unwrap())
+        .read_exact(&mut head)
+        .unwrap();
     assert_eq!(&head, b"\x7fELF");
     let plain = b.open(&u, b"xo", libc::O_RDONLY, 0).map(drop);
     assert_eq!(plain, Err(dircache_core::Error::Access));

@@ -145,14 +145,14 @@ fn exercise(b: &LocalBackend, r: &Path, levels: usize) {
         let fd = b
             .open(&root(), &f, libc::O_WRONLY | libc::O_TRUNC, 0)
             .unwrap();
-        rustix::io::write(&fd, b"deep data").unwrap();
+        rustix::io::write(fd.fd().unwrap(), b"deep data").unwrap();
     }
     let kf = rustix::fs::openat(&kfd, "f", OFlags::RDONLY, Mode::empty()).unwrap();
     let mut buf = [0u8; 64];
     let n = rustix::io::read(&kf, &mut buf).unwrap();
     assert_eq!(&buf[..n], b"deep data");
     let fd = b.open(&root(), &f, libc::O_RDONLY, 0).unwrap();
-    let n = rustix::io::read(&fd, &mut buf).unwrap();
+    let n = rustix::io::read(fd.fd().unwrap(), &mut buf).unwrap();
     assert_eq!(&buf[..n], b"deep data");
     let c = join(&deep, "created");
     drop(

@@ -668,7 +668,9 @@ fn open_reads_writes_and_creates() {
     let c = root();
     let fd = b.open(&c, b"d/file", libc::O_RDONLY, 0).unwrap();
     let mut s = String::new();
-    fs::File::from(fd).read_to_string(&mut s).unwrap();
+    fs::File::from(fd.fd().unwrap().try_clone_to_owned().unwrap())
+        .read_to_string(&mut s)
+        .unwrap();
     assert_eq!(s, "hello");
     let fd = b
         .open(
@@ -678,7 +680,9 @@ fn open_reads_writes_and_creates() {
             0o600,
         )
         .unwrap();
-    fs::File::from(fd).write_all(b"data").unwrap();
+    fs::File::from(fd.fd().unwrap().try_clone_to_owned().unwrap())
+        .write_all(b"data")
+        .unwrap();
     assert_eq!(fs::read(r.join("new")).unwrap(), b"data");
     assert_eq!(
         kattr(&r.join("new")).unwrap().perm(),

@@ -192,7 +192,7 @@ fn relative_calls_and_node_api_below_40k_of_path() {
     let fd = cache.open_node(&root, &f, libc::O_WRONLY).unwrap();
     // SAFETY: fd is live; the buffer is valid for its length.
     assert_eq!(
-        unsafe { libc::write(fd.as_raw_fd(), b"abc".as_ptr().cast(), 3) },
+        unsafe { libc::write(fd.fd().unwrap().as_raw_fd(), b"abc".as_ptr().cast(), 3) },
         3
     );
     assert_eq!(kstat(&kfd, "data").unwrap().1, 3);

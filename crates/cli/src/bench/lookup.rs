@@ -270,7 +270,7 @@ impl Backend for StubMutations {
         path: &[u8],
         flags: i32,
         mode: u32,
-    ) -> dircache_core::Result<OwnedFd> {
+    ) -> dircache_core::Result<Box<dyn dircache_core::BackendFile>> {
         self.inner.open(cred, path, flags, mode)
     }
     fn watch(&self) -> dircache_core::Result<Option<ChangeFeed>> {

@@ -2,7 +2,7 @@
 //! caller already did), asks the backend, then updates the cached tree so that it stays
 //! exactly what the backend now holds.
 
-use std::os::fd::OwnedFd;
+use crate::file::BackendFile;
 use std::sync::Arc;
 
 use super::dentry::{COMPLETE, DEAD, HAS_CHILDREN, MOUNTED};
@@ -574,7 +574,7 @@ impl Cache {
     }
 
     /// Open a file for data with open(2) `flags` (permission checked unless kernel-checked).
-    pub fn open_node(&self, c: &Creds, node: &NodeRef, flags: i32) -> Result<OwnedFd> {
+    pub fn open_node(&self, c: &Creds, node: &NodeRef, flags: i32) -> Result<Box<dyn BackendFile>> {
         let mask = match flags & libc::O_ACCMODE {
             libc::O_RDONLY => R_OK,
             libc::O_WRONLY => W_OK,
@@ -607,7 +607,7 @@ impl Cache {
         name: &[u8],
         mode: u32,
         flags: i32,
-    ) -> Result<(NodeRef, OwnedFd)> {
+    ) -> Result<(NodeRef, Box<dyn BackendFile>)> {
         want_dir(parent)?;
         check_name(name)?;
         let _t = self.tree_lock.read();

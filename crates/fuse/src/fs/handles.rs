@@ -1,0 +1,708 @@
+//! Open files of the FUSE front end: handles, the daemon's shared descriptors (`openfds`),
+//! passthrough backing files, and the data operations on them.
+
+// The `*_impl` methods take what the `fuser::Filesystem` methods they serve take.
+#![allow(clippy::too_many_arguments)]
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use dircache_core::Whence;
+use parking_lot::RwLock;
+
+use super::*;
+
+pub(super) struct OpenFile {
+    /// The daemon's descriptor, shared by the same caller's opens of the inode with the same
+    /// flags (see `openfds`).
+    pub(super) fd: Arc<SharedFd>,
+    pub(super) nodeid: u64,
+    pub(super) node: NodeRef,
+    pub(super) writable: bool,
+    pub(super) backing: bool,
+    /// The opener, for data the kernel sends on nobody's behalf (page cache writeback).
+    pub(super) cred: Cred,
+}
+
+pub(super) fn is_writable(flags: i32) -> bool {
+    matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR) || flags & libc::O_TRUNC != 0
+}
+
+/// The open handles by file handle, in shards: a read or write looks its handle up under one
+/// shard's read lock (no lock all requests share, and no writer but the open and release of a
+/// handle of the same shard). A removed handle is dropped at once (its descriptor closed when
+/// no request in flight holds it), not at some later reclamation.
+pub(super) struct OpenFiles {
+    shards: Box<[Shard]>,
+}
+
+type Shard = RwLock<HashMap<u64, Arc<OpenFile>>>;
+
+const SHARDS: usize = 64;
+
+impl OpenFiles {
+    pub(super) fn new() -> OpenFiles {
+        OpenFiles {
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+        }
+    }
+
+    fn shard(&self, fh: u64) -> &Shard {
+        &self.shards[(fh % SHARDS as u64) as usize]
+    }
+
+    pub(super) fn get(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        self.shard(fh).read().get(&fh).cloned()
+    }
+
+    pub(super) fn insert(&self, fh: u64, of: Arc<OpenFile>) {
+        self.shard(fh).write().insert(fh, of);
+    }
+
+    pub(super) fn remove(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        self.shard(fh).write().remove(&fh)
+    }
+
+    /// Some handle of `nodeid` (a scan of every shard).
+    pub(super) fn find(&self, nodeid: u64) -> Option<Arc<OpenFile>> {
+        self.shards
+            .iter()
+            .find_map(|s| s.read().values().find(|f| f.nodeid == nodeid).cloned())
+    }
+}
+
+/// The file an ioctl runs on: an open handle's, or a directory the backend opened for it.
+pub(super) enum IoctlFile {
+    Open(Arc<SharedFd>),
+    Dir(Box<dyn BackendFile>),
+}
+
+impl IoctlFile {
+    pub(super) fn get(&self) -> &dyn BackendFile {
+        match self {
+            IoctlFile::Open(f) => &***f,
+            IoctlFile::Dir(f) => &**f,
+        }
+    }
+}
+
+impl DircacheFs {
+    /// On a `noatime` mount, make reads through the backend's open file (the daemon's own,
+    /// and the kernel's passthrough reads) leave the atime alone. The file was opened as the
+    /// caller, who may not own it (O_NOATIME at open would then be EPERM); F_SETFL runs as
+    /// the daemon (CAP_FOWNER) and grants no access, only drops the atime update the mount
+    /// option promises. A file without a local descriptor is the backend's business.
+    pub(super) fn apply_noatime(&self, file: &dyn BackendFile) {
+        let Some(fd) = file.fd().filter(|_| self.noatime) else {
+            return;
+        };
+        let r = rustix::fs::fcntl_getfl(fd)
+            .and_then(|fl| rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NOATIME));
+        if let Err(e) = r {
+            tracing::debug!("O_NOATIME: {e}");
+        }
+    }
+
+    pub(super) fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>, Errno> {
+        self.files.get(fh.0).ok_or(Errno::EBADF)
+    }
+
+    /// Some open handle of `nodeid` (for a file whose names are gone: its attributes and
+    /// xattrs through the open file). A scan of the open handles, off the hit path.
+    pub(super) fn any_open(&self, nodeid: u64) -> Option<Arc<OpenFile>> {
+        self.files.find(nodeid)
+    }
+
+    pub(super) fn add_open(&self, of: OpenFile) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if of.writable {
+            self.inodes.add_writer(of.nodeid, 1);
+            // Writes through a shared mapping of a passthrough file never reach the FUSE
+            // inode: drop the kernel's attributes now, and give them no lifetime while the
+            // file is open for writing (`attr_ttl_of`), so `stat` asks the backend.
+            self.queue_inval_inode(of.nodeid);
+        }
+        self.inodes.add_open(of.nodeid, 1);
+        self.files.insert(fh, Arc::new(of));
+        fh
+    }
+
+    pub(super) fn open_flags(flags: i32) -> i32 {
+        // The kernel handles O_CREAT/O_EXCL itself; offsets come with every request, so the
+        // daemon's descriptor must not append (a write of a caller whose file appends is
+        // made with RWF_APPEND instead, see `write`); O_DIRECT is the kernel file's business.
+        flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_APPEND | libc::O_DIRECT)
+    }
+
+    /// The requester of a data operation on `of`: the caller in the request header, or the
+    /// opener when the kernel sends it on nobody's behalf (pid 0: page cache writeback).
+    pub(super) fn io_cred(&self, req: &Request, of: &OpenFile) -> Cred {
+        if req.pid() == 0 {
+            of.cred.clone()
+        } else {
+            self.groups.cred(req.pid(), req.uid(), req.gid())
+        }
+    }
+
+    /// Check that `file` is the real inode the kernel's `nodeid` stands for (the path may name
+    /// another file since the kernel's lookup). ESTALE makes the kernel look the name up again.
+    pub(super) fn check_same_inode(
+        &self,
+        nodeid: u64,
+        file: &dyn BackendFile,
+    ) -> Result<(), Errno> {
+        let Some((_, _, _, key)) = self.inodes.locate(nodeid) else {
+            return Ok(());
+        };
+        if key == (u64::MAX, u64::MAX) {
+            return Ok(());
+        }
+        let a = file.attr().map_err(errno)?;
+        if (a.dev, a.ino) != key {
+            tracing::debug!("open of nodeid {nodeid}: the path names another inode now");
+            return Err(Errno::ESTALE);
+        }
+        Ok(())
+    }
+
+    /// The daemon's descriptor for an open of `ino` with `oflags` by `c`: the one this caller
+    /// already holds for the inode with the same flags, else a new one opened as the caller
+    /// (within the caller's share of descriptors) and checked to be the kernel's inode.
+    pub(super) fn open_shared(
+        &self,
+        c: &Creds,
+        ino: INodeNo,
+        oflags: i32,
+    ) -> Result<Arc<SharedFd>, Errno> {
+        let key = FdKey::new(ino.0, oflags, c.cred().clone());
+        if let Some(s) = self.fds.get(&key) {
+            return Ok(s);
+        }
+        self.fds.admit(key.cred.uid).map_err(Errno::from_i32)?;
+        // Through a name that still stands for the kernel's inode (see `with_node`).
+        let fd = self.with_node(ino, |n| {
+            let fd = self.cache.open_node(c, n, oflags)?;
+            match self.check_same_inode(ino.0, &*fd) {
+                Ok(()) => Ok(fd),
+                Err(e) if e == Errno::ESTALE => Err(CoreError::Stale),
+                Err(e) => Err(CoreError::Os(e.code())),
+            }
+        })?;
+        let uid = key.cred.uid;
+        Ok(self.fds.insert(Some(key), uid, fd))
+    }
+
+    /// Register `file` as the passthrough backing file of `nodeid` (or share the inode's). The
+    /// kernel keeps the registering thread's credentials for every read and write through it,
+    /// by any opener: register as the caller, never with CAP_FSETID (`shared`), so that a write
+    /// through it clears set-user-ID/set-group-ID bits as the backing file system decides.
+    /// A backend file without a local descriptor cannot be a backing file (EOPNOTSUPP).
+    pub(super) fn backing_for(
+        &self,
+        nodeid: u64,
+        file: &SharedFd,
+        cred: &Cred,
+        register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<fuser::BackingId>,
+    ) -> std::io::Result<Arc<fuser::BackingId>> {
+        let fd = file
+            .fd()
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
+        self.inodes.acquire_backing(nodeid, || {
+            let mut register = Some(register);
+            let mut out = None;
+            file.as_caller(cred, true, &mut || {
+                if let Some(r) = register.take() {
+                    out = Some(r(fd).map_err(CoreError::from)?);
+                }
+                Ok(())
+            })
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+            out.ok_or_else(|| std::io::Error::from_raw_os_error(libc::EIO))
+        })
+    }
+
+    /// Whether the kernel may believe `node` has set-user-ID/set-group-ID bits that a write
+    /// by a caller without CAP_FSETID clears in the backing file system.
+    pub(super) fn has_privs(&self, of: &OpenFile) -> bool {
+        // The core's attributes (what the kernel was told), else the real file's now.
+        self.cache
+            .getattr(&of.node)
+            .ok()
+            .or_else(|| of.fd.attr().ok())
+            .map(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
+            .unwrap_or(true)
+    }
+
+    /// After a write-like call on a file that had set-id bits: the backing file system may
+    /// have cleared them; the kernel must not keep the old mode (it decides exec and access
+    /// with it).
+    pub(super) fn privs_maybe_killed(&self, of: &OpenFile) {
+        self.cache.forget_attr(&of.node);
+        self.queue_inval_inode(of.nodeid);
+    }
+
+    /// chown, chmod and utimens of an open file, as `cred`.
+    pub(super) fn setattr_fd(fd: &SharedFd, cred: &Cred, set: &SetAttr) -> Result<Attr, Errno> {
+        fd.setattr(cred, set).map_err(errno)
+    }
+
+    /// Truncate the open file `fd` to `size` as `cred` (a read-only one as for
+    /// open(O_RDONLY|O_TRUNC): see [`BackendFile::set_size`]).
+    pub(super) fn truncate_fd(fd: &SharedFd, cred: &Cred, size: u64) -> Result<(), Errno> {
+        fd.set_size(cred, size).map_err(errno)
+    }
+
+    pub(super) fn fopen_flags(&self) -> FopenFlags {
+        if self.policy.keep_cache {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
+    /// The file to run an inode-flags ioctl on, as `cred`: the handle the kernel opened for
+    /// it (files), else (directories, which get no handle under FUSE_NO_OPENDIR_SUPPORT) the
+    /// verified directory opened read-only by the backend.
+    pub(super) fn ioctl_fd(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        cred: &Cred,
+    ) -> Result<IoctlFile, Errno> {
+        if let Ok(of) = self.open_file(fh) {
+            if of.nodeid == ino.0 {
+                return Ok(IoctlFile::Open(of.fd.clone()));
+            }
+        }
+        let node = self.node(ino)?;
+        if node.kind() != NodeKind::Positive(FileType::Directory) {
+            return Err(Errno::from_i32(libc::ENOTTY));
+        }
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK;
+        self.open_verified(ino, cred, flags).map(IoctlFile::Dir)
+    }
+
+    /// Open flags for a handle the daemon serves (no passthrough) of a file opened with
+    /// open(2) `flags`. A caller that appends gets direct I/O: through the page cache the
+    /// kernel splits a write at a page boundary into two WRITEs, and two appends could then
+    /// land with another writer's data between them (a native O_APPEND write is one piece).
+    pub(super) fn fopen_flags_for(&self, flags: i32) -> FopenFlags {
+        if flags & libc::O_APPEND != 0 {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            self.fopen_flags()
+        }
+    }
+
+    pub(super) fn open_impl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        flags: OpenFlags,
+        reply: ReplyOpen,
+    ) {
+        self.count(Op::open);
+        let node = match self.node(ino) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        let oflags = Self::open_flags(flags.0);
+        let fd = match self.open_shared(&c, ino, oflags) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        // Before a passthrough backing file is made from it (it copies the flags).
+        self.apply_noatime(&**fd);
+        let writable = is_writable(flags.0);
+        if flags.0 & libc::O_TRUNC != 0 {
+            self.attrs_changed(&node);
+        }
+        let cred = c.cred().clone();
+        if self.passthrough {
+            match self.backing_for(ino.0, &fd, &cred, |b| reply.open_backing(b)) {
+                Ok(b) => {
+                    let fh = self.add_open(OpenFile {
+                        fd,
+                        nodeid: ino.0,
+                        node,
+                        writable,
+                        backing: true,
+                        cred,
+                    });
+                    self.counters
+                        .passthrough_opens
+                        .fetch_add(1, Ordering::Relaxed);
+                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b);
+                }
+                Err(e) => tracing::debug!("passthrough open failed: {e}"),
+            }
+        }
+        let fh = self.add_open(OpenFile {
+            fd,
+            nodeid: ino.0,
+            node,
+            writable,
+            backing: false,
+            cred,
+        });
+        reply.opened(FileHandle(fh), self.fopen_flags_for(flags.0))
+    }
+
+    pub(super) fn read_impl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.count(Op::read);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let mut buf = vec![0u8; size as usize];
+        match of.fd.read_at(&mut buf, offset) {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    pub(super) fn write_impl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        self.count(Op::write);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        // A caller whose file appends (O_APPEND at open or set by fcntl) appends at the real
+        // end, not at the offset the kernel computed from its cached size (a native append
+        // meanwhile would be overwritten). Page cache writeback writes where it says.
+        let append =
+            flags.0 & libc::O_APPEND != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let privs = self.has_privs(&of);
+        let cred = self.io_cred(req, &of);
+        // As the caller: the backing file system clears set-id bits as for that user.
+        let done = match of.fd.write_at(&cred, data, offset, append) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(e)),
+        };
+        if privs {
+            self.privs_maybe_killed(&of);
+        } else if append {
+            // The kernel put the data in its page cache at `offset` and takes offset + done
+            // as the size: when the data went elsewhere, both are wrong.
+            let at = of
+                .fd
+                .attr()
+                .map(|a| a.size.wrapping_sub(done as u64))
+                .unwrap_or(u64::MAX);
+            if at != offset {
+                self.cache.forget_attr(&of.node);
+                self.queue_inval_inode(of.nodeid);
+            }
+        }
+        reply.written(done as u32)
+    }
+
+    pub(super) fn release_impl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::release);
+        let of = self.files.remove(fh.0);
+        if let Some(of) = of {
+            // Reads moved the atime, writes (also through a mapping) mtime and ctime: the
+            // next GETATTR or LOOKUP asks the backend.
+            self.inodes.add_open(of.nodeid, -1);
+            self.cache.forget_attr(&of.node);
+            if of.writable {
+                self.inodes.add_writer(of.nodeid, -1);
+                self.queue_inval_inode(of.nodeid);
+            }
+            if of.backing {
+                self.inodes.release_backing(ino.0);
+            }
+        }
+        reply.ok()
+    }
+
+    pub(super) fn fsync_impl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::fsync);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        match of.fd.sync(datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    pub(super) fn create_impl(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.count(Op::create);
+        let dir = match self.node(parent) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
+        // Within the caller's share of descriptors, checked before anything is created.
+        if let Err(e) = self.fds.admit(req.uid()) {
+            return reply.error(Errno::from_i32(e));
+        }
+        let (node, fd) = match with_caller_umask(mode & 0o7777, umask, |mode| {
+            self.cache
+                .create_at(&c, &dir, name.as_bytes(), mode, oflags)
+        }) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
+        self.dir_changed(&dir);
+        self.apply_noatime(&*fd);
+        let a = match fd
+            .attr()
+            .or_else(|_| self.attr_of(&node, false))
+            .map_err(errno)
+        {
+            Ok(a) => a,
+            Err(e) => return reply.error(e),
+        };
+        let id = self
+            .inodes
+            .register(&node, &a, parent.0, |n, k| self.names_key(n, k));
+        let fattr = fuse_attr(id, &a);
+        let writable = is_writable(flags);
+        let cred = c.cred().clone();
+        let key = FdKey::new(id, oflags, cred.clone());
+        let fd = self.fds.insert(Some(key), cred.uid, fd);
+        if self.passthrough {
+            match self.backing_for(id, &fd, &cred, |b| reply.open_backing(b)) {
+                Ok(b) => {
+                    let fh = self.add_open(OpenFile {
+                        fd,
+                        nodeid: id,
+                        node,
+                        writable,
+                        backing: true,
+                        cred,
+                    });
+                    self.counters
+                        .passthrough_opens
+                        .fetch_add(1, Ordering::Relaxed);
+                    return reply.created_passthrough(
+                        &self.policy.entry_ttl,
+                        &fattr,
+                        Generation(self.inodes.generation(id)),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                        &b,
+                    );
+                }
+                Err(e) => tracing::debug!("passthrough create failed: {e}"),
+            }
+        }
+        let fh = self.add_open(OpenFile {
+            fd,
+            nodeid: id,
+            node,
+            writable,
+            backing: false,
+            cred,
+        });
+        reply.created(
+            &self.policy.entry_ttl,
+            &fattr,
+            Generation(self.inodes.generation(id)),
+            FileHandle(fh),
+            self.fopen_flags_for(flags),
+        )
+    }
+
+    pub(super) fn ioctl_impl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.count(Op::other);
+        // The kernel's fileattr requests (fuse_priv_ioctl) carry these numbers.
+        const GETFLAGS: u32 = 0x8008_6601;
+        const SETFLAGS: u32 = 0x4008_6602;
+        const FSGETXATTR: u32 = 0x801c_581f;
+        const FSSETXATTR: u32 = 0x401c_5820;
+        let (len, set) = match cmd {
+            GETFLAGS => (4, false),
+            SETFLAGS => (4, true),
+            FSGETXATTR => (28, false),
+            FSSETXATTR => (28, true),
+            _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
+        };
+        let mut buf = [0u8; 28];
+        if set {
+            if in_data.len() < len {
+                return reply.error(Errno::EINVAL);
+            }
+            buf[..len].copy_from_slice(&in_data[..len]);
+        }
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        let file = match self.ioctl_fd(ino, fh, &cred) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let file = file.get();
+        // Only a local descriptor has inode flags to ask about.
+        let Some(fd) = file.fd() else {
+            return reply.error(Errno::from_i32(libc::ENOTTY));
+        };
+        let r = file.as_caller(&cred, false, &mut || {
+            // SAFETY: ioctl on a live descriptor; each of these commands reads or writes at
+            // most 28 bytes (an int, or a struct fsxattr) at the pointer, and buf has 28.
+            let r = unsafe { libc::ioctl(fd.as_raw_fd(), cmd as libc::Ioctl, buf.as_mut_ptr()) };
+            if r < 0 {
+                Err(CoreError::from(std::io::Error::last_os_error()))
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = r {
+            return reply.error(errno(e));
+        }
+        if set {
+            if let Some(n) = self.inodes.get(ino.0) {
+                self.attrs_changed(&n);
+            }
+            self.queue_inval_inode(ino.0);
+            reply.ioctl(0, &[])
+        } else {
+            reply.ioctl(0, &buf[..len])
+        }
+    }
+
+    pub(super) fn fallocate_impl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::fallocate);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let privs = self.has_privs(&of);
+        // As the caller: the backing file system clears set-id bits as for that user.
+        let r = of
+            .fd
+            .allocate(&self.io_cred(req, &of), mode, offset, length)
+            .map_err(errno);
+        if let Err(e) = r {
+            return reply.error(e);
+        }
+        self.cache.forget_attr(&of.node);
+        if privs {
+            self.privs_maybe_killed(&of);
+        }
+        reply.ok()
+    }
+
+    pub(super) fn lseek_impl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        self.count(Op::lseek);
+        let of = match self.open_file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        // The daemon's own offset is never used for I/O: SEEK_DATA/SEEK_HOLE are what matter.
+        match Whence::from_raw(whence).and_then(|w| of.fd.seek(offset, w)) {
+            Ok(r) => reply.offset(r as i64),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    pub(super) fn copy_file_range_impl(
+        &self,
+        req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        self.count(Op::copy_file_range);
+        let (fin, fout) = match (self.open_file(fh_in), self.open_file(fh_out)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        let privs = self.has_privs(&fout);
+        // Written as the caller: the backing file system clears set-id bits as for that user.
+        let cred = self.io_cred(req, &fout);
+        let r = match fin
+            .fd
+            .copy_to(&cred, offset_in, &**fout.fd, offset_out, len)
+        {
+            Ok(r) => r,
+            Err(e) => return reply.error(errno(e)),
+        };
+        self.cache.forget_attr(&fout.node);
+        if privs {
+            self.privs_maybe_killed(&fout);
+        }
+        reply.written(r as u32)
+    }
+}

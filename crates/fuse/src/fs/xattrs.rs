@@ -1,0 +1,247 @@
+//! Extended attributes through the FUSE front end: the target of a call (node, backend path,
+//! the inode the kernel named) and the four xattr operations.
+
+// The `*_impl` methods take what the `fuser::Filesystem` methods they serve take.
+#![allow(clippy::too_many_arguments)]
+
+use super::*;
+
+/// The node of an xattr call, the backend of its file system, its path there and the
+/// (dev, ino) the kernel's node is.
+pub(super) struct XattrCall {
+    pub(super) node: NodeRef,
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) path: Vec<u8>,
+    pub(super) expect: Option<(u64, u64)>,
+    /// An open descriptor of the inode, for a file whose names are all gone.
+    pub(super) open: Option<Arc<SharedFd>>,
+}
+
+impl XattrCall {
+    pub(super) fn target(&self) -> XattrTarget<'_> {
+        XattrTarget {
+            path: &self.path,
+            expect: self.expect,
+            open: self.open.as_ref().and_then(|f| f.fd()),
+        }
+    }
+}
+
+impl DircacheFs {
+    /// What an xattr call on `ino` is about: the node, its backend path, and the (dev, ino)
+    /// of the inode the kernel's node stands for. The backend acts on that inode only, with
+    /// the caller's rights: a path renamed over from outside since the kernel's lookup gives
+    /// ESTALE (the kernel then looks the name up again), never another user's file.
+    pub(super) fn xattr_target(&self, ino: INodeNo) -> Result<XattrCall, Errno> {
+        let node = self.node(ino)?;
+        let expect = self.inodes.locate(ino.0).map(|l| l.3);
+        if node.is_dead() {
+            // A file unlinked while open: its open descriptor names it, as natively.
+            let open = self.any_open(ino.0).map(|f| f.fd.clone());
+            if let Some(open) = open {
+                let backend = self.cache.node_backend(&node);
+                return Ok(XattrCall {
+                    node,
+                    backend,
+                    path: Vec::new(),
+                    expect,
+                    open: Some(open),
+                });
+            }
+            // Its name is gone or names another inode (node() found no live alias): the
+            // kernel looks the name up again on ESTALE.
+            return Err(Errno::ESTALE);
+        }
+        let path = self.cache.node_path(&node).map_err(errno)?;
+        let backend = self.cache.node_backend(&node);
+        Ok(XattrCall {
+            node,
+            backend,
+            path,
+            expect,
+            open: None,
+        })
+    }
+
+    /// The errno for a failed xattr call. ESTALE means the node's path names another inode
+    /// now (renamed over from outside, the change not yet applied): forget that name here
+    /// and in the kernel first, so that the kernel's retry (it looks the name up again on
+    /// ESTALE) finds the file that is there now, as a native call would.
+    pub(super) fn xattr_error(&self, ino: INodeNo, x: &XattrCall, e: CoreError) -> Errno {
+        if e == CoreError::Stale && Arc::ptr_eq(&x.backend, self.cache.backend()) {
+            let parent = self.parent_nodeid(&x.node);
+            let invals = self.cache.invalidate(&x.path);
+            self.inodes.clear_acl_absent();
+            let mut msgs = vec![
+                NotifyMsg::InvalEntry(parent, x.node.name()),
+                NotifyMsg::InvalInode(parent),
+                NotifyMsg::InvalInode(ino.0),
+            ];
+            for inv in invals {
+                if let Some(p) = inv.parent.as_ref().and_then(|p| self.inodes.nodeid_of(p)) {
+                    msgs.push(NotifyMsg::InvalEntry(p, inv.name));
+                }
+                if let Some(n) = inv.node.as_ref().and_then(|n| self.inodes.nodeid_of(n)) {
+                    msgs.push(NotifyMsg::InvalInode(n));
+                }
+            }
+            for m in msgs {
+                let _ = self.notify.send(m);
+            }
+        }
+        errno(e)
+    }
+
+    pub(super) fn xattr_blocked(&self, name: &OsStr) -> bool {
+        !self.policy.security_xattrs && name.as_bytes().starts_with(b"security.")
+    }
+
+    pub(super) fn setxattr_impl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::setxattr);
+        if self.xattr_blocked(name) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
+        let x = match self.xattr_target(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        if let Err(e) = x
+            .backend
+            .setxattr(c.cred(), x.target(), name.as_bytes(), value, flags)
+        {
+            return reply.error(self.xattr_error(ino, &x, e));
+        }
+        self.attrs_changed(&x.node);
+        reply.ok()
+    }
+
+    pub(super) fn getxattr_impl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
+        reply: ReplyXattr,
+    ) {
+        self.count(Op::getxattr);
+        if ino.0 == ROOT && name.as_bytes() == SOCKET_XATTR.as_bytes() {
+            if let Some(p) = &self.socket_path {
+                let v = p.as_os_str().as_bytes();
+                return if size == 0 {
+                    reply.size(v.len() as u32)
+                } else if (size as usize) < v.len() {
+                    reply.error(Errno::from_i32(libc::ERANGE))
+                } else {
+                    reply.data(v)
+                };
+            }
+        }
+        if self.xattr_blocked(name) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
+        // The kernel's POSIX ACL fetch (FUSE_POSIX_ACL): answer a known absence directly.
+        let acl_bit = match name.as_bytes() {
+            b"system.posix_acl_access" => 1,
+            b"system.posix_acl_default" => 2,
+            _ => 0,
+        };
+        let acl_key = if acl_bit != 0 {
+            self.inodes.locate(ino.0).map(|l| l.3)
+        } else {
+            None
+        };
+        if let Some(k) = acl_key {
+            if self.inodes.acl_absent(k, acl_bit) {
+                self.counters.acl_memo_hits.fetch_add(1, Ordering::Relaxed);
+                return reply.error(Errno::from_i32(libc::ENODATA));
+            }
+        }
+        let acl_gen = self.inodes.acl_gen();
+        let x = match self.xattr_target(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        // Groups matter for user.* reads only (the kernel's ACL fetches need none).
+        let c = if acl_bit != 0 {
+            self.read_creds(req)
+        } else {
+            self.creds(req)
+        };
+        let v = match x.backend.getxattr(c.cred(), x.target(), name.as_bytes()) {
+            Ok(v) => v,
+            Err(e) => {
+                if e.errno() == libc::ENODATA {
+                    if let Some(k) = acl_key {
+                        self.inodes.note_acl_absent(k, acl_bit, acl_gen);
+                    }
+                }
+                return reply.error(self.xattr_error(ino, &x, e));
+            }
+        };
+        if size == 0 {
+            reply.size(v.len() as u32)
+        } else if (size as usize) < v.len() {
+            reply.error(Errno::from_i32(libc::ERANGE))
+        } else {
+            reply.data(&v)
+        }
+    }
+
+    pub(super) fn listxattr_impl(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.count(Op::listxattr);
+        let x = match self.xattr_target(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        let names = match x.backend.listxattr(c.cred(), x.target()) {
+            Ok(v) => v,
+            Err(e) => return reply.error(self.xattr_error(ino, &x, e)),
+        };
+        let list: Vec<u8> = names
+            .split(|b| *b == 0)
+            .filter(|n| !n.is_empty() && !self.xattr_blocked(OsStr::from_bytes(n)))
+            .flat_map(|n| n.iter().copied().chain(std::iter::once(0)))
+            .collect();
+        if size == 0 {
+            reply.size(list.len() as u32)
+        } else if (size as usize) < list.len() {
+            reply.error(Errno::from_i32(libc::ERANGE))
+        } else {
+            reply.data(&list)
+        }
+    }
+
+    pub(super) fn removexattr_impl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        reply: ReplyEmpty,
+    ) {
+        self.count(Op::removexattr);
+        if self.xattr_blocked(name) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
+        let x = match self.xattr_target(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        let c = self.creds(req);
+        if let Err(e) = x.backend.removexattr(c.cred(), x.target(), name.as_bytes()) {
+            return reply.error(self.xattr_error(ino, &x, e));
+        }
+        self.attrs_changed(&x.node);
+        reply.ok()
+    }
+}
