@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
 use dircache_core::{
-    Attr, Backend, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType, NodeKind, NodeRef,
-    RenameMode, SetAttr, TimeSet, Timespec, XattrTarget,
+    Attr, Backend, Cache, Cred, Creds, DirEntry, Error as CoreError, FileType, Held, NodeKind,
+    NodeRef, RenameMode, SetAttr, TimeSet, Timespec, XattrTarget,
 };
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
@@ -23,7 +23,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use crate::creds::RequestGroups;
-use crate::inodes::{Inodes, Key, ROOT};
+use crate::inodes::{Inodes, ROOT};
 use crate::notifier::NotifyMsg;
 use crate::openfds::{FdKey, OpenFds, SharedFd};
 use crate::policy::CachePolicy;
@@ -236,9 +236,7 @@ impl DircacheFs {
         notify: Sender<NotifyMsg>,
         socket_path: Option<PathBuf>,
     ) -> (DircacheFs, FsParts) {
-        let root = cache.root();
-        let root_attr = cache.getattr(&root).ok();
-        let inodes = Arc::new(Inodes::new(root, root_attr.as_ref()));
+        let inodes = Arc::new(Inodes::new(&cache));
         let counters = Arc::new(RequestCounters::default());
         let src_fd = rustix::fs::open(
             src,
@@ -305,143 +303,36 @@ impl DircacheFs {
             .kernel_checked(self.groups.cred(req.pid(), req.uid(), req.gid()))
     }
 
-    /// The live dentry of a nodeid. When the core dropped the dentry the kernel knows (a
-    /// change learned from the feed invalidated it, or it was evicted before the kernel's
-    /// reference pinned it), find the name again from the parent and rebind the nodeid if it
-    /// is still the same inode.
-    fn node(&self, nodeid: INodeNo) -> Result<NodeRef, Errno> {
-        self.node_depth(nodeid.0, 0)
+    /// The held inode of a nodeid (ESTALE when the kernel's nodeid is unknown).
+    fn held(&self, nodeid: INodeNo) -> Result<Held, Errno> {
+        self.inodes.held(nodeid.0).ok_or(Errno::ESTALE)
     }
 
-    /// Run `f` on the dentry of `id`; if it failed because the notifier thread invalidated
-    /// that dentry meanwhile, find it again and retry once.
+    /// The live dentry of a nodeid: the core finds it again when an outside change dropped
+    /// the one the kernel knows ([`Cache::held_node`]).
+    fn node(&self, nodeid: INodeNo) -> Result<NodeRef, Errno> {
+        self.cache.held_node(&self.held(nodeid)?).map_err(errno)
+    }
+
+    /// Run `f` on the dentry of `id`, retried on a found-again or other name of the inode
+    /// ([`Cache::on_held`]).
     fn with_node<T>(
         &self,
         id: INodeNo,
         f: impl Fn(&NodeRef) -> Result<T, CoreError>,
     ) -> Result<T, Errno> {
-        let n = self.node(id)?;
-        let (n, r) = match f(&n) {
-            Err(CoreError::NotFound | CoreError::Stale) if n.is_dead() => {
-                let n = self.node(id)?;
-                let r = f(&n);
-                (n, r)
-            }
-            r => (n, r),
-        };
-        match r {
-            Err(e @ (CoreError::NotFound | CoreError::Stale)) => {
-                self.with_other_alias(id, &n, f).ok_or_else(|| errno(e))
-            }
-            r => r.map_err(errno),
-        }
-    }
-
-    /// Whether dentry `node` still names inode `key` in the backend (the core may not have
-    /// heard yet that the name was removed or replaced in SRC). Only an identity check of the
-    /// name (lstat as the daemon): nothing is served from it.
-    fn names_key(&self, node: &NodeRef, key: Key) -> bool {
-        if node.is_dead() {
-            return false;
-        }
-        let mut names = vec![node.name()];
-        let Some(mut p) = node.parent() else {
-            return false;
-        };
-        while let Some(pp) = p.parent() {
-            if p.is_dead() {
-                return false;
-            }
-            names.push(p.name());
-            p = pp;
-        }
-        if p.is_dead() {
-            return false;
-        }
-        let name = names.remove(0);
-        names.reverse();
-        let dir = names.join(&b'/');
-        match self.cache.backend().lookup(&dir, &name) {
-            Ok(a) => (a.dev, a.ino) == key,
-            Err(_) => false,
-        }
-    }
-
-    /// Run `f` on another name of `id` after it failed with ENOENT or ESTALE on the preferred
-    /// one: a hard link removed or replaced in SRC stays in the core until the change feed
-    /// reports it, and the file must still be reachable through its remaining names. The
-    /// name that worked is preferred from then on.
-    fn with_other_alias<T>(
-        &self,
-        id: INodeNo,
-        tried: &NodeRef,
-        f: impl Fn(&NodeRef) -> Result<T, CoreError>,
-    ) -> Option<T> {
-        for a in self.inodes.aliases(id.0) {
-            if Arc::ptr_eq(&a, tried) || a.is_dead() {
-                continue;
-            }
-            if let Ok(v) = f(&a) {
-                self.inodes.prefer(id.0, &a);
-                return Some(v);
-            }
-        }
-        None
-    }
-
-    fn node_depth(&self, id: u64, depth: u32) -> Result<NodeRef, Errno> {
-        let (n, parent, name, key) = self.inodes.locate(id).ok_or(Errno::ESTALE)?;
-        if !n.is_dead() && !n.is_evicted() {
-            return Ok(n);
-        }
-        if id == ROOT {
-            let r = self.cache.root();
-            self.inodes.add_alias(ROOT, &r, 0);
-            return Ok(r);
-        }
-        if depth > 4096 || parent == 0 {
-            return Ok(n);
-        }
-        let p = self.node_depth(parent, depth + 1)?;
-        let c = self.cache.kernel_checked(Cred::root());
-        match self.cache.lookup_child(&c, &p, &name) {
-            Ok(fresh) if matches!(fresh.kind(), NodeKind::Positive(_)) => {
-                match self.cache.getattr(&fresh) {
-                    Ok(a) if (a.dev, a.ino) == key => {
-                        self.inodes.add_alias(id, &fresh, parent);
-                        Ok(fresh)
-                    }
-                    _ => Ok(n),
-                }
-            }
-            _ => Ok(n),
-        }
+        self.cache.on_held(&self.held(id)?, f).map_err(errno)
     }
 
     fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>, Errno> {
         self.files.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
     }
 
-    /// Attributes for a reply: fresh from the backend when they may have changed through
-    /// another name or an open writer.
-    fn attr_of(&self, node: &NodeRef, force_fresh: bool) -> Result<Attr, CoreError> {
-        if force_fresh {
-            self.cache.forget_attr(node);
-        }
-        let a = self.cache.getattr(node)?;
-        // Hard-linked files: another name may have changed nlink/ctime behind this dentry.
-        if !force_fresh && a.nlink > 1 && !a.is_dir() {
-            self.cache.forget_attr(node);
-            return self.cache.getattr(node);
-        }
-        Ok(a)
-    }
-
-    /// How long the kernel may keep attributes of an inode with `writers` open writable
-    /// handles: not at all while there are some (a shared mapping of a passthrough file
-    /// changes mtime/ctime without the FUSE inode seeing it), else the policy's TTL.
-    fn attr_ttl_of(&self, writers: u32) -> Duration {
-        if writers > 0 {
+    /// How long the kernel may keep attributes of `held`: not at all while a writer has it
+    /// open (a shared mapping of a passthrough file changes mtime/ctime without the FUSE
+    /// inode seeing it), else the policy's TTL.
+    fn attr_ttl_of(&self, held: Option<&Held>) -> Duration {
+        if held.is_some_and(Held::has_writers) {
             Duration::ZERO
         } else {
             self.policy.attr_ttl
@@ -454,15 +345,12 @@ impl DircacheFs {
     }
 
     fn entry_reply(&self, parent: INodeNo, node: &NodeRef, reply: ReplyEntry) {
-        match self.attr_of(node, false) {
+        match self.cache.attr_of_name(node) {
             Ok(a) => {
-                let id = self
-                    .inodes
-                    .register(node, &a, parent.0, |n, k| self.names_key(n, k));
+                let id = self.inodes.register(&self.cache, node, &a, parent.0);
                 let ttl = self.policy.entry_ttl;
-                let writers = self.inodes.info(id).map(|i| i.writers).unwrap_or(0);
                 reply.entry_with_ttls(
-                    &self.attr_ttl_of(writers),
+                    &self.attr_ttl_of(self.inodes.held(id).as_ref()),
                     &ttl,
                     &fuse_attr(id, &a),
                     Generation(self.inodes.generation(id)),
@@ -475,15 +363,13 @@ impl DircacheFs {
     /// After a mutation through the mount: the core's attributes of these dentries (and the
     /// kernel's, via the notifier) must not be served stale.
     fn attrs_changed(&self, node: &NodeRef) {
-        self.inodes.clear_acl_absent();
-        for a in self.inodes.mark_stale_dentry(node) {
-            self.cache.forget_attr(&a);
+        if let Some(h) = self.inodes.held_of(node) {
+            self.cache.held_changed(&h);
         }
         self.cache.forget_attr(node);
     }
 
     fn dir_changed(&self, dir: &NodeRef) {
-        self.inodes.clear_acl_absent();
         self.cache.forget_attr(dir);
         if let Some(id) = self.inodes.nodeid_of(dir) {
             self.listings.lock().remove(&id);
@@ -533,7 +419,7 @@ impl DircacheFs {
     /// ESTALE (the kernel then looks the name up again), never another user's file.
     fn xattr_target(&self, ino: INodeNo) -> Result<XattrCall, Errno> {
         let node = self.node(ino)?;
-        let expect = self.inodes.locate(ino.0).map(|l| l.3);
+        let expect = self.inodes.key(ino.0);
         if node.is_dead() {
             // A file unlinked while open: its open descriptor names it, as natively.
             let open = self
@@ -575,7 +461,6 @@ impl DircacheFs {
         if e == CoreError::Stale && Arc::ptr_eq(&x.backend, self.cache.backend()) {
             let parent = self.parent_nodeid(&x.node);
             let invals = self.cache.invalidate(&x.path);
-            self.inodes.clear_acl_absent();
             let mut msgs = vec![
                 NotifyMsg::InvalEntry(parent, x.node.name()),
                 NotifyMsg::InvalInode(parent),
@@ -633,14 +518,15 @@ impl DircacheFs {
 
     fn add_open(&self, of: OpenFile) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if let Some(h) = self.inodes.held(of.nodeid) {
+            self.cache.note_open(&h, of.writable);
+        }
         if of.writable {
-            self.inodes.add_writer(of.nodeid, 1);
             // Writes through a shared mapping of a passthrough file never reach the FUSE
             // inode: drop the kernel's attributes now, and give them no lifetime while the
             // file is open for writing (`attr_ttl_of`), so `stat` asks the backend.
             self.queue_inval_inode(of.nodeid);
         }
-        self.inodes.add_open(of.nodeid, 1);
         self.files.lock().insert(fh, Arc::new(of));
         fh
     }
@@ -665,7 +551,7 @@ impl DircacheFs {
     /// Check that `fd` is the real inode the kernel's `nodeid` stands for (the path may name
     /// another file since the kernel's lookup). ESTALE makes the kernel look the name up again.
     fn check_same_inode(&self, nodeid: u64, fd: &OwnedFd) -> Result<(), Errno> {
-        let Some((_, _, _, key)) = self.inodes.locate(nodeid) else {
+        let Some(key) = self.inodes.key(nodeid) else {
             return Ok(());
         };
         if key == (u64::MAX, u64::MAX) {
@@ -801,11 +687,7 @@ impl DircacheFs {
     /// An O_PATH descriptor of the real file behind `ino`, verified to be the inode the
     /// kernel named (same `(dev, ino)` as when the nodeid was given out): ESTALE otherwise.
     fn verified_path_fd(&self, ino: INodeNo, node: &NodeRef) -> Result<OwnedFd, Errno> {
-        let key = self
-            .inodes
-            .locate(ino.0)
-            .map(|l| l.3)
-            .ok_or(Errno::ESTALE)?;
+        let key = self.inodes.key(ino.0).ok_or(Errno::ESTALE)?;
         let fd = self.real_path_fd(node)?;
         let st = rustix::fs::fstat(&fd).map_err(|e| Errno::from_i32(e.raw_os_error()))?;
         if (st.st_dev, st.st_ino) != key {
@@ -827,11 +709,7 @@ impl DircacheFs {
         if node.kind() != NodeKind::Positive(FileType::Directory) {
             return Err(Errno::from_i32(libc::ENOTTY));
         }
-        let key = self
-            .inodes
-            .locate(ino.0)
-            .map(|l| l.3)
-            .ok_or(Errno::ESTALE)?;
+        let key = self.inodes.key(ino.0).ok_or(Errno::ESTALE)?;
         let pfd = self.verified_path_fd(ino, &node)?;
         let dfd = rustix::fs::open(
             Self::proc_path(&pfd).as_c_str(),
@@ -1026,7 +904,7 @@ impl fuser::Filesystem for DircacheFs {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.count(Op::forget);
-        self.inodes.forget(ino.0, nlookup);
+        self.inodes.forget(&self.cache, ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -1034,37 +912,20 @@ impl fuser::Filesystem for DircacheFs {
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
                 if let Ok(a) = attr_of_fd(&*of.fd) {
-                    let writers = self.inodes.info(ino.0).map(|i| i.writers).unwrap_or(0);
-                    return reply.attr(&self.attr_ttl_of(writers), &self.attr_for(ino.0, &a));
+                    let ttl = self.attr_ttl_of(self.inodes.held(ino.0).as_ref());
+                    return reply.attr(&ttl, &self.attr_for(ino.0, &a));
                 }
             }
         }
-        let Some(info) = self.inodes.info(ino.0) else {
+        let Some(held) = self.inodes.held(ino.0) else {
             return reply.error(Errno::ESTALE);
         };
-        // Fresh from the backend when the core's copy may be behind: changed through another
-        // name, or an open handle (reads move the atime under relatime, writes and shared
-        // mappings mtime and ctime; the kernel invalidates its own copy after reads and
-        // writes, and asks here).
-        let fresh = info.stale || info.writers > 0 || info.opens > 0;
-        let ttl = self.attr_ttl_of(info.writers);
-        if info.stale {
-            self.inodes.set_stale(ino.0, false);
-        }
-        // The core dropped the dentry (a change seen in SRC): find the inode again by the
-        // name the kernel knows, if it is still there.
-        let node = if info.node.is_dead() {
-            self.node(ino).unwrap_or(info.node)
-        } else {
-            info.node
-        };
-        match self.attr_of(&node, fresh) {
-            Ok(a) => {
-                if a.is_dir() {
-                    self.inodes.note_dir_attr(ino.0, &a);
-                }
-                reply.attr(&ttl, &self.attr_for(ino.0, &a))
-            }
+        let ttl = self.attr_ttl_of(Some(&held));
+        // The core finds a dropped dentry again by the name the kernel knows, and asks the
+        // backend when its copy of the attributes may be behind (the held-node contract).
+        let node = self.cache.held_node(&held).unwrap_or_else(|_| held.node());
+        match self.cache.attr_for_reply(&held, &node) {
+            Ok(a) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
             Err(e) => {
                 // An unlinked file that is still open: answer from its descriptor.
                 let of = self
@@ -1075,7 +936,7 @@ impl fuser::Filesystem for DircacheFs {
                     .cloned();
                 match of.map(|f| attr_of_fd(&*f.fd)) {
                     Some(Ok(a)) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
-                    _ => match self.inodes.dir_attr(ino.0) {
+                    _ => match held.dir_attr() {
                         // A removed directory the kernel still holds (an open descriptor, a
                         // cwd): as natively, its attributes with nlink 0.
                         Some(mut a) if node.is_dead() && e == CoreError::NotFound => {
@@ -1398,12 +1259,14 @@ impl fuser::Filesystem for DircacheFs {
             Ok(n) => {
                 self.dir_changed(&newdir);
                 self.attrs_changed(&node);
-                self.inodes.set_stale(ino.0, false);
-                match self.attr_of(&n, true) {
+                // Fresh: the held inode was just marked changed.
+                let a = match self.inodes.held(ino.0) {
+                    Some(h) => self.cache.attr_for_reply(&h, &n),
+                    None => self.cache.attr_of_name(&n),
+                };
+                match a {
                     Ok(a) => {
-                        let id = self
-                            .inodes
-                            .register(&n, &a, newparent.0, |n, k| self.names_key(n, k));
+                        let id = self.inodes.register(&self.cache, &n, &a, newparent.0);
                         if id != ino.0 {
                             self.queue_inval_inode(ino.0);
                         }
@@ -1599,10 +1462,11 @@ impl fuser::Filesystem for DircacheFs {
         if let Some(of) = of {
             // Reads moved the atime, writes (also through a mapping) mtime and ctime: the
             // next GETATTR or LOOKUP asks the backend.
-            self.inodes.add_open(of.nodeid, -1);
+            if let Some(h) = self.inodes.held(of.nodeid) {
+                self.cache.note_close(&h, of.writable);
+            }
             self.cache.forget_attr(&of.node);
             if of.writable {
-                self.inodes.add_writer(of.nodeid, -1);
                 self.queue_inval_inode(of.nodeid);
             }
             if of.backing {
@@ -1771,14 +1635,12 @@ impl fuser::Filesystem for DircacheFs {
             };
             let a = match e.attr {
                 Some(a) if a.nlink <= 1 || a.is_dir() => a,
-                _ => match self.attr_of(&node, false) {
+                _ => match self.cache.attr_of_name(&node) {
                     Ok(a) => a,
                     Err(_) => continue,
                 },
             };
-            let id = self
-                .inodes
-                .register(&node, &a, ino.0, |n, k| self.names_key(n, k));
+            let id = self.inodes.register(&self.cache, &node, &a, ino.0);
             if reply.add(
                 INodeNo(id),
                 (i + 3) as u64,
@@ -1787,7 +1649,7 @@ impl fuser::Filesystem for DircacheFs {
                 &fuse_attr(id, &a),
                 Generation(self.inodes.generation(id)),
             ) {
-                self.inodes.forget(id, 1);
+                self.inodes.forget(&self.cache, id, 1);
                 finished = false;
                 break;
             }
@@ -1921,17 +1783,17 @@ impl fuser::Filesystem for DircacheFs {
             _ => 0,
         };
         let acl_key = if acl_bit != 0 {
-            self.inodes.locate(ino.0).map(|l| l.3)
+            self.inodes.key(ino.0)
         } else {
             None
         };
         if let Some(k) = acl_key {
-            if self.inodes.acl_absent(k, acl_bit) {
+            if self.cache.xattr_known_absent(k, acl_bit) {
                 self.counters.acl_memo_hits.fetch_add(1, Ordering::Relaxed);
                 return reply.error(Errno::from_i32(libc::ENODATA));
             }
         }
-        let acl_gen = self.inodes.acl_gen();
+        let acl_gen = self.cache.xattr_memo_gen();
         let x = match self.xattr_target(ino) {
             Ok(t) => t,
             Err(e) => return reply.error(e),
@@ -1947,7 +1809,7 @@ impl fuser::Filesystem for DircacheFs {
             Err(e) => {
                 if e.errno() == libc::ENODATA {
                     if let Some(k) = acl_key {
-                        self.inodes.note_acl_absent(k, acl_bit, acl_gen);
+                        self.cache.note_xattr_absent(k, acl_bit, acl_gen);
                     }
                 }
                 return reply.error(self.xattr_error(ino, &x, e));
@@ -2045,14 +1907,12 @@ impl fuser::Filesystem for DircacheFs {
         self.apply_noatime(&fd);
         let a = match attr_of_fd(&fd)
             .map_err(io_errno)
-            .or_else(|_| self.attr_of(&node, false).map_err(errno))
+            .or_else(|_| self.cache.attr_of_name(&node).map_err(errno))
         {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        let id = self
-            .inodes
-            .register(&node, &a, parent.0, |n, k| self.names_key(n, k));
+        let id = self.inodes.register(&self.cache, &node, &a, parent.0);
         let fattr = fuse_attr(id, &a);
         let writable = is_writable(flags);
         let cred = c.cred().clone();

@@ -11,6 +11,7 @@
 mod coherence;
 mod dentry;
 mod fast;
+mod held;
 mod mutate;
 mod path;
 mod walk;
@@ -24,6 +25,7 @@ use siphasher::sip128::SipHasher13;
 
 pub use dentry::Dentry;
 use fast::{new_dlht, Dlht, Pcc, SigKey};
+pub use held::Held;
 
 use crate::stats::Stats;
 use crate::{
@@ -245,7 +247,12 @@ pub struct Cache {
     /// Renames take this exclusively, other mutations shared: a mutation's backend paths
     /// cannot be changed under it by a rename of an ancestor. Lookups never take it.
     pub(crate) tree_lock: RwLock<()>,
-    pub(crate) creds: Mutex<hashbrown::HashMap<(Cred, bool), Weak<CredState>>>,
+    /// Interned credentials: read lock-free on every request; `creds_new` serializes only
+    /// the creation of a new entry.
+    pub(crate) creds: papaya::HashMap<(Cred, bool), Weak<CredState>>,
+    pub(crate) creds_new: Mutex<()>,
+    /// Which held inodes have no value for an xattr (see `held.rs`).
+    pub(crate) xattr_memo: held::XattrMemo,
     pub(crate) stats: Stats,
     pub(crate) entries: AtomicU64,
     pub(crate) lru: Mutex<VecDeque<Weak<Dentry>>>,
@@ -304,7 +311,9 @@ impl Cache {
             inval_start: AtomicU64::new(0),
             inval_end: AtomicU64::new(0),
             tree_lock: RwLock::new(()),
-            creds: Mutex::new(Default::default()),
+            creds: papaya::HashMap::new(),
+            creds_new: Mutex::new(()),
+            xattr_memo: Default::default(),
             stats: Stats::default(),
             entries: AtomicU64::new(1),
             lru: Mutex::new(VecDeque::new()),
@@ -346,8 +355,12 @@ impl Cache {
     }
 
     fn intern(&self, cred: Cred, check: bool) -> Creds {
-        let mut m = self.creds.lock();
         let key = (cred, check);
+        let m = self.creds.pin();
+        if let Some(s) = m.get(&key).and_then(Weak::upgrade) {
+            return Creds(s);
+        }
+        let _new = self.creds_new.lock();
         if let Some(s) = m.get(&key).and_then(Weak::upgrade) {
             return Creds(s);
         }
@@ -619,6 +632,7 @@ impl Cache {
     pub fn forget_attr(&self, node: &NodeRef) {
         node.set_attr(None);
         self.forget_link_attrs(node);
+        self.xattr_memo.clear();
     }
 
     // ------------------------------------------------------------------------------------
@@ -627,6 +641,7 @@ impl Cache {
     /// Apply a change reported by a backend's change feed (or by anyone who knows the tree
     /// changed). Returns what was dropped, for front ends with caches of their own.
     pub fn apply_change(&self, change: &Change) -> Vec<Invalidation> {
+        self.xattr_memo.clear();
         self.root_sb.backend.changed(change);
         self.external_change(change)
     }
@@ -686,7 +701,7 @@ impl Cache {
         s.fast_entries = fast;
         let pcc: usize = self
             .creds
-            .lock()
+            .pin()
             .values()
             .filter_map(Weak::upgrade)
             .map(|c| c.pcc.bytes())
