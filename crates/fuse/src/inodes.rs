@@ -453,3 +453,80 @@ impl Inodes {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dircache_core::memory::MemoryBackend;
+    use dircache_core::{Config, Cred};
+
+    fn setup() -> (Arc<Cache>, Inodes, NodeRef, Attr) {
+        let b = Arc::new(MemoryBackend::new());
+        b.populate(&["d/f"]);
+        let cache = Cache::new(b, Config::default()).unwrap();
+        let inodes = Inodes::new(&cache);
+        let c = cache.kernel_checked(Cred::root());
+        let d = cache.lookup_child(&c, &cache.root(), b"d").unwrap();
+        let f = cache.lookup_child(&c, &d, b"f").unwrap();
+        let a = cache.getattr(&f).unwrap();
+        (cache, inodes, f, a)
+    }
+
+    /// LOOKUPs and FORGETs of one inode racing on several threads: every reference is
+    /// counted once, the entry goes with the last FORGET (never earlier: the kernel's
+    /// nodeid keeps working), and its nodeid is the same throughout.
+    #[test]
+    fn concurrent_lookups_and_forgets_keep_the_count() {
+        let (cache, inodes, f, a) = setup();
+        let held = inodes.register(&cache, &f, &a, ROOT);
+        let start = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    start.wait();
+                    for _ in 0..20000 {
+                        let id = inodes.register(&cache, &f, &a, ROOT);
+                        assert_eq!(id, held, "one nodeid per inode");
+                        assert!(inodes.held(id).is_some(), "a referenced nodeid vanished");
+                        inodes.forget(&cache, id, 1);
+                    }
+                });
+            }
+        });
+        assert_eq!(inodes.nodeid_of(&f), Some(held));
+        assert_eq!(inodes.len(), 2);
+        inodes.forget(&cache, held, 1);
+        assert_eq!(inodes.nodeid_of(&f), None);
+        assert_eq!(inodes.peek_key(a.dev, a.ino), None);
+        assert_eq!(inodes.len(), 1);
+    }
+
+    /// An entry whose last reference goes while LOOKUPs register it again: an entry stays
+    /// while any reference remains, and afterwards the maps agree with the counts.
+    #[test]
+    fn last_forget_racing_a_lookup_leaves_consistent_maps() {
+        let (cache, inodes, f, a) = setup();
+        let start = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    start.wait();
+                    for _ in 0..20000 {
+                        let id = inodes.register(&cache, &f, &a, ROOT);
+                        let h = inodes.held(id).expect("a referenced nodeid vanished");
+                        std::thread::yield_now();
+                        let now = inodes.held(id).expect("a referenced nodeid vanished");
+                        assert!(
+                            Held::same(&h, &now),
+                            "a referenced entry was dropped and made anew"
+                        );
+                        inodes.forget(&cache, id, 1);
+                    }
+                });
+            }
+        });
+        assert_eq!(inodes.nodeid_of(&f), None);
+        assert_eq!(inodes.peek_key(a.dev, a.ino), None);
+        assert_eq!(inodes.len(), 1);
+    }
+}
