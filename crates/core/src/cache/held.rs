@@ -35,9 +35,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use super::{Cache, NodeKind, NodeRef};
+use super::{Cache, Dentry, NodeKind, NodeRef};
 use crate::{Attr, Cred, Error, Result};
 
 /// How deep [`Cache::held_node`] follows held parents (a cycle of stale locations must end).
@@ -54,6 +55,8 @@ struct HeldInner {
     key: (u64, u64),
     /// The root of the cache: found again as [`Cache::root`].
     root: bool,
+    /// The preferred name (`st.names[0]`), read without the lock on every request.
+    preferred: ArcSwap<Dentry>,
     st: Mutex<HeldState>,
     /// Attributes may have changed through another name: ask the backend before the next
     /// reply.
@@ -89,6 +92,16 @@ impl Drop for HeldInner {
 }
 
 impl Held {
+    /// Publish `st.names[0]` as the preferred name (called with the lock held, after every
+    /// change of the first name).
+    fn sync(&self, st: &HeldState) {
+        if let Some(n) = st.names.first() {
+            if !Arc::ptr_eq(&self.0.preferred.load(), n) {
+                self.0.preferred.store(n.clone());
+            }
+        }
+    }
+
     /// The inode's `(dev, ino)`.
     pub fn key(&self) -> (u64, u64) {
         self.0.key
@@ -97,6 +110,10 @@ impl Held {
     /// The preferred name: one still in the tree when there is one (it may be dead: use
     /// [`Cache::held_node`] to revive it).
     pub fn node(&self) -> NodeRef {
+        let p = self.0.preferred.load_full();
+        if !p.is_dead() && !p.is_evicted() {
+            return p;
+        }
         let mut st = self.0.st.lock();
         let pos = st
             .names
@@ -106,9 +123,10 @@ impl Held {
         if let Some(i) = pos {
             if i != 0 {
                 st.names.swap(0, i);
+                self.sync(&st);
             }
         }
-        st.names[0].clone()
+        st.names.first().cloned().unwrap_or(p)
     }
 
     /// Every name, the preferred first.
@@ -128,6 +146,7 @@ impl Held {
         if let Some(pos) = st.names.iter().position(|n| Arc::ptr_eq(n, node)) {
             if front {
                 st.names.swap(0, pos);
+                self.sync(&st);
             }
             return;
         }
@@ -136,6 +155,7 @@ impl Held {
         }
         if front {
             st.names.insert(0, node.clone());
+            self.sync(&st);
         } else {
             st.names.push(node.clone());
         }
@@ -164,6 +184,8 @@ impl Held {
             }
             k
         });
+        self.sync(&st);
+        drop(st);
         if !released {
             for n in &dropped {
                 n.unpin();
@@ -177,6 +199,7 @@ impl Held {
     pub fn replace_names(&self, node: &NodeRef, attr: &Attr) -> Vec<NodeRef> {
         let mut st = self.0.st.lock();
         let old = std::mem::replace(&mut st.names, vec![node.clone()]);
+        self.sync(&st);
         st.dir_attr = attr.is_dir().then_some(*attr);
         if !st.released {
             node.pin();
@@ -194,6 +217,7 @@ impl Held {
         let mut st = self.0.st.lock();
         if let Some(pos) = st.names.iter().position(|n| Arc::ptr_eq(n, node)) {
             st.names.swap(0, pos);
+            self.sync(&st);
         }
     }
 
@@ -275,6 +299,7 @@ impl Cache {
         Held(Arc::new(HeldInner {
             key: (attr.dev, attr.ino),
             root: false,
+            preferred: ArcSwap::new(node.clone()),
             st: Mutex::new(HeldState {
                 names: vec![node.clone()],
                 parent: parent.map(|p| Arc::downgrade(&p.0)),
@@ -300,6 +325,7 @@ impl Cache {
         Held(Arc::new(HeldInner {
             key,
             root: true,
+            preferred: ArcSwap::new(root.clone()),
             st: Mutex::new(HeldState {
                 names: vec![root],
                 parent: None,
