@@ -311,7 +311,10 @@ impl DircacheFs {
     /// The live dentry of a nodeid: the core finds it again when an outside change dropped
     /// the one the kernel knows ([`Cache::held_node`]).
     fn node(&self, nodeid: INodeNo) -> Result<NodeRef, Errno> {
-        self.cache.held_node(&self.held(nodeid)?).map_err(errno)
+        self.inodes
+            .with_held(nodeid.0, |h| self.cache.held_node(h))
+            .ok_or(Errno::ESTALE)?
+            .map_err(errno)
     }
 
     /// Run `f` on the dentry of `id`, retried on a found-again or other name of the inode
@@ -328,11 +331,11 @@ impl DircacheFs {
         self.files.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
     }
 
-    /// How long the kernel may keep attributes of `held`: not at all while a writer has it
+    /// How long the kernel may keep attributes of an inode: not at all while a writer has it
     /// open (a shared mapping of a passthrough file changes mtime/ctime without the FUSE
     /// inode seeing it), else the policy's TTL.
-    fn attr_ttl_of(&self, held: Option<&Held>) -> Duration {
-        if held.is_some_and(Held::has_writers) {
+    fn attr_ttl_of(&self, writers: bool) -> Duration {
+        if writers {
             Duration::ZERO
         } else {
             self.policy.attr_ttl
@@ -350,7 +353,7 @@ impl DircacheFs {
                 let id = self.inodes.register(&self.cache, node, &a, parent.0);
                 let ttl = self.policy.entry_ttl;
                 reply.entry_with_ttls(
-                    &self.attr_ttl_of(self.inodes.held(id).as_ref()),
+                    &self.attr_ttl_of(self.inodes.has_writers(id)),
                     &ttl,
                     &fuse_attr(id, &a),
                     Generation(self.inodes.generation(id)),
@@ -912,7 +915,7 @@ impl fuser::Filesystem for DircacheFs {
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
                 if let Ok(a) = attr_of_fd(&*of.fd) {
-                    let ttl = self.attr_ttl_of(self.inodes.held(ino.0).as_ref());
+                    let ttl = self.attr_ttl_of(self.inodes.has_writers(ino.0));
                     return reply.attr(&ttl, &self.attr_for(ino.0, &a));
                 }
             }
@@ -920,7 +923,7 @@ impl fuser::Filesystem for DircacheFs {
         let Some(held) = self.inodes.held(ino.0) else {
             return reply.error(Errno::ESTALE);
         };
-        let ttl = self.attr_ttl_of(Some(&held));
+        let ttl = self.attr_ttl_of(held.has_writers());
         // The core finds a dropped dentry again by the name the kernel knows, and asks the
         // backend when its copy of the attributes may be behind (the held-node contract).
         let node = self.cache.held_node(&held).unwrap_or_else(|_| held.node());

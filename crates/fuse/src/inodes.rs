@@ -127,6 +127,23 @@ impl Inodes {
         self.inodes.pin().get(&nodeid).cloned()
     }
 
+    /// Run `f` on the entry of `nodeid` without taking a reference to it (no write to a
+    /// shared cache line on the hit path).
+    fn with_entry<R>(&self, nodeid: u64, f: impl FnOnce(&Inode) -> R) -> Option<R> {
+        let m = self.inodes.pin();
+        m.get(&nodeid).map(|i| f(i))
+    }
+
+    /// Run `f` on the held inode of `nodeid` (without cloning it).
+    pub fn with_held<R>(&self, nodeid: u64, f: impl FnOnce(&Held) -> R) -> Option<R> {
+        self.with_entry(nodeid, |i| f(&i.held))
+    }
+
+    /// Whether a writer has `nodeid` open (see [`Held::has_writers`]).
+    pub fn has_writers(&self, nodeid: u64) -> bool {
+        self.with_held(nodeid, Held::has_writers).unwrap_or(false)
+    }
+
     /// The number `key` gets when it is free: see the module invariants.
     fn derived(&self, key: Key) -> u64 {
         if key == self.root_key {
@@ -153,18 +170,18 @@ impl Inodes {
 
     /// The held inode of `nodeid`.
     pub fn held(&self, nodeid: u64) -> Option<Held> {
-        self.entry(nodeid).map(|i| i.held.clone())
+        self.with_held(nodeid, Held::clone)
     }
 
     /// The dentry for `nodeid` (a live name when there is one; the core revives dead ones:
     /// [`Cache::held_node`]).
     pub fn get(&self, nodeid: u64) -> Option<NodeRef> {
-        self.entry(nodeid).map(|i| i.held.node())
+        self.with_held(nodeid, Held::node)
     }
 
     /// The (dev, ino) `nodeid` stands for.
     pub fn key(&self, nodeid: u64) -> Option<Key> {
-        self.entry(nodeid).map(|i| i.held.key())
+        self.with_held(nodeid, Held::key)
     }
 
     /// The held inode a dentry is known to the kernel by.
@@ -188,19 +205,29 @@ impl Inodes {
         // The hit: the kernel looks up a name it knows by this dentry (no global lock).
         let known = self.by_dentry.pin().get(&node.id()).copied();
         if let Some(id) = known {
-            if let Some(i) = self.entry(id) {
-                if i.held.key() == key || id == ROOT {
-                    let mut m = i.m.lock();
-                    if !m.removed {
-                        m.lookups += 1;
-                        drop(m);
-                        if id != ROOT {
-                            let p = self.held(parent);
-                            i.held.set_location(p.as_ref(), &node.name());
-                        }
-                        return id;
+            let hit = self.with_entry(id, |i| {
+                if i.held.key() != key && id != ROOT {
+                    return false;
+                }
+                let mut m = i.m.lock();
+                if m.removed {
+                    return false;
+                }
+                m.lookups += 1;
+                drop(m);
+                if id != ROOT {
+                    let name = node.name();
+                    let moved = self
+                        .with_held(parent, |p| i.held.set_location(Some(p), &name))
+                        .is_none();
+                    if moved {
+                        i.held.set_location(None, &name);
                     }
                 }
+                true
+            });
+            if hit == Some(true) {
+                return id;
             }
         }
         self.register_slow(cache, node, attr, parent)
@@ -306,8 +333,7 @@ impl Inodes {
 
     /// The FUSE generation of `nodeid` (0 when unknown).
     pub fn generation(&self, nodeid: u64) -> u64 {
-        self.entry(nodeid)
-            .map(|i| i.generation.load(Ordering::Acquire))
+        self.with_entry(nodeid, |i| i.generation.load(Ordering::Acquire))
             .unwrap_or(0)
     }
 

@@ -227,7 +227,16 @@ impl Held {
             return;
         }
         let mut st = self.0.st.lock();
-        st.parent = parent.map(|p| Arc::downgrade(&p.0));
+        // Usually unchanged: then nothing is written (no reference count on the parent is
+        // touched, a shared cache line on the hit path).
+        let same_parent = match (&st.parent, parent) {
+            (Some(w), Some(p)) => std::ptr::eq(w.as_ptr(), Arc::as_ptr(&p.0)),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same_parent {
+            st.parent = parent.map(|p| Arc::downgrade(&p.0));
+        }
         if st.name != name {
             st.name = name.to_vec();
         }
@@ -481,7 +490,9 @@ impl Cache {
     /// the core's copy may be behind (changed through another name, open handles, hard
     /// links); a directory's are remembered for [`Held::dir_attr`].
     pub fn attr_for_reply(&self, held: &Held, node: &NodeRef) -> Result<Attr> {
-        let stale = held.0.stale.swap(false, Ordering::AcqRel);
+        // Read before writing: the flag is on a line every request for this inode reads.
+        let stale =
+            held.0.stale.load(Ordering::Acquire) && held.0.stale.swap(false, Ordering::AcqRel);
         let fresh = stale || held.opens() > 0 || held.writers() > 0;
         let r = self.attr_fresh(node, fresh);
         if let Ok(a) = &r {

@@ -100,6 +100,9 @@ impl Dentry {
     }
 }
 
+/// How many interned credentials are kept while nobody uses them.
+const CREDS_KEPT: usize = 1024;
+
 /// Cached names of multiply linked inodes, by (dev, ino).
 pub(crate) type HardLinks = hashbrown::HashMap<(u64, u64), Vec<Weak<Dentry>>>;
 
@@ -248,8 +251,9 @@ pub struct Cache {
     /// cannot be changed under it by a rename of an ancestor. Lookups never take it.
     pub(crate) tree_lock: RwLock<()>,
     /// Interned credentials: read lock-free on every request; `creds_new` serializes only
-    /// the creation of a new entry.
-    pub(crate) creds: papaya::HashMap<(Cred, bool), Weak<CredState>>,
+    /// the creation of a new entry. Kept (strongly, up to [`CREDS_KEPT`] unused ones) so that
+    /// a front end interning per request neither rebuilds the state nor writes the map.
+    pub(crate) creds: papaya::HashMap<(Cred, bool), Arc<CredState>>,
     pub(crate) creds_new: Mutex<()>,
     /// Which held inodes have no value for an xattr (see `held.rs`).
     pub(crate) xattr_memo: held::XattrMemo,
@@ -357,15 +361,16 @@ impl Cache {
     fn intern(&self, cred: Cred, check: bool) -> Creds {
         let key = (cred, check);
         let m = self.creds.pin();
-        if let Some(s) = m.get(&key).and_then(Weak::upgrade) {
-            return Creds(s);
+        if let Some(s) = m.get(&key) {
+            return Creds(s.clone());
         }
         let _new = self.creds_new.lock();
-        if let Some(s) = m.get(&key).and_then(Weak::upgrade) {
-            return Creds(s);
+        if let Some(s) = m.get(&key) {
+            return Creds(s.clone());
         }
-        if m.len() > 1024 {
-            m.retain(|_, w| w.strong_count() > 0);
+        if m.len() >= CREDS_KEPT {
+            // Keep those in use elsewhere; the others start over when next seen.
+            m.retain(|_, s| Arc::strong_count(s) > 1);
         }
         let pcc = Pcc::new(if check { self.config.pcc_slots } else { 2 });
         let s = Arc::new(CredState {
@@ -373,7 +378,7 @@ impl Cache {
             check,
             pcc,
         });
-        m.insert(key, Arc::downgrade(&s));
+        m.insert(key, s.clone());
         Creds(s)
     }
 
@@ -699,13 +704,7 @@ impl Cache {
             fast += ns.dlht.len() as u64;
         }
         s.fast_entries = fast;
-        let pcc: usize = self
-            .creds
-            .pin()
-            .values()
-            .filter_map(Weak::upgrade)
-            .map(|c| c.pcc.bytes())
-            .sum();
+        let pcc: usize = self.creds.pin().values().map(|c| c.pcc.bytes()).sum();
         // Dentry + link + attr + a children-map slot, and a DLHT entry each.
         let per_dentry = std::mem::size_of::<Dentry>() as u64 + 16 + 48 + 128 + 32;
         let per_fast = std::mem::size_of::<fast::FastEntry>() as u64 + 32;
