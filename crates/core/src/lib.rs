@@ -25,7 +25,7 @@ mod types;
 
 pub use backend::{Backend, Change, ChangeFeed, Walked, XattrTarget, XATTR_UNSUPPORTED};
 pub use cache::{
-    At, Cache, Creds, Dentry, DirHandle, Invalidation, MountOptions, MountSource, Namespace,
+    At, Cache, Creds, Dentry, DirHandle, Held, Invalidation, MountOptions, MountSource, Namespace,
     NodeKind, NodeRef,
 };
 pub use config::{Config, DotDot};

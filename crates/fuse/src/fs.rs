@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
 use dircache_core::{
-    Attr, Backend, BackendFile, Cache, Cred, Creds, Error as CoreError, FileType, NodeKind,
+    Attr, Backend, BackendFile, Cache, Cred, Creds, Error as CoreError, FileType, Held, NodeKind,
     NodeRef, RenameMode, SetAttr, TimeSet, Timespec, XattrTarget,
 };
 use fuser::{
@@ -21,7 +21,7 @@ use fuser::{
 };
 
 use crate::creds::RequestGroups;
-use crate::inodes::{Inodes, Key, ROOT};
+use crate::inodes::{Inodes, ROOT};
 use crate::listings::{Listings, Snapshot, AFTER_DOTDOT};
 use crate::notifier::NotifyMsg;
 use crate::openfds::{FdKey, OpenFds, SharedFd};
@@ -156,9 +156,7 @@ impl DircacheFs {
         notify: Sender<NotifyMsg>,
         socket_path: Option<PathBuf>,
     ) -> (DircacheFs, FsParts) {
-        let root = cache.root();
-        let root_attr = cache.getattr(&root).ok();
-        let inodes = Arc::new(Inodes::new(root, root_attr.as_ref()));
+        let inodes = Arc::new(Inodes::new(&cache));
         let counters = Arc::new(RequestCounters::default());
         let fds = OpenFds::new(policy.max_open_per_user);
         let fs = DircacheFs {
@@ -201,139 +199,35 @@ impl DircacheFs {
             .kernel_checked(self.groups.cred(req.pid(), req.uid(), req.gid()))
     }
 
-    /// The live dentry of a nodeid. When the core dropped the dentry the kernel knows (a
-    /// change learned from the feed invalidated it, or it was evicted before the kernel's
-    /// reference pinned it), find the name again from the parent and rebind the nodeid if it
-    /// is still the same inode.
-    fn node(&self, nodeid: INodeNo) -> Result<NodeRef, Errno> {
-        self.node_depth(nodeid.0, 0)
+    /// The held inode of a nodeid (ESTALE when the kernel's nodeid is unknown).
+    fn held(&self, nodeid: INodeNo) -> Result<Held, Errno> {
+        self.inodes.held(nodeid.0).ok_or(Errno::ESTALE)
     }
 
-    /// Run `f` on the dentry of `id`; if it failed because the notifier thread invalidated
-    /// that dentry meanwhile, find it again and retry once.
+    /// The live dentry of a nodeid: the core finds it again when an outside change dropped
+    /// the one the kernel knows ([`Cache::held_node`]).
+    fn node(&self, nodeid: INodeNo) -> Result<NodeRef, Errno> {
+        self.inodes
+            .with_held(nodeid.0, |h| self.cache.held_node(h))
+            .ok_or(Errno::ESTALE)?
+            .map_err(errno)
+    }
+
+    /// Run `f` on the dentry of `id`, retried on a found-again or other name of the inode
+    /// ([`Cache::on_held`]).
     fn with_node<T>(
         &self,
         id: INodeNo,
         f: impl Fn(&NodeRef) -> Result<T, CoreError>,
     ) -> Result<T, Errno> {
-        let n = self.node(id)?;
-        let (n, r) = match f(&n) {
-            Err(CoreError::NotFound | CoreError::Stale) if n.is_dead() => {
-                let n = self.node(id)?;
-                let r = f(&n);
-                (n, r)
-            }
-            r => (n, r),
-        };
-        match r {
-            Err(e @ (CoreError::NotFound | CoreError::Stale)) => {
-                self.with_other_alias(id, &n, f).ok_or_else(|| errno(e))
-            }
-            r => r.map_err(errno),
-        }
+        self.cache.on_held(&self.held(id)?, f).map_err(errno)
     }
 
-    /// Whether dentry `node` still names inode `key` in the backend (the core may not have
-    /// heard yet that the name was removed or replaced in SRC). Only an identity check of the
-    /// name (lstat as the daemon): nothing is served from it.
-    fn names_key(&self, node: &NodeRef, key: Key) -> bool {
-        if node.is_dead() {
-            return false;
-        }
-        let mut names = vec![node.name()];
-        let Some(mut p) = node.parent() else {
-            return false;
-        };
-        while let Some(pp) = p.parent() {
-            if p.is_dead() {
-                return false;
-            }
-            names.push(p.name());
-            p = pp;
-        }
-        if p.is_dead() {
-            return false;
-        }
-        let name = names.remove(0);
-        names.reverse();
-        let dir = names.join(&b'/');
-        match self.cache.backend().lookup(&dir, &name) {
-            Ok(a) => (a.dev, a.ino) == key,
-            Err(_) => false,
-        }
-    }
-
-    /// Run `f` on another name of `id` after it failed with ENOENT or ESTALE on the preferred
-    /// one: a hard link removed or replaced in SRC stays in the core until the change feed
-    /// reports it, and the file must still be reachable through its remaining names. The
-    /// name that worked is preferred from then on.
-    fn with_other_alias<T>(
-        &self,
-        id: INodeNo,
-        tried: &NodeRef,
-        f: impl Fn(&NodeRef) -> Result<T, CoreError>,
-    ) -> Option<T> {
-        for a in self.inodes.aliases(id.0) {
-            if Arc::ptr_eq(&a, tried) || a.is_dead() {
-                continue;
-            }
-            if let Ok(v) = f(&a) {
-                self.inodes.prefer(id.0, &a);
-                return Some(v);
-            }
-        }
-        None
-    }
-
-    fn node_depth(&self, id: u64, depth: u32) -> Result<NodeRef, Errno> {
-        let (n, parent, name, key) = self.inodes.locate(id).ok_or(Errno::ESTALE)?;
-        if !n.is_dead() && !n.is_evicted() {
-            return Ok(n);
-        }
-        if id == ROOT {
-            let r = self.cache.root();
-            self.inodes.add_alias(ROOT, &r, 0);
-            return Ok(r);
-        }
-        if depth > 4096 || parent == 0 {
-            return Ok(n);
-        }
-        let p = self.node_depth(parent, depth + 1)?;
-        let c = self.cache.kernel_checked(Cred::root());
-        match self.cache.lookup_child(&c, &p, &name) {
-            Ok(fresh) if matches!(fresh.kind(), NodeKind::Positive(_)) => {
-                match self.cache.getattr(&fresh) {
-                    Ok(a) if (a.dev, a.ino) == key => {
-                        self.inodes.add_alias(id, &fresh, parent);
-                        Ok(fresh)
-                    }
-                    _ => Ok(n),
-                }
-            }
-            _ => Ok(n),
-        }
-    }
-
-    /// Attributes for a reply: fresh from the backend when they may have changed through
-    /// another name or an open writer.
-    fn attr_of(&self, node: &NodeRef, force_fresh: bool) -> Result<Attr, CoreError> {
-        if force_fresh {
-            self.cache.forget_attr(node);
-        }
-        let a = self.cache.getattr(node)?;
-        // Hard-linked files: another name may have changed nlink/ctime behind this dentry.
-        if !force_fresh && a.nlink > 1 && !a.is_dir() {
-            self.cache.forget_attr(node);
-            return self.cache.getattr(node);
-        }
-        Ok(a)
-    }
-
-    /// How long the kernel may keep attributes of an inode with `writers` open writable
-    /// handles: not at all while there are some (a shared mapping of a passthrough file
-    /// changes mtime/ctime without the FUSE inode seeing it), else the policy's TTL.
-    fn attr_ttl_of(&self, writers: u32) -> Duration {
-        if writers > 0 {
+    /// How long the kernel may keep attributes of an inode: not at all while a writer has it
+    /// open (a shared mapping of a passthrough file changes mtime/ctime without the FUSE
+    /// inode seeing it), else the policy's TTL.
+    fn attr_ttl_of(&self, writers: bool) -> Duration {
+        if writers {
             Duration::ZERO
         } else {
             self.policy.attr_ttl
@@ -346,15 +240,12 @@ impl DircacheFs {
     }
 
     fn entry_reply(&self, parent: INodeNo, node: &NodeRef, reply: ReplyEntry) {
-        match self.attr_of(node, false) {
+        match self.cache.attr_of_name(node) {
             Ok(a) => {
-                let id = self
-                    .inodes
-                    .register(node, &a, parent.0, |n, k| self.names_key(n, k));
+                let id = self.inodes.register(&self.cache, node, &a, parent.0);
                 let ttl = self.policy.entry_ttl;
-                let writers = self.inodes.info(id).map(|i| i.writers).unwrap_or(0);
                 reply.entry_with_ttls(
-                    &self.attr_ttl_of(writers),
+                    &self.attr_ttl_of(self.inodes.has_writers(id)),
                     &ttl,
                     &fuse_attr(id, &a),
                     Generation(self.inodes.generation(id)),
@@ -367,15 +258,13 @@ impl DircacheFs {
     /// After a mutation through the mount: the core's attributes of these dentries (and the
     /// kernel's, via the notifier) must not be served stale.
     fn attrs_changed(&self, node: &NodeRef) {
-        self.inodes.clear_acl_absent();
-        for a in self.inodes.mark_stale_dentry(node) {
-            self.cache.forget_attr(&a);
+        if let Some(h) = self.inodes.held_of(node) {
+            self.cache.held_changed(&h);
         }
         self.cache.forget_attr(node);
     }
 
     fn dir_changed(&self, dir: &NodeRef) {
-        self.inodes.clear_acl_absent();
         self.cache.forget_attr(dir);
         // Listing streams keep their snapshots: they resume by cookie (listings.rs), and
         // every new stream (offset 0) fetches the directory as it is now.
@@ -603,7 +492,7 @@ impl fuser::Filesystem for DircacheFs {
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.count(Op::forget);
         self.listings.forget_dir(ino.0);
-        self.inodes.forget(ino.0, nlookup);
+        self.inodes.forget(&self.cache, ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -611,42 +500,25 @@ impl fuser::Filesystem for DircacheFs {
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
                 if let Ok(a) = of.fd.attr() {
-                    let writers = self.inodes.info(ino.0).map(|i| i.writers).unwrap_or(0);
-                    return reply.attr(&self.attr_ttl_of(writers), &self.attr_for(ino.0, &a));
+                    let ttl = self.attr_ttl_of(self.inodes.has_writers(ino.0));
+                    return reply.attr(&ttl, &self.attr_for(ino.0, &a));
                 }
             }
         }
-        let Some(info) = self.inodes.info(ino.0) else {
+        let Some(held) = self.inodes.held(ino.0) else {
             return reply.error(Errno::ESTALE);
         };
-        // Fresh from the backend when the core's copy may be behind: changed through another
-        // name, or an open handle (reads move the atime under relatime, writes and shared
-        // mappings mtime and ctime; the kernel invalidates its own copy after reads and
-        // writes, and asks here).
-        let fresh = info.stale || info.writers > 0 || info.opens > 0;
-        let ttl = self.attr_ttl_of(info.writers);
-        if info.stale {
-            self.inodes.set_stale(ino.0, false);
-        }
-        // The core dropped the dentry (a change seen in SRC): find the inode again by the
-        // name the kernel knows, if it is still there.
-        let node = if info.node.is_dead() {
-            self.node(ino).unwrap_or(info.node)
-        } else {
-            info.node
-        };
-        match self.attr_of(&node, fresh) {
-            Ok(a) => {
-                if a.is_dir() {
-                    self.inodes.note_dir_attr(ino.0, &a);
-                }
-                reply.attr(&ttl, &self.attr_for(ino.0, &a))
-            }
+        let ttl = self.attr_ttl_of(held.has_writers());
+        // The core finds a dropped dentry again by the name the kernel knows, and asks the
+        // backend when its copy of the attributes may be behind (the held-node contract).
+        let node = self.cache.held_node(&held).unwrap_or_else(|_| held.node());
+        match self.cache.attr_for_reply(&held, &node) {
+            Ok(a) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
             Err(e) => {
                 // An unlinked file that is still open: answer from its descriptor.
                 match self.any_open(ino.0).map(|f| f.fd.attr()) {
                     Some(Ok(a)) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
-                    _ => match self.inodes.dir_attr(ino.0) {
+                    _ => match held.dir_attr() {
                         // A removed directory the kernel still holds (an open descriptor, a
                         // cwd): as natively, its attributes with nlink 0.
                         Some(mut a) if node.is_dead() && e == CoreError::NotFound => {
@@ -963,12 +835,14 @@ impl fuser::Filesystem for DircacheFs {
             Ok(n) => {
                 self.dir_changed(&newdir);
                 self.attrs_changed(&node);
-                self.inodes.set_stale(ino.0, false);
-                match self.attr_of(&n, true) {
+                // Fresh: the held inode was just marked changed.
+                let a = match self.inodes.held(ino.0) {
+                    Some(h) => self.cache.attr_for_reply(&h, &n),
+                    None => self.cache.attr_of_name(&n),
+                };
+                match a {
                     Ok(a) => {
-                        let id = self
-                            .inodes
-                            .register(&n, &a, newparent.0, |n, k| self.names_key(n, k));
+                        let id = self.inodes.register(&self.cache, &n, &a, newparent.0);
                         if id != ino.0 {
                             self.queue_inval_inode(ino.0);
                         }
@@ -1210,14 +1084,12 @@ impl fuser::Filesystem for DircacheFs {
             };
             let a = match e.attr {
                 Some(a) if a.nlink <= 1 || a.is_dir() => a,
-                _ => match self.attr_of(&node, false) {
+                _ => match self.cache.attr_of_name(&node) {
                     Ok(a) => a,
                     Err(_) => continue,
                 },
             };
-            let id = self
-                .inodes
-                .register(&node, &a, ino.0, |n, k| self.names_key(n, k));
+            let id = self.inodes.register(&self.cache, &node, &a, ino.0);
             if reply.add(
                 INodeNo(id),
                 *cookie,
@@ -1226,7 +1098,7 @@ impl fuser::Filesystem for DircacheFs {
                 &fuse_attr(id, &a),
                 Generation(self.inodes.generation(id)),
             ) {
-                self.inodes.forget(id, 1);
+                self.inodes.forget(&self.cache, id, 1);
                 finished = false;
                 break;
             }

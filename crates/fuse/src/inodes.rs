@@ -25,16 +25,21 @@
 //!   forgets.
 //! - `lookups` counts the kernel's references (each LOOKUP-like reply adds one, FORGET
 //!   subtracts); the entry is dropped when it reaches zero.
-//! - Every dentry in an entry's `aliases` holds one pin in the core ([`NodeRef::pin`]) until
-//!   it leaves the list: the core never evicts a dentry the kernel holds, so a name the kernel
-//!   still knows keeps its place in the tree and is kept up to date by the change feed
-//!   (evicting it left the kernel holding a dentry outside the tree, and lookups below it
-//!   answered ENOENT for existing files).
+//! - Each nodeid holds its inode in the core ([`Cache::hold`]): the core pins its names, keeps
+//!   them up to date, finds them again after outside moves, and decides when attributes must
+//!   be asked afresh (the held-node contract, `dircache_core` `held.rs`). This table keeps only
+//!   what is FUSE's: nodeids, generations, lookup counts and passthrough backing ids.
+//!
+//! Locks: no global lock on a hit. The maps are lock-free (papaya); each entry has its own
+//! mutex (lookup count, backing id). `structure` is taken only to add or remove an entry or
+//! to change which names or generation an entry has (a LOOKUP of a name the kernel did not
+//! know by this dentry, a FORGET of the last reference); lock order: `structure`, then an
+//! entry's mutex, then the core's held-inode lock.
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dircache_core::{Attr, NodeRef};
+use dircache_core::{Attr, Cache, Held, NodeRef};
 use fuser::BackingId;
 use parking_lot::Mutex;
 
@@ -42,71 +47,21 @@ use parking_lot::Mutex;
 pub const ROOT: u64 = 1;
 
 struct Inode {
-    /// Dentries (hard-link names) known to stand for this inode; never empty.
-    aliases: Vec<NodeRef>,
-    key: (u64, u64),
+    /// The inode as the core holds it for the kernel (names, staleness, open counts).
+    held: Held,
     /// The FUSE generation: bumped when the nodeid is reused for a new file (see above).
-    generation: u64,
-    /// Where the kernel last saw it: parent nodeid and name (to find it again when the core
-    /// invalidated its dentry).
-    parent: u64,
-    name: Vec<u8>,
+    /// Written under `m`.
+    generation: AtomicU64,
+    m: Mutex<InodeMut>,
+}
+
+struct InodeMut {
     lookups: u64,
-    /// Attributes may have changed through another name (link/unlink/rename): refresh from
-    /// the backend before answering.
-    stale: bool,
-    /// Open handles that may write.
-    writers: u32,
-    /// Open handles (any mode): while there are some, reads and writes through them move the
-    /// backend's times behind the core's copy of the attributes.
-    opens: u32,
-    /// A directory's last attributes: what fstat of it shows (with nlink 0) once it was
-    /// removed (rmdir, renamed over) while the kernel still holds it.
-    dir_attr: Option<Box<Attr>>,
+    /// Taken out of the table (by the FORGET of its last reference): a LOOKUP that found it
+    /// just before must register anew.
+    removed: bool,
     /// Passthrough backing file shared by every open handle of the inode, with its users.
     backing: Option<(Arc<BackingId>, u32)>,
-}
-
-/// Add `node` to `aliases` with its pin (unless it is there already).
-fn hold(aliases: &mut Vec<NodeRef>, node: &NodeRef, front: bool) {
-    if aliases.iter().any(|n| Arc::ptr_eq(n, node)) {
-        return;
-    }
-    node.pin();
-    if front {
-        aliases.insert(0, node.clone());
-    } else {
-        aliases.push(node.clone());
-    }
-}
-
-impl Inode {
-    fn live_alias(&mut self) -> NodeRef {
-        // Prefer a name still in the tree: dead (removed, replaced) and evicted dentries are
-        // found again by the front end (`DircacheFs::node`).
-        let pos = self
-            .aliases
-            .iter()
-            .position(|n| !n.is_dead() && !n.is_evicted())
-            .or_else(|| self.aliases.iter().position(|n| !n.is_dead()));
-        if let Some(i) = pos {
-            if i != 0 {
-                self.aliases.swap(0, i);
-            }
-        }
-        self.aliases[0].clone()
-    }
-}
-
-#[derive(Default)]
-struct Table {
-    inodes: HashMap<u64, Inode>,
-    by_key: HashMap<(u64, u64), u64>,
-    by_dentry: HashMap<u64, u64>,
-    /// The next counted nodeid (for keys whose derived number is taken), from 2^62.
-    next: u64,
-    /// SRC's root: its device (whose inode numbers are used as they are) and its key.
-    root_key: Key,
 }
 
 /// Counted nodeids start here; derived ones for SRC's device are below it.
@@ -125,7 +80,70 @@ fn mix(dev: u64, ino: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-impl Table {
+/// A real inode's identity: (dev, ino).
+pub type Key = (u64, u64);
+
+/// The nodeid table. See the module invariants and locks.
+pub struct Inodes {
+    inodes: papaya::HashMap<u64, Arc<Inode>>,
+    by_key: papaya::HashMap<Key, u64>,
+    by_dentry: papaya::HashMap<u64, u64>,
+    /// Taken to change the structure (see the module doc); holds the next counted nodeid.
+    structure: Mutex<u64>,
+    /// SRC's root: its device (whose inode numbers are used as they are) and its key.
+    root_key: Key,
+}
+
+impl Inodes {
+    pub fn new(cache: &Cache) -> Inodes {
+        let held = cache.hold_root();
+        let key = held.key();
+        let root = held.node();
+        let t = Inodes {
+            inodes: papaya::HashMap::new(),
+            by_key: papaya::HashMap::new(),
+            by_dentry: papaya::HashMap::new(),
+            structure: Mutex::new(COUNTED),
+            root_key: key,
+        };
+        t.inodes.pin().insert(
+            ROOT,
+            Arc::new(Inode {
+                held,
+                generation: AtomicU64::new(0),
+                m: Mutex::new(InodeMut {
+                    lookups: 1,
+                    removed: false,
+                    backing: None,
+                }),
+            }),
+        );
+        t.by_dentry.pin().insert(root.id(), ROOT);
+        t.by_key.pin().insert(key, ROOT);
+        t
+    }
+
+    fn entry(&self, nodeid: u64) -> Option<Arc<Inode>> {
+        self.inodes.pin().get(&nodeid).cloned()
+    }
+
+    /// Run `f` on the entry of `nodeid` without taking a reference to it (no write to a
+    /// shared cache line on the hit path).
+    fn with_entry<R>(&self, nodeid: u64, f: impl FnOnce(&Inode) -> R) -> Option<R> {
+        let m = self.inodes.pin();
+        m.get(&nodeid).map(|i| f(i))
+    }
+
+    /// Run `f` on the held inode of `nodeid` (without cloning it).
+    pub fn with_held<R>(&self, nodeid: u64, f: impl FnOnce(&Held) -> R) -> Option<R> {
+        self.with_entry(nodeid, |i| f(&i.held))
+    }
+
+    /// Whether a writer has `nodeid` open (see [`Held::has_writers`]).
+    pub fn has_writers(&self, nodeid: u64) -> bool {
+        self.with_held(nodeid, Held::has_writers).unwrap_or(false)
+    }
+
     /// The number `key` gets when it is free: see the module invariants.
     fn derived(&self, key: Key) -> u64 {
         if key == self.root_key {
@@ -135,14 +153,6 @@ impl Table {
         } else {
             mix(key.0, key.1) | OTHER_DEV
         }
-    }
-
-    /// The number `stat` shows for `key` (the nodeid it has or would get).
-    fn ino_of(&self, key: Key) -> u64 {
-        self.by_key
-            .get(&key)
-            .copied()
-            .unwrap_or_else(|| self.derived(key))
     }
 
     /// What `stat` shows for the root: SRC's root inode number as another inode of its
@@ -158,248 +168,172 @@ impl Table {
         }
     }
 
-    fn counted(&mut self) -> u64 {
-        while self.inodes.contains_key(&self.next) {
-            self.next += 1;
-        }
-        let id = self.next;
-        self.next += 1;
-        id
-    }
-}
-
-/// A real inode's identity: (dev, ino).
-pub type Key = (u64, u64);
-
-/// Where the kernel last saw a nodeid: its dentry, parent nodeid, name and key.
-pub type Location = (NodeRef, u64, Vec<u8>, Key);
-
-/// The nodeid table. One mutex: it is only touched by requests that reached the daemon
-/// (misses), which cost 10+ us each anyway.
-pub struct Inodes {
-    t: Mutex<Table>,
-    /// Real inodes ((dev, ino), bit 0 access / bit 1 default) whose `system.posix_acl_*`
-    /// answered ENODATA. The kernel caches ACLs per inode but drops them when it forgets the
-    /// inode (memory pressure, drop_caches) or refreshes it by READDIRPLUS, and `ls -l` then
-    /// asks again for every file: answered from here without a syscall. Cleared whole on any
-    /// mutation through the mount and on every change the feed reports (an ACL appears only
-    /// through one of those), so it is never stale longer than the coherence window.
-    no_acl: Mutex<(u64, HashMap<Key, u8>)>,
-}
-
-/// What the table knows about a nodeid.
-pub struct InodeInfo {
-    pub node: NodeRef,
-    pub stale: bool,
-    pub writers: u32,
-    pub opens: u32,
-}
-
-impl Inodes {
-    pub fn new(root: NodeRef, root_attr: Option<&Attr>) -> Inodes {
-        let key = root_attr
-            .map(|a| (a.dev, a.ino))
-            .unwrap_or((u64::MAX, u64::MAX));
-        root.pin();
-        let mut t = Table {
-            next: COUNTED,
-            root_key: key,
-            ..Default::default()
-        };
-        t.by_dentry.insert(root.id(), ROOT);
-        t.by_key.insert(key, ROOT);
-        t.inodes.insert(
-            ROOT,
-            Inode {
-                aliases: vec![root],
-                key,
-                generation: 0,
-                parent: 0,
-                name: Vec::new(),
-                lookups: 1,
-                stale: false,
-                writers: 0,
-                opens: 0,
-                dir_attr: None,
-                backing: None,
-            },
-        );
-        Inodes {
-            t: Mutex::new(t),
-            no_acl: Mutex::new((0, HashMap::new())),
-        }
+    /// The held inode of `nodeid`.
+    pub fn held(&self, nodeid: u64) -> Option<Held> {
+        self.with_held(nodeid, Held::clone)
     }
 
-    /// The dentry for `nodeid` (a live alias when there is one).
+    /// The dentry for `nodeid` (a live name when there is one; the core revives dead ones:
+    /// [`Cache::held_node`]).
     pub fn get(&self, nodeid: u64) -> Option<NodeRef> {
-        let mut t = self.t.lock();
-        t.inodes.get_mut(&nodeid).map(|i| i.live_alias())
+        self.with_held(nodeid, Held::node)
     }
 
-    /// The dentry for `nodeid` with where the kernel last saw it and its (dev, ino) key.
-    pub fn locate(&self, nodeid: u64) -> Option<Location> {
-        let mut t = self.t.lock();
-        t.inodes
-            .get_mut(&nodeid)
-            .map(|i| (i.live_alias(), i.parent, i.name.clone(), i.key))
+    /// The (dev, ino) `nodeid` stands for.
+    pub fn key(&self, nodeid: u64) -> Option<Key> {
+        self.with_held(nodeid, Held::key)
     }
 
-    pub fn info(&self, nodeid: u64) -> Option<InodeInfo> {
-        let mut t = self.t.lock();
-        t.inodes.get_mut(&nodeid).map(|i| InodeInfo {
-            node: i.live_alias(),
-            stale: i.stale,
-            writers: i.writers,
-            opens: i.opens,
-        })
+    /// The held inode a dentry is known to the kernel by.
+    pub fn held_of(&self, node: &NodeRef) -> Option<Held> {
+        let id = self.nodeid_of(node)?;
+        self.held(id)
     }
 
-    /// Record one more kernel reference to `node` (with attributes `attr`); returns its nodeid.
+    /// Record one more kernel reference to `node` (with attributes `attr`), seen in directory
+    /// `parent`; returns its nodeid.
     ///
-    /// `names_key(alias, key)` tells whether another dentry of the same key still names that
-    /// inode in the backend. It is asked only when `node` is a new name for a key the kernel
-    /// knows: the core learns of removals in SRC from the change feed, after the fact, so a
-    /// dentry that is not dead yet may stand for a name that is gone, whose inode number the
-    /// backend already gave to `node`'s new file. Taken for a hard link, the new file would
-    /// get the old inode's nodeid and generation (the kernel would reuse its old inode and
-    /// page cache) and opens would go to the gone name (ENOENT for an existing file).
-    pub fn register(
-        &self,
-        node: &NodeRef,
-        attr: &Attr,
-        parent: u64,
-        names_key: impl Fn(&NodeRef, Key) -> bool,
-    ) -> u64 {
+    /// When `node` is a new name for a key the kernel knows, the core is asked whether the
+    /// other names still name that inode in the backend ([`Cache::names_inode`]): the core
+    /// learns of removals in SRC from the change feed, after the fact, so a dentry that is
+    /// not dead yet may stand for a name that is gone, whose inode number the backend already
+    /// gave to `node`'s new file. Taken for a hard link, the new file would get the old
+    /// inode's nodeid and generation (the kernel would reuse its old inode and page cache)
+    /// and opens would go to the gone name (ENOENT for an existing file).
+    pub fn register(&self, cache: &Cache, node: &NodeRef, attr: &Attr, parent: u64) -> u64 {
+        let key = (attr.dev, attr.ino);
+        // The hit: the kernel looks up a name it knows by this dentry (no global lock).
+        let known = self.by_dentry.pin().get(&node.id()).copied();
+        if let Some(id) = known {
+            let hit = self.with_entry(id, |i| {
+                if i.held.key() != key && id != ROOT {
+                    return false;
+                }
+                let mut m = i.m.lock();
+                if m.removed {
+                    return false;
+                }
+                m.lookups += 1;
+                drop(m);
+                if id != ROOT {
+                    let name = node.name();
+                    let moved = self
+                        .with_held(parent, |p| i.held.set_location(Some(p), &name))
+                        .is_none();
+                    if moved {
+                        i.held.set_location(None, &name);
+                    }
+                }
+                true
+            });
+            if hit == Some(true) {
+                return id;
+            }
+        }
+        self.register_slow(cache, node, attr, parent)
+    }
+
+    fn register_slow(&self, cache: &Cache, node: &NodeRef, attr: &Attr, parent: u64) -> u64 {
         let key = (attr.dev, attr.ino);
         let name = node.name();
-        let mut t = self.t.lock();
-        let t = &mut *t;
-        if let Some(&id) = t.by_dentry.get(&node.id()) {
-            if let Some(i) = t.inodes.get_mut(&id) {
-                if i.key == key || id == ROOT {
-                    i.lookups += 1;
+        let parent_held = self.held(parent);
+        let mut next = self.structure.lock();
+        let inodes = self.inodes.pin();
+        let by_dentry = self.by_dentry.pin();
+        let by_key = self.by_key.pin();
+        // Entries in the maps are not removed while `structure` is held.
+        let at = |id: u64| inodes.get(&id).cloned().filter(|i| !i.m.lock().removed);
+        if let Some(&id) = by_dentry.get(&node.id()) {
+            if let Some(i) = at(id) {
+                if i.held.key() == key || id == ROOT {
+                    i.m.lock().lookups += 1;
                     if id != ROOT {
-                        i.parent = parent;
-                        i.name = name;
+                        i.held.set_location(parent_held.as_ref(), &name);
                     }
                     return id;
                 }
             }
         }
-        if let Some(&id) = t.by_key.get(&key) {
-            if let Some(i) = t.inodes.get_mut(&id) {
+        if let Some(&id) = by_key.get(&key) {
+            if let Some(i) = at(id) {
                 // Which names still stand for the inode: not dead in the core, and (unless
                 // it is `node` itself) still naming the inode in the backend.
-                let live: Vec<bool> = i
-                    .aliases
-                    .iter()
-                    .map(|n| {
-                        Arc::ptr_eq(n, node) || (!n.is_dead() && (id == ROOT || names_key(n, key)))
+                let kept = if id == ROOT {
+                    Some(
+                        i.held
+                            .retain_names(|n| Arc::ptr_eq(n, node) || !n.is_dead())
+                            .unwrap_or_default(),
+                    )
+                } else {
+                    i.held.retain_names(|n| {
+                        Arc::ptr_eq(n, node) || (!n.is_dead() && cache.names_inode(n, key))
                     })
-                    .collect();
-                let alive = id == ROOT || live.iter().any(|l| *l);
-                if alive {
-                    let mut live = live.into_iter();
-                    let by_dentry = &mut t.by_dentry;
-                    i.aliases.retain(|n| {
-                        let keep = live.next().unwrap_or(false);
-                        if !keep {
-                            n.unpin();
-                            if by_dentry.get(&n.id()) == Some(&id) {
-                                by_dentry.remove(&n.id());
-                            }
+                };
+                if let Some(dropped) = kept {
+                    for n in dropped {
+                        if by_dentry.get(&n.id()) == Some(&id) {
+                            by_dentry.remove(&n.id());
                         }
-                        keep
-                    });
-                    hold(&mut i.aliases, node, false);
-                    i.lookups += 1;
-                    if id != ROOT {
-                        i.parent = parent;
-                        i.name = name;
                     }
-                    t.by_dentry.insert(node.id(), id);
+                    i.held.add_name(node, false);
+                    i.m.lock().lookups += 1;
+                    if id != ROOT {
+                        i.held.set_location(parent_held.as_ref(), &name);
+                    }
+                    by_dentry.insert(node.id(), id);
                     return id;
                 }
                 // A new file with the inode number of one the kernel still holds. Open
                 // handles pin the old inode (its number cannot be reused while they exist),
                 // so there are none; were there, the new file takes a counted number.
-                if i.writers == 0 && i.opens == 0 && i.backing.is_none() {
-                    i.generation += 1;
-                    i.dir_attr = attr.is_dir().then(|| Box::new(*attr));
-                    node.pin();
-                    for a in std::mem::replace(&mut i.aliases, vec![node.clone()]) {
-                        // Every name in the list holds one pin (see `hold`).
-                        a.unpin();
-                        if t.by_dentry.get(&a.id()) == Some(&id) {
-                            t.by_dentry.remove(&a.id());
+                let mut m = i.m.lock();
+                if i.held.writers() == 0 && i.held.opens() == 0 && m.backing.is_none() {
+                    i.generation.fetch_add(1, Ordering::AcqRel);
+                    for n in i.held.replace_names(node, attr) {
+                        if by_dentry.get(&n.id()) == Some(&id) {
+                            by_dentry.remove(&n.id());
                         }
                     }
-                    i.lookups += 1;
-                    i.parent = parent;
-                    i.name = name;
-                    i.stale = false;
-                    t.by_dentry.insert(node.id(), id);
+                    m.lookups += 1;
+                    drop(m);
+                    i.held.set_location(parent_held.as_ref(), &name);
+                    by_dentry.insert(node.id(), id);
                     return id;
                 }
             }
         }
-        let derived = t.derived(key);
-        let id = if derived != ROOT && !t.inodes.contains_key(&derived) {
+        let derived = self.derived(key);
+        let id = if derived != ROOT && !inodes.contains_key(&derived) {
             derived
         } else {
-            t.counted()
+            while inodes.contains_key(&*next) {
+                *next += 1;
+            }
+            let id = *next;
+            *next += 1;
+            id
         };
-        node.pin();
-        t.by_key.insert(key, id);
-        t.by_dentry.insert(node.id(), id);
-        t.inodes.insert(
+        let held = cache.hold(node, attr, parent_held.as_ref());
+        inodes.insert(
             id,
-            Inode {
-                aliases: vec![node.clone()],
-                key,
-                generation: 0,
-                parent,
-                name,
-                lookups: 1,
-                stale: false,
-                writers: 0,
-                opens: 0,
-                dir_attr: attr.is_dir().then(|| Box::new(*attr)),
-                backing: None,
-            },
+            Arc::new(Inode {
+                held,
+                generation: AtomicU64::new(0),
+                m: Mutex::new(InodeMut {
+                    lookups: 1,
+                    removed: false,
+                    backing: None,
+                }),
+            }),
         );
+        by_key.insert(key, id);
+        by_dentry.insert(node.id(), id);
         id
-    }
-
-    /// Every name known to stand for `nodeid`, the preferred first.
-    pub fn aliases(&self, nodeid: u64) -> Vec<NodeRef> {
-        let mut t = self.t.lock();
-        match t.inodes.get_mut(&nodeid) {
-            Some(i) => {
-                i.live_alias();
-                i.aliases.clone()
-            }
-            None => Vec::new(),
-        }
-    }
-
-    /// Prefer `node` (a name of `nodeid` that was just found to work) to the other names.
-    pub fn prefer(&self, nodeid: u64, node: &NodeRef) {
-        let mut t = self.t.lock();
-        if let Some(i) = t.inodes.get_mut(&nodeid) {
-            if let Some(pos) = i.aliases.iter().position(|n| Arc::ptr_eq(n, node)) {
-                i.aliases.swap(0, pos);
-            }
-        }
     }
 
     /// The FUSE generation of `nodeid` (0 when unknown).
     pub fn generation(&self, nodeid: u64) -> u64 {
-        self.t
-            .lock()
-            .inodes
-            .get(&nodeid)
-            .map(|i| i.generation)
+        self.with_entry(nodeid, |i| i.generation.load(Ordering::Acquire))
             .unwrap_or(0)
     }
 
@@ -407,8 +341,7 @@ impl Inodes {
     /// root (nodeid 1), which shows SRC's root inode number.
     pub fn st_ino(&self, nodeid: u64) -> u64 {
         if nodeid == ROOT {
-            let t = self.t.lock();
-            t.derived_root()
+            self.derived_root()
         } else {
             nodeid
         }
@@ -417,147 +350,85 @@ impl Inodes {
     /// The inode number `stat` shows (or would show) for the backend inode `(dev, ino)`:
     /// readdir's d_ino, without taking a reference.
     pub fn ino_of(&self, dev: u64, ino: u64) -> u64 {
-        let t = self.t.lock();
-        match t.ino_of((dev, ino)) {
-            ROOT => t.derived_root(),
+        let key = (dev, ino);
+        let id = self
+            .by_key
+            .pin()
+            .get(&key)
+            .copied()
+            .unwrap_or_else(|| self.derived(key));
+        match id {
+            ROOT => self.derived_root(),
             id => id,
         }
     }
 
-    /// Add `node` as a name of `nodeid` (after a rename moved the dentry the kernel knows).
+    /// Add `node` as a name of `nodeid` (after a rename moved the dentry the kernel knows),
+    /// seen in directory `parent`.
     pub fn add_alias(&self, nodeid: u64, node: &NodeRef, parent: u64) {
-        let mut t = self.t.lock();
-        let t = &mut *t;
-        if let Some(i) = t.inodes.get_mut(&nodeid) {
-            i.parent = parent;
-            i.name = node.name();
-            hold(&mut i.aliases, node, true);
-            t.by_dentry.insert(node.id(), nodeid);
+        let parent_held = self.held(parent);
+        let _s = self.structure.lock();
+        if let Some(i) = self.entry(nodeid) {
+            if i.m.lock().removed {
+                return;
+            }
+            i.held.add_name(node, true);
+            i.held.set_location(parent_held.as_ref(), &node.name());
+            self.by_dentry.pin().insert(node.id(), nodeid);
         }
     }
 
     /// The nodeid the kernel knows inode `(dev, ino)` by, if it knows it (no reference taken).
     pub fn peek_key(&self, dev: u64, ino: u64) -> Option<u64> {
-        self.t.lock().by_key.get(&(dev, ino)).copied()
+        self.by_key.pin().get(&(dev, ino)).copied()
     }
 
     /// The nodeid a dentry is known to the kernel by.
     pub fn nodeid_of(&self, node: &NodeRef) -> Option<u64> {
-        self.t.lock().by_dentry.get(&node.id()).copied()
+        self.by_dentry.pin().get(&node.id()).copied()
     }
 
-    /// Whether `key` is known to have no POSIX ACL of kind `bit` (1 access, 2 default).
-    pub fn acl_absent(&self, key: (u64, u64), bit: u8) -> bool {
-        self.no_acl.lock().1.get(&key).is_some_and(|b| b & bit != 0)
-    }
-
-    /// The ACL memo's generation: read it before asking the file system, pass it to
-    /// [`Inodes::note_acl_absent`].
-    pub fn acl_gen(&self) -> u64 {
-        self.no_acl.lock().0
-    }
-
-    /// Remember that `key` has no POSIX ACL of kind `bit`, unless something changed since
-    /// generation `gen` was read (the answer may already be outdated).
-    pub fn note_acl_absent(&self, key: (u64, u64), bit: u8, gen: u64) {
-        let mut m = self.no_acl.lock();
-        if m.0 != gen {
-            return;
-        }
-        if m.1.len() >= 1 << 20 {
-            m.1.clear();
-        }
-        *m.1.entry(key).or_insert(0) |= bit;
-    }
-
-    /// Forget every remembered ACL absence (after any change).
-    pub fn clear_acl_absent(&self) {
-        let mut m = self.no_acl.lock();
-        m.0 += 1;
-        m.1.clear();
-    }
-
-    /// Drop `n` kernel references.
-    pub fn forget(&self, nodeid: u64, n: u64) {
+    /// Drop `n` kernel references; the last one gives the inode back to the core.
+    pub fn forget(&self, cache: &Cache, nodeid: u64, n: u64) {
         if nodeid == ROOT {
             return;
         }
-        let mut t = self.t.lock();
-        let t = &mut *t;
-        let gone = match t.inodes.get_mut(&nodeid) {
-            Some(i) => {
-                i.lookups = i.lookups.saturating_sub(n);
-                // The kernel holds an inode reference for every open file, so it never forgets
-                // an inode with open handles.
-                i.lookups == 0
-            }
-            None => false,
+        let Some(i) = self.entry(nodeid) else {
+            return;
         };
-        if gone {
-            if let Some(i) = t.inodes.remove(&nodeid) {
-                if t.by_key.get(&i.key) == Some(&nodeid) {
-                    t.by_key.remove(&i.key);
-                }
-                for a in &i.aliases {
-                    a.unpin();
-                    if t.by_dentry.get(&a.id()) == Some(&nodeid) {
-                        t.by_dentry.remove(&a.id());
-                    }
-                }
+        {
+            let mut m = i.m.lock();
+            m.lookups = m.lookups.saturating_sub(n);
+            // The kernel holds an inode reference for every open file, so it never forgets
+            // an inode with open handles.
+            if m.lookups > 0 {
+                return;
             }
         }
-    }
-
-    /// Mark `nodeid`'s attributes as possibly changed through another name.
-    pub fn set_stale(&self, nodeid: u64, stale: bool) {
-        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
-            i.stale = stale;
+        let _s = self.structure.lock();
+        {
+            let mut m = i.m.lock();
+            if m.lookups > 0 || m.removed {
+                return;
+            }
+            m.removed = true;
         }
-    }
-
-    /// Mark stale every inode that `node` (a dentry) stands for, returning its aliases.
-    pub fn mark_stale_dentry(&self, node: &NodeRef) -> Vec<NodeRef> {
-        let mut t = self.t.lock();
-        let t = &mut *t;
-        match t.by_dentry.get(&node.id()).copied() {
-            Some(id) => match t.inodes.get_mut(&id) {
-                Some(i) => {
-                    i.stale = true;
-                    i.aliases.clone()
-                }
-                None => vec![],
-            },
-            None => vec![],
+        let inodes = self.inodes.pin();
+        if inodes.get(&nodeid).is_some_and(|e| Arc::ptr_eq(e, &i)) {
+            inodes.remove(&nodeid);
         }
-    }
-
-    /// Count an open handle of `nodeid` (`delta` +1 at open, -1 at release).
-    pub fn add_open(&self, nodeid: u64, delta: i32) {
-        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
-            i.opens = i.opens.saturating_add_signed(delta);
+        let key = i.held.key();
+        let by_key = self.by_key.pin();
+        if by_key.get(&key) == Some(&nodeid) {
+            by_key.remove(&key);
         }
-    }
-
-    /// Remember a directory's attributes (see `Inode::dir_attr`).
-    pub fn note_dir_attr(&self, nodeid: u64, a: &Attr) {
-        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
-            i.dir_attr = Some(Box::new(*a));
+        let by_dentry = self.by_dentry.pin();
+        for a in i.held.names() {
+            if by_dentry.get(&a.id()) == Some(&nodeid) {
+                by_dentry.remove(&a.id());
+            }
         }
-    }
-
-    /// A directory's last known attributes.
-    pub fn dir_attr(&self, nodeid: u64) -> Option<Attr> {
-        self.t
-            .lock()
-            .inodes
-            .get(&nodeid)
-            .and_then(|i| i.dir_attr.as_deref().copied())
-    }
-
-    pub fn add_writer(&self, nodeid: u64, delta: i32) {
-        if let Some(i) = self.t.lock().inodes.get_mut(&nodeid) {
-            i.writers = i.writers.saturating_add_signed(delta);
-        }
+        cache.release(&i.held);
     }
 
     /// The passthrough backing id of `nodeid`, created with `make` on first use.
@@ -566,27 +437,26 @@ impl Inodes {
         nodeid: u64,
         make: impl FnOnce() -> std::io::Result<BackingId>,
     ) -> std::io::Result<Arc<BackingId>> {
-        let mut t = self.t.lock();
-        let i = t
-            .inodes
-            .get_mut(&nodeid)
+        let i = self
+            .entry(nodeid)
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ESTALE))?;
-        if let Some((b, users)) = &mut i.backing {
+        let mut m = i.m.lock();
+        if let Some((b, users)) = &mut m.backing {
             *users += 1;
             return Ok(b.clone());
         }
         let b = Arc::new(make()?);
-        i.backing = Some((b.clone(), 1));
+        m.backing = Some((b.clone(), 1));
         Ok(b)
     }
 
     pub fn release_backing(&self, nodeid: u64) {
-        let mut t = self.t.lock();
-        if let Some(i) = t.inodes.get_mut(&nodeid) {
-            if let Some((_, users)) = &mut i.backing {
+        if let Some(i) = self.entry(nodeid) {
+            let mut m = i.m.lock();
+            if let Some((_, users)) = &mut m.backing {
                 *users = users.saturating_sub(1);
                 if *users == 0 {
-                    i.backing = None;
+                    m.backing = None;
                 }
             }
         }
@@ -594,18 +464,95 @@ impl Inodes {
 
     /// Every (nodeid, dentry) pair, for "everything may have changed".
     pub fn all(&self) -> Vec<(u64, NodeRef)> {
-        let t = self.t.lock();
-        t.inodes
+        let inodes = self.inodes.pin();
+        inodes
             .iter()
-            .flat_map(|(id, i)| i.aliases.iter().map(move |a| (*id, a.clone())))
+            .flat_map(|(id, i)| i.held.names().into_iter().map(move |a| (*id, a)))
             .collect()
     }
 
     pub fn len(&self) -> usize {
-        self.t.lock().inodes.len()
+        self.inodes.pin().len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dircache_core::memory::MemoryBackend;
+    use dircache_core::{Config, Cred};
+
+    fn setup() -> (Arc<Cache>, Inodes, NodeRef, Attr) {
+        let b = Arc::new(MemoryBackend::new());
+        b.populate(&["d/f"]);
+        let cache = Cache::new(b, Config::default()).unwrap();
+        let inodes = Inodes::new(&cache);
+        let c = cache.kernel_checked(Cred::root());
+        let d = cache.lookup_child(&c, &cache.root(), b"d").unwrap();
+        let f = cache.lookup_child(&c, &d, b"f").unwrap();
+        let a = cache.getattr(&f).unwrap();
+        (cache, inodes, f, a)
+    }
+
+    /// LOOKUPs and FORGETs of one inode racing on several threads: every reference is
+    /// counted once, the entry goes with the last FORGET (never earlier: the kernel's
+    /// nodeid keeps working), and its nodeid is the same throughout.
+    #[test]
+    fn concurrent_lookups_and_forgets_keep_the_count() {
+        let (cache, inodes, f, a) = setup();
+        let held = inodes.register(&cache, &f, &a, ROOT);
+        let start = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    start.wait();
+                    for _ in 0..20000 {
+                        let id = inodes.register(&cache, &f, &a, ROOT);
+                        assert_eq!(id, held, "one nodeid per inode");
+                        assert!(inodes.held(id).is_some(), "a referenced nodeid vanished");
+                        inodes.forget(&cache, id, 1);
+                    }
+                });
+            }
+        });
+        assert_eq!(inodes.nodeid_of(&f), Some(held));
+        assert_eq!(inodes.len(), 2);
+        inodes.forget(&cache, held, 1);
+        assert_eq!(inodes.nodeid_of(&f), None);
+        assert_eq!(inodes.peek_key(a.dev, a.ino), None);
+        assert_eq!(inodes.len(), 1);
+    }
+
+    /// An entry whose last reference goes while LOOKUPs register it again: an entry stays
+    /// while any reference remains, and afterwards the maps agree with the counts.
+    #[test]
+    fn last_forget_racing_a_lookup_leaves_consistent_maps() {
+        let (cache, inodes, f, a) = setup();
+        let start = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    start.wait();
+                    for _ in 0..20000 {
+                        let id = inodes.register(&cache, &f, &a, ROOT);
+                        let h = inodes.held(id).expect("a referenced nodeid vanished");
+                        std::thread::yield_now();
+                        let now = inodes.held(id).expect("a referenced nodeid vanished");
+                        assert!(
+                            Held::same(&h, &now),
+                            "a referenced entry was dropped and made anew"
+                        );
+                        inodes.forget(&cache, id, 1);
+                    }
+                });
+            }
+        });
+        assert_eq!(inodes.nodeid_of(&f), None);
+        assert_eq!(inodes.peek_key(a.dev, a.ino), None);
+        assert_eq!(inodes.len(), 1);
     }
 }

@@ -104,8 +104,8 @@ impl NotifierState {
     /// What to tell the kernel for `change`.
     pub fn plan_change(&self, change: &Change) -> Batch {
         let mut b = Batch::default();
-        // An ACL may have appeared (setfacl, or a new file inheriting a default ACL).
-        self.inodes.clear_acl_absent();
+        // An ACL may have appeared (setfacl, or a new file inheriting a default ACL): the
+        // core's `apply_change` forgets its xattr-absence memo.
         // Resolve the parent before the core drops it (a removed directory's own entry).
         let (path, attr_only) = match change {
             Change::Attr { path } => (Some(path.clone()), true),
@@ -171,10 +171,8 @@ impl NotifierState {
         let Some(id) = self.inodes.peek_key(dev, ino) else {
             return;
         };
-        if let Some(node) = self.inodes.get(id) {
-            for a in self.inodes.mark_stale_dentry(&node) {
-                self.cache.forget_attr(&a);
-            }
+        if let Some(h) = self.inodes.held(id) {
+            self.cache.held_changed(&h);
         }
         b.inode(id);
     }

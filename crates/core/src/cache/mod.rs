@@ -35,7 +35,10 @@
 //!                           (set_attr under hardlinks, detached, inner)
 //!   Cache::namespaces     Mutex: bump_subtree (following mounts), sweep_dlht, stats
 //!     Namespace::mounts   RwLock: mount tables (mounts.rs)
-//! Cache::creds            Mutex: credential interning (pcc.rs); nothing inside
+//! Cache::creds_new        Mutex: creating an interned credential (pcc.rs); nothing inside
+//!                           (`Cache::creds` itself is a papaya map, read lock-free)
+//! Held::names             Mutex per held inode (held.rs): a leaf, taken after none of the
+//!                           above but `Dentry::inner` is never taken while holding it
 //! ```
 //!
 //! Not locks, never waited on by readers: `Dentry::link` (arc-swap), the DLHT (papaya,
@@ -54,6 +57,7 @@ mod dentry;
 mod dlht;
 mod evict;
 mod hardlinks;
+mod held;
 mod invalidate;
 mod listing;
 mod mounts;
@@ -76,6 +80,7 @@ use siphasher::sip128::SipHasher13;
 
 pub use dentry::Dentry;
 use hardlinks::HardLinks;
+pub use held::Held;
 pub(crate) use mounts::Mount;
 pub use mounts::{MountOptions, MountSource, Namespace};
 pub(crate) use pcc::CredState;
@@ -236,7 +241,13 @@ pub struct Cache {
     /// cache is changing backend paths (from before the backend renames until the links are
     /// updated). Changed only under `tree_lock.write()`. See `Cache::by_path`.
     pub(crate) rename_seq: AtomicU64,
-    pub(crate) creds: Mutex<hashbrown::HashMap<(Cred, bool), Weak<CredState>>>,
+    /// Interned credentials: read lock-free on every request; `creds_new` serializes only
+    /// the creation of a new entry. Kept (strongly, up to `CREDS_KEPT` unused ones) so that
+    /// a front end interning per request neither rebuilds the state nor writes the map.
+    pub(crate) creds: papaya::HashMap<(Cred, bool), Arc<CredState>>,
+    pub(crate) creds_new: Mutex<()>,
+    /// Which held inodes have no value for an xattr (see `held.rs`).
+    pub(crate) xattr_memo: held::XattrMemo,
     pub(crate) stats: Stats,
     pub(crate) entries: AtomicU64,
     pub(crate) lru: Mutex<VecDeque<Weak<Dentry>>>,
@@ -296,7 +307,9 @@ impl Cache {
             inval_end: AtomicU64::new(0),
             tree_lock: RwLock::new(()),
             rename_seq: AtomicU64::new(0),
-            creds: Mutex::new(Default::default()),
+            creds: papaya::HashMap::new(),
+            creds_new: Mutex::new(()),
+            xattr_memo: Default::default(),
             stats: Stats::default(),
             entries: AtomicU64::new(1),
             lru: Mutex::new(VecDeque::new()),
@@ -592,6 +605,7 @@ impl Cache {
     pub fn forget_attr(&self, node: &NodeRef) {
         node.set_attr(None);
         self.forget_link_attrs(node);
+        self.xattr_memo.clear();
     }
 
     // ------------------------------------------------------------------------------------
@@ -600,6 +614,7 @@ impl Cache {
     /// Apply a change reported by a backend's change feed (or by anyone who knows the tree
     /// changed). Returns what was dropped, for front ends with caches of their own.
     pub fn apply_change(&self, change: &Change) -> Vec<Invalidation> {
+        self.xattr_memo.clear();
         self.root_sb.backend.changed(change);
         self.external_change(change)
     }
@@ -657,13 +672,7 @@ impl Cache {
             fast += ns.dlht.len() as u64;
         }
         s.fast_entries = fast;
-        let pcc: usize = self
-            .creds
-            .lock()
-            .values()
-            .filter_map(Weak::upgrade)
-            .map(|c| c.pcc.bytes())
-            .sum();
+        let pcc: usize = self.creds.pin().values().map(|c| c.pcc.bytes()).sum();
         // Dentry + link + attr + a children-map slot, and a DLHT entry each.
         let per_dentry = std::mem::size_of::<Dentry>() as u64 + 16 + 48 + 128 + 32;
         let per_fast = std::mem::size_of::<dlht::FastEntry>() as u64 + 32;

@@ -11,7 +11,7 @@
 //! the live one from the `creds` table, keyed by (credential, whether the cache checks).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use super::dlht::Sig;
 use super::Cache;
@@ -99,16 +99,25 @@ impl Pcc {
     }
 }
 
+/// How many interned credentials are kept while nobody uses them.
+const CREDS_KEPT: usize = 1024;
+
 impl Cache {
     /// The interned state of `cred` (one per credential and `check`), created on first use.
+    /// Hits read the papaya map lock-free; only creating an entry takes `creds_new`.
     pub(crate) fn intern(&self, cred: Cred, check: bool) -> Creds {
-        let mut m = self.creds.lock();
         let key = (cred, check);
-        if let Some(s) = m.get(&key).and_then(Weak::upgrade) {
-            return Creds(s);
+        let m = self.creds.pin();
+        if let Some(s) = m.get(&key) {
+            return Creds(s.clone());
         }
-        if m.len() > 1024 {
-            m.retain(|_, w| w.strong_count() > 0);
+        let _new = self.creds_new.lock();
+        if let Some(s) = m.get(&key) {
+            return Creds(s.clone());
+        }
+        if m.len() >= CREDS_KEPT {
+            // Keep those in use elsewhere; the others start over when next seen.
+            m.retain(|_, s| Arc::strong_count(s) > 1);
         }
         let pcc = Pcc::new(if check { self.config.pcc_slots } else { 2 });
         let s = Arc::new(CredState {
@@ -116,7 +125,7 @@ impl Cache {
             check,
             pcc,
         });
-        m.insert(key, Arc::downgrade(&s));
+        m.insert(key, s.clone());
         Creds(s)
     }
 }

@@ -114,14 +114,15 @@ impl DircacheFs {
 
     pub(super) fn add_open(&self, of: OpenFile) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if let Some(h) = self.inodes.held(of.nodeid) {
+            self.cache.note_open(&h, of.writable);
+        }
         if of.writable {
-            self.inodes.add_writer(of.nodeid, 1);
             // Writes through a shared mapping of a passthrough file never reach the FUSE
             // inode: drop the kernel's attributes now, and give them no lifetime while the
             // file is open for writing (`attr_ttl_of`), so `stat` asks the backend.
             self.queue_inval_inode(of.nodeid);
         }
-        self.inodes.add_open(of.nodeid, 1);
         self.files.insert(fh, Arc::new(of));
         fh
     }
@@ -150,7 +151,7 @@ impl DircacheFs {
         nodeid: u64,
         file: &dyn BackendFile,
     ) -> Result<(), Errno> {
-        let Some((_, _, _, key)) = self.inodes.locate(nodeid) else {
+        let Some(key) = self.inodes.key(nodeid) else {
             return Ok(());
         };
         if key == (u64::MAX, u64::MAX) {
@@ -433,10 +434,11 @@ impl DircacheFs {
         if let Some(of) = of {
             // Reads moved the atime, writes (also through a mapping) mtime and ctime: the
             // next GETATTR or LOOKUP asks the backend.
-            self.inodes.add_open(of.nodeid, -1);
+            if let Some(h) = self.inodes.held(of.nodeid) {
+                self.cache.note_close(&h, of.writable);
+            }
             self.cache.forget_attr(&of.node);
             if of.writable {
-                self.inodes.add_writer(of.nodeid, -1);
                 self.queue_inval_inode(of.nodeid);
             }
             if of.backing {
@@ -497,15 +499,13 @@ impl DircacheFs {
         self.apply_noatime(&*fd);
         let a = match fd
             .attr()
-            .or_else(|_| self.attr_of(&node, false))
+            .or_else(|_| self.cache.attr_of_name(&node))
             .map_err(errno)
         {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        let id = self
-            .inodes
-            .register(&node, &a, parent.0, |n, k| self.names_key(n, k));
+        let id = self.inodes.register(&self.cache, &node, &a, parent.0);
         let fattr = fuse_attr(id, &a);
         let writable = is_writable(flags);
         let cred = c.cred().clone();

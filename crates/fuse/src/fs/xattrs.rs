@@ -34,7 +34,7 @@ impl DircacheFs {
     /// ESTALE (the kernel then looks the name up again), never another user's file.
     pub(super) fn xattr_target(&self, ino: INodeNo) -> Result<XattrCall, Errno> {
         let node = self.node(ino)?;
-        let expect = self.inodes.locate(ino.0).map(|l| l.3);
+        let expect = self.inodes.key(ino.0);
         if node.is_dead() {
             // A file unlinked while open: its open descriptor names it, as natively.
             let open = self.any_open(ino.0).map(|f| f.fd.clone());
@@ -71,7 +71,6 @@ impl DircacheFs {
         if e == CoreError::Stale && Arc::ptr_eq(&x.backend, self.cache.backend()) {
             let parent = self.parent_nodeid(&x.node);
             let invals = self.cache.invalidate(&x.path);
-            self.inodes.clear_acl_absent();
             let mut msgs = vec![
                 NotifyMsg::InvalEntry(parent, x.node.name()),
                 NotifyMsg::InvalInode(parent),
@@ -156,17 +155,17 @@ impl DircacheFs {
             _ => 0,
         };
         let acl_key = if acl_bit != 0 {
-            self.inodes.locate(ino.0).map(|l| l.3)
+            self.inodes.key(ino.0)
         } else {
             None
         };
         if let Some(k) = acl_key {
-            if self.inodes.acl_absent(k, acl_bit) {
+            if self.cache.xattr_known_absent(k, acl_bit) {
                 self.counters.acl_memo_hits.fetch_add(1, Ordering::Relaxed);
                 return reply.error(Errno::from_i32(libc::ENODATA));
             }
         }
-        let acl_gen = self.inodes.acl_gen();
+        let acl_gen = self.cache.xattr_memo_gen();
         let x = match self.xattr_target(ino) {
             Ok(t) => t,
             Err(e) => return reply.error(e),
@@ -182,7 +181,7 @@ impl DircacheFs {
             Err(e) => {
                 if e.errno() == libc::ENODATA {
                     if let Some(k) = acl_key {
-                        self.inodes.note_acl_absent(k, acl_bit, acl_gen);
+                        self.cache.note_xattr_absent(k, acl_bit, acl_gen);
                     }
                 }
                 return reply.error(self.xattr_error(ino, &x, e));

@@ -1,0 +1,574 @@
+//! Held nodes: what a front end (the FUSE kernel, a server's client) holds a reference to.
+//!
+//! gVisor's VFS (`pkg/sentry/vfs/README.md`, "Reference Counting") states the contract this
+//! module implements: a dentry somebody holds a reference to must remain coherent. A front end
+//! calls [`Cache::hold`] when it hands a node out (a FUSE LOOKUP reply) and drops the [`Held`]
+//! when the last reference goes (FORGET). While held:
+//!
+//! - **Pinned.** Every name of a held inode holds one pin ([`Dentry::pin`]): eviction never
+//!   takes it out of the tree, so the change feed keeps it up to date (evicting a held name
+//!   left the kernel with a node nothing updated: outside changes were lost).
+//! - **Revived.** When the core dropped the name (an outside change killed it: a rename, a
+//!   replace), [`Cache::held_node`] finds the inode again by the name the holder last saw,
+//!   from its held parent, and keeps the new dentry if it is still the same `(dev, ino)`;
+//!   [`Cache::on_held`] retries an operation on another name of a hard-linked file whose
+//!   preferred name is gone in the backend. This is the only revival for held nodes; the
+//!   tree's own revival of moved directories (`revive`, `revive_below`) works below it.
+//! - **Fresh attributes** ([`Cache::attr_for_reply`]): from the backend when they may have
+//!   changed behind the core's copy: after a change through another name of the inode
+//!   ([`Cache::held_changed`]), while the file is open (reads move the atime, writes and
+//!   shared mappings mtime and ctime: [`Cache::note_open`]), and for hard-linked files
+//!   (another name may have changed nlink/ctime unseen).
+//! - **Writers.** [`Held::has_writers`]: the holder must not let its own copy of the
+//!   attributes live while a writer has the file open.
+//!
+//! The xattr-absence memo ([`Cache::xattr_known_absent`]) lives here too: which inodes are
+//! known to have no value for an attribute the kernel asks for again and again (POSIX ACLs,
+//! asked by `ls -l` for every file). The core clears it itself on every attribute change it
+//! learns of (through [`Cache::forget_attr`], which every mutation through a front end calls,
+//! and [`Cache::apply_change`], which every outside change goes through), so it is never
+//! stale longer than the core's own attributes.
+//!
+//! Locks: one mutex per held inode (its names), never a global one; the memo is a lock-free
+//! map. A held inode's lock is taken after any dentry lock is released (it is a leaf).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use super::{Cache, Dentry, NodeKind, NodeRef};
+use crate::{Attr, Cred, Error, Result};
+
+/// How deep [`Cache::held_node`] follows held parents (a cycle of stale locations must end).
+const MAX_DEPTH: u32 = 4096;
+
+/// A held inode: its names (hard links) and what the core must know to keep it coherent.
+/// Cheap to clone; the names are unpinned when the last clone is dropped.
+#[derive(Clone)]
+pub struct Held(Arc<HeldInner>);
+
+struct HeldInner {
+    /// `(dev, ino)` of the inode (`(u64::MAX, u64::MAX)`: unknown, only for a root without
+    /// attributes).
+    key: (u64, u64),
+    /// The root of the cache: found again as [`Cache::root`].
+    root: bool,
+    /// The preferred name (`st.names[0]`), read without the lock on every request.
+    preferred: ArcSwap<Dentry>,
+    st: Mutex<HeldState>,
+    /// Attributes may have changed through another name: ask the backend before the next
+    /// reply.
+    stale: AtomicBool,
+    /// Open handles that may write.
+    writers: AtomicU32,
+    /// Open handles of any mode.
+    opens: AtomicU32,
+}
+
+struct HeldState {
+    /// Names known to stand for the inode, the preferred first; never empty; each pinned.
+    names: Vec<NodeRef>,
+    /// Where the holder last saw it: the held parent and the name there.
+    parent: Option<Weak<HeldInner>>,
+    name: Vec<u8>,
+    /// A directory's last attributes: what fstat shows (with nlink 0) after it was removed
+    /// while held.
+    dir_attr: Option<Attr>,
+    /// [`Cache::release`] unpinned the names already (they stay for late readers).
+    released: bool,
+}
+
+impl Drop for HeldInner {
+    fn drop(&mut self) {
+        let st = self.st.get_mut();
+        if !st.released {
+            for n in &st.names {
+                n.unpin();
+            }
+        }
+    }
+}
+
+impl Held {
+    /// Publish `st.names[0]` as the preferred name (called with the lock held, after every
+    /// change of the first name).
+    fn sync(&self, st: &HeldState) {
+        if let Some(n) = st.names.first() {
+            if !Arc::ptr_eq(&self.0.preferred.load(), n) {
+                self.0.preferred.store(n.clone());
+            }
+        }
+    }
+
+    /// The inode's `(dev, ino)`.
+    pub fn key(&self) -> (u64, u64) {
+        self.0.key
+    }
+
+    /// The preferred name: one still in the tree when there is one (it may be dead: use
+    /// [`Cache::held_node`] to revive it).
+    pub fn node(&self) -> NodeRef {
+        let p = self.0.preferred.load_full();
+        if !p.is_dead() && !p.is_evicted() {
+            return p;
+        }
+        let mut st = self.0.st.lock();
+        let pos = st
+            .names
+            .iter()
+            .position(|n| !n.is_dead() && !n.is_evicted())
+            .or_else(|| st.names.iter().position(|n| !n.is_dead()));
+        if let Some(i) = pos {
+            if i != 0 {
+                st.names.swap(0, i);
+                self.sync(&st);
+            }
+        }
+        st.names.first().cloned().unwrap_or(p)
+    }
+
+    /// Every name, the preferred first.
+    pub fn names(&self) -> Vec<NodeRef> {
+        self.node();
+        self.0.st.lock().names.clone()
+    }
+
+    /// Whether `node` is one of the names.
+    pub fn has_name(&self, node: &NodeRef) -> bool {
+        self.0.st.lock().names.iter().any(|n| Arc::ptr_eq(n, node))
+    }
+
+    /// Add `node` as a name (pinned), first if `front` (it is where the holder saw it last).
+    pub fn add_name(&self, node: &NodeRef, front: bool) {
+        let mut st = self.0.st.lock();
+        if let Some(pos) = st.names.iter().position(|n| Arc::ptr_eq(n, node)) {
+            if front {
+                st.names.swap(0, pos);
+                self.sync(&st);
+            }
+            return;
+        }
+        if !st.released {
+            node.pin();
+        }
+        if front {
+            st.names.insert(0, node.clone());
+            self.sync(&st);
+        } else {
+            st.names.push(node.clone());
+        }
+    }
+
+    /// Keep only the names for which `keep` says so (each asked once, without the lock: it
+    /// may call the backend), returning the names dropped (unpinned). Returns `None` and
+    /// changes nothing when no name would be left.
+    pub fn retain_names(&self, mut keep: impl FnMut(&NodeRef) -> bool) -> Option<Vec<NodeRef>> {
+        let names = self.0.st.lock().names.clone();
+        let verdict: Vec<bool> = names.iter().map(&mut keep).collect();
+        if !verdict.iter().any(|k| *k) {
+            return None;
+        }
+        let mut st = self.0.st.lock();
+        let mut dropped = Vec::new();
+        let released = st.released;
+        st.names.retain(|n| {
+            // Names added meanwhile were not asked: kept.
+            let k = match names.iter().position(|m| Arc::ptr_eq(m, n)) {
+                Some(i) => verdict[i],
+                None => true,
+            };
+            if !k {
+                dropped.push(n.clone());
+            }
+            k
+        });
+        self.sync(&st);
+        drop(st);
+        if !released {
+            for n in &dropped {
+                n.unpin();
+            }
+        }
+        Some(dropped)
+    }
+
+    /// The inode number was reused for a new file (`node`, attributes `attr`) while held:
+    /// every old name goes (unpinned, returned), `node` is the only one; staleness is reset.
+    pub fn replace_names(&self, node: &NodeRef, attr: &Attr) -> Vec<NodeRef> {
+        let mut st = self.0.st.lock();
+        let old = std::mem::replace(&mut st.names, vec![node.clone()]);
+        self.sync(&st);
+        st.dir_attr = attr.is_dir().then_some(*attr);
+        if !st.released {
+            node.pin();
+            for n in &old {
+                n.unpin();
+            }
+        }
+        drop(st);
+        self.0.stale.store(false, Ordering::Release);
+        old
+    }
+
+    /// Prefer `node` (a name that was just found to work) to the others.
+    pub fn prefer(&self, node: &NodeRef) {
+        let mut st = self.0.st.lock();
+        if let Some(pos) = st.names.iter().position(|n| Arc::ptr_eq(n, node)) {
+            st.names.swap(0, pos);
+            self.sync(&st);
+        }
+    }
+
+    /// Where the holder saw the inode last: under held directory `parent` as `name`.
+    pub fn set_location(&self, parent: Option<&Held>, name: &[u8]) {
+        if self.0.root {
+            return;
+        }
+        let mut st = self.0.st.lock();
+        // Usually unchanged: then nothing is written (no reference count on the parent is
+        // touched, a shared cache line on the hit path).
+        let same_parent = match (&st.parent, parent) {
+            (Some(w), Some(p)) => std::ptr::eq(w.as_ptr(), Arc::as_ptr(&p.0)),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same_parent {
+            st.parent = parent.map(|p| Arc::downgrade(&p.0));
+        }
+        if st.name != name {
+            st.name = name.to_vec();
+        }
+    }
+
+    /// Open handles that may write.
+    pub fn writers(&self) -> u32 {
+        self.0.writers.load(Ordering::Acquire)
+    }
+
+    /// Whether a writer has the file open: the holder must not keep attributes (a shared
+    /// mapping changes mtime/ctime without telling anyone).
+    pub fn has_writers(&self) -> bool {
+        self.writers() > 0
+    }
+
+    /// Open handles of any mode.
+    pub fn opens(&self) -> u32 {
+        self.0.opens.load(Ordering::Acquire)
+    }
+
+    /// Whether the attributes may have changed through another name since the last reply.
+    pub fn is_stale(&self) -> bool {
+        self.0.stale.load(Ordering::Acquire)
+    }
+
+    /// A directory's last attributes (see [`Cache::attr_for_reply`]).
+    pub fn dir_attr(&self) -> Option<Attr> {
+        self.0.st.lock().dir_attr
+    }
+
+    /// Whether `a` and `b` are the same held inode.
+    pub fn same(a: &Held, b: &Held) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
+}
+
+/// The xattr-absence memo: `(dev, ino)` -> (memo generation when learned, bits).
+pub(crate) struct XattrMemo {
+    gen: AtomicU64,
+    map: papaya::HashMap<(u64, u64), (u64, u8)>,
+}
+
+impl Default for XattrMemo {
+    fn default() -> Self {
+        XattrMemo {
+            gen: AtomicU64::new(1),
+            map: papaya::HashMap::new(),
+        }
+    }
+}
+
+impl XattrMemo {
+    /// Forget everything (O(1): entries of older generations do not count).
+    pub(crate) fn clear(&self) {
+        self.gen.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Most inodes the memo remembers before it starts over.
+const MEMO_MAX: usize = 1 << 20;
+
+impl Cache {
+    /// Hand out `node` (attributes `attr`) to a holder: pinned and kept coherent until the
+    /// returned [`Held`] (and every clone) is dropped. Its location is `parent`/`node`'s name
+    /// (see [`Held::set_location`]).
+    pub fn hold(&self, node: &NodeRef, attr: &Attr, parent: Option<&Held>) -> Held {
+        node.pin();
+        Held(Arc::new(HeldInner {
+            key: (attr.dev, attr.ino),
+            root: false,
+            preferred: ArcSwap::new(node.clone()),
+            st: Mutex::new(HeldState {
+                names: vec![node.clone()],
+                parent: parent.map(|p| Arc::downgrade(&p.0)),
+                name: node.name(),
+                dir_attr: attr.is_dir().then_some(*attr),
+                released: false,
+            }),
+            stale: AtomicBool::new(false),
+            writers: AtomicU32::new(0),
+            opens: AtomicU32::new(0),
+        }))
+    }
+
+    /// Hold the root (never found again by name: it is always [`Cache::root`]).
+    pub fn hold_root(&self) -> Held {
+        let root = self.root();
+        let key = root
+            .cached_attr()
+            .or_else(|| self.getattr(&root).ok())
+            .map(|a| (a.dev, a.ino))
+            .unwrap_or((u64::MAX, u64::MAX));
+        root.pin();
+        Held(Arc::new(HeldInner {
+            key,
+            root: true,
+            preferred: ArcSwap::new(root.clone()),
+            st: Mutex::new(HeldState {
+                names: vec![root],
+                parent: None,
+                name: Vec::new(),
+                dir_attr: None,
+                released: false,
+            }),
+            stale: AtomicBool::new(false),
+            writers: AtomicU32::new(0),
+            opens: AtomicU32::new(0),
+        }))
+    }
+
+    /// Give a held node back (the holder's last reference went): its names are unpinned
+    /// now, even if a clone is still in use somewhere (a request in flight); dropping the
+    /// last clone without calling this releases it too.
+    pub fn release(&self, held: &Held) {
+        let mut st = held.0.st.lock();
+        if !st.released {
+            st.released = true;
+            for n in &st.names {
+                n.unpin();
+            }
+        }
+    }
+
+    /// The live dentry of a held inode. When the core dropped the one the holder knows (an
+    /// outside change invalidated it, or it was evicted before the holder pinned it), find the
+    /// name again where the holder last saw it (from the held parent, itself found again the
+    /// same way) and keep the dentry found if it is still the same inode. ESTALE when the
+    /// held parent is gone; the dead dentry when the name is gone or names another inode.
+    pub fn held_node(&self, held: &Held) -> Result<NodeRef> {
+        self.held_node_depth(held, 0)
+    }
+
+    fn held_node_depth(&self, held: &Held, depth: u32) -> Result<NodeRef> {
+        let n = held.node();
+        if !n.is_dead() && !n.is_evicted() {
+            return Ok(n);
+        }
+        if held.0.root {
+            let r = self.root();
+            held.add_name(&r, true);
+            return Ok(r);
+        }
+        let (parent, name) = {
+            let st = held.0.st.lock();
+            (st.parent.clone(), st.name.clone())
+        };
+        let Some(parent) = parent else {
+            return Ok(n);
+        };
+        if depth > MAX_DEPTH {
+            return Ok(n);
+        }
+        let parent = Held(parent.upgrade().ok_or(Error::Stale)?);
+        let p = self.held_node_depth(&parent, depth + 1)?;
+        let c = self.kernel_checked(Cred::root());
+        match self.lookup_child(&c, &p, &name) {
+            Ok(fresh) if matches!(fresh.kind(), NodeKind::Positive(_)) => {
+                match self.getattr(&fresh) {
+                    Ok(a) if (a.dev, a.ino) == held.key() => {
+                        held.add_name(&fresh, true);
+                        Ok(fresh)
+                    }
+                    _ => Ok(n),
+                }
+            }
+            _ => Ok(n),
+        }
+    }
+
+    /// Run `f` on the live dentry of `held`. If it fails because the dentry died meanwhile
+    /// (an outside change applied concurrently), find it again and retry once; if it fails
+    /// with ENOENT or ESTALE, try the other names (a hard link removed or replaced in the
+    /// backend stays in the core until the change feed reports it, and the file must stay
+    /// reachable through its remaining names). A name that worked is preferred from then on.
+    pub fn on_held<T>(&self, held: &Held, f: impl Fn(&NodeRef) -> Result<T>) -> Result<T> {
+        let n = self.held_node(held)?;
+        let (n, r) = match f(&n) {
+            Err(Error::NotFound | Error::Stale) if n.is_dead() => {
+                let n = self.held_node(held)?;
+                let r = f(&n);
+                (n, r)
+            }
+            r => (n, r),
+        };
+        match r {
+            Err(e @ (Error::NotFound | Error::Stale)) => {
+                for a in held.names() {
+                    if Arc::ptr_eq(&a, &n) || a.is_dead() {
+                        continue;
+                    }
+                    if let Ok(v) = f(&a) {
+                        held.prefer(&a);
+                        return Ok(v);
+                    }
+                }
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    /// Whether dentry `node` still names inode `key` in the backend (the core may not have
+    /// heard yet that the name was removed or replaced there). Only an identity check of the
+    /// name (a lookup): nothing is served from it. A holder asks this before it takes a new
+    /// name of a key it holds for a hard link of the held inode: the number may have been
+    /// reused by a new file after the old one was removed.
+    pub fn names_inode(&self, node: &NodeRef, key: (u64, u64)) -> bool {
+        if node.is_dead() {
+            return false;
+        }
+        let Some(parent) = node.parent() else {
+            return false;
+        };
+        let Ok(dir) = self.path_of(&parent) else {
+            return false;
+        };
+        self.stats.backend.lookup.inc();
+        match node.sb.backend.lookup(&dir, &node.name()) {
+            Ok(a) => (a.dev, a.ino) == key,
+            Err(_) => false,
+        }
+    }
+
+    /// Attributes of a name about to be handed out (an entry reply): hard-linked files are
+    /// asked fresh from the backend (another name may have changed nlink/ctime unseen).
+    pub fn attr_of_name(&self, node: &NodeRef) -> Result<Attr> {
+        self.attr_fresh(node, false)
+    }
+
+    fn attr_fresh(&self, node: &NodeRef, force_fresh: bool) -> Result<Attr> {
+        if force_fresh {
+            self.forget_attr_only(node);
+        }
+        let a = self.getattr(node)?;
+        if !force_fresh && a.nlink > 1 && !a.is_dir() {
+            self.forget_attr_only(node);
+            return self.getattr(node);
+        }
+        Ok(a)
+    }
+
+    /// Drop `node`'s cached attributes and its hard links', without counting it as a change
+    /// (the xattr memo stays).
+    fn forget_attr_only(&self, node: &NodeRef) {
+        node.set_attr(None);
+        self.forget_link_attrs(node);
+    }
+
+    /// Attributes of held `node` (a name of `held`) for a reply: fresh from the backend when
+    /// the core's copy may be behind (changed through another name, open handles, hard
+    /// links); a directory's are remembered for [`Held::dir_attr`].
+    pub fn attr_for_reply(&self, held: &Held, node: &NodeRef) -> Result<Attr> {
+        // Read before writing: the flag is on a line every request for this inode reads.
+        let stale =
+            held.0.stale.load(Ordering::Acquire) && held.0.stale.swap(false, Ordering::AcqRel);
+        let fresh = stale || held.opens() > 0 || held.writers() > 0;
+        let r = self.attr_fresh(node, fresh);
+        if let Ok(a) = &r {
+            if a.is_dir() && (a.dev, a.ino) == held.key() {
+                held.0.st.lock().dir_attr = Some(*a);
+            }
+        }
+        r
+    }
+
+    /// The attributes of `held` (an inode of the holder) may have changed through `node` or
+    /// another of its names (a mutation through the front end): forget them on every name,
+    /// and ask the backend before the next reply.
+    pub fn held_changed(&self, held: &Held) {
+        held.0.stale.store(true, Ordering::Release);
+        for n in held.names() {
+            self.forget_attr(&n);
+        }
+    }
+
+    /// An open handle of `held` (`writable`: it may write).
+    pub fn note_open(&self, held: &Held, writable: bool) {
+        held.0.opens.fetch_add(1, Ordering::AcqRel);
+        if writable {
+            held.0.writers.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Undo [`Cache::note_open`] at release of the handle.
+    pub fn note_close(&self, held: &Held, writable: bool) {
+        let dec = |a: &AtomicU32| {
+            let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+        };
+        dec(&held.0.opens);
+        if writable {
+            dec(&held.0.writers);
+        }
+    }
+
+    /// The xattr memo's generation: read it before asking the backend, pass it to
+    /// [`Cache::note_xattr_absent`].
+    pub fn xattr_memo_gen(&self) -> u64 {
+        self.xattr_memo.gen.load(Ordering::Acquire)
+    }
+
+    /// Whether inode `key` is known to have no value for the attribute(s) `bit` (the caller
+    /// numbers the names it memoizes: one bit each).
+    pub fn xattr_known_absent(&self, key: (u64, u64), bit: u8) -> bool {
+        let g = self.xattr_memo_gen();
+        let m = self.xattr_memo.map.pin();
+        m.get(&key).is_some_and(|(eg, b)| *eg == g && b & bit != 0)
+    }
+
+    /// Remember that inode `key` has no value for `bit`, learned from a backend call made
+    /// after generation `gen` was read; ignored if anything changed since (the answer may
+    /// be outdated).
+    pub fn note_xattr_absent(&self, key: (u64, u64), bit: u8, gen: u64) {
+        if self.xattr_memo_gen() != gen {
+            return;
+        }
+        let m = self.xattr_memo.map.pin();
+        if m.len() >= MEMO_MAX {
+            m.clear();
+        }
+        let bits = match m.get(&key) {
+            Some((eg, b)) if *eg == gen => b | bit,
+            _ => bit,
+        };
+        m.insert(key, (gen, bits));
+        // A change between the check and the insert bumped the generation: the entry is
+        // already invalid (it carries `gen`).
+    }
+
+    /// Forget every remembered xattr absence (something changed that the core could not
+    /// see as an attribute change).
+    pub fn forget_xattr_memo(&self) {
+        self.xattr_memo.clear();
+    }
+}
