@@ -136,6 +136,13 @@ pub trait Backend: Send + Sync + 'static {
         Err(Error::NotSupported)
     }
 
+    /// Attributes of the file open as `fd`, a descriptor [`Backend::open`] returned (of a file
+    /// unlinked since, too: link count 0). Default: not supported, for backends whose
+    /// descriptors are of the real file (the front end then asks the kernel, fstat).
+    fn fstat(&self, _fd: BorrowedFd<'_>) -> Result<Attr> {
+        Err(Error::NotSupported)
+    }
+
     /// The whole value of extended attribute `name` of `target` (not following a final
     /// symlink), read with the caller's rights (`cred`): the backend decides access as the
     /// kernel would for that caller.

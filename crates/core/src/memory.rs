@@ -19,6 +19,7 @@
 //! [`MemoryBackend::with_watch`] makes `watch()` return a feed reporting every mutation.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -37,10 +38,17 @@ const S_IFMT: u32 = libc::S_IFMT;
 const S_ISUID: u32 = libc::S_ISUID;
 const S_ISGID: u32 = libc::S_ISGID;
 const S_ISVTX: u32 = libc::S_ISVTX;
+/// Orphans are pruned (`Tree::orphan`) once there are at least this many.
+const ORPHAN_LIMIT: usize = 64;
+
+mod content;
+use content::Content;
 
 enum Data {
     Dir(BTreeMap<Vec<u8>, u64>),
     Symlink(Vec<u8>),
+    /// A regular file: its memfd once it has needed one (see `content`).
+    File(Option<Content>),
     Other,
 }
 
@@ -53,6 +61,15 @@ struct Tree {
     inodes: HashMap<u64, Inode>,
     next_ino: u64,
     last_time: Timespec,
+    /// Distinguishes this backend's memfds from other backends' in this process.
+    instance: u64,
+    /// The inode of each memfd, by the memfd's `(dev, ino)`: live inodes and orphans.
+    by_memfd: HashMap<(u64, u64), u64>,
+    /// Attributes of files with content whose last name went, while a descriptor may still
+    /// refer to them (see `content`): link count 0.
+    orphans: HashMap<u64, Attr>,
+    /// Prune orphans when there are this many.
+    orphan_limit: usize,
 }
 
 /// An in-memory [`Backend`] for unit tests. See the module documentation.
@@ -60,6 +77,8 @@ pub struct MemoryBackend {
     tree: Mutex<Tree>,
     calls: AtomicU64,
     watch_enabled: bool,
+    /// Apply the calling thread's umask to created modes, as a kernel file system does.
+    umask: bool,
     feeds: Mutex<Vec<crossbeam_channel::Sender<Change>>>,
 }
 
@@ -214,8 +233,62 @@ impl Tree {
             .ok_or(Error::NotFound)
     }
 
+    /// The attributes of `ino`; for a regular file with content, merged with its memfd's.
     fn attr(&self, ino: u64) -> Result<Attr> {
-        Ok(self.get(ino)?.attr)
+        let n = self.get(ino)?;
+        match &n.data {
+            Data::File(Some(c)) => c.merge(n.attr),
+            _ => Ok(n.attr),
+        }
+    }
+
+    /// The content of regular file `ino`, set up (empty) if it has none yet.
+    fn content(&mut self, ino: u64) -> Result<&Content> {
+        let instance = self.instance;
+        let n = self.inodes.get_mut(&ino).ok_or(Error::Stale)?;
+        let Data::File(slot) = &mut n.data else {
+            return Err(Error::Invalid);
+        };
+        if slot.is_none() {
+            let (c, key) = Content::new(instance, ino, &n.attr)?;
+            *slot = Some(c);
+            self.by_memfd.insert(key, ino);
+        }
+        match &self.get(ino)?.data {
+            Data::File(Some(c)) => Ok(c),
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    /// The attributes of the file open as `fd` (a descriptor of one of this tree's memfds),
+    /// `st` its stat: a live inode's, or an orphan's (link count 0).
+    fn attr_of_open(&self, st: &rustix::fs::Stat) -> Result<Attr> {
+        let ino = *self
+            .by_memfd
+            .get(&(st.st_dev, st.st_ino))
+            .ok_or(Error::Os(libc::EBADF))?;
+        if let Some(n) = self.inodes.get(&ino) {
+            if let Data::File(Some(c)) = &n.data {
+                return Ok(c.merge_with(n.attr, st));
+            }
+        }
+        let a = self.orphans.get(&ino).ok_or(Error::Os(libc::EBADF))?;
+        Ok(content::merge_stat(*a, st, true))
+    }
+
+    /// Keep the attributes of `ino`, a file with content whose last name went, while
+    /// descriptors may refer to it; prune orphans no descriptor refers to any more.
+    fn orphan(&mut self, a: Attr) {
+        self.orphans.insert(a.ino, a);
+        if self.orphans.len() < self.orphan_limit {
+            return;
+        }
+        let live = content::live_memfds(self.instance);
+        self.orphans.retain(|ino, _| live.contains(ino));
+        let (inodes, orphans) = (&self.inodes, &self.orphans);
+        self.by_memfd
+            .retain(|_, ino| inodes.contains_key(ino) || orphans.contains_key(ino));
+        self.orphan_limit = (2 * self.orphans.len()).max(ORPHAN_LIMIT);
     }
 
     /// May `cred` add or remove entries of directory `dir`?
@@ -298,7 +371,7 @@ impl Tree {
         let size = match &data {
             Data::Symlink(target) => target.len() as u64,
             Data::Dir(_) => 4096,
-            Data::Other => 0,
+            Data::File(_) | Data::Other => 0,
         };
         let attr = Attr {
             ino,
@@ -333,7 +406,15 @@ impl Tree {
             a.nlink = a.nlink.saturating_sub(1);
         }
         if a.nlink == 0 {
-            self.inodes.remove(&ino);
+            if let Some(Inode {
+                attr,
+                data: Data::File(Some(c)),
+            }) = self.inodes.remove(&ino)
+            {
+                let mut attr = c.merge(attr)?;
+                attr.ctime = self.now();
+                self.orphan(attr);
+            }
         } else {
             self.touch_ctime(ino)?;
         }
@@ -522,6 +603,20 @@ impl Tree {
             return Err(Error::Perm);
         }
         let t = self.now();
+        let pick = |s: Option<TimeSet>| match s {
+            None => None,
+            Some(TimeSet::Now) => Some(t),
+            Some(TimeSet::At(x)) => Some(x),
+        };
+        let has_content = matches!(self.get(ino)?.data, Data::File(Some(_)));
+        if has_content || set.size.is_some_and(|s| s > 0) {
+            // The data half lives in the memfd (see `content`): size and times go there.
+            let c = self.content(ino)?;
+            if let Some(size) = set.size {
+                c.resize(size, t)?;
+            }
+            c.set_times(pick(set.atime), pick(set.mtime))?;
+        }
         let na = &mut self.get_mut(ino)?.attr;
         if set.uid.is_some() || set.gid.is_some() {
             na.uid = set.uid.unwrap_or(na.uid);
@@ -553,13 +648,8 @@ impl Tree {
             na.blocks = size.div_ceil(512);
             na.mtime = t;
         }
-        let pick = |s: Option<TimeSet>, old: Timespec| match s {
-            None => old,
-            Some(TimeSet::Now) => t,
-            Some(TimeSet::At(x)) => x,
-        };
-        na.atime = pick(set.atime, na.atime);
-        na.mtime = pick(set.mtime, na.mtime);
+        na.atime = pick(set.atime).unwrap_or(na.atime);
+        na.mtime = pick(set.mtime).unwrap_or(na.mtime);
         na.ctime = t;
         Ok(())
     }
@@ -572,6 +662,10 @@ impl MemoryBackend {
             inodes: HashMap::new(),
             next_ino: ROOT_INO + 1,
             last_time: Timespec::default(),
+            instance: content::next_instance(),
+            by_memfd: HashMap::new(),
+            orphans: HashMap::new(),
+            orphan_limit: ORPHAN_LIMIT,
         };
         let t = tree.now();
         let attr = Attr {
@@ -600,6 +694,7 @@ impl MemoryBackend {
             tree: Mutex::new(tree),
             calls: AtomicU64::new(0),
             watch_enabled: false,
+            umask: false,
             feeds: Mutex::new(Vec::new()),
         }
     }
@@ -665,6 +760,22 @@ impl MemoryBackend {
             }
         }
         self.calls.store(before, Ordering::Relaxed);
+    }
+
+    /// This backend, applying the calling thread's umask to the modes of files it creates,
+    /// as a kernel file system does (the FUSE front end sets a request thread's umask to the
+    /// caller's around a creation). Default: modes are taken as given.
+    pub fn applying_umask(mut self) -> MemoryBackend {
+        self.umask = true;
+        self
+    }
+
+    /// `mode` with the thread's umask applied, when this backend applies it.
+    fn masked(&self, mode: u32) -> Result<u32> {
+        if !self.umask {
+            return Ok(mode);
+        }
+        Ok(mode & !(content::thread_umask()? & 0o777))
     }
 
     fn count(&self) {
@@ -803,7 +914,12 @@ impl Backend for MemoryBackend {
                     e
                 }
             })?;
-            t.create(cred, d, name, mode, rdev, Data::Other)?
+            let data = if mode & S_IFMT == libc::S_IFREG {
+                Data::File(None)
+            } else {
+                Data::Other
+            };
+            t.create(cred, d, name, self.masked(mode)?, rdev, data)?
         };
         self.notify(&[entry(path)]);
         Ok(a)
@@ -824,7 +940,7 @@ impl Backend for MemoryBackend {
                 cred,
                 d,
                 name,
-                libc::S_IFDIR | (mode & 0o1777),
+                libc::S_IFDIR | self.masked(mode & 0o1777)?,
                 0,
                 Data::Dir(BTreeMap::new()),
             )?
@@ -1003,6 +1119,89 @@ impl Backend for MemoryBackend {
             namelen: NAME_MAX as u32,
             frsize: 4096,
         })
+    }
+
+    /// Opens a regular file (creating it with O_CREAT, `mode` as for mknod) and returns a new
+    /// open file description of its memfd with the access mode and O_APPEND of `flags` (see
+    /// `content`). Checked as openat(2) by the caller relative to the parent: search
+    /// permission on the parent; for a new file, write permission on it (after EEXIST for
+    /// O_EXCL); for an existing one, read and/or write permission on the file as the access
+    /// mode asks (write for O_TRUNC too), and ownership for O_NOATIME. A symbolic link is
+    /// ELOOP (the final component is never followed), a directory EISDIR for writing; other
+    /// file types, and directories for reading, have no data here (EOPNOTSUPP).
+    fn open(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
+        self.count();
+        let creat = flags & libc::O_CREAT != 0;
+        let acc = flags & libc::O_ACCMODE;
+        let writes = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let mut created = false;
+        let fd = {
+            let mut t = self.tree.lock();
+            let ino = if path.is_empty() {
+                ROOT_INO
+            } else {
+                let (d, name) = t.parent(path, Some(cred))?;
+                match t.lookup_in(d, name) {
+                    Ok(_) if creat && flags & libc::O_EXCL != 0 => return Err(Error::Exists),
+                    Ok(i) => i,
+                    Err(Error::NotFound) if creat => {
+                        let mode = self.masked(libc::S_IFREG | (mode & 0o7777))?;
+                        created = true;
+                        t.create(cred, d, name, mode, 0, Data::File(None))?.ino
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            let a = t.attr(ino)?;
+            match a.kind() {
+                FileType::Regular => {}
+                FileType::Symlink => return Err(Error::Loop),
+                FileType::Directory if writes => return Err(Error::IsDir),
+                _ => return Err(Error::NotSupported),
+            }
+            if flags & libc::O_DIRECTORY != 0 {
+                return Err(Error::NotDir);
+            }
+            if !created {
+                let mask = match acc {
+                    libc::O_RDONLY => 4,
+                    libc::O_WRONLY => 2,
+                    _ => 6,
+                } | if flags & libc::O_TRUNC != 0 { 2 } else { 0 };
+                if !permitted(cred, &a, mask) {
+                    return Err(Error::Access);
+                }
+                if flags & libc::O_NOATIME != 0 && !owner_or_root(cred, &a) {
+                    return Err(Error::Perm);
+                }
+            }
+            if flags & libc::O_TRUNC != 0 && !created {
+                // As truncate(2) by the caller (setattr's rules: set-id bits dropped).
+                t.setattr(
+                    cred,
+                    ino,
+                    &SetAttr {
+                        size: Some(0),
+                        ..SetAttr::default()
+                    },
+                )?;
+            }
+            t.content(ino)?.reopen(flags)?
+        };
+        if created {
+            self.notify(&[entry(path)]);
+        } else if flags & libc::O_TRUNC != 0 {
+            self.notify(&[Change::Attr {
+                path: path.to_vec(),
+            }]);
+        }
+        Ok(fd)
+    }
+
+    fn fstat(&self, fd: BorrowedFd<'_>) -> Result<Attr> {
+        self.count();
+        let st = content::stat_fd(fd)?;
+        self.tree.lock().attr_of_open(&st)
     }
 
     fn watch(&self) -> Result<Option<ChangeFeed>> {
@@ -1506,5 +1705,301 @@ mod tests {
         drop(rx);
         m.mkdir(&root(), b"f", 0o755).unwrap(); // a dropped feed is forgotten
         assert!(m.feeds.lock().is_empty());
+    }
+
+    use std::os::fd::AsFd;
+
+    const RW: i32 = libc::O_RDWR;
+
+    fn write(fd: &OwnedFd, data: &[u8]) {
+        assert_eq!(rustix::io::write(fd, data).unwrap(), data.len());
+    }
+
+    fn read_all(fd: &OwnedFd) -> Vec<u8> {
+        let mut buf = vec![0u8; 4096];
+        let n = rustix::io::pread(fd, &mut buf, 0).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    fn truncate(m: &MemoryBackend, path: &[u8], size: u64) -> Attr {
+        m.setattr(
+            &root(),
+            path,
+            &SetAttr {
+                size: Some(size),
+                ..sa()
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn memory_data_written_through_one_open_is_read_through_another() {
+        let m = MemoryBackend::new();
+        let w = m
+            .open(&root(), b"f", libc::O_CREAT | libc::O_WRONLY, 0o640)
+            .unwrap();
+        let a = m.getattr(b"f").unwrap();
+        assert_eq!((a.mode, a.size, a.nlink), (libc::S_IFREG | 0o640, 0, 1));
+        write(&w, b"hello");
+        let r = m.open(&root(), b"f", libc::O_RDONLY, 0).unwrap();
+        assert_eq!(read_all(&r), b"hello");
+        // Each open is its own open file description: its own offset and access mode.
+        assert_eq!(rustix::io::write(&r, b"x"), Err(rustix::io::Errno::BADF));
+        let r2 = m.open(&root(), b"f", libc::O_RDONLY, 0).unwrap();
+        let mut b = [0u8; 2];
+        assert_eq!(rustix::io::read(&r, &mut b).unwrap(), 2);
+        assert_eq!(rustix::io::read(&r2, &mut b).unwrap(), 2);
+        assert_eq!(&b, b"he");
+        // Size and blocks come from the data; type, mode, owner and inode from the tree.
+        let a = m.getattr(b"f").unwrap();
+        assert_eq!(a.size, 5);
+        assert!(a.blocks > 0);
+        let f = m.fstat(r.as_fd()).unwrap();
+        assert_eq!(f, a);
+        assert_eq!((f.dev, f.mode), (MEMORY_DEV, libc::S_IFREG | 0o640));
+        // A descriptor of something else is not this backend's.
+        let other = tempfile_fd();
+        assert_eq!(m.fstat(other.as_fd()).unwrap_err(), Error::Os(libc::EBADF));
+    }
+
+    fn tempfile_fd() -> OwnedFd {
+        rustix::fs::memfd_create("not-the-backend", rustix::fs::MemfdFlags::CLOEXEC).unwrap()
+    }
+
+    #[test]
+    fn memory_open_flags_and_permissions() {
+        let m = MemoryBackend::new();
+        m.populate(&["d/", "d/l -> f"]);
+        let creat = libc::O_CREAT | libc::O_WRONLY;
+        drop(m.open(&root(), b"d/f", creat, 0o600).unwrap());
+        assert_eq!(
+            m.open(&root(), b"d/f", creat | libc::O_EXCL, 0o600)
+                .unwrap_err(),
+            Error::Exists
+        );
+        assert_eq!(
+            m.open(&root(), b"d/nope", libc::O_RDONLY, 0).unwrap_err(),
+            Error::NotFound
+        );
+        assert_eq!(
+            m.open(&root(), b"d/l", libc::O_RDONLY, 0).unwrap_err(),
+            Error::Loop
+        );
+        assert_eq!(
+            m.open(&root(), b"d", libc::O_WRONLY, 0).unwrap_err(),
+            Error::IsDir
+        );
+        assert_eq!(
+            m.open(&root(), b"d/f", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                .unwrap_err(),
+            Error::NotDir
+        );
+        write(
+            &m.open(&root(), b"d/f", libc::O_WRONLY, 0).unwrap(),
+            b"data",
+        );
+        // O_TRUNC empties the file (and needs write permission).
+        let u = user(1000);
+        assert_eq!(
+            m.open(&u, b"d/f", libc::O_RDONLY | libc::O_TRUNC, 0)
+                .unwrap_err(),
+            Error::Access
+        );
+        assert_eq!(m.getattr(b"d/f").unwrap().size, 4);
+        let before = m.getattr(b"d/f").unwrap();
+        drop(
+            m.open(&root(), b"d/f", libc::O_WRONLY | libc::O_TRUNC, 0)
+                .unwrap(),
+        );
+        let after = m.getattr(b"d/f").unwrap();
+        assert_eq!(after.size, 0);
+        assert!(after.mtime > before.mtime && after.ctime > before.ctime);
+        // Reading needs read permission, writing write permission (0600 root: neither).
+        assert_eq!(
+            m.open(&u, b"d/f", libc::O_RDONLY, 0).unwrap_err(),
+            Error::Access
+        );
+        assert_eq!(m.open(&u, b"d/f", RW, 0).unwrap_err(), Error::Access);
+        // Creating needs write permission on the parent (0755 root); EEXIST comes first.
+        assert_eq!(m.open(&u, b"d/g", creat, 0o644).unwrap_err(), Error::Access);
+        assert_eq!(
+            m.open(&u, b"d/f", creat | libc::O_EXCL, 0o644).unwrap_err(),
+            Error::Exists
+        );
+        m.setattr(
+            &root(),
+            b"d",
+            &SetAttr {
+                mode: Some(0o777),
+                ..sa()
+            },
+        )
+        .unwrap();
+        // A new file is opened whatever its mode says, and belongs to its creator.
+        let fd = m.open(&u, b"d/g", creat, 0o444).unwrap();
+        write(&fd, b"mine");
+        let a = m.getattr(b"d/g").unwrap();
+        assert_eq!((a.uid, a.perm(), a.size), (1000, 0o444, 4));
+        assert_eq!(
+            m.open(&user(7), b"d/g", libc::O_RDONLY | libc::O_NOATIME, 0)
+                .unwrap_err(),
+            Error::Perm
+        );
+        // Opening for reading changes no timestamp.
+        let a = m.getattr(b"d/g").unwrap();
+        drop(m.open(&u, b"d/g", libc::O_RDONLY, 0).unwrap());
+        let b = m.getattr(b"d/g").unwrap();
+        assert_eq!((a.mtime, a.ctime), (b.mtime, b.ctime));
+    }
+
+    #[test]
+    fn memory_append_appends_at_the_real_end() {
+        let m = MemoryBackend::new();
+        let w = m.open(&root(), b"f", libc::O_CREAT | RW, 0o644).unwrap();
+        write(&w, b"hello");
+        let a = m
+            .open(&root(), b"f", libc::O_WRONLY | libc::O_APPEND, 0)
+            .unwrap();
+        // The other description writes at its own offset; the appending one at the end.
+        rustix::io::pwrite(&w, b"HELLO!", 0).unwrap();
+        write(&a, b" world");
+        assert_eq!(read_all(&w), b"HELLO! world");
+        let fl = rustix::fs::fcntl_getfl(&a).unwrap();
+        assert!(fl.contains(rustix::fs::OFlags::APPEND));
+        assert!(!rustix::fs::fcntl_getfl(&w)
+            .unwrap()
+            .contains(rustix::fs::OFlags::APPEND));
+    }
+
+    #[test]
+    fn memory_truncate_resizes_the_data() {
+        let m = MemoryBackend::new();
+        let fd = m.open(&root(), b"f", libc::O_CREAT | RW, 0o644).unwrap();
+        write(&fd, b"0123456789");
+        let before = m.getattr(b"f").unwrap();
+        let a = truncate(&m, b"f", 3);
+        assert_eq!(a.size, 3);
+        assert!(a.mtime > before.mtime && a.ctime > before.ctime);
+        assert_eq!(read_all(&fd), b"012");
+        let a = truncate(&m, b"f", 6);
+        assert_eq!(m.fstat(fd.as_fd()).unwrap(), a);
+        assert_eq!(read_all(&fd), b"012\0\0\0");
+        // A file that never had data is given some by a truncation.
+        m.populate(&["empty"]);
+        assert_eq!(truncate(&m, b"empty", 2).size, 2);
+        let r = m.open(&root(), b"empty", libc::O_RDONLY, 0).unwrap();
+        assert_eq!(read_all(&r), b"\0\0");
+        // Explicit times go to the data half too.
+        let t = Timespec { sec: 77, nsec: 5 };
+        let a = m
+            .setattr(
+                &root(),
+                b"f",
+                &SetAttr {
+                    mtime: Some(TimeSet::At(t)),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        assert_eq!(a.mtime, t);
+        assert_eq!(m.fstat(fd.as_fd()).unwrap().mtime, t);
+        // A write moves mtime and ctime.
+        write(&fd, b"x");
+        let b = m.getattr(b"f").unwrap();
+        assert!(b.mtime > t && b.ctime >= a.ctime);
+    }
+
+    #[test]
+    fn memory_unlinked_open_file_keeps_its_data() {
+        let m = MemoryBackend::new();
+        let fd = m.open(&root(), b"f", libc::O_CREAT | RW, 0o640).unwrap();
+        write(&fd, b"still here");
+        let ino = m.getattr(b"f").unwrap().ino;
+        m.unlink(&root(), b"f").unwrap();
+        assert_eq!(m.getattr(b"f").unwrap_err(), Error::NotFound);
+        write(&fd, b"!");
+        assert_eq!(read_all(&fd), b"still here!");
+        let a = m.fstat(fd.as_fd()).unwrap();
+        assert_eq!(
+            (a.ino, a.nlink, a.size, a.mode),
+            (ino, 0, 11, libc::S_IFREG | 0o640)
+        );
+        // Renamed over: the same.
+        let g = m.open(&root(), b"g", libc::O_CREAT | RW, 0o600).unwrap();
+        write(&g, b"old");
+        m.populate(&["h"]);
+        m.rename(&root(), b"h", b"g", RenameMode::Replace).unwrap();
+        assert_eq!(read_all(&g), b"old");
+        assert_eq!(m.fstat(g.as_fd()).unwrap().nlink, 0);
+    }
+
+    /// Orphans (attributes of unlinked files with data) go once no descriptor refers to
+    /// them, and never while one does.
+    #[test]
+    fn memory_orphans_are_pruned_but_kept_while_open() {
+        let m = MemoryBackend::new();
+        let kept = m.open(&root(), b"kept", libc::O_CREAT | RW, 0o600).unwrap();
+        write(&kept, b"k");
+        m.unlink(&root(), b"kept").unwrap();
+        for i in 0..(3 * ORPHAN_LIMIT) {
+            let p = format!("f{i}");
+            drop(
+                m.open(&root(), p.as_bytes(), libc::O_CREAT | RW, 0o600)
+                    .unwrap(),
+            );
+            m.unlink(&root(), p.as_bytes()).unwrap();
+        }
+        let t = m.tree.lock();
+        assert!(t.orphans.len() < ORPHAN_LIMIT, "{}", t.orphans.len());
+        assert!(t.by_memfd.len() <= t.orphans.len() + 1);
+        drop(t);
+        assert_eq!(m.fstat(kept.as_fd()).unwrap().nlink, 0);
+        assert_eq!(m.inode_count(), 1);
+    }
+
+    #[test]
+    fn memory_hard_links_share_data() {
+        let m = MemoryBackend::new();
+        m.populate(&["d/"]);
+        let fd = m.open(&root(), b"f", libc::O_CREAT | RW, 0o644).unwrap();
+        write(&fd, b"shared");
+        let a = m.link(&root(), b"f", b"d/g").unwrap();
+        assert_eq!((a.nlink, a.size), (2, 6));
+        let g = m.open(&root(), b"d/g", RW, 0).unwrap();
+        rustix::io::pwrite(&g, b"S", 0).unwrap();
+        assert_eq!(read_all(&fd), b"Shared");
+        truncate(&m, b"d/g", 2);
+        assert_eq!(m.getattr(b"f").unwrap().size, 2);
+        m.unlink(&root(), b"f").unwrap();
+        assert_eq!(m.fstat(fd.as_fd()).unwrap().nlink, 1);
+        assert_eq!(read_all(&m.open(&root(), b"d/g", RW, 0).unwrap()), b"Sh");
+    }
+
+    #[test]
+    fn memory_applies_the_thread_umask_when_asked() {
+        let run = |m: MemoryBackend| {
+            std::thread::spawn(move || {
+                // This thread's own fs context, so its umask is its own (as a FUSE request
+                // thread's).
+                // (`unshare` is deprecated for CLONE_FILES's sake; CLONE_FS is harmless.)
+                #[allow(deprecated)]
+                rustix::thread::unshare(rustix::thread::UnshareFlags::FS).unwrap();
+                let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+                drop(m.open(&root(), b"f", libc::O_CREAT | RW, 0o666).unwrap());
+                m.mkdir(&root(), b"d", 0o777).unwrap();
+                m.mknod(&root(), b"n", libc::S_IFIFO | 0o666, 0).unwrap();
+                rustix::process::umask(old);
+                [b"f".as_slice(), b"d", b"n"].map(|p| m.getattr(p).unwrap().perm())
+            })
+            .join()
+            .unwrap()
+        };
+        assert_eq!(
+            run(MemoryBackend::new().applying_umask()),
+            [0o600, 0o700, 0o600]
+        );
+        assert_eq!(run(MemoryBackend::new()), [0o666, 0o777, 0o666]);
     }
 }
