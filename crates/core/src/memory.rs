@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use crate::{
     Attr, Backend, Change, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode, Result,
-    SetAttr, StatFs, TimeSet, Timespec, Walked, NAME_MAX, PATH_MAX,
+    SetAttr, StatFs, TimeSet, Timespec, Walked, XattrTarget, NAME_MAX, PATH_MAX, XATTR_UNSUPPORTED,
 };
 
 /// Device number reported for every inode.
@@ -1196,6 +1196,25 @@ impl Backend for MemoryBackend {
             }]);
         }
         Ok(fd)
+    }
+
+    /// No extended attributes (EOPNOTSUPP, as a file system without them), except that the
+    /// POSIX ACL names are absent (ENODATA), as Linux treats a file system without ACLs: a
+    /// FUSE front end that lets the kernel enforce ACLs (FUSE_POSIX_ACL) takes EOPNOTSUPP
+    /// for an error and would refuse every chmod and create.
+    fn getxattr(&self, _cred: &Cred, target: XattrTarget<'_>, name: &[u8]) -> Result<Vec<u8>> {
+        self.count();
+        if target.open.is_none() && !target.path.is_empty() {
+            let t = self.tree.lock();
+            let (d, name) = t.parent(target.path, None)?;
+            t.lookup_in(d, name)?;
+        }
+        match name {
+            b"system.posix_acl_access" | b"system.posix_acl_default" => {
+                Err(Error::Os(libc::ENODATA))
+            }
+            _ => Err(XATTR_UNSUPPORTED),
+        }
     }
 
     fn fstat(&self, fd: BorrowedFd<'_>) -> Result<Attr> {

@@ -228,7 +228,8 @@ pub struct FsParts {
 
 impl DircacheFs {
     /// A file system serving `cache` (whose backend is rooted at `src`, used for xattrs and
-    /// statfs). `notify` feeds the notifier thread.
+    /// statfs; empty when the backend is not a local directory). `notify` feeds the notifier
+    /// thread.
     pub fn new(
         cache: Arc<Cache>,
         policy: CachePolicy,
@@ -415,6 +416,16 @@ impl DircacheFs {
                 }
             }
             _ => Ok(n),
+        }
+    }
+
+    /// Attributes of `fd`, a descriptor the backend's `open` gave: the backend's answer when
+    /// it has one (a memory backend's descriptor is not of the inode it stands for), else
+    /// fstat's.
+    fn fd_attr(&self, fd: impl AsFd) -> std::io::Result<Attr> {
+        match self.cache.backend().fstat(fd.as_fd()) {
+            Err(CoreError::NotSupported) => attr_of_fd(fd),
+            r => r.map_err(std::io::Error::from),
         }
     }
 
@@ -671,15 +682,8 @@ impl DircacheFs {
         if key == (u64::MAX, u64::MAX) {
             return Ok(());
         }
-        let st = rustix::fs::statx(
-            fd,
-            c"",
-            rustix::fs::AtFlags::EMPTY_PATH,
-            rustix::fs::StatxFlags::INO,
-        )
-        .map_err(|e| Errno::from_i32(e.raw_os_error()))?;
-        let dev = libc::makedev(st.stx_dev_major, st.stx_dev_minor);
-        if (dev, st.stx_ino) != key {
+        let a = self.fd_attr(fd).map_err(io_errno)?;
+        if (a.dev, a.ino) != key {
             tracing::debug!("open of nodeid {nodeid}: the path names another inode now");
             return Err(Errno::ESTALE);
         }
@@ -731,7 +735,7 @@ impl DircacheFs {
         self.cache
             .getattr(&of.node)
             .ok()
-            .or_else(|| attr_of_fd(&*of.fd).ok())
+            .or_else(|| self.fd_attr(&*of.fd).ok())
             .map(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
             .unwrap_or(true)
     }
@@ -1033,7 +1037,7 @@ impl fuser::Filesystem for DircacheFs {
         self.count(Op::getattr);
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
-                if let Ok(a) = attr_of_fd(&*of.fd) {
+                if let Ok(a) = self.fd_attr(&*of.fd) {
                     let writers = self.inodes.info(ino.0).map(|i| i.writers).unwrap_or(0);
                     return reply.attr(&self.attr_ttl_of(writers), &self.attr_for(ino.0, &a));
                 }
@@ -1073,7 +1077,7 @@ impl fuser::Filesystem for DircacheFs {
                     .values()
                     .find(|f| f.nodeid == ino.0)
                     .cloned();
-                match of.map(|f| attr_of_fd(&*f.fd)) {
+                match of.map(|f| self.fd_attr(&*f.fd)) {
                     Some(Ok(a)) => reply.attr(&ttl, &self.attr_for(ino.0, &a)),
                     _ => match self.inodes.dir_attr(ino.0) {
                         // A removed directory the kernel still holds (an open descriptor, a
@@ -1144,7 +1148,7 @@ impl fuser::Filesystem for DircacheFs {
                 && atime.is_none()
                 && mtime.is_none()
             {
-                return match attr_of_fd(&*fd) {
+                return match self.fd_attr(&*fd) {
                     Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
                     Err(e) => reply.error(io_errno(e)),
                 };
@@ -2043,7 +2047,8 @@ impl fuser::Filesystem for DircacheFs {
         };
         self.dir_changed(&dir);
         self.apply_noatime(&fd);
-        let a = match attr_of_fd(&fd)
+        let a = match self
+            .fd_attr(&fd)
             .map_err(io_errno)
             .or_else(|_| self.attr_of(&node, false).map_err(errno))
         {

@@ -63,7 +63,10 @@ pub enum Error {
 /// How to mount.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
-    pub src: PathBuf,
+    /// The local directory the cache's backend serves, if it is one (its mount flags apply,
+    /// statfs and fsyncdir fall back to it); `None` for a backend of another kind (e.g.
+    /// [`dircache_core::memory::MemoryBackend`]).
+    pub src: Option<PathBuf>,
     pub mnt: PathBuf,
     pub policy: CachePolicy,
     /// Kernel flags and options (ro, nosuid, fsname=...): see [`kmount`].
@@ -77,12 +80,20 @@ pub struct MountConfig {
 impl MountConfig {
     pub fn new(src: &Path, mnt: &Path) -> MountConfig {
         MountConfig {
-            src: src.to_path_buf(),
+            src: Some(src.to_path_buf()),
             mnt: mnt.to_path_buf(),
             policy: CachePolicy::default(),
             kernel: KernelOptions::default(),
             allow_other: true,
             socket_path: None,
+        }
+    }
+
+    /// A mount at `mnt` of a cache whose backend is not a local directory.
+    pub fn without_src(mnt: &Path) -> MountConfig {
+        MountConfig {
+            src: None,
+            ..MountConfig::new(Path::new(""), mnt)
         }
     }
 }
@@ -105,7 +116,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     let (mut fs, parts) = DircacheFs::new(
         cache.clone(),
         cfg.policy.clone(),
-        &cfg.src,
+        cfg.src.as_deref().unwrap_or(Path::new("")),
         tx.clone(),
         cfg.socket_path.clone(),
     );
@@ -136,7 +147,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
             let src = stats::StatsSource {
                 cache,
                 requests: parts.counters.clone(),
-                src: cfg.src.clone(),
+                src: cfg.src.clone().unwrap_or_default(),
                 mnt: cfg.mnt.clone(),
                 kernel_inodes: Arc::new(move || inodes.len()),
                 started: std::time::Instant::now(),
@@ -173,18 +184,21 @@ fn mount_session(
         source,
     };
     let mut flags = cfg.kernel.flags;
-    let imposed = kmount::src_restrictions(&cfg.src) & !flags;
-    if imposed != 0 {
-        tracing::warn!(
-            "{}: its file system ignores {}: so does the mount",
-            cfg.src.display(),
-            kmount::restriction_names(imposed)
-        );
-        flags |= imposed;
+    if let Some(src) = &cfg.src {
+        let imposed = kmount::src_restrictions(src) & !flags;
+        if imposed != 0 {
+            tracing::warn!(
+                "{}: its file system ignores {}: so does the mount",
+                src.display(),
+                kmount::restriction_names(imposed)
+            );
+            flags |= imposed;
+        }
     }
-    let source = match &cfg.kernel.fsname {
-        Some(n) => n.clone(),
-        None => cfg.src.display().to_string(),
+    let source = match (&cfg.kernel.fsname, &cfg.src) {
+        (Some(n), _) => n.clone(),
+        (None, Some(src)) => src.display().to_string(),
+        (None, None) => "dircache".to_string(),
     };
     let fd = kmount::mount_fuse(&source, &cfg.mnt, flags, cfg.allow_other, &cfg.kernel.lsm)
         .map_err(err)?;

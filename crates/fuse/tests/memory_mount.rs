@@ -1,0 +1,151 @@
+//! Real programs on a mount of the in-memory backend (no SRC: the front end reaches storage
+//! only through the Backend trait), compared with the same programs in a native directory.
+
+mod common;
+use common::*;
+use dircache_core::Backend;
+
+/// A small tree made from crates/core/src, with a symlink, a hard link, an empty directory
+/// and modes; returns the tarball's path.
+fn tarball(t: &TestMount) -> std::path::PathBuf {
+    let core_src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/src");
+    let stage = t.dir.path().join("stage");
+    std::fs::create_dir(&stage).unwrap();
+    sh_ok(
+        &stage,
+        &format!(
+            "set -e; cp -r {} src; ln -s lib.rs src/link.rs; ln src/memory.rs src/hard.rs; \
+             mkdir src/empty; chmod 600 src/error.rs; chmod 750 src/cache; \
+             head -c 300000 /dev/urandom > src/big.bin",
+            core_src.display()
+        ),
+    );
+    let tar = t.dir.path().join("core.tar");
+    sh_ok(&stage, &format!("tar cf {} src", tar.display()));
+    tar
+}
+
+#[test]
+fn tar_diff_cp_rm_on_memory_mount() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::memory();
+    let tar = tarball(&t);
+    let native = t.dir.path().join("native");
+    std::fs::create_dir(&native).unwrap();
+    let extract = format!("tar xf {}", tar.display());
+    sh_ok(&native, &extract);
+    sh_ok(&t.mnt, &extract);
+    // Same content, and the same names, types, modes, sizes, mtimes, link targets and link
+    // counts (directories' sizes are the file system's business).
+    assert_eq!(
+        sh_ok(t.dir.path(), "diff -r native/src mnt/src && echo same"),
+        "same\n"
+    );
+    let listing = "find src -type f -printf '%p %y %m %n %T@ %s\\n' \
+                   -o -printf '%p %y %m %n %T@ %l\\n' | sort";
+    let a = sh_ok(&native, listing);
+    assert_eq!(a, sh_ok(&t.mnt, listing));
+    assert!(a.contains("src/hard.rs f 644 2 "), "{a}");
+    // Hard links share one inode through the mount too.
+    assert_eq!(
+        sh_ok(
+            &t.mnt,
+            "stat -c %i src/hard.rs src/memory.rs | uniq | wc -l"
+        )
+        .trim(),
+        "1"
+    );
+    // cp -r and cp -a within the mount; diff against the native tree.
+    sh_ok(&t.mnt, "cp -r src copy && cp -a src copy_a");
+    assert_eq!(
+        sh_ok(
+            t.dir.path(),
+            "diff -r native/src mnt/copy && diff -r native/src mnt/copy_a && echo same"
+        ),
+        "same\n"
+    );
+    let a_listing = listing.replace("src", "copy_a");
+    sh_ok(&native, "cp -a src copy_a");
+    assert_eq!(sh_ok(&native, &a_listing), sh_ok(&t.mnt, &a_listing));
+    // The data is in the backend: a file read there equals the original.
+    let m = t.memory.as_ref().unwrap();
+    let size = std::fs::metadata(native.join("src/big.bin")).unwrap().len();
+    assert_eq!(m.getattr(b"copy/big.bin").unwrap().size, size);
+    // rm -r empties it again.
+    sh_ok(&t.mnt, "rm -r src copy copy_a");
+    assert_eq!(sh_ok(&t.mnt, "ls -A"), "");
+    assert_eq!(m.readdir(b"", false).unwrap(), Vec::new());
+    assert_eq!(m.inode_count(), 1);
+}
+
+#[test]
+fn git_workflow_on_memory_mount_matches_native() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::memory();
+    let native = t.dir.path().join("native");
+    std::fs::create_dir(&native).unwrap();
+    let script = r#"set -e
+git init -q -b main repo
+cd repo
+mkdir -p src docs
+for i in 1 2 3 4 5; do echo "line $i" > src/f$i.c; done
+echo readme > docs/README
+git add -A
+git commit -q -m first
+echo change >> src/f2.c
+rm src/f3.c
+echo new > src/new.c
+git status --porcelain
+git diff --stat
+git diff src/f2.c
+git add -A && git commit -q -m second
+git status --porcelain
+git log --format='%s %H'
+git ls-files
+git gc -q
+git fsck --no-progress 2>&1
+git log --format='%s %H'
+"#;
+    let a = sh_ok(&native, script);
+    let b = sh_ok(&t.mnt, script);
+    assert_eq!(a, b);
+    assert!(a.contains("src/new.c"));
+}
+
+#[test]
+fn build_and_run_a_program_on_memory_mount() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::memory();
+    let script = r#"set -e
+mkdir proj && cd proj
+cat > main.c <<'C'
+#include <stdio.h>
+int main(void) { printf("%d\n", 40 + 2); return 0; }
+C
+printf 'prog: main.c\n\tcc -o prog main.c\n' > Makefile
+make -s
+./prog
+make -s && echo up-to-date
+"#;
+    assert_eq!(sh_ok(&t.mnt, script), "42\nup-to-date\n");
+    let o = py(
+        &t.mnt,
+        "import tempfile, os\n\
+         names = set()\n\
+         for i in range(300):\n\
+         \x20   fd, p = tempfile.mkstemp(dir='.')\n\
+         \x20   os.write(fd, b'x' * i); os.close(fd)\n\
+         \x20   assert os.stat(p).st_size == i\n\
+         \x20   names.add(p)\n\
+         \x20   if i % 2: os.unlink(p)\n\
+         print(len(names), len([n for n in os.listdir('.') if n.startswith('tmp')]))",
+        None,
+    );
+    assert_eq!(o, "300 150\n");
+}
