@@ -1,10 +1,18 @@
-//! An in-memory backend, for unit tests only (integration tests use the local backend).
+//! An in-memory backend, for unit tests and for mounting through FUSE (the proof that the front
+//! end reaches storage only through [`Backend`]: crates/fuse runs its POSIX tests on one).
 //!
 //! [`MemoryBackend`] keeps a tree of inodes behind one mutex and answers every [`Backend`]
 //! method with Linux's semantics for the common cases: inode numbers, modes, owners, link counts
 //! (including hard links and directory `..` links), symbolic links, timestamps, the three rename
 //! modes, and the errno Linux gives (ENOENT, ENOTDIR, EISDIR, EEXIST, ENOTEMPTY, EINVAL, EBUSY,
 //! EPERM, EACCES, ELOOP for a symlink in a non-final component, ENAMETOOLONG).
+//!
+//! Regular files have data: one memfd each ([`Backend::open`] gives a new open file
+//! description of it per open, [`Backend::fstat`] the attributes of such a descriptor, also
+//! after the file was unlinked); see `memory/content.rs` for how the tree's attributes and the
+//! memfd's are kept in agreement. No extended attributes (the POSIX ACL names are absent), no
+//! data for fifos, sockets and devices. [`MemoryBackend::applying_umask`] makes creations apply
+//! the calling thread's umask, as a kernel file system does (the FUSE front end relies on it).
 //!
 //! Mutations are checked like the kernel checks a `*at` syscall made by the caller relative to
 //! the parent directory (as the local backend has the kernel check them): search permission on
@@ -618,6 +626,15 @@ impl Tree {
             c.set_times(pick(set.atime), pick(set.mtime))?;
         }
         let na = &mut self.get_mut(ino)?.attr;
+        if *set == SetAttr::default() && kind != FileType::Directory && !cred.is_root() {
+            // Nothing to set: what the FUSE kernel sends (FUSE_HANDLE_KILLPRIV) when a caller
+            // without CAP_FSETID writes to or chowns a set-id file, for the file system to drop
+            // the bits (forced: no permission needed), as Linux's file_remove_privs.
+            na.mode &= !S_ISUID;
+            if na.mode & 0o010 != 0 {
+                na.mode &= !S_ISGID;
+            }
+        }
         if set.uid.is_some() || set.gid.is_some() {
             na.uid = set.uid.unwrap_or(na.uid);
             na.gid = set.gid.unwrap_or(na.gid);
@@ -1994,6 +2011,33 @@ mod tests {
         m.unlink(&root(), b"f").unwrap();
         assert_eq!(m.fstat(fd.as_fd()).unwrap().nlink, 1);
         assert_eq!(read_all(&m.open(&root(), b"d/g", RW, 0).unwrap()), b"Sh");
+    }
+
+    /// An empty setattr by a caller without CAP_FSETID drops set-id bits (what the FUSE
+    /// kernel asks after such a caller's write); root's keeps them, directories keep them.
+    #[test]
+    fn memory_empty_setattr_removes_privs_for_non_root() {
+        let m = MemoryBackend::new();
+        m.populate(&["f", "g", "d/"]);
+        let mode = |p: &[u8], mode| {
+            m.setattr(
+                &root(),
+                p,
+                &SetAttr {
+                    mode: Some(mode),
+                    ..sa()
+                },
+            )
+            .unwrap()
+        };
+        mode(b"f", 0o6777);
+        mode(b"g", 0o6767);
+        mode(b"d", 0o3777);
+        assert_eq!(m.setattr(&root(), b"f", &sa()).unwrap().perm(), 0o6777);
+        assert_eq!(m.setattr(&user(1000), b"f", &sa()).unwrap().perm(), 0o777);
+        // set-group-ID without group execute is mandatory locking, not a privilege.
+        assert_eq!(m.setattr(&user(1000), b"g", &sa()).unwrap().perm(), 0o2767);
+        assert_eq!(m.setattr(&user(1000), b"d", &sa()).unwrap().perm(), 0o3777);
     }
 
     #[test]

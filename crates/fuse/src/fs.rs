@@ -863,6 +863,18 @@ impl DircacheFs {
     /// them too and fail with EPERM for a non-owner, failing the write; so a file with those
     /// bits is answered without a change (its ctime moves with the write).
     fn touch_ctime(&self, req: &Request, ino: INodeNo, node: &NodeRef, reply: ReplyAttr) {
+        if self.src_fd.is_none() {
+            // A backend that is not a local directory gets the empty setattr itself (a
+            // memory backend drops set-id bits for a caller without CAP_FSETID, as the kernel
+            // asks; its writes cannot).
+            let c = self.creds(req);
+            let r = self.with_node(ino, |n| self.cache.setattr_node(&c, n, &SetAttr::default()));
+            self.attrs_changed(node);
+            return match r {
+                Ok(a) => reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a)),
+                Err(e) => reply.error(e),
+            };
+        }
         let fd = match self.verified_path_fd(ino, node) {
             Ok(fd) => fd,
             Err(e) => return reply.error(e),
@@ -1823,6 +1835,10 @@ impl fuser::Filesystem for DircacheFs {
         reply: ReplyEmpty,
     ) {
         self.count(Op::fsyncdir);
+        if self.src_fd.is_none() {
+            // No local directory below (a memory backend): nothing to make durable, as tmpfs.
+            return reply.ok();
+        }
         let fd = match self.node(ino).and_then(|n| self.real_path_fd(&n)) {
             Ok(fd) => fd,
             Err(e) => return reply.error(e),

@@ -201,6 +201,23 @@ fn posix_checks_match_native_on_memory_backend() {
     assert_eq!(m.getattr(b"w/r3").unwrap().size, 1);
 }
 
+/// And with the daemon serving every read and write itself (no passthrough), and with every
+/// kernel cache off, so that each call reaches the backend.
+#[test]
+fn posix_checks_match_native_on_memory_backend_uncached() {
+    if !can_mount() {
+        return;
+    }
+    let no_passthrough = dircache_fuse::CachePolicy {
+        passthrough: false,
+        ..Default::default()
+    };
+    for policy in [no_passthrough, dircache_fuse::CachePolicy::uncached()] {
+        let t = TestMount::memory_with_policy(policy);
+        checks_match_native(&t);
+    }
+}
+
 /// Run USER_CHECKS as uid 1000 in a native directory and in `w` on mount `t`, and a probe as
 /// uid 1001; the outputs must be equal.
 fn user_checks_match_native(t: &TestMount) {

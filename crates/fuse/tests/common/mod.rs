@@ -79,6 +79,11 @@ impl TestMount {
     /// process) holds one descriptor per file with data: its descriptor limit is raised to
     /// the hard limit.
     pub fn memory() -> TestMount {
+        Self::memory_with_policy(dircache_fuse::CachePolicy::default())
+    }
+
+    /// [`TestMount::memory`] with `policy`.
+    pub fn memory_with_policy(policy: dircache_fuse::CachePolicy) -> TestMount {
         use rustix::process::{getrlimit, setrlimit, Resource};
         let mut lim = getrlimit(Resource::Nofile);
         if lim.current < lim.maximum {
@@ -95,7 +100,8 @@ impl TestMount {
         let backend = Arc::new(dircache_core::memory::MemoryBackend::new().applying_umask());
         let cache = dircache_core::Cache::new(backend.clone(), dircache_core::Config::default())
             .expect("cache");
-        let cfg = dircache_fuse::MountConfig::without_src(&mnt);
+        let mut cfg = dircache_fuse::MountConfig::without_src(&mnt);
+        cfg.policy = policy;
         let thread = serve(cache, &cfg);
         TestMount {
             dir,
