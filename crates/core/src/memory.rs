@@ -1144,7 +1144,8 @@ impl Backend for MemoryBackend {
     /// permission on the parent; for a new file, write permission on it (after EEXIST for
     /// O_EXCL); for an existing one, read and/or write permission on the file as the access
     /// mode asks (write for O_TRUNC too), and ownership for O_NOATIME. A symbolic link is
-    /// ELOOP (the final component is never followed), a directory EISDIR for writing; other
+    /// ELOOP (the final component is never followed), a directory EISDIR for writing or
+    /// O_CREAT; other
     /// file types, and directories for reading, have no data here (EOPNOTSUPP).
     fn open(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
         self.count();
@@ -1170,14 +1171,14 @@ impl Backend for MemoryBackend {
                 }
             };
             let a = t.attr(ino)?;
+            if flags & libc::O_DIRECTORY != 0 && a.kind() != FileType::Directory {
+                return Err(Error::NotDir);
+            }
             match a.kind() {
                 FileType::Regular => {}
                 FileType::Symlink => return Err(Error::Loop),
-                FileType::Directory if writes => return Err(Error::IsDir),
+                FileType::Directory if writes || creat => return Err(Error::IsDir),
                 _ => return Err(Error::NotSupported),
-            }
-            if flags & libc::O_DIRECTORY != 0 {
-                return Err(Error::NotDir);
             }
             if !created {
                 let mask = match acc {
