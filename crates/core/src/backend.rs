@@ -143,6 +143,13 @@ pub trait Backend: Send + Sync + 'static {
         Err(Error::NotSupported)
     }
 
+    /// chmod, chown and utimens of the file open as `fd` (a descriptor [`Backend::open`]
+    /// returned, also of a file unlinked since) as `cred`; returns the new attributes.
+    /// Default: not supported (the front end then acts on the descriptor itself).
+    fn fsetattr(&self, _cred: &Cred, _fd: BorrowedFd<'_>, _set: &SetAttr) -> Result<Attr> {
+        Err(Error::NotSupported)
+    }
+
     /// The whole value of extended attribute `name` of `target` (not following a final
     /// symlink), read with the caller's rights (`cred`): the backend decides access as the
     /// kernel would for that caller.

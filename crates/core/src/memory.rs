@@ -73,9 +73,10 @@ struct Tree {
     instance: u64,
     /// The inode of each memfd, by the memfd's `(dev, ino)`: live inodes and orphans.
     by_memfd: HashMap<(u64, u64), u64>,
-    /// Attributes of files with content whose last name went, while a descriptor may still
-    /// refer to them (see `content`): link count 0.
-    orphans: HashMap<u64, Attr>,
+    /// Inodes (in `inodes`, link count 0, in no directory) of files with content whose last
+    /// name went, while a descriptor other than the backend's own may still refer to them
+    /// (see `content`).
+    orphans: std::collections::HashSet<u64>,
     /// Prune orphans when there are this many.
     orphan_limit: usize,
 }
@@ -268,34 +269,48 @@ impl Tree {
         }
     }
 
-    /// The attributes of the file open as `fd` (a descriptor of one of this tree's memfds),
-    /// `st` its stat: a live inode's, or an orphan's (link count 0).
-    fn attr_of_open(&self, st: &rustix::fs::Stat) -> Result<Attr> {
+    /// The inode of the file open as `fd` (a descriptor of one of this tree's memfds, `st`
+    /// its stat): a live one, or an orphan (link count 0).
+    fn ino_of_open(&self, st: &rustix::fs::Stat) -> Result<u64> {
         let ino = *self
             .by_memfd
             .get(&(st.st_dev, st.st_ino))
             .ok_or(Error::Os(libc::EBADF))?;
-        if let Some(n) = self.inodes.get(&ino) {
-            if let Data::File(Some(c)) = &n.data {
-                return Ok(c.merge_with(n.attr, st));
-            }
+        match self.inodes.get(&ino) {
+            Some(Inode {
+                data: Data::File(Some(_)),
+                ..
+            }) => Ok(ino),
+            _ => Err(Error::Os(libc::EBADF)),
         }
-        let a = self.orphans.get(&ino).ok_or(Error::Os(libc::EBADF))?;
-        Ok(content::merge_stat(*a, st, true))
     }
 
-    /// Keep the attributes of `ino`, a file with content whose last name went, while
-    /// descriptors may refer to it; prune orphans no descriptor refers to any more.
-    fn orphan(&mut self, a: Attr) {
-        self.orphans.insert(a.ino, a);
+    /// Keep `ino`, a file with content whose last name went, while descriptors may refer to
+    /// it; drop orphans no descriptor but the backend's own refers to any more.
+    fn orphan(&mut self, ino: u64) {
+        self.orphans.insert(ino);
         if self.orphans.len() < self.orphan_limit {
             return;
         }
         let live = content::live_memfds(self.instance);
-        self.orphans.retain(|ino, _| live.contains(ino));
-        let (inodes, orphans) = (&self.inodes, &self.orphans);
-        self.by_memfd
-            .retain(|_, ino| inodes.contains_key(ino) || orphans.contains_key(ino));
+        let gone: Vec<u64> = self
+            .orphans
+            .iter()
+            .copied()
+            .filter(|ino| match self.inodes.get(ino) {
+                Some(Inode {
+                    data: Data::File(Some(c)),
+                    ..
+                }) => !live.iter().any(|&(fd, i)| i == *ino && fd != c.raw_fd()),
+                _ => true,
+            })
+            .collect();
+        for ino in gone {
+            self.orphans.remove(&ino);
+            self.inodes.remove(&ino);
+        }
+        let inodes = &self.inodes;
+        self.by_memfd.retain(|_, ino| inodes.contains_key(ino));
         self.orphan_limit = (2 * self.orphans.len()).max(ORPHAN_LIMIT);
     }
 
@@ -414,14 +429,11 @@ impl Tree {
             a.nlink = a.nlink.saturating_sub(1);
         }
         if a.nlink == 0 {
-            if let Some(Inode {
-                attr,
-                data: Data::File(Some(c)),
-            }) = self.inodes.remove(&ino)
-            {
-                let mut attr = c.merge(attr)?;
-                attr.ctime = self.now();
-                self.orphan(attr);
+            if matches!(self.get(ino)?.data, Data::File(Some(_))) {
+                self.touch_ctime(ino)?;
+                self.orphan(ino);
+            } else {
+                self.inodes.remove(&ino);
             }
         } else {
             self.touch_ctime(ino)?;
@@ -681,7 +693,7 @@ impl MemoryBackend {
             last_time: Timespec::default(),
             instance: content::next_instance(),
             by_memfd: HashMap::new(),
-            orphans: HashMap::new(),
+            orphans: Default::default(),
             orphan_limit: ORPHAN_LIMIT,
         };
         let t = tree.now();
@@ -735,9 +747,10 @@ impl MemoryBackend {
         self.calls.store(0, Ordering::Relaxed);
     }
 
-    /// Number of inodes in the tree (root included).
+    /// Number of inodes in the tree (root included; not those of files unlinked while open).
     pub fn inode_count(&self) -> usize {
-        self.tree.lock().inodes.len()
+        let t = self.tree.lock();
+        t.inodes.len() - t.orphans.len()
     }
 
     /// Build directories and files quickly (as root): paths ending in `/` are directories,
@@ -1238,7 +1251,19 @@ impl Backend for MemoryBackend {
     fn fstat(&self, fd: BorrowedFd<'_>) -> Result<Attr> {
         self.count();
         let st = content::stat_fd(fd)?;
-        self.tree.lock().attr_of_open(&st)
+        let t = self.tree.lock();
+        let ino = t.ino_of_open(&st)?;
+        t.attr(ino)
+    }
+
+    /// As `setattr`, on the file open as `fd` (also one unlinked since).
+    fn fsetattr(&self, cred: &Cred, fd: BorrowedFd<'_>, set: &SetAttr) -> Result<Attr> {
+        self.count();
+        let st = content::stat_fd(fd)?;
+        let mut t = self.tree.lock();
+        let ino = t.ino_of_open(&st)?;
+        t.setattr(cred, ino, set)?;
+        t.attr(ino)
     }
 
     fn watch(&self) -> Result<Option<ChangeFeed>> {
@@ -1963,6 +1988,24 @@ mod tests {
             (a.ino, a.nlink, a.size, a.mode),
             (ino, 0, 11, libc::S_IFREG | 0o640)
         );
+        // fchmod and futimens through the descriptor, with the caller's rights.
+        let chmod = SetAttr {
+            mode: Some(0o600),
+            ..sa()
+        };
+        assert_eq!(
+            m.fsetattr(&user(5), fd.as_fd(), &chmod).unwrap_err(),
+            Error::Perm
+        );
+        let t = Timespec { sec: 9, nsec: 0 };
+        let set = SetAttr {
+            mtime: Some(TimeSet::At(t)),
+            ..chmod
+        };
+        let b = m.fsetattr(&root(), fd.as_fd(), &set).unwrap();
+        assert_eq!((b.perm(), b.mtime, b.nlink, b.size), (0o600, t, 0, 11));
+        assert!(b.ctime > a.ctime);
+        assert_eq!(m.fstat(fd.as_fd()).unwrap(), b);
         // Renamed over: the same.
         let g = m.open(&root(), b"g", libc::O_CREAT | RW, 0o600).unwrap();
         write(&g, b"old");
@@ -1979,6 +2022,7 @@ mod tests {
         let m = MemoryBackend::new();
         let kept = m.open(&root(), b"kept", libc::O_CREAT | RW, 0o600).unwrap();
         write(&kept, b"k");
+        let kept_ino = m.getattr(b"kept").unwrap().ino;
         m.unlink(&root(), b"kept").unwrap();
         for i in 0..(3 * ORPHAN_LIMIT) {
             let p = format!("f{i}");
@@ -1990,6 +2034,7 @@ mod tests {
         }
         let t = m.tree.lock();
         assert!(t.orphans.len() < ORPHAN_LIMIT, "{}", t.orphans.len());
+        assert!(t.orphans.contains(&kept_ino));
         assert!(t.by_memfd.len() <= t.orphans.len() + 1);
         drop(t);
         assert_eq!(m.fstat(kept.as_fd()).unwrap().nlink, 0);

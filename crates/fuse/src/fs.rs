@@ -744,6 +744,14 @@ impl DircacheFs {
     /// have cleared them; the kernel must not keep the old mode (it decides exec and access
     /// with it).
     fn privs_maybe_killed(&self, of: &OpenFile) {
+        if self.src_fd.is_none() {
+            // A backend that is not a local directory does not see writes to its descriptors:
+            // the empty setattr asks it to drop the bits as for the opener (see `touch_ctime`).
+            let c = self.cache.kernel_checked(of.cred.clone());
+            if let Err(e) = self.cache.setattr_node(&c, &of.node, &SetAttr::default()) {
+                tracing::debug!("dropping set-id bits after a write: {e}");
+            }
+        }
         self.cache.forget_attr(&of.node);
         self.queue_inval_inode(of.nodeid);
     }
@@ -1203,7 +1211,11 @@ impl fuser::Filesystem for DircacheFs {
                 let Some(of) = of else {
                     return reply.error(e);
                 };
-                match Self::setattr_fd(&of.fd, c.cred(), &set) {
+                let r = match self.cache.backend().fsetattr(c.cred(), of.fd.as_fd(), &set) {
+                    Err(CoreError::NotSupported) => Self::setattr_fd(&of.fd, c.cred(), &set),
+                    r => r.map_err(errno),
+                };
+                match r {
                     Ok(a) => {
                         self.attrs_changed(&node);
                         reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))

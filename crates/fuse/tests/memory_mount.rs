@@ -158,7 +158,15 @@ fn more_calls_on_memory_mount_match_native() {
     if !can_mount() {
         return;
     }
-    let t = TestMount::memory();
+    for policy in [
+        dircache_fuse::CachePolicy::default(),
+        dircache_fuse::CachePolicy::uncached(),
+    ] {
+        more_calls_case(TestMount::memory_with_policy(policy));
+    }
+}
+
+fn more_calls_case(t: TestMount) {
     let native = t.dir.path().join("native");
     std::fs::create_dir(&native).unwrap();
     std::fs::create_dir(t.m("w")).unwrap();
@@ -179,7 +187,8 @@ r = subprocess.run(['setpriv', '--reuid=1000', '--regid=1000', '--clear-groups',
                     'sh', '-c', 'echo more >> f'])
 out('suid-kill', r.returncode, oct(os.stat('f').st_mode & 0o7777), open('f').read())
 fd = os.open('g', os.O_CREAT | os.O_RDWR, 0o644); os.unlink('g')
-out('fchmod-unlinked', e(os.fchmod, fd, 0o600), oct(os.fstat(fd).st_mode & 0o7777))
+out('fchmod-unlinked', e(os.fchmod, fd, 0o600), oct(os.fstat(fd).st_mode & 0o7777),
+    os.fstat(fd).st_nlink, os.fstat(fd).st_uid)
 os.close(fd)
 d = os.open('.', os.O_RDONLY)
 out('fsync-dir', e(os.fsync, d)); os.close(d)

@@ -18,12 +18,13 @@
 //! ctime. Truncation and explicit times go to the memfd, so both halves agree.
 //!
 //! **Invariant (orphans).** A memfd is found from any descriptor of it by its `(dev, ino)`
-//! ([`super::Tree::by_memfd`]). When the last name of a file with content goes, its
-//! attributes stay as an orphan (link count 0) for as long as a descriptor in this process
-//! may still refer to it: orphans are pruned by listing `/proc/self/fd`, whose memfd names
-//! carry the backend's instance and inode number ([`live_memfds`]), once their number
-//! doubles. The backend drops its own descriptor of an orphan at once, so the kernel frees the
-//! data when the last opener closes.
+//! (`Tree::by_memfd`), so `fstat` and `fsetattr` of a descriptor act on its inode. When the
+//! last name of a file with content goes, its inode stays (link count 0, in no directory, an
+//! orphan) for as long as a descriptor in this process other than the backend's own may
+//! still refer to it: orphans are pruned, once their number doubles, by listing
+//! `/proc/self/fd`, whose memfd names carry the backend's instance and inode number
+//! ([`live_memfds`]). (A descriptor sent to another process is not seen: its `fstat` through
+//! this backend then fails with EBADF; its data stays, as the kernel holds the memfd.)
 
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -124,6 +125,11 @@ impl Content {
         ))
     }
 
+    /// The number of the backend's own descriptor of the memfd.
+    pub(super) fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
     /// `a` merged with the memfd's attributes now (module docs).
     pub(super) fn merge(&self, a: Attr) -> Result<Attr> {
         let st = rustix::fs::fstat(&self.fd).map_err(os)?;
@@ -174,15 +180,18 @@ pub(super) fn stat_fd(fd: BorrowedFd<'_>) -> Result<rustix::fs::Stat> {
     rustix::fs::fstat(fd).map_err(os)
 }
 
-/// The inode numbers of backend `instance` whose memfds some descriptor of this process
-/// refers to now.
-pub(super) fn live_memfds(instance: u64) -> HashSet<u64> {
+/// The descriptors of this process that refer to memfds of backend `instance` now, with the
+/// inode number each stands for: `(fd, ino)`.
+pub(super) fn live_memfds(instance: u64) -> HashSet<(i32, u64)> {
     let prefix = format!("/memfd:dircache-mem-{instance}-");
     let mut out = HashSet::new();
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return out;
     };
     for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
         let Ok(target) = std::fs::read_link(e.path()) else {
             continue;
         };
@@ -190,7 +199,7 @@ pub(super) fn live_memfds(instance: u64) -> HashSet<u64> {
         if let Some(rest) = t.strip_prefix(&prefix) {
             let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
             if let Ok(ino) = digits.parse() {
-                out.insert(ino);
+                out.insert((fd, ino));
             }
         }
     }
