@@ -46,6 +46,8 @@ const S_IFMT: u32 = libc::S_IFMT;
 const S_ISUID: u32 = libc::S_ISUID;
 const S_ISGID: u32 = libc::S_ISGID;
 const S_ISVTX: u32 = libc::S_ISVTX;
+/// The kernel's __FMODE_EXEC, which FUSE passes in the open flags of an execve.
+const FMODE_EXEC: i32 = 0x20;
 /// Orphans are pruned (`Tree::orphan`) once there are at least this many.
 const ORPHAN_LIMIT: usize = 64;
 
@@ -1156,7 +1158,8 @@ impl Backend for MemoryBackend {
     /// `content`). Checked as openat(2) by the caller relative to the parent: search
     /// permission on the parent; for a new file, write permission on it (after EEXIST for
     /// O_EXCL); for an existing one, read and/or write permission on the file as the access
-    /// mode asks (write for O_TRUNC too), and ownership for O_NOATIME. A symbolic link is
+    /// mode asks (write for O_TRUNC too; execute only, for an open for execve, __FMODE_EXEC),
+    /// and ownership for O_NOATIME. A symbolic link is
     /// ELOOP (the final component is never followed), a directory EISDIR for writing or
     /// O_CREAT; other
     /// file types, and directories for reading, have no data here (EOPNOTSUPP).
@@ -1195,6 +1198,9 @@ impl Backend for MemoryBackend {
             }
             if !created {
                 let mask = match acc {
+                    // An open for execve (the FUSE kernel passes its __FMODE_EXEC): execute
+                    // permission, not read.
+                    libc::O_RDONLY if flags & FMODE_EXEC != 0 => 1,
                     libc::O_RDONLY => 4,
                     libc::O_WRONLY => 2,
                     _ => 6,
@@ -1908,6 +1914,26 @@ mod tests {
             m.open(&user(7), b"d/g", libc::O_RDONLY | libc::O_NOATIME, 0)
                 .unwrap_err(),
             Error::Perm
+        );
+        // An open for execve needs execute permission, not read (a 0711 program).
+        m.setattr(
+            &root(),
+            b"d/f",
+            &SetAttr {
+                mode: Some(0o711),
+                ..sa()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            m.open(&u, b"d/f", libc::O_RDONLY, 0).unwrap_err(),
+            Error::Access
+        );
+        drop(m.open(&u, b"d/f", libc::O_RDONLY | FMODE_EXEC, 0).unwrap());
+        assert_eq!(
+            m.open(&u, b"d/g", libc::O_RDONLY | FMODE_EXEC, 0)
+                .unwrap_err(),
+            Error::Access
         );
         // Opening for reading changes no timestamp.
         let a = m.getattr(b"d/g").unwrap();

@@ -744,16 +744,21 @@ impl DircacheFs {
     /// have cleared them; the kernel must not keep the old mode (it decides exec and access
     /// with it).
     fn privs_maybe_killed(&self, of: &OpenFile) {
+        self.backend_drops_privs(&of.node, &of.cred);
+        self.cache.forget_attr(&of.node);
+        self.queue_inval_inode(of.nodeid);
+    }
+
+    /// After `cred` wrote to or truncated `node` through a descriptor: a backend that is not a
+    /// local directory does not see that, and is asked to drop set-id bits as for that caller
+    /// with an empty setattr (see `touch_ctime`); a local file system drops them itself.
+    fn backend_drops_privs(&self, node: &NodeRef, cred: &Cred) {
         if self.src_fd.is_none() {
-            // A backend that is not a local directory does not see writes to its descriptors:
-            // the empty setattr asks it to drop the bits as for the opener (see `touch_ctime`).
-            let c = self.cache.kernel_checked(of.cred.clone());
-            if let Err(e) = self.cache.setattr_node(&c, &of.node, &SetAttr::default()) {
+            let c = self.cache.kernel_checked(cred.clone());
+            if let Err(e) = self.cache.setattr_node(&c, node, &SetAttr::default()) {
                 tracing::debug!("dropping set-id bits after a write: {e}");
             }
         }
-        self.cache.forget_attr(&of.node);
-        self.queue_inval_inode(of.nodeid);
     }
 
     /// chown, chmod and utimens of an open file through its descriptor, as `cred`.
@@ -1161,6 +1166,7 @@ impl fuser::Filesystem for DircacheFs {
                 Ok(fd) => fd,
                 Err(e) => return reply.error(e),
             };
+            self.backend_drops_privs(&node, &cred);
             self.attrs_changed(&node);
             if mode.is_none()
                 && uid.is_none()

@@ -299,3 +299,34 @@ impl Drop for NoDacCaps {
         let _ = rustix::thread::set_capabilities(None, self.0);
     }
 }
+
+/// A tmpfs mounted on a fresh directory, unmounted (lazily if busy) on drop: the native oracle
+/// for a memory mount where tmpfs and ext4 differ (the memory backend keeps file data in
+/// memfds, which are tmpfs files).
+pub struct Tmpfs(pub tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn new() -> Tmpfs {
+        let d = tempfile::Builder::new()
+            .prefix("dctmpfs")
+            .tempdir()
+            .expect("tempdir");
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=1777,size=64m", "tmpfs"])
+            .arg(d.path())
+            .status()
+            .expect("mount");
+        assert!(st.success(), "mount -t tmpfs failed");
+        Tmpfs(d)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
