@@ -209,3 +209,68 @@ out('xattr', e(os.getxattr, 'f', 'user.x'), e(os.setxattr, 'f', 'user.x', b'1'))
     assert_eq!(a_x, ["xattr ENODATA ok"]);
     assert_eq!(b_x, ["xattr ENOTSUP ENOTSUP"]);
 }
+
+/// Processes appending to one file at once (O_APPEND, each line one write crossing page
+/// boundaries) and others rewriting a second file lose nothing and tear nothing, with and
+/// without passthrough.
+#[test]
+fn concurrent_appends_on_memory_mount_are_all_kept() {
+    if !can_mount() {
+        return;
+    }
+    let no_passthrough = dircache_fuse::CachePolicy {
+        passthrough: false,
+        ..Default::default()
+    };
+    for policy in [dircache_fuse::CachePolicy::default(), no_passthrough] {
+        let t = TestMount::memory_with_policy(policy);
+        let script = r#"
+import os, sys
+w = sys.argv[1]
+fd = os.open('log', os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+for i in range(300):
+    line = ('%s %04d ' % (w, i)).ljust(99, w) + '\n'
+    assert os.write(fd, line.encode()) == 100
+os.close(fd)
+for i in range(100):
+    with open('own-' + w, 'w') as f:
+        f.write(w * (i + 1))
+"#;
+        let kids: Vec<ChildGuard> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|w| {
+                let c = std::process::Command::new(PY)
+                    .arg("-c")
+                    .arg(script)
+                    .arg(w)
+                    .current_dir(&t.mnt)
+                    .spawn()
+                    .expect("python");
+                ChildGuard(Some(c), None)
+            })
+            .collect();
+        for mut k in kids {
+            let st = k.0.as_mut().unwrap().wait().expect("wait");
+            assert!(st.success());
+        }
+        let log = std::fs::read_to_string(t.m("log")).unwrap();
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 1200);
+        for w in ["a", "b", "c", "d"] {
+            let mine: Vec<&str> = lines
+                .iter()
+                .copied()
+                .filter(|l| l.starts_with(&format!("{w} ")))
+                .collect();
+            assert_eq!(mine.len(), 300, "lines of {w}");
+            for (i, l) in mine.iter().enumerate() {
+                assert_eq!(
+                    *l,
+                    format!("{w} {i:04} ").as_str().to_owned() + &w.repeat(92)
+                );
+            }
+            let own = std::fs::read_to_string(t.m(&format!("own-{w}"))).unwrap();
+            assert_eq!(own, w.repeat(100));
+        }
+    }
+}
