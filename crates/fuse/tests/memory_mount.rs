@@ -264,10 +264,7 @@ for i in range(100):
                 .collect();
             assert_eq!(mine.len(), 300, "lines of {w}");
             for (i, l) in mine.iter().enumerate() {
-                assert_eq!(
-                    *l,
-                    format!("{w} {i:04} ").as_str().to_owned() + &w.repeat(92)
-                );
+                assert_eq!(*l, format!("{w} {i:04} {}", w.repeat(92)));
             }
             let own = std::fs::read_to_string(t.m(&format!("own-{w}"))).unwrap();
             assert_eq!(own, w.repeat(100));
