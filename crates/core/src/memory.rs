@@ -607,10 +607,11 @@ impl Tree {
             c.set_times(pick(set.atime), pick(set.mtime))?;
         }
         let na = &mut self.get_mut(ino)?.attr;
-        if *set == SetAttr::default() && kind != FileType::Directory && !cred.is_root() {
+        if *set == SetAttr::default() && kind != FileType::Directory {
             // Nothing to set: what the FUSE kernel sends (FUSE_HANDLE_KILLPRIV) when a caller
-            // without CAP_FSETID writes to or chowns a set-id file, for the file system to drop
-            // the bits (forced: no permission needed), as Linux's file_remove_privs.
+            // without CAP_FSETID writes to a set-id file, for the file system to drop the bits
+            // (forced: no permission needed), as Linux's file_remove_privs; and for
+            // chown(f, -1, -1), which drops them too, also root's.
             na.mode &= !S_ISUID;
             if na.mode & 0o010 != 0 {
                 na.mode &= !S_ISGID;
@@ -2260,10 +2261,11 @@ mod tests {
         assert_eq!(read_all(&m.open(&root(), b"d/g", RW, 0).unwrap()), b"Sh");
     }
 
-    /// An empty setattr by a caller without CAP_FSETID drops set-id bits (what the FUSE
-    /// kernel asks after such a caller's write); root's keeps them, directories keep them.
+    /// An empty setattr drops set-id bits: what the FUSE kernel asks after a write by a
+    /// caller without CAP_FSETID, and what chown(f, -1, -1) does natively, also root's (the
+    /// kernel never asks for root's writes); directories keep them.
     #[test]
-    fn memory_empty_setattr_removes_privs_for_non_root() {
+    fn memory_empty_setattr_removes_privs() {
         let m = MemoryBackend::new();
         m.populate(&["f", "g", "d/"]);
         let mode = |p: &[u8], mode| {
@@ -2280,8 +2282,9 @@ mod tests {
         mode(b"f", 0o6777);
         mode(b"g", 0o6767);
         mode(b"d", 0o3777);
-        assert_eq!(m.setattr(&root(), b"f", &sa()).unwrap().perm(), 0o6777);
         assert_eq!(m.setattr(&user(1000), b"f", &sa()).unwrap().perm(), 0o777);
+        mode(b"f", 0o6777);
+        assert_eq!(m.setattr(&root(), b"f", &sa()).unwrap().perm(), 0o777);
         // set-group-ID without group execute is mandatory locking, not a privilege.
         assert_eq!(m.setattr(&user(1000), b"g", &sa()).unwrap().perm(), 0o2767);
         assert_eq!(m.setattr(&user(1000), b"d", &sa()).unwrap().perm(), 0o3777);

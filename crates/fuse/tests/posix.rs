@@ -267,3 +267,44 @@ fn non_root_users_match_native_on_memory_backend() {
     let a = t.memory.as_ref().unwrap().getattr(b"w/mine").unwrap();
     assert_eq!((a.uid, a.gid), (1000, 1000));
 }
+
+/// chown(f, -1, -1) of the caller's own files, one of them set-user-ID, set-group-ID, ...:
+/// the mode after each.
+const CHOWN_NOTHING: &str = r#"
+import os
+for f, mode in [('u', 0o4755), ('g', 0o2755), ('l', 0o2745), ('n', 0o755), ('x', 0o6777)]:
+    open(f, 'w').close()
+    os.chmod(f, mode)
+    os.chown(f, -1, -1)
+    print(f, oct(os.stat(f).st_mode & 0o7777))
+"#;
+
+/// chown(f, -1, -1) (an empty SETATTR through FUSE, the same request the kernel sends to
+/// drop set-id bits after a write) drops set-id bits as natively, for the owner and for
+/// root, on a local and on a memory mount. (The local mount kept them: an empty SETATTR of
+/// a set-id file was answered without a change.)
+#[test]
+fn chown_nothing_drops_set_id_bits_as_natively() {
+    if !can_mount() {
+        return;
+    }
+    let local = TestMount::new();
+    let memory = TestMount::memory();
+    let native = local.dir.path().join("native");
+    std::fs::create_dir(&native).unwrap();
+    for (sub, uid) in [("root", None), ("user", Some(1000))] {
+        let dirs = [native.join(sub), local.m(sub), memory.m(sub)];
+        for d in &dirs {
+            std::fs::create_dir(d).unwrap();
+            chmod(d, 0o777);
+        }
+        let want = py(&dirs[0], CHOWN_NOTHING, uid);
+        assert!(want.contains("u 0o755"), "native oracle: {want}");
+        assert_eq!(py(&dirs[1], CHOWN_NOTHING, uid), want, "local mount, {sub}");
+        assert_eq!(
+            py(&dirs[2], CHOWN_NOTHING, uid),
+            want,
+            "memory mount, {sub}"
+        );
+    }
+}
