@@ -1,10 +1,18 @@
-//! An in-memory backend, for unit tests only (integration tests use the local backend).
+//! An in-memory backend, for unit tests and for mounting through FUSE (the proof that the front
+//! end reaches storage only through [`Backend`]: crates/fuse runs its POSIX tests on one).
 //!
 //! [`MemoryBackend`] keeps a tree of inodes behind one mutex and answers every [`Backend`]
 //! method with Linux's semantics for the common cases: inode numbers, modes, owners, link counts
 //! (including hard links and directory `..` links), symbolic links, timestamps, the three rename
 //! modes, and the errno Linux gives (ENOENT, ENOTDIR, EISDIR, EEXIST, ENOTEMPTY, EINVAL, EBUSY,
 //! EPERM, EACCES, ELOOP for a symlink in a non-final component, ENAMETOOLONG).
+//!
+//! Regular files have data: one memfd each. [`Backend::open`] gives a [`MemFile`] per open:
+//! a new open file description of the memfd for the data, the tree for the attributes (also
+//! after the file was unlinked: see `memory/file.rs`); see `memory/content.rs` for how the
+//! tree's attributes and the memfd's are kept in agreement. No extended attributes (the POSIX ACL names are absent), no
+//! data for fifos, sockets and devices. [`MemoryBackend::applying_umask`] makes creations apply
+//! the calling thread's umask, as a kernel file system does (the FUSE front end relies on it).
 //!
 //! Mutations are checked like the kernel checks a `*at` syscall made by the caller relative to
 //! the parent directory (as the local backend has the kernel check them): search permission on
@@ -19,13 +27,16 @@
 //! [`MemoryBackend::with_watch`] makes `watch()` return a feed reporting every mutation.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::{
-    Attr, Backend, Change, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode, Result,
-    SetAttr, StatFs, TimeSet, Timespec, Walked, NAME_MAX, PATH_MAX,
+    Attr, Backend, BackendFile, Change, ChangeFeed, Cred, DirEntry, Error, FileType, RenameMode,
+    Result, SetAttr, StatFs, TimeSet, Timespec, Walked, XattrTarget, NAME_MAX, PATH_MAX,
+    XATTR_UNSUPPORTED,
 };
 
 /// Device number reported for every inode.
@@ -37,16 +48,28 @@ const S_IFMT: u32 = libc::S_IFMT;
 const S_ISUID: u32 = libc::S_ISUID;
 const S_ISGID: u32 = libc::S_ISGID;
 const S_ISVTX: u32 = libc::S_ISVTX;
+/// The kernel's __FMODE_EXEC, which FUSE passes in the open flags of an execve.
+const FMODE_EXEC: i32 = 0x20;
+
+mod content;
+mod file;
+use content::Content;
+pub use file::MemFile;
 
 enum Data {
     Dir(BTreeMap<Vec<u8>, u64>),
     Symlink(Vec<u8>),
+    /// A regular file: its memfd once it has needed one (see `content`).
+    File(Option<Content>),
     Other,
 }
 
 struct Inode {
     attr: Attr,
     data: Data,
+    /// Open files ([`MemFile`]) of this inode: an inode whose last name goes while one is
+    /// open stays (link count 0, in no directory: an orphan) until the last one is dropped.
+    opens: u32,
 }
 
 struct Tree {
@@ -57,10 +80,13 @@ struct Tree {
 
 /// An in-memory [`Backend`] for unit tests. See the module documentation.
 pub struct MemoryBackend {
-    tree: Mutex<Tree>,
+    /// Shared with the open files ([`MemFile`]), which answer from the tree.
+    tree: Arc<Mutex<Tree>>,
     calls: AtomicU64,
     watch_enabled: bool,
-    feeds: Mutex<Vec<crossbeam_channel::Sender<Change>>>,
+    /// Apply the calling thread's umask to created modes, as a kernel file system does.
+    umask: bool,
+    feeds: Feeds,
 }
 
 impl Default for MemoryBackend {
@@ -214,8 +240,28 @@ impl Tree {
             .ok_or(Error::NotFound)
     }
 
+    /// The attributes of `ino`; for a regular file with content, merged with its memfd's.
     fn attr(&self, ino: u64) -> Result<Attr> {
-        Ok(self.get(ino)?.attr)
+        let n = self.get(ino)?;
+        match &n.data {
+            Data::File(Some(c)) => c.merge(n.attr),
+            _ => Ok(n.attr),
+        }
+    }
+
+    /// The content of regular file `ino`, set up (empty) if it has none yet.
+    fn content(&mut self, ino: u64) -> Result<&Content> {
+        let n = self.inodes.get_mut(&ino).ok_or(Error::Stale)?;
+        let Data::File(slot) = &mut n.data else {
+            return Err(Error::Invalid);
+        };
+        if slot.is_none() {
+            *slot = Some(Content::new(ino, &n.attr)?);
+        }
+        match &self.get(ino)?.data {
+            Data::File(Some(c)) => Ok(c),
+            _ => Err(Error::Invalid),
+        }
     }
 
     /// May `cred` add or remove entries of directory `dir`?
@@ -298,7 +344,7 @@ impl Tree {
         let size = match &data {
             Data::Symlink(target) => target.len() as u64,
             Data::Dir(_) => 4096,
-            Data::Other => 0,
+            Data::File(_) | Data::Other => 0,
         };
         let attr = Attr {
             ino,
@@ -315,7 +361,14 @@ impl Tree {
             mtime: t,
             ctime: t,
         };
-        self.inodes.insert(ino, Inode { attr, data });
+        self.inodes.insert(
+            ino,
+            Inode {
+                attr,
+                data,
+                opens: 0,
+            },
+        );
         self.children_mut(dir)?.insert(name.to_vec(), ino);
         if is_dir {
             self.get_mut(dir)?.attr.nlink += 1;
@@ -333,7 +386,12 @@ impl Tree {
             a.nlink = a.nlink.saturating_sub(1);
         }
         if a.nlink == 0 {
-            self.inodes.remove(&ino);
+            if self.get(ino)?.opens > 0 {
+                // Open: an orphan until its last open file goes (`MemFile`'s drop).
+                self.touch_ctime(ino)?;
+            } else {
+                self.inodes.remove(&ino);
+            }
         } else {
             self.touch_ctime(ino)?;
         }
@@ -479,6 +537,18 @@ impl Tree {
     }
 
     fn setattr(&mut self, cred: &Cred, ino: u64, set: &SetAttr) -> Result<()> {
+        self.setattr_as(cred, ino, set, false)
+    }
+
+    /// `setattr`; `opened_for_writing`: `cred` truncates through a file it opened for
+    /// writing (ftruncate), which needs no write permission now.
+    fn setattr_as(
+        &mut self,
+        cred: &Cred,
+        ino: u64,
+        set: &SetAttr,
+        opened_for_writing: bool,
+    ) -> Result<()> {
         let a = self.attr(ino)?;
         let kind = a.kind();
         // Check everything before changing anything.
@@ -506,7 +576,7 @@ impl Tree {
                 FileType::Regular => {}
                 _ => return Err(Error::Invalid),
             }
-            if !permitted(cred, &a, 2) {
+            if !opened_for_writing && !permitted(cred, &a, 2) {
                 return Err(Error::Access);
             }
         }
@@ -522,7 +592,31 @@ impl Tree {
             return Err(Error::Perm);
         }
         let t = self.now();
+        let pick = |s: Option<TimeSet>| match s {
+            None => None,
+            Some(TimeSet::Now) => Some(t),
+            Some(TimeSet::At(x)) => Some(x),
+        };
+        let has_content = matches!(self.get(ino)?.data, Data::File(Some(_)));
+        if has_content || set.size.is_some_and(|s| s > 0) {
+            // The data half lives in the memfd (see `content`): size and times go there.
+            let c = self.content(ino)?;
+            if let Some(size) = set.size {
+                c.resize(size, t)?;
+            }
+            c.set_times(pick(set.atime), pick(set.mtime))?;
+        }
         let na = &mut self.get_mut(ino)?.attr;
+        if *set == SetAttr::default() && kind != FileType::Directory {
+            // Nothing to set: what the FUSE kernel sends (FUSE_HANDLE_KILLPRIV) when a caller
+            // without CAP_FSETID writes to a set-id file, for the file system to drop the bits
+            // (forced: no permission needed), as Linux's file_remove_privs; and for
+            // chown(f, -1, -1), which drops them too, also root's.
+            na.mode &= !S_ISUID;
+            if na.mode & 0o010 != 0 {
+                na.mode &= !S_ISGID;
+            }
+        }
         if set.uid.is_some() || set.gid.is_some() {
             na.uid = set.uid.unwrap_or(na.uid);
             na.gid = set.gid.unwrap_or(na.gid);
@@ -553,15 +647,29 @@ impl Tree {
             na.blocks = size.div_ceil(512);
             na.mtime = t;
         }
-        let pick = |s: Option<TimeSet>, old: Timespec| match s {
-            None => old,
-            Some(TimeSet::Now) => t,
-            Some(TimeSet::At(x)) => x,
-        };
-        na.atime = pick(set.atime, na.atime);
-        na.mtime = pick(set.mtime, na.mtime);
+        na.atime = pick(set.atime).unwrap_or(na.atime);
+        na.mtime = pick(set.mtime).unwrap_or(na.mtime);
         na.ctime = t;
         Ok(())
+    }
+
+    /// After `cred` wrote to (or allocated in) regular file `ino`: a caller without
+    /// CAP_FSETID drops its set-user-ID and (group-executable) set-group-ID bits, as Linux's
+    /// file_remove_privs, moving the ctime. Returns whether the mode changed.
+    fn remove_privs(&mut self, cred: &Cred, ino: u64) -> Result<bool> {
+        let a = self.get(ino)?.attr;
+        let setid = a.mode & S_ISUID != 0 || a.mode & (S_ISGID | 0o010) == (S_ISGID | 0o010);
+        if cred.is_root() || a.kind() != FileType::Regular || !setid {
+            return Ok(false);
+        }
+        let t = self.now();
+        let na = &mut self.get_mut(ino)?.attr;
+        na.mode &= !S_ISUID;
+        if na.mode & 0o010 != 0 {
+            na.mode &= !S_ISGID;
+        }
+        na.ctime = t;
+        Ok(true)
     }
 }
 
@@ -594,13 +702,15 @@ impl MemoryBackend {
             Inode {
                 attr,
                 data: Data::Dir(BTreeMap::new()),
+                opens: 0,
             },
         );
         MemoryBackend {
-            tree: Mutex::new(tree),
+            tree: Arc::new(Mutex::new(tree)),
             calls: AtomicU64::new(0),
             watch_enabled: false,
-            feeds: Mutex::new(Vec::new()),
+            umask: false,
+            feeds: Feeds::default(),
         }
     }
 
@@ -623,9 +733,10 @@ impl MemoryBackend {
         self.calls.store(0, Ordering::Relaxed);
     }
 
-    /// Number of inodes in the tree (root included).
+    /// Number of inodes in the tree (root included; not those of files unlinked while open).
     pub fn inode_count(&self) -> usize {
-        self.tree.lock().inodes.len()
+        let t = self.tree.lock();
+        t.inodes.values().filter(|n| n.attr.nlink > 0).count()
     }
 
     /// Build directories and files quickly (as root): paths ending in `/` are directories,
@@ -667,17 +778,48 @@ impl MemoryBackend {
         self.calls.store(before, Ordering::Relaxed);
     }
 
+    /// This backend, applying the calling thread's umask to the modes of files it creates,
+    /// as a kernel file system does (the FUSE front end sets a request thread's umask to the
+    /// caller's around a creation). Default: modes are taken as given.
+    pub fn applying_umask(mut self) -> MemoryBackend {
+        self.umask = true;
+        self
+    }
+
+    /// A new open file of inode `ino` (`t`: the locked tree) over `fd` for data.
+    fn file(&self, t: &mut Tree, ino: u64, fd: Option<OwnedFd>) -> Result<MemFile> {
+        let feeds = self.watch_enabled.then(|| self.feeds.clone());
+        MemFile::new(&self.tree, t, ino, fd, feeds)
+    }
+
+    /// `mode` with the thread's umask applied, when this backend applies it.
+    fn masked(&self, mode: u32) -> Result<u32> {
+        if !self.umask {
+            return Ok(mode);
+        }
+        Ok(mode & !(content::thread_umask()? & 0o777))
+    }
+
     fn count(&self) {
         self.calls.fetch_add(1, Ordering::Relaxed);
     }
 
     fn notify(&self, changes: &[Change]) {
-        if !self.watch_enabled {
-            return;
+        if self.watch_enabled {
+            notify(&self.feeds, changes);
         }
-        let mut feeds = self.feeds.lock();
-        feeds.retain(|tx| changes.iter().all(|c| tx.send(c.clone()).is_ok()));
     }
+}
+
+/// The senders of the change feeds `watch` gave out (shared with the open files, whose
+/// changes are reported too).
+type Feeds = Arc<Mutex<Vec<crossbeam_channel::Sender<Change>>>>;
+
+/// Report `changes` on every feed; a feed whose receiver is gone is forgotten.
+fn notify(feeds: &Feeds, changes: &[Change]) {
+    feeds
+        .lock()
+        .retain(|tx| changes.iter().all(|c| tx.send(c.clone()).is_ok()));
 }
 
 fn entry(path: &[u8]) -> Change {
@@ -803,7 +945,12 @@ impl Backend for MemoryBackend {
                     e
                 }
             })?;
-            t.create(cred, d, name, mode, rdev, Data::Other)?
+            let data = if mode & S_IFMT == libc::S_IFREG {
+                Data::File(None)
+            } else {
+                Data::Other
+            };
+            t.create(cred, d, name, self.masked(mode)?, rdev, data)?
         };
         self.notify(&[entry(path)]);
         Ok(a)
@@ -824,7 +971,7 @@ impl Backend for MemoryBackend {
                 cred,
                 d,
                 name,
-                libc::S_IFDIR | (mode & 0o1777),
+                libc::S_IFDIR | self.masked(mode & 0o1777)?,
                 0,
                 Data::Dir(BTreeMap::new()),
             )?
@@ -1003,6 +1150,156 @@ impl Backend for MemoryBackend {
             namelen: NAME_MAX as u32,
             frsize: 4096,
         })
+    }
+
+    /// Opens a regular file (creating it with O_CREAT, `mode` as for mknod): a [`MemFile`]
+    /// over a new open file description of its memfd with the access mode and O_APPEND of
+    /// `flags` (see `content`), whose attributes are the tree's. Checked as openat(2) by the caller relative to the parent: search
+    /// permission on the parent; for a new file, write permission on it (after EEXIST for
+    /// O_EXCL); for an existing one, read and/or write permission on the file as the access
+    /// mode asks (write for O_TRUNC too; execute only, for an open for execve, __FMODE_EXEC),
+    /// and ownership for O_NOATIME. A symbolic link is
+    /// ELOOP (the final component is never followed), a directory EISDIR for writing or
+    /// O_CREAT; other
+    /// file types, and directories for reading, have no data here (EOPNOTSUPP).
+    fn open(
+        &self,
+        cred: &Cred,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+    ) -> Result<Box<dyn BackendFile>> {
+        self.count();
+        let creat = flags & libc::O_CREAT != 0;
+        let acc = flags & libc::O_ACCMODE;
+        let writes = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let mut created = false;
+        let file = {
+            let mut t = self.tree.lock();
+            let ino = if path.is_empty() {
+                ROOT_INO
+            } else {
+                let (d, name) = t.parent(path, Some(cred))?;
+                match t.lookup_in(d, name) {
+                    Ok(_) if creat && flags & libc::O_EXCL != 0 => return Err(Error::Exists),
+                    Ok(i) => i,
+                    Err(Error::NotFound) if creat => {
+                        let mode = self.masked(libc::S_IFREG | (mode & 0o7777))?;
+                        created = true;
+                        t.create(cred, d, name, mode, 0, Data::File(None))?.ino
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            let a = t.attr(ino)?;
+            if flags & libc::O_DIRECTORY != 0 && a.kind() != FileType::Directory {
+                return Err(Error::NotDir);
+            }
+            match a.kind() {
+                FileType::Regular => {}
+                FileType::Symlink => return Err(Error::Loop),
+                FileType::Directory if writes || creat => return Err(Error::IsDir),
+                _ => return Err(Error::NotSupported),
+            }
+            if !created {
+                let mask = match acc {
+                    // An open for execve (the FUSE kernel passes its __FMODE_EXEC): execute
+                    // permission, not read.
+                    libc::O_RDONLY if flags & FMODE_EXEC != 0 => 1,
+                    libc::O_RDONLY => 4,
+                    libc::O_WRONLY => 2,
+                    _ => 6,
+                } | if flags & libc::O_TRUNC != 0 { 2 } else { 0 };
+                if !permitted(cred, &a, mask) {
+                    return Err(Error::Access);
+                }
+                if flags & libc::O_NOATIME != 0 && !owner_or_root(cred, &a) {
+                    return Err(Error::Perm);
+                }
+            }
+            if flags & libc::O_TRUNC != 0 && !created {
+                // As truncate(2) by the caller (setattr's rules: set-id bits dropped).
+                t.setattr(
+                    cred,
+                    ino,
+                    &SetAttr {
+                        size: Some(0),
+                        ..SetAttr::default()
+                    },
+                )?;
+            }
+            let fd = t.content(ino)?.reopen(flags)?;
+            self.file(&mut t, ino, Some(fd))?
+        };
+        if created {
+            self.notify(&[entry(path)]);
+        } else if flags & libc::O_TRUNC != 0 {
+            self.notify(&[Change::Attr {
+                path: path.to_vec(),
+            }]);
+        }
+        Ok(Box::new(file))
+    }
+
+    /// The inode `target` names, found by its number when its names are all gone
+    /// (`target.open`: an orphan, kept while open), opened as [`open`](Backend::open) opens
+    /// a file but without permission checks (the kernel checked the caller's own open, see
+    /// the trait): a regular file's data with the access mode of `flags`; a directory, and
+    /// anything with `O_PATH`, without data (attributes only; syncing it is nothing to do,
+    /// as on tmpfs).
+    fn open_verified(
+        &self,
+        _cred: &Cred,
+        target: XattrTarget<'_>,
+        flags: i32,
+    ) -> Result<Box<dyn BackendFile>> {
+        self.count();
+        let mut t = self.tree.lock();
+        let ino = match (target.open, target.expect) {
+            (Some(_), Some((_, ino))) => ino,
+            (Some(_), None) => return Err(Error::Stale),
+            (None, _) if target.path.is_empty() => ROOT_INO,
+            (None, _) => {
+                let (d, name) = t.parent(target.path, None)?;
+                t.lookup_in(d, name)?
+            }
+        };
+        if target.expect.is_some_and(|e| e != (MEMORY_DEV, ino)) {
+            return Err(Error::Stale);
+        }
+        let a = t.attr(ino)?;
+        if flags & libc::O_DIRECTORY != 0 && a.kind() != FileType::Directory {
+            return Err(Error::NotDir);
+        }
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let fd = match a.kind() {
+            _ if flags & libc::O_PATH != 0 => None,
+            FileType::Regular => Some(t.content(ino)?.reopen(flags)?),
+            FileType::Directory if writes => return Err(Error::IsDir),
+            FileType::Directory => None,
+            FileType::Symlink => return Err(Error::Loop),
+            _ => return Err(Error::NotSupported),
+        };
+        Ok(Box::new(self.file(&mut t, ino, fd)?))
+    }
+
+    /// No extended attributes (EOPNOTSUPP, as a file system without them), except that the
+    /// POSIX ACL names are absent (ENODATA), as Linux treats a file system without ACLs: a
+    /// FUSE front end that lets the kernel enforce ACLs (FUSE_POSIX_ACL) takes EOPNOTSUPP
+    /// for an error and would refuse every chmod and create.
+    fn getxattr(&self, _cred: &Cred, target: XattrTarget<'_>, name: &[u8]) -> Result<Vec<u8>> {
+        self.count();
+        if target.open.is_none() && !target.path.is_empty() {
+            let t = self.tree.lock();
+            let (d, name) = t.parent(target.path, None)?;
+            t.lookup_in(d, name)?;
+        }
+        match name {
+            b"system.posix_acl_access" | b"system.posix_acl_default" => {
+                Err(Error::Os(libc::ENODATA))
+            }
+            _ => Err(XATTR_UNSUPPORTED),
+        }
     }
 
     fn watch(&self) -> Result<Option<ChangeFeed>> {
@@ -1506,5 +1803,516 @@ mod tests {
         drop(rx);
         m.mkdir(&root(), b"f", 0o755).unwrap(); // a dropped feed is forgotten
         assert!(m.feeds.lock().is_empty());
+    }
+
+    const RW: i32 = libc::O_RDWR;
+
+    type File = Box<dyn BackendFile>;
+
+    /// Write `data` at the end of `f`, as root.
+    fn write(f: &File, data: &[u8]) {
+        let end = f.attr().unwrap().size;
+        assert_eq!(f.write_at(&root(), data, end, false).unwrap(), data.len());
+    }
+
+    fn read_all(f: &File) -> Vec<u8> {
+        let mut buf = vec![0u8; 4096];
+        let n = f.read_at(&mut buf, 0).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    fn truncate(m: &MemoryBackend, path: &[u8], size: u64) -> Attr {
+        m.setattr(
+            &root(),
+            path,
+            &SetAttr {
+                size: Some(size),
+                ..sa()
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn memory_data_written_through_one_open_is_read_through_another() {
+        let m = MemoryBackend::new();
+        let w = m
+            .open(&root(), b"f", libc::O_CREAT | libc::O_WRONLY, 0o640)
+            .unwrap();
+        let a = m.getattr(b"f").unwrap();
+        assert_eq!((a.mode, a.size, a.nlink), (libc::S_IFREG | 0o640, 0, 1));
+        write(&w, b"hello");
+        let r = m.open(&root(), b"f", libc::O_RDONLY, 0).unwrap();
+        assert_eq!(read_all(&r), b"hello");
+        // Each open is its own open file description: its own offset and access mode.
+        assert!(w.writable() && !r.writable());
+        assert_eq!(
+            r.write_at(&root(), b"x", 0, false).unwrap_err(),
+            Error::Os(libc::EBADF)
+        );
+        let r2 = m.open(&root(), b"f", libc::O_RDONLY, 0).unwrap();
+        let mut b = [0u8; 2];
+        assert_eq!(rustix::io::read(r.fd().unwrap(), &mut b).unwrap(), 2);
+        assert_eq!(rustix::io::read(r2.fd().unwrap(), &mut b).unwrap(), 2);
+        assert_eq!(&b, b"he");
+        // Size and blocks come from the data; type, mode, owner and inode from the tree.
+        let a = m.getattr(b"f").unwrap();
+        assert_eq!(a.size, 5);
+        assert!(a.blocks > 0);
+        let f = r.attr().unwrap();
+        assert_eq!(f, a);
+        assert_eq!((f.dev, f.mode), (MEMORY_DEV, libc::S_IFREG | 0o640));
+        // Not the memfd's attributes (its own inode, mode and owner).
+        let st = rustix::fs::fstat(r.fd().unwrap()).unwrap();
+        assert_ne!((st.st_dev, st.st_ino), (f.dev, f.ino));
+    }
+
+    #[test]
+    fn memory_open_flags_and_permissions() {
+        let m = MemoryBackend::new();
+        m.populate(&["d/", "d/l -> f"]);
+        let creat = libc::O_CREAT | libc::O_WRONLY;
+        drop(m.open(&root(), b"d/f", creat, 0o600).unwrap());
+        assert_eq!(
+            m.open(&root(), b"d/f", creat | libc::O_EXCL, 0o600)
+                .unwrap_err(),
+            Error::Exists
+        );
+        assert_eq!(
+            m.open(&root(), b"d/nope", libc::O_RDONLY, 0).unwrap_err(),
+            Error::NotFound
+        );
+        assert_eq!(
+            m.open(&root(), b"d/l", libc::O_RDONLY, 0).unwrap_err(),
+            Error::Loop
+        );
+        assert_eq!(
+            m.open(&root(), b"d", libc::O_WRONLY, 0).unwrap_err(),
+            Error::IsDir
+        );
+        assert_eq!(
+            m.open(&root(), b"d/f", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                .unwrap_err(),
+            Error::NotDir
+        );
+        write(
+            &m.open(&root(), b"d/f", libc::O_WRONLY, 0).unwrap(),
+            b"data",
+        );
+        // O_TRUNC empties the file (and needs write permission).
+        let u = user(1000);
+        assert_eq!(
+            m.open(&u, b"d/f", libc::O_RDONLY | libc::O_TRUNC, 0)
+                .unwrap_err(),
+            Error::Access
+        );
+        assert_eq!(m.getattr(b"d/f").unwrap().size, 4);
+        let before = m.getattr(b"d/f").unwrap();
+        drop(
+            m.open(&root(), b"d/f", libc::O_WRONLY | libc::O_TRUNC, 0)
+                .unwrap(),
+        );
+        let after = m.getattr(b"d/f").unwrap();
+        assert_eq!(after.size, 0);
+        assert!(after.mtime > before.mtime && after.ctime > before.ctime);
+        // Reading needs read permission, writing write permission (0600 root: neither).
+        assert_eq!(
+            m.open(&u, b"d/f", libc::O_RDONLY, 0).unwrap_err(),
+            Error::Access
+        );
+        assert_eq!(m.open(&u, b"d/f", RW, 0).unwrap_err(), Error::Access);
+        // Creating needs write permission on the parent (0755 root); EEXIST comes first.
+        assert_eq!(m.open(&u, b"d/g", creat, 0o644).unwrap_err(), Error::Access);
+        assert_eq!(
+            m.open(&u, b"d/f", creat | libc::O_EXCL, 0o644).unwrap_err(),
+            Error::Exists
+        );
+        m.setattr(
+            &root(),
+            b"d",
+            &SetAttr {
+                mode: Some(0o777),
+                ..sa()
+            },
+        )
+        .unwrap();
+        // A new file is opened whatever its mode says, and belongs to its creator.
+        let fd = m.open(&u, b"d/g", creat, 0o444).unwrap();
+        write(&fd, b"mine");
+        let a = m.getattr(b"d/g").unwrap();
+        assert_eq!((a.uid, a.perm(), a.size), (1000, 0o444, 4));
+        assert_eq!(
+            m.open(&user(7), b"d/g", libc::O_RDONLY | libc::O_NOATIME, 0)
+                .unwrap_err(),
+            Error::Perm
+        );
+        // An open for execve needs execute permission, not read (a 0711 program).
+        m.setattr(
+            &root(),
+            b"d/f",
+            &SetAttr {
+                mode: Some(0o711),
+                ..sa()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            m.open(&u, b"d/f", libc::O_RDONLY, 0).unwrap_err(),
+            Error::Access
+        );
+        drop(m.open(&u, b"d/f", libc::O_RDONLY | FMODE_EXEC, 0).unwrap());
+        assert_eq!(
+            m.open(&u, b"d/g", libc::O_RDONLY | FMODE_EXEC, 0)
+                .unwrap_err(),
+            Error::Access
+        );
+        // Opening for reading changes no timestamp.
+        let a = m.getattr(b"d/g").unwrap();
+        drop(m.open(&u, b"d/g", libc::O_RDONLY, 0).unwrap());
+        let b = m.getattr(b"d/g").unwrap();
+        assert_eq!((a.mtime, a.ctime), (b.mtime, b.ctime));
+    }
+
+    #[test]
+    fn memory_append_appends_at_the_real_end() {
+        let m = MemoryBackend::new();
+        let w = m.open(&root(), b"f", libc::O_CREAT | RW, 0o644).unwrap();
+        write(&w, b"hello");
+        let a = m
+            .open(&root(), b"f", libc::O_WRONLY | libc::O_APPEND, 0)
+            .unwrap();
+        // The other description writes where it says; the appending one at the end.
+        w.write_at(&root(), b"HELLO!", 0, false).unwrap();
+        a.write_at(&root(), b" world", 0, true).unwrap();
+        assert_eq!(read_all(&w), b"HELLO! world");
+        // The description itself appends (O_APPEND), the other one does not.
+        rustix::io::write(a.fd().unwrap(), b"!").unwrap();
+        rustix::io::write(w.fd().unwrap(), b"h").unwrap();
+        assert_eq!(read_all(&w), b"hELLO! world!");
+        let fl = rustix::fs::fcntl_getfl(a.fd().unwrap()).unwrap();
+        assert!(fl.contains(rustix::fs::OFlags::APPEND));
+    }
+
+    #[test]
+    fn memory_truncate_resizes_the_data() {
+        let m = MemoryBackend::new();
+        let fd = m.open(&root(), b"f", libc::O_CREAT | RW, 0o644).unwrap();
+        write(&fd, b"0123456789");
+        let before = m.getattr(b"f").unwrap();
+        let a = truncate(&m, b"f", 3);
+        assert_eq!(a.size, 3);
+        assert!(a.mtime > before.mtime && a.ctime > before.ctime);
+        assert_eq!(read_all(&fd), b"012");
+        let a = truncate(&m, b"f", 6);
+        assert_eq!(fd.attr().unwrap(), a);
+        assert_eq!(read_all(&fd), b"012\0\0\0");
+        // A file that never had data is given some by a truncation.
+        m.populate(&["empty"]);
+        assert_eq!(truncate(&m, b"empty", 2).size, 2);
+        let r = m.open(&root(), b"empty", libc::O_RDONLY, 0).unwrap();
+        assert_eq!(read_all(&r), b"\0\0");
+        // Explicit times go to the data half too.
+        let t = Timespec { sec: 77, nsec: 5 };
+        let a = m
+            .setattr(
+                &root(),
+                b"f",
+                &SetAttr {
+                    mtime: Some(TimeSet::At(t)),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        assert_eq!(a.mtime, t);
+        assert_eq!(fd.attr().unwrap().mtime, t);
+        // A write moves mtime and ctime.
+        write(&fd, b"x");
+        let b = m.getattr(b"f").unwrap();
+        assert!(b.mtime > t && b.ctime >= a.ctime);
+    }
+
+    #[test]
+    fn memory_unlinked_open_file_keeps_its_data() {
+        let m = MemoryBackend::new();
+        let fd = m.open(&root(), b"f", libc::O_CREAT | RW, 0o640).unwrap();
+        write(&fd, b"still here");
+        let ino = m.getattr(b"f").unwrap().ino;
+        m.unlink(&root(), b"f").unwrap();
+        assert_eq!(m.getattr(b"f").unwrap_err(), Error::NotFound);
+        write(&fd, b"!");
+        assert_eq!(read_all(&fd), b"still here!");
+        let a = fd.attr().unwrap();
+        assert_eq!(
+            (a.ino, a.nlink, a.size, a.mode),
+            (ino, 0, 11, libc::S_IFREG | 0o640)
+        );
+        // fchmod and futimens through the descriptor, with the caller's rights.
+        let chmod = SetAttr {
+            mode: Some(0o600),
+            ..sa()
+        };
+        assert_eq!(fd.setattr(&user(5), &chmod).unwrap_err(), Error::Perm);
+        let t = Timespec { sec: 9, nsec: 0 };
+        let set = SetAttr {
+            mtime: Some(TimeSet::At(t)),
+            ..chmod
+        };
+        let b = fd.setattr(&root(), &set).unwrap();
+        assert_eq!((b.perm(), b.mtime, b.nlink, b.size), (0o600, t, 0, 11));
+        assert!(b.ctime > a.ctime);
+        assert_eq!(fd.attr().unwrap(), b);
+        // Renamed over: the same.
+        let g = m.open(&root(), b"g", libc::O_CREAT | RW, 0o600).unwrap();
+        write(&g, b"old");
+        m.populate(&["h"]);
+        m.rename(&root(), b"h", b"g", RenameMode::Replace).unwrap();
+        assert_eq!(read_all(&g), b"old");
+        assert_eq!(g.attr().unwrap().nlink, 0);
+    }
+
+    /// An unlinked file's inode (an orphan) stays while one of its open files does, and goes
+    /// with the last one; one unlinked while not open goes at once.
+    #[test]
+    fn memory_orphans_stay_while_open_and_go_with_the_last_open_file() {
+        let m = MemoryBackend::new();
+        let kept = m.open(&root(), b"kept", libc::O_CREAT | RW, 0o600).unwrap();
+        write(&kept, b"k");
+        let second = m.open(&root(), b"kept", libc::O_RDONLY, 0).unwrap();
+        let kept_ino = m.getattr(b"kept").unwrap().ino;
+        m.unlink(&root(), b"kept").unwrap();
+        for i in 0..100 {
+            let p = format!("f{i}");
+            let f = m
+                .open(&root(), p.as_bytes(), libc::O_CREAT | RW, 0o600)
+                .unwrap();
+            write(&f, b"data");
+            drop(f);
+            m.unlink(&root(), p.as_bytes()).unwrap();
+        }
+        // The root and the orphan.
+        assert_eq!(m.tree.lock().inodes.len(), 2);
+        assert_eq!(m.inode_count(), 1);
+        let a = kept.attr().unwrap();
+        assert_eq!((a.ino, a.nlink, a.size), (kept_ino, 0, 1));
+        drop(kept);
+        assert_eq!(second.attr().unwrap().ino, kept_ino);
+        assert_eq!(read_all(&second), b"k");
+        drop(second);
+        assert_eq!(m.tree.lock().inodes.len(), 1);
+        // A removed directory held open (open_verified) the same.
+        m.populate(&["d/"]);
+        let d = m
+            .open_verified(
+                &root(),
+                XattrTarget {
+                    path: b"d",
+                    expect: None,
+                    open: None,
+                },
+                libc::O_RDONLY | libc::O_DIRECTORY,
+            )
+            .unwrap();
+        m.rmdir(&root(), b"d").unwrap();
+        assert_eq!(d.attr().unwrap().nlink, 0);
+        drop(d);
+        assert_eq!(m.tree.lock().inodes.len(), 1);
+    }
+
+    /// Writes, allocations and truncations through an open file drop set-id bits as the
+    /// caller does natively (file_remove_privs): not for root, not set-group-ID without group
+    /// execute; a truncation through a file opened for writing needs no write permission
+    /// now, one through a read-only file does (open(O_TRUNC)).
+    #[test]
+    fn memory_writes_through_open_files_drop_set_id_bits_as_the_caller() {
+        let m = MemoryBackend::new();
+        m.populate(&["f"]);
+        let mode = |mode| {
+            m.setattr(
+                &root(),
+                b"f",
+                &SetAttr {
+                    mode: Some(mode),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        };
+        let perm = || m.getattr(b"f").unwrap().perm();
+        let f = m.open(&root(), b"f", RW, 0).unwrap();
+        mode(0o6777);
+        f.write_at(&root(), b"x", 0, false).unwrap();
+        assert_eq!(perm(), 0o6777);
+        f.write_at(&user(1000), b"x", 0, false).unwrap();
+        assert_eq!(perm(), 0o777);
+        mode(0o6767);
+        f.write_at(&user(1000), b"x", 0, true).unwrap();
+        assert_eq!(perm(), 0o2767);
+        mode(0o6777);
+        f.allocate(&user(1000), 0, 0, 8192).unwrap();
+        assert_eq!((perm(), m.getattr(b"f").unwrap().size), (0o777, 8192));
+        // Others may not write 0o4744: through root's open for writing, the truncation is
+        // allowed (and drops the bit); through a read-only open it is not.
+        mode(0o4744);
+        f.set_size(&user(1000), 3).unwrap();
+        assert_eq!((perm(), m.getattr(b"f").unwrap().size), (0o744, 3));
+        mode(0o4744);
+        let r = m.open(&root(), b"f", libc::O_RDONLY, 0).unwrap();
+        assert_eq!(r.set_size(&user(1000), 0).unwrap_err(), Error::Access);
+        r.set_size(&root(), 1).unwrap();
+        assert_eq!((perm(), r.attr().unwrap().size), (0o4744, 1));
+        // setattr through the file ignores a size.
+        let a = f
+            .setattr(
+                &root(),
+                &SetAttr {
+                    size: Some(100),
+                    mode: Some(0o600),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        assert_eq!((a.perm(), a.size), (0o600, 1));
+    }
+
+    /// open_verified opens the inode the target names (by number when its names are gone)
+    /// or fails with ESTALE; data for regular files, none with O_PATH or for directories.
+    #[test]
+    fn memory_open_verified_finds_the_inode() {
+        let m = MemoryBackend::new();
+        m.populate(&["d/"]);
+        let w = m.open(&root(), b"d/f", libc::O_CREAT | RW, 0o644).unwrap();
+        write(&w, b"data");
+        let ino = m.getattr(b"d/f").unwrap().ino;
+        let at = |path: &'static [u8], expect| XattrTarget {
+            path,
+            expect,
+            open: None,
+        };
+        let f = m
+            .open_verified(
+                &user(5),
+                at(b"d/f", Some((MEMORY_DEV, ino))),
+                libc::O_RDONLY,
+            )
+            .unwrap();
+        assert_eq!(
+            (read_all(&f), f.attr().unwrap().ino),
+            (b"data".to_vec(), ino)
+        );
+        assert_eq!(
+            m.open_verified(&root(), at(b"d/f", Some((MEMORY_DEV, ino + 1))), 0)
+                .unwrap_err(),
+            Error::Stale
+        );
+        assert_eq!(
+            m.open_verified(&root(), at(b"d/f", None), libc::O_DIRECTORY)
+                .unwrap_err(),
+            Error::NotDir
+        );
+        let p = m
+            .open_verified(&root(), at(b"d/f", None), libc::O_PATH)
+            .unwrap();
+        assert!(p.fd().is_none() && !p.writable());
+        let mut buf = [0u8; 4];
+        assert_eq!(p.read_at(&mut buf, 0).unwrap_err(), Error::Os(libc::EBADF));
+        // A directory: attributes, and a sync that has nothing to do (as tmpfs).
+        let d = m
+            .open_verified(&root(), at(b"d", None), libc::O_RDONLY | libc::O_DIRECTORY)
+            .unwrap();
+        assert!(d.attr().unwrap().is_dir());
+        d.sync(false).unwrap();
+        m.fsyncdir(&root(), at(b"d", None), true).unwrap();
+        assert_eq!(
+            m.open_verified(&root(), at(b"d", None), libc::O_WRONLY)
+                .unwrap_err(),
+            Error::IsDir
+        );
+        // Unlinked: found through the open file, by inode number.
+        m.unlink(&root(), b"d/f").unwrap();
+        let target = XattrTarget {
+            path: b"",
+            expect: Some((MEMORY_DEV, ino)),
+            open: w.fd(),
+        };
+        let o = m.open_verified(&root(), target, libc::O_PATH).unwrap();
+        assert_eq!(o.attr().unwrap().nlink, 0);
+        // An empty setattr (a ctime touch, or the kernel's kill-privs request) as a user.
+        let before = o.attr().unwrap();
+        let after = o.setattr(&user(5), &sa()).unwrap();
+        assert!(after.ctime > before.ctime);
+    }
+
+    #[test]
+    fn memory_hard_links_share_data() {
+        let m = MemoryBackend::new();
+        m.populate(&["d/"]);
+        let fd = m.open(&root(), b"f", libc::O_CREAT | RW, 0o644).unwrap();
+        write(&fd, b"shared");
+        let a = m.link(&root(), b"f", b"d/g").unwrap();
+        assert_eq!((a.nlink, a.size), (2, 6));
+        let g = m.open(&root(), b"d/g", RW, 0).unwrap();
+        g.write_at(&root(), b"S", 0, false).unwrap();
+        assert_eq!(read_all(&fd), b"Shared");
+        truncate(&m, b"d/g", 2);
+        assert_eq!(m.getattr(b"f").unwrap().size, 2);
+        m.unlink(&root(), b"f").unwrap();
+        assert_eq!(fd.attr().unwrap().nlink, 1);
+        assert_eq!(read_all(&m.open(&root(), b"d/g", RW, 0).unwrap()), b"Sh");
+    }
+
+    /// An empty setattr drops set-id bits: what the FUSE kernel asks after a write by a
+    /// caller without CAP_FSETID, and what chown(f, -1, -1) does natively, also root's (the
+    /// kernel never asks for root's writes); directories keep them.
+    #[test]
+    fn memory_empty_setattr_removes_privs() {
+        let m = MemoryBackend::new();
+        m.populate(&["f", "g", "d/"]);
+        let mode = |p: &[u8], mode| {
+            m.setattr(
+                &root(),
+                p,
+                &SetAttr {
+                    mode: Some(mode),
+                    ..sa()
+                },
+            )
+            .unwrap()
+        };
+        mode(b"f", 0o6777);
+        mode(b"g", 0o6767);
+        mode(b"d", 0o3777);
+        assert_eq!(m.setattr(&user(1000), b"f", &sa()).unwrap().perm(), 0o777);
+        mode(b"f", 0o6777);
+        assert_eq!(m.setattr(&root(), b"f", &sa()).unwrap().perm(), 0o777);
+        // set-group-ID without group execute is mandatory locking, not a privilege.
+        assert_eq!(m.setattr(&user(1000), b"g", &sa()).unwrap().perm(), 0o2767);
+        assert_eq!(m.setattr(&user(1000), b"d", &sa()).unwrap().perm(), 0o3777);
+    }
+
+    #[test]
+    fn memory_applies_the_thread_umask_when_asked() {
+        let run = |m: MemoryBackend| {
+            std::thread::spawn(move || {
+                // This thread's own fs context, so its umask is its own (as a FUSE request
+                // thread's).
+                // (`unshare` is deprecated for CLONE_FILES's sake; CLONE_FS is harmless.)
+                #[allow(deprecated)]
+                rustix::thread::unshare(rustix::thread::UnshareFlags::FS).unwrap();
+                let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+                drop(m.open(&root(), b"f", libc::O_CREAT | RW, 0o666).unwrap());
+                m.mkdir(&root(), b"d", 0o777).unwrap();
+                m.mknod(&root(), b"n", libc::S_IFIFO | 0o666, 0).unwrap();
+                rustix::process::umask(old);
+                [b"f".as_slice(), b"d", b"n"].map(|p| m.getattr(p).unwrap().perm())
+            })
+            .join()
+            .unwrap()
+        };
+        assert_eq!(
+            run(MemoryBackend::new().applying_umask()),
+            [0o600, 0o700, 0o600]
+        );
+        assert_eq!(run(MemoryBackend::new()), [0o666, 0o777, 0o666]);
     }
 }

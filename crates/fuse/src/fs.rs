@@ -345,30 +345,35 @@ impl DircacheFs {
     /// chown(-1, -1) as the caller on the verified inode.
     ///
     /// The kernel sends the same empty SETATTR when a write by another user must drop the
-    /// set-user-ID/set-group-ID bits (file_remove_privs with FUSE_HANDLE_KILLPRIV): the data
-    /// path drops them itself, as the caller. A chown(-1, -1) as that caller would try to drop
-    /// them too and fail with EPERM for a non-owner, failing the write; so a file with those
-    /// bits is answered without a change (its ctime moves with the write).
+    /// set-user-ID/set-group-ID bits (file_remove_privs with FUSE_HANDLE_KILLPRIV). The
+    /// backend's file drops them for a caller without CAP_FSETID if it may (the memory
+    /// backend does: a write through a passthrough backing file never reaches it); a local
+    /// file system refuses a non-owner's chown(-1, -1) of a set-id file (EPERM), and drops
+    /// the bits itself when the data path writes as the caller: such a file is answered
+    /// without a change (its ctime moves with the write), not with an error failing the
+    /// write.
     fn touch_ctime(&self, req: &Request, ino: INodeNo, node: &NodeRef, reply: ReplyAttr) {
         let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
         let f = match self.open_verified(ino, &cred, libc::O_PATH) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        if let Ok(a) = f.attr() {
-            let setid = a.mode & libc::S_ISUID != 0
-                || a.mode & (libc::S_ISGID | libc::S_IXGRP) == (libc::S_ISGID | libc::S_IXGRP);
-            if setid {
-                return reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a));
-            }
-        }
         // Nothing set: chown(-1, -1) as the caller.
         match f.setattr(&cred, &SetAttr::default()) {
             Ok(a) => {
                 self.attrs_changed(node);
                 reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => match f.attr() {
+                Ok(a)
+                    if a.mode & libc::S_ISUID != 0
+                        || a.mode & (libc::S_ISGID | libc::S_IXGRP)
+                            == (libc::S_ISGID | libc::S_IXGRP) =>
+                {
+                    reply.attr(&self.policy.attr_ttl, &self.attr_for(ino.0, &a))
+                }
+                _ => reply.error(errno(e)),
+            },
         }
     }
 

@@ -68,7 +68,12 @@ pub enum Error {
 /// How to mount.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
-    pub src: PathBuf,
+    /// The local directory the cache's backend serves, if it is one: only mount setup uses
+    /// it (its file system's restrictions apply to the mount, it names the mount, searches
+    /// are delegated below it); the file system itself reaches storage only through the
+    /// backend. `None` for a backend of another kind (e.g.
+    /// [`dircache_core::memory::MemoryBackend`]).
+    pub src: Option<PathBuf>,
     pub mnt: PathBuf,
     pub policy: CachePolicy,
     /// Kernel flags and options (ro, nosuid, fsname=...): see [`kmount`].
@@ -82,12 +87,20 @@ pub struct MountConfig {
 impl MountConfig {
     pub fn new(src: &Path, mnt: &Path) -> MountConfig {
         MountConfig {
-            src: src.to_path_buf(),
+            src: Some(src.to_path_buf()),
             mnt: mnt.to_path_buf(),
             policy: CachePolicy::default(),
             kernel: KernelOptions::default(),
             allow_other: true,
             socket_path: None,
+        }
+    }
+
+    /// A mount at `mnt` of a cache whose backend is not a local directory.
+    pub fn without_src(mnt: &Path) -> MountConfig {
+        MountConfig {
+            src: None,
+            ..MountConfig::new(Path::new(""), mnt)
         }
     }
 }
@@ -177,18 +190,21 @@ fn mount_session(
         source,
     };
     let mut flags = cfg.kernel.flags;
-    let imposed = kmount::src_restrictions(&cfg.src) & !flags;
-    if imposed != 0 {
-        tracing::warn!(
-            "{}: its file system ignores {}: so does the mount",
-            cfg.src.display(),
-            kmount::restriction_names(imposed)
-        );
-        flags |= imposed;
+    if let Some(src) = &cfg.src {
+        let imposed = kmount::src_restrictions(src) & !flags;
+        if imposed != 0 {
+            tracing::warn!(
+                "{}: its file system ignores {}: so does the mount",
+                src.display(),
+                kmount::restriction_names(imposed)
+            );
+            flags |= imposed;
+        }
     }
-    let source = match &cfg.kernel.fsname {
-        Some(n) => n.clone(),
-        None => cfg.src.display().to_string(),
+    let source = match (&cfg.kernel.fsname, &cfg.src) {
+        (Some(n), _) => n.clone(),
+        (None, Some(src)) => src.display().to_string(),
+        (None, None) => "dircache".to_string(),
     };
     let fd = kmount::mount_fuse(&source, &cfg.mnt, flags, cfg.allow_other, &cfg.kernel.lsm)
         .map_err(err)?;

@@ -161,7 +161,8 @@ impl RequestCounters {
 pub struct StatsSource {
     pub cache: Arc<Cache>,
     pub requests: Arc<RequestCounters>,
-    pub src: PathBuf,
+    /// The local directory the backend serves, if it is one (searches are delegated below it).
+    pub src: Option<PathBuf>,
     pub mnt: PathBuf,
     pub kernel_inodes: Arc<dyn Fn() -> usize + Send + Sync>,
     pub started: std::time::Instant,
@@ -172,7 +173,7 @@ impl StatsSource {
         let core = serde_json::to_value(self.cache.stats()).unwrap_or(Value::Null);
         let r = &self.requests;
         json!({
-            "src": self.src.display().to_string(),
+            "src": self.src.as_ref().map(|s| s.display().to_string()),
             "mnt": self.mnt.display().to_string(),
             "pid": std::process::id(),
             "uptime_s": self.started.elapsed().as_secs_f64(),
@@ -550,14 +551,18 @@ impl ControlServer {
         }
         let listener = UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-        let base = rustix::fs::open(
-            &src.src,
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map(Arc::new)
-        .map_err(|e| tracing::warn!("{}: {e}; delegated searches disabled", src.src.display()))
-        .ok();
+        let base = src.src.as_ref().and_then(|dir| {
+            rustix::fs::open(
+                dir,
+                rustix::fs::OFlags::PATH
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map(Arc::new)
+            .map_err(|e| tracing::warn!("{}: {e}; delegated searches disabled", dir.display()))
+            .ok()
+        });
         let srv = Arc::new(Served {
             stats: src,
             base,

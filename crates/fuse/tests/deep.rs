@@ -202,3 +202,35 @@ fn delegated_search_finds_deep_files() {
         assert_eq!(direct, want, "not delegated, {flags:?}");
     }
 }
+
+/// The same on a mount of the in-memory backend (built through the mount: it has no SRC).
+/// The memory backend has no extended attributes: the `xattr` line is EOPNOTSUPP there.
+#[test]
+fn deep_trees_on_memory_backend_match_native() {
+    if !can_mount() {
+        return;
+    }
+    let m = TestMount::memory();
+    let native = tempfile::tempdir().expect("tempdir");
+    let mut bad = Vec::new();
+    for levels in [40usize, 200] {
+        let nat = native.path().join(format!("n{levels}"));
+        std::fs::create_dir(&nat).expect("mkdir");
+        run(&nat, "build", levels);
+        let want = run(&nat, "ops", levels);
+        let rel = format!("in{levels}");
+        std::fs::create_dir(m.m(&rel)).expect("mkdir");
+        run(&m.m(&rel), "build", levels);
+        let got = run(&m.m(&rel), "ops", levels);
+        let xattr = "xattr ENOTSUP ENOTSUP ENOTSUP";
+        assert!(got.lines().any(|l| l == xattr), "{got}");
+        let got: String = got
+            .lines()
+            .map(|l| if l == xattr { "xattr ok ok ok" } else { l })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(want.contains("xattr ok ok ok\n"), "{want}");
+        bad.extend(diff(&want, &got).into_iter().map(|d| format!("{rel}: {d}")));
+    }
+    assert!(bad.is_empty(), "deep trees differ:\n{}", bad.join("\n"));
+}

@@ -96,6 +96,9 @@ enum Op {
     Rmdir(Vec<u8>),
     Rename(Vec<u8>, Vec<u8>, RenameMode),
     Setattr(Vec<u8>, SetAttr),
+    /// open(2) with flags and mode, then a write of this many bytes when the access mode
+    /// writes (O_NONBLOCK always: a fifo must not block).
+    Open(Vec<u8>, i32, u32, usize),
     /// Queries (no credentials): getattr, readlink, readdir.
     Query(Vec<u8>),
 }
@@ -112,13 +115,37 @@ impl std::fmt::Debug for Op {
             Op::Rmdir(p) => write!(f, "rmdir {}", s(p)),
             Op::Rename(o, n, m) => write!(f, "rename {} {} {m:?}", s(o), s(n)),
             Op::Setattr(p, a) => write!(f, "setattr {} {a:?}", s(p)),
+            Op::Open(p, fl, m, n) => write!(f, "open {} flags={fl:o} mode={m:o} write={n}", s(p)),
             Op::Query(p) => write!(f, "query {}", s(p)),
         }
     }
 }
 
-fn random_op(rng: &mut Rng, k: &Known) -> Op {
+/// Open flags the differential test tries (with O_NONBLOCK).
+const OPEN_FLAGS: &[i32] = &[
+    libc::O_RDONLY,
+    libc::O_WRONLY,
+    libc::O_RDWR,
+    libc::O_WRONLY | libc::O_CREAT,
+    libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+    libc::O_WRONLY | libc::O_TRUNC,
+    libc::O_RDONLY | libc::O_TRUNC,
+    libc::O_WRONLY | libc::O_APPEND,
+    libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
+    libc::O_RDONLY | libc::O_NOATIME,
+    libc::O_RDONLY | libc::O_DIRECTORY,
+];
+
+fn random_op(rng: &mut Rng, k: &Known, opens: bool) -> Op {
     let p = random_path(rng, k);
+    if opens && rng.below(5) == 0 {
+        return Op::Open(
+            p,
+            *rng.pick(OPEN_FLAGS),
+            *rng.pick(&[0o644, 0o600, 0o444, 0o4755, 0o2775]),
+            *rng.pick(&[1, 100, 5000]),
+        );
+    }
     match rng.below(15) {
         12 => Op::Query(p),
         13 | 14 => Op::Link(p, random_path(rng, k)),
@@ -176,6 +203,27 @@ fn apply(b: &dyn Backend, c: &Cred, op: &Op) -> i64 {
         Op::Rmdir(p) => b.rmdir(c, p),
         Op::Rename(o, n, m) => b.rename(c, o, n, *m),
         Op::Setattr(p, s) => b.setattr(c, p, s).map(drop),
+        Op::Open(p, fl, m, n) => {
+            // The memory backend has no data for directories, fifos, sockets and devices:
+            // both sides skip those (the trees are equal, so both see the same type).
+            if let Ok(a) = b.getattr(p) {
+                if !matches!(a.kind(), FileType::Regular | FileType::Symlink) {
+                    return -1;
+                }
+            }
+            // (A mode without O_CREAT is EINVAL for openat2, which the local backend uses.)
+            let m = if fl & libc::O_CREAT != 0 { *m } else { 0 };
+            b.open(c, p, fl | libc::O_NONBLOCK, m).and_then(|f| {
+                if fl & libc::O_ACCMODE != libc::O_RDONLY {
+                    // As the caller, at offset 0 (at the end with O_APPEND), as a write(2)
+                    // right after the open: set-id bits go as for that caller.
+                    let data = vec![b'x'; *n];
+                    let w = f.write_at(c, &data, 0, fl & libc::O_APPEND != 0)?;
+                    assert_eq!(w, *n);
+                }
+                Ok(())
+            })
+        }
         Op::Query(p) => {
             let e = |r: dircache_core::Result<()>| r.err().map_or(0, |e| i64::from(e.errno()));
             let (d, n) = match p.iter().rposition(|&x| x == b'/') {
@@ -294,6 +342,34 @@ fn changed(before: &Times, after: &Times) -> Vec<String> {
     v
 }
 
+/// The content of every regular file, read as root.
+fn contents(b: &dyn Backend) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![Vec::new()];
+    while let Some(dir) = stack.pop() {
+        for e in b.readdir(&dir, false).unwrap() {
+            let mut p = dir.clone();
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(&e.name);
+            match e.kind {
+                FileType::Directory => stack.push(p),
+                FileType::Regular => {
+                    let f = b.open(&Cred::root(), &p, libc::O_RDONLY, 0).unwrap();
+                    let mut data = vec![0u8; 20_000];
+                    let n = f.read_at(&mut data, 0).unwrap();
+                    data.truncate(n);
+                    out.push((p, data));
+                }
+                _ => {}
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 fn run(seed: u64, steps: usize) {
     let t = common::tmp();
     fs::set_permissions(t.path(), fs::Permissions::from_mode(0o777)).unwrap();
@@ -311,6 +387,14 @@ fn run(seed: u64, steps: usize) {
     .unwrap();
     let creds = creds();
     let mut rng = Rng(seed | 1);
+    // The memory backend models fs.protected_regular = 0 (O_CREAT of another user's file in a
+    // sticky directory is allowed).
+    let opens = fs::read_to_string("/proc/sys/fs/protected_regular")
+        .map(|s| s.trim() == "0")
+        .unwrap_or(false);
+    if !opens {
+        eprintln!("fs.protected_regular is not 0: no open operations");
+    }
     let mut history = Vec::new();
     let mut ms = snapshot(&mem);
     assert_eq!(ms, snapshot(&local));
@@ -327,7 +411,7 @@ fn run(seed: u64, steps: usize) {
                 .map(|l| l.split(' ').next().unwrap_or("").as_bytes().to_vec())
                 .collect(),
         };
-        let op = random_op(&mut rng, &known);
+        let op = random_op(&mut rng, &known, opens);
         // root half of the time, so that the tree keeps changing
         let c = if rng.below(2) == 0 {
             creds[0].clone()
@@ -365,6 +449,14 @@ fn run(seed: u64, steps: usize) {
             show(&history)
         );
         (kt, mt) = (kt1, mt1);
+        if matches!(op, Op::Open(..) | Op::Setattr(..)) && m == 0 {
+            assert!(
+                contents(&mem) == contents(&local),
+                "seed {seed} step {step}: file contents differ\n{}",
+                show(&history)
+            );
+            // (Reading moves no mtime or ctime: the next step's comparison would see it.)
+        }
     }
     // Coverage: how many operations of each kind succeeded.
     let mut ok: std::collections::BTreeMap<String, usize> = Default::default();

@@ -41,9 +41,22 @@ pub fn cannot_run(why: &str) {
 /// serving thread.
 pub struct TestMount {
     pub dir: tempfile::TempDir,
+    /// The local backend's directory (empty for a memory mount).
     pub src: PathBuf,
     pub mnt: PathBuf,
+    /// The backend of a memory mount ([`TestMount::memory`]).
+    pub memory: Option<Arc<dircache_core::memory::MemoryBackend>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// Serve `cache` as `cfg` says on a thread of its own.
+fn serve(cache: Arc<dircache_core::Cache>, cfg: &dircache_fuse::MountConfig) -> JoinHandle<()> {
+    let mounted = dircache_fuse::mount(cache, cfg).expect("mount");
+    std::thread::spawn(move || {
+        if let Err(e) = mounted.run() {
+            eprintln!("session: {e}");
+        }
+    })
 }
 
 impl TestMount {
@@ -68,16 +81,50 @@ impl TestMount {
         let mut cfg = dircache_fuse::MountConfig::new(&src, &mnt);
         cfg.policy = policy;
         cfg.socket_path = Some(dir.path().join("ctl.sock"));
-        let mounted = dircache_fuse::mount(cache, &cfg).expect("mount");
-        let thread = std::thread::spawn(move || {
-            if let Err(e) = mounted.run() {
-                eprintln!("session: {e}");
-            }
-        });
+        let thread = serve(cache, &cfg);
         TestMount {
             dir,
             src,
             mnt,
+            memory: None,
+            thread: Some(thread),
+        }
+    }
+
+    /// A mount of a fresh in-memory backend (no SRC: file data in memfds, the caller's umask
+    /// applied as a kernel file system applies it), with the default policy. The daemon (this
+    /// process) holds one descriptor per file with data: its descriptor limit is raised to
+    /// the hard limit.
+    pub fn memory() -> TestMount {
+        Self::memory_with_policy(dircache_fuse::CachePolicy::default())
+    }
+
+    /// [`TestMount::memory`] with `policy`.
+    pub fn memory_with_policy(policy: dircache_fuse::CachePolicy) -> TestMount {
+        use rustix::process::{getrlimit, setrlimit, Resource};
+        let mut lim = getrlimit(Resource::Nofile);
+        if lim.current < lim.maximum {
+            lim.current = lim.maximum;
+            let _ = setrlimit(Resource::Nofile, lim);
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("dcmem")
+            .tempdir()
+            .expect("tempdir");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mkdir mnt");
+        chmod(dir.path(), 0o755);
+        let backend = Arc::new(dircache_core::memory::MemoryBackend::new().applying_umask());
+        let cache = dircache_core::Cache::new(backend.clone(), dircache_core::Config::default())
+            .expect("cache");
+        let mut cfg = dircache_fuse::MountConfig::without_src(&mnt);
+        cfg.policy = policy;
+        let thread = serve(cache, &cfg);
+        TestMount {
+            dir,
+            src: PathBuf::new(),
+            mnt,
+            memory: Some(backend),
             thread: Some(thread),
         }
     }
@@ -267,5 +314,36 @@ pub fn drop_dac_caps() -> NoDacCaps {
 impl Drop for NoDacCaps {
     fn drop(&mut self) {
         let _ = rustix::thread::set_capabilities(None, self.0);
+    }
+}
+
+/// A tmpfs mounted on a fresh directory, unmounted (lazily if busy) on drop: the native oracle
+/// for a memory mount where tmpfs and ext4 differ (the memory backend keeps file data in
+/// memfds, which are tmpfs files).
+pub struct Tmpfs(pub tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn new() -> Tmpfs {
+        let d = tempfile::Builder::new()
+            .prefix("dctmpfs")
+            .tempdir()
+            .expect("tempdir");
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=1777,size=64m", "tmpfs"])
+            .arg(d.path())
+            .status()
+            .expect("mount");
+        assert!(st.success(), "mount -t tmpfs failed");
+        Tmpfs(d)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
     }
 }
