@@ -75,8 +75,12 @@ impl Cache {
         }
         {
             let inner = dir.inner.read();
-            let cached = inner.child(name).is_some();
-            if cached || (self.config.completeness && dir.has(COMPLETE)) {
+            if let Some(c) = inner.child(name) {
+                // A hit, as in `child` (one read lock, not two, on the slow path's hits).
+                c.touch();
+                return Ok(c.clone());
+            }
+            if self.config.completeness && dir.has(COMPLETE) {
                 drop(inner);
                 return self.child(dir, name, missed);
             }
