@@ -16,7 +16,7 @@
 //! caching here makes nothing visible to a caller who could not see it: what a lookup
 //! returns is decided by the walk's checks, as for dentries cached by another caller.
 //!
-//! **Invariant (B1): a dentry cached from a walk's answer is never older than a change made
+//! **Invariant (docs/core.md I12): a dentry cached from a walk's answer is never older than a change made
 //! through the cache, or reported to it, before it was cached.** The first component is
 //! checked as `child` checks a lookup: against its directory's `gen` and version read before
 //! the call (`by_path` retries the call if a rename through the cache raced it). Each later

@@ -20,7 +20,7 @@
 //! * `outside_attr_change_during_lookup_caches_nothing_stale`: a chmod behind the cache's back,
 //!   reported with `apply_change(Change::Attr)` while a lookup of that (uncached) name is
 //!   between the backend's answer and inserting it: the older answer must not be cached.
-//! * `walk_races_rename_*` (cache/batch.rs, invariant B1): `a` and `b` swapped through the
+//! * `walk_races_rename_*` (cache/batch.rs, docs/core.md I12): `a` and `b` swapped through the
 //!   cache (by a thread that looks them up before and after) during (before or after the inner backend
 //!   answers) the one backend walk of a cold lookup of `a/s/t/f`: no dentry may hold another file's inode, and the lookup's answer
 //!   is the file its path names.
@@ -637,7 +637,7 @@ fn walk_races_rename_before_answer_always() {
 /// A chmod behind the cache's back, reported (`Change::Attr`) while the walk of a cold lookup
 /// of `a/s/t/f` holds the backend's older answer: reporting it caches `a`, `s` and `t` (the
 /// report resolves the directory through the cache) and finds `f` absent; the walk's older
-/// answer for `f` must not be cached below the `t` it finds there (cache/batch.rs, B1).
+/// answer for `f` must not be cached below the `t` it finds there (cache/batch.rs, I12).
 #[test]
 fn outside_attr_change_during_walk_caches_nothing_stale() {
     let (be, cache) = setup_with(&["a/s/t/f"]);
