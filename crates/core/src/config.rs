@@ -43,6 +43,10 @@ pub struct Config {
     /// Linux's `fs.protected_hardlinks=1`: only the owner (or root) may hard-link a file that
     /// is not a plain regular file the caller can read and write.
     pub protected_hardlinks: bool,
+    /// Batched walks (cache/batch.rs): when the slow path reaches a name that is not cached,
+    /// the components after it that are known in advance go to one [`crate::Backend::walk`]
+    /// (one round trip for a remote backend) instead of one `lookup` each.
+    pub walk_batch: bool,
 }
 
 impl Default for Config {
@@ -58,6 +62,7 @@ impl Default for Config {
             max_entries: 1 << 20,
             pcc_slots: 1 << 16,
             protected_hardlinks: true,
+            walk_batch: true,
         }
     }
 }
@@ -72,6 +77,7 @@ impl Config {
             negatives: false,
             deep_negatives: false,
             symlink_aliases: false,
+            walk_batch: false,
             ..Config::default()
         }
     }

@@ -6,6 +6,7 @@
 //! - [`pcc`]: the per-credential prefix-check cache and credential interning (§3.1);
 //! - [`walk`]: the fast path (one DLHT + one PCC probe), the slow path (component at a time),
 //!   publishing slow-path results, and the per-component backend fills;
+//! - [`batch`]: on a slow-path miss, the rest of the path in one `Backend::walk`;
 //! - [`invalidate`]: invalidation windows, subtree version bumps, kills (§3.2);
 //! - [`evict`]: counting dentries, CLOCK eviction of leaves, lazy DLHT sweeps;
 //! - [`listing`]: readdir and directory completeness (§5.1);
@@ -53,6 +54,7 @@
 //! odd in the same thread. Dropping a dentry takes no lock (`Drop for Dentry` uses
 //! `get_mut`), so dropping the last reference under any of these locks is safe.
 
+mod batch;
 mod dentry;
 mod dlht;
 mod evict;

@@ -20,6 +20,12 @@
 //! * `outside_attr_change_during_lookup_caches_nothing_stale`: a chmod behind the cache's back,
 //!   reported with `apply_change(Change::Attr)` while a lookup of that (uncached) name is
 //!   between the backend's answer and inserting it: the older answer must not be cached.
+//! * `walk_races_rename_*` (cache/batch.rs, docs/core.md I12): `a` and `b` swapped through the
+//!   cache (by a thread that looks them up before and after) during (before or after the inner backend
+//!   answers) the one backend walk of a cold lookup of `a/s/t/f`: no dentry may hold another file's inode, and the lookup's answer
+//!   is the file its path names.
+//! * `outside_attr_change_during_walk_caches_nothing_stale`: as the lookup one above, for a
+//!   batched walk whose older answer covers several components.
 //! * `setattr_during_getattr_caches_nothing_stale`: a chmod of the same file through the cache
 //!   lands between the backend's getattr answer and the cache storing it: the older answer
 //!   must not overwrite the newer attributes.
@@ -34,7 +40,7 @@ use super::invalidate::OPTIMISTIC_TRIES;
 use crate::memory::MemoryBackend;
 use crate::{
     At, Attr, Backend, Cache, Change, Config, Cred, DirEntry, LookupFlags, RenameMode, Result,
-    SetAttr,
+    SetAttr, Walked,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -44,6 +50,7 @@ enum Op {
     Readlink,
     Readdir,
     Rename,
+    Walk,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -116,6 +123,12 @@ impl Backend for Racing {
         self.maybe(Op::Lookup, When::After);
         r
     }
+    fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        self.maybe(Op::Walk, When::Before);
+        let r = self.inner.walk(dir, names);
+        self.maybe(Op::Walk, When::After);
+        r
+    }
     fn getattr(&self, path: &[u8]) -> Result<Attr> {
         self.maybe(Op::Getattr, When::Before);
         let r = self.inner.getattr(path);
@@ -165,8 +178,7 @@ impl Backend for Racing {
 
 /// `a` and `b` with distinguishable contents, and an unrelated directory `u`.
 fn setup() -> (Arc<Racing>, Arc<Cache>) {
-    let inner = MemoryBackend::new();
-    inner.populate(&[
+    setup_with(&[
         "a/f",
         "a/l -> ta",
         "a/onlya",
@@ -174,7 +186,12 @@ fn setup() -> (Arc<Racing>, Arc<Cache>) {
         "b/l -> tb",
         "b/onlyb",
         "u/",
-    ]);
+    ])
+}
+
+fn setup_with(spec: &[&str]) -> (Arc<Racing>, Arc<Cache>) {
+    let inner = MemoryBackend::new();
+    inner.populate(spec);
     let be = Arc::new(Racing {
         inner,
         armed: Mutex::new(None),
@@ -513,6 +530,140 @@ fn outside_attr_change_during_lookup_caches_nothing_stale() {
         "setup"
     );
     let again = cache.lookup_child(&root, &a, b"f").expect("f again");
+    assert_eq!(
+        cache.getattr(&again).expect("getattr").mode & 0o7777,
+        0o600,
+        "the mode from before the reported chmod is still cached"
+    );
+}
+
+/// Every cached name under `a` and `b` names what the backend holds there.
+fn check_tree(be: &Racing, cache: &Cache) {
+    let root = cache.credentials(Cred::root());
+    for top in ["a", "b"] {
+        for rest in ["", "/s", "/s/t", "/s/t/f", "/s/t/only"] {
+            let p = format!("{top}{rest}");
+            let Ok(n) = cache.lookup(&root, At::Root, p.as_bytes(), LookupFlags::NOFOLLOW) else {
+                assert!(be.inner.getattr(p.as_bytes()).is_err(), "{p} went missing");
+                continue;
+            };
+            let got = cache.getattr(&n).expect("getattr").ino;
+            assert_eq!(
+                got,
+                truth(be, p.as_bytes()).ino,
+                "{p}: another file's inode"
+            );
+        }
+    }
+}
+
+fn walk_races_rename(when: When, times: u32, cold_top: bool) {
+    let (be, cache) = setup_with(&["a/s/t/f", "a/s/t/onlya", "b/s/t/f", "b/s/t/onlyb"]);
+    let root = cache.credentials(Cred::root());
+    if !cold_top {
+        // The walk then starts below `a`, whose dentry the rename moves.
+        cache
+            .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+            .expect("a");
+    }
+    // Another thread looks `a` and `b` up (caching their dentries), swaps them and looks them
+    // up again: the walk's answer for `a/...` must not be cached below the dentry now named
+    // `a` (which the walk finds cached when it inserts what it learned).
+    let race: Race = Box::new(|c: &Arc<Cache>| {
+        let root = c.credentials(Cred::root());
+        for p in [&b"a"[..], b"b"] {
+            c.lookup(&root, At::Root, p, LookupFlags::FOLLOW)
+                .expect("look a and b up");
+        }
+        swap()(c);
+        for p in [&b"a"[..], b"b"] {
+            c.lookup(&root, At::Root, p, LookupFlags::FOLLOW)
+                .expect("look a and b up again");
+        }
+    });
+    arm(&be, Op::Walk, when, times, race);
+    let got = cache.lookup(&root, At::Root, b"a/s/t/f", LookupFlags::NOFOLLOW);
+    disarm(&be);
+    if times == ONCE || when == When::Before {
+        check_fired(&be, times);
+    } else {
+        // After the answer: the walk is not asked again, so it races once.
+        assert_eq!(be.fired.load(Ordering::SeqCst), 1, "the rename never raced");
+    }
+    match got {
+        Ok(n) => {
+            let path = cache.node_path(&n).expect("path");
+            assert_eq!(
+                cache.getattr(&n).expect("getattr").ino,
+                truth(&be, &path).ino,
+                "the lookup answered another file"
+            );
+        }
+        // Racing a rename of an ancestor, a lookup may find the name gone (as before
+        // batching: a dentry the rename moved is not cached from an older answer).
+        Err(e) => assert_eq!(e, crate::Error::NotFound),
+    }
+    check_tree(&be, &cache);
+    let s = cache
+        .lookup(&root, At::Root, b"a/s/t/onlyb", LookupFlags::NOFOLLOW)
+        .expect("a holds b's old contents");
+    assert_eq!(
+        cache.getattr(&s).expect("attr").ino,
+        truth(&be, b"a/s/t/onlyb").ino
+    );
+}
+
+#[test]
+fn walk_races_rename_after_answer() {
+    walk_races_rename(When::After, ONCE, true);
+}
+
+#[test]
+fn walk_races_rename_after_answer_below_cached_dir() {
+    walk_races_rename(When::After, ONCE, false);
+}
+
+#[test]
+fn walk_races_rename_before_answer_once() {
+    walk_races_rename(When::Before, ONCE, true);
+    walk_races_rename(When::Before, ONCE, false);
+}
+
+#[test]
+fn walk_races_rename_before_answer_always() {
+    walk_races_rename(When::Before, ALWAYS, false);
+}
+
+/// A chmod behind the cache's back, reported (`Change::Attr`) while the walk of a cold lookup
+/// of `a/s/t/f` holds the backend's older answer: reporting it caches `a`, `s` and `t` (the
+/// report resolves the directory through the cache) and finds `f` absent; the walk's older
+/// answer for `f` must not be cached below the `t` it finds there (cache/batch.rs, I12).
+#[test]
+fn outside_attr_change_during_walk_caches_nothing_stale() {
+    let (be, cache) = setup_with(&["a/s/t/f"]);
+    let root = cache.credentials(Cred::root());
+    let weak = Arc::downgrade(&be);
+    let chmod_outside: Race = Box::new(move |c: &Arc<Cache>| {
+        let be = weak.upgrade().expect("backend");
+        let set = SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        be.inner
+            .setattr(&Cred::root(), b"a/s/t/f", &set)
+            .expect("chmod behind the cache");
+        c.apply_change(&Change::Attr {
+            path: b"a/s/t/f".to_vec(),
+        });
+    });
+    arm(&be, Op::Walk, When::After, ONCE, chmod_outside);
+    let first = cache.lookup(&root, At::Root, b"a/s/t/f", LookupFlags::NOFOLLOW);
+    disarm(&be);
+    assert_eq!(be.fired.load(Ordering::SeqCst), 1, "the chmod never raced");
+    first.expect("a/s/t/f");
+    let again = cache
+        .lookup(&root, At::Root, b"a/s/t/f", LookupFlags::NOFOLLOW)
+        .expect("a/s/t/f again");
     assert_eq!(
         cache.getattr(&again).expect("getattr").mode & 0o7777,
         0o600,

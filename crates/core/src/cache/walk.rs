@@ -475,7 +475,7 @@ impl Cache {
             if comp.len() > NAME_MAX {
                 return Err(Error::NameTooLong);
             }
-            let child = self.child(&cur, &comp, &mut missed)?;
+            let child = self.child_batched(&cur, &comp, &stack, &mut missed)?;
             let (cmnt, child) = self.cross(ns, &mnt, child);
             if child.kind == NodeKind::Positive(FileType::Symlink) && (!last || follow_final) {
                 links += 1;
@@ -754,13 +754,28 @@ impl Cache {
         kind: NodeKind,
         attr: Option<Attr>,
     ) -> NodeRef {
+        self.insert_child_new(dir, name, gen0, ver0, kind, attr).0
+    }
+
+    /// `insert_child`, also telling whether the dentry returned is a new one this call created
+    /// and cached: then its version at creation (its `gen` was 0), against which children
+    /// learned from the same backend answer are checked before they are cached below it.
+    pub(crate) fn insert_child_new(
+        &self,
+        dir: &NodeRef,
+        name: &[u8],
+        gen0: u64,
+        ver0: u64,
+        kind: NodeKind,
+        attr: Option<Attr>,
+    ) -> (NodeRef, Option<u64>) {
         let cacheable = match kind {
             NodeKind::Negative(_) => self.config.negatives,
             NodeKind::Positive(_) => true,
         };
         let mut inner = dir.inner.write();
         if let Some(c) = inner.child(name) {
-            return c.clone();
+            return (c.clone(), None);
         }
         let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
         let revived = match (kind, attr) {
@@ -771,7 +786,11 @@ impl Cache {
         };
         let was_revived = revived.is_some();
         let node = revived.unwrap_or_else(|| self.new_dentry(dir, name, kind, attr));
+        let mut created = None;
         if cacheable && fresh {
+            if !was_revived {
+                created = Some(node.version());
+            }
             inner.children_mut().insert(node.clone());
             let first = dir.flags.fetch_or(HAS_CHILDREN, Ordering::AcqRel) & HAS_CHILDREN == 0;
             drop(inner);
@@ -789,7 +808,7 @@ impl Cache {
         } else {
             node.set(DEAD);
         }
-        node
+        (node, created)
     }
 
     pub(crate) fn new_dentry(
