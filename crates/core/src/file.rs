@@ -19,7 +19,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use crate::{Attr, Cred, Error, Result, SetAttr, TimeSet, Timespec};
+use crate::{Attr, Cred, Error, Result, SetAttr, TimeSet};
 
 /// Where [`BackendFile::seek`] starts from: lseek(2)'s `whence`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,33 +194,16 @@ impl AsFd for FdFile {
     }
 }
 
-/// Attributes of an open descriptor (fstat).
+/// Attributes of an open descriptor (statx of the descriptor itself).
 pub fn attr_of_fd(fd: impl AsFd) -> Result<Attr> {
-    let st = rustix::fs::fstat(fd).map_err(os)?;
-    Ok(Attr {
-        ino: st.st_ino,
-        dev: st.st_dev,
-        mode: st.st_mode,
-        nlink: st.st_nlink as u32,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        rdev: st.st_rdev,
-        size: st.st_size as u64,
-        blocks: st.st_blocks as u64,
-        blksize: st.st_blksize as u32,
-        atime: Timespec {
-            sec: st.st_atime,
-            nsec: st.st_atime_nsec as u32,
-        },
-        mtime: Timespec {
-            sec: st.st_mtime,
-            nsec: st.st_mtime_nsec as u32,
-        },
-        ctime: Timespec {
-            sec: st.st_ctime,
-            nsec: st.st_ctime_nsec as u32,
-        },
-    })
+    let st = rustix::fs::statx(
+        fd,
+        "",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::BASIC_STATS,
+    )
+    .map_err(os)?;
+    Ok(Attr::from_statx(&st))
 }
 
 fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {

@@ -92,6 +92,29 @@ pub struct Attr {
 }
 
 impl Attr {
+    /// The attributes statx(2) reported (the one conversion every crate uses).
+    pub fn from_statx(s: &rustix::fs::Statx) -> Attr {
+        let ts = |t: &rustix::fs::StatxTimestamp| Timespec {
+            sec: t.tv_sec,
+            nsec: t.tv_nsec,
+        };
+        Attr {
+            ino: s.stx_ino,
+            dev: rustix::fs::makedev(s.stx_dev_major, s.stx_dev_minor),
+            mode: u32::from(s.stx_mode),
+            nlink: s.stx_nlink,
+            uid: s.stx_uid,
+            gid: s.stx_gid,
+            rdev: rustix::fs::makedev(s.stx_rdev_major, s.stx_rdev_minor),
+            size: s.stx_size,
+            blocks: s.stx_blocks,
+            blksize: s.stx_blksize,
+            atime: ts(&s.stx_atime),
+            mtime: ts(&s.stx_mtime),
+            ctime: ts(&s.stx_ctime),
+        }
+    }
+
     pub fn kind(&self) -> FileType {
         FileType::from_mode(self.mode)
     }

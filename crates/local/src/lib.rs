@@ -58,7 +58,7 @@ use std::sync::Arc;
 
 use dircache_core::{
     Attr, Backend, BackendFile, ChangeFeed, Cred, DirEntry, Error, FdFile, FileType, RenameMode,
-    Result, SetAttr, StatFs, TimeSet, Timespec, Walked, XattrTarget, NAME_MAX, PATH_MAX,
+    Result, SetAttr, StatFs, TimeSet, Walked, XattrTarget, NAME_MAX, PATH_MAX,
 };
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
@@ -344,29 +344,8 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     p
 }
 
-fn ts(t: &rustix::fs::StatxTimestamp) -> Timespec {
-    Timespec {
-        sec: t.tv_sec,
-        nsec: t.tv_nsec,
-    }
-}
-
 pub(crate) fn attr_from_statx(s: &rustix::fs::Statx) -> Attr {
-    Attr {
-        ino: s.stx_ino,
-        dev: libc::makedev(s.stx_dev_major, s.stx_dev_minor),
-        mode: u32::from(s.stx_mode),
-        nlink: s.stx_nlink,
-        uid: s.stx_uid,
-        gid: s.stx_gid,
-        rdev: libc::makedev(s.stx_rdev_major, s.stx_rdev_minor),
-        size: s.stx_size,
-        blocks: s.stx_blocks,
-        blksize: s.stx_blksize,
-        atime: ts(&s.stx_atime),
-        mtime: ts(&s.stx_mtime),
-        ctime: ts(&s.stx_ctime),
-    }
+    Attr::from_statx(s)
 }
 
 fn statx_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Attr> {

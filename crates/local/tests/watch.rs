@@ -343,7 +343,10 @@ fn fd_cache_only_while_a_feed_runs() {
         if b.cached_fds() == 0 {
             break;
         }
-        assert!(start.elapsed() < LIMIT, "the descriptor cache is still used without a feed");
+        assert!(
+            start.elapsed() < LIMIT,
+            "the descriptor cache is still used without a feed"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     b.lookup(b"z", b"b").unwrap();

@@ -6,9 +6,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use dircache_core::{
-    At, Attr, Cache, Cred, Creds, Error, FileType, LookupFlags, NodeRef, Timespec,
-};
+use dircache_core::{At, Attr, Cache, Cred, Creds, Error, FileType, LookupFlags, NodeRef};
 use dircache_local::creds::{ActAs, Caps};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags, StatxFlags};
 use rustix::io::Errno;
@@ -191,29 +189,8 @@ fn open_beneath(root: &OwnedFd, rel: &[u8]) -> Result<OwnedFd, Error> {
     cur.ok_or(Error::Invalid)
 }
 
-fn ts(t: rfs::StatxTimestamp) -> Timespec {
-    Timespec {
-        sec: t.tv_sec,
-        nsec: t.tv_nsec,
-    }
-}
-
 fn attr_of(s: &rfs::Statx) -> Attr {
-    Attr {
-        ino: s.stx_ino,
-        dev: rfs::makedev(s.stx_dev_major, s.stx_dev_minor),
-        mode: u32::from(s.stx_mode),
-        nlink: s.stx_nlink,
-        uid: s.stx_uid,
-        gid: s.stx_gid,
-        rdev: rfs::makedev(s.stx_rdev_major, s.stx_rdev_minor),
-        size: s.stx_size,
-        blocks: s.stx_blocks,
-        blksize: s.stx_blksize,
-        atime: ts(s.stx_atime),
-        mtime: ts(s.stx_mtime),
-        ctime: ts(s.stx_ctime),
-    }
+    Attr::from_statx(s)
 }
 
 fn kind_of(t: rfs::FileType) -> Option<FileType> {
