@@ -52,6 +52,8 @@
 //! the permitted fs capabilities, which is exact when the thread held them effective before
 //! (the daemon does).
 
+use std::os::fd::{AsRawFd, BorrowedFd};
+
 use dircache_core::{Cred, Error, Result};
 use rustix::thread::{CapabilitySet, CapabilitySets};
 
@@ -277,6 +279,38 @@ pub fn caller_has_dac_caps() -> bool {
 /// Whether this process may take on other users' credentials per thread.
 pub fn can_switch() -> bool {
     effective_caps().is_some_and(|e| e.contains(CapabilitySet::SETUID | CapabilitySet::SETGID))
+}
+
+/// The supplementary groups of the process at the other end of unix socket `s`, as the kernel
+/// recorded them when it connected (`SO_PEERGROUPS`; rustix has no wrapper for it).
+pub fn peer_groups(s: BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
+    let fd = s.as_raw_fd();
+    let mut n: usize = 64;
+    loop {
+        let mut buf = vec![0u32; n];
+        let mut len = libc::socklen_t::try_from(n * 4).unwrap_or(libc::socklen_t::MAX);
+        // SAFETY: buf is valid for `len` bytes; the kernel writes at most `len` bytes and
+        // updates len.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            buf.truncate(len as usize / 4);
+            return Ok(buf);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ERANGE) && n < 65536 {
+            n = (len as usize / 4).max(n * 2).min(65536);
+            continue;
+        }
+        return Err(e);
+    }
 }
 
 #[cfg(test)]

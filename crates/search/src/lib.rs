@@ -41,6 +41,7 @@
 //! * Anchored patterns whose next component is literal (PATH and library searches, `/chmod`)
 //!   are answered with an open of the directory (same permission semantics as listing it) and
 //!   one lstat per name instead of a full listing.
+#![forbid(unsafe_code)]
 
 pub mod pattern;
 pub mod proto;

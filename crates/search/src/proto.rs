@@ -29,7 +29,7 @@
 //! kernel decides every access (see [`dircache_local::creds`]).
 
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -303,50 +303,22 @@ fn check_result(r: &SearchResult, nroots: usize) -> Result<(), ProtoError> {
 /// `SO_PEERGROUPS`.
 pub fn peer_cred(s: &impl AsFd) -> Result<Cred, ProtoError> {
     let c = rustix::net::sockopt::socket_peercred(s).map_err(std::io::Error::from)?;
-    let groups = peer_groups(s)?;
+    let groups = dircache_local::creds::peer_groups(s.as_fd()).map_err(ProtoError::Io)?;
     Ok(Cred::new(c.uid.as_raw(), c.gid.as_raw(), groups))
-}
-
-fn peer_groups(s: &impl AsFd) -> Result<Vec<u32>, ProtoError> {
-    let fd = s.as_fd().as_raw_fd();
-    let mut n: usize = 64;
-    loop {
-        let mut buf = vec![0u32; n];
-        let mut len = libc::socklen_t::try_from(n * 4).unwrap_or(libc::socklen_t::MAX);
-        // SAFETY: buf is valid for `len` bytes; the kernel writes at most `len` bytes and
-        // updates len.
-        let r = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_PEERGROUPS,
-                buf.as_mut_ptr().cast(),
-                &mut len,
-            )
-        };
-        if r == 0 {
-            buf.truncate(len as usize / 4);
-            return Ok(buf);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ERANGE) && n < 65536 {
-            n = (len as usize / 4).max(n * 2).min(65536);
-            continue;
-        }
-        return Err(ProtoError::Io(e));
-    }
 }
 
 /// Whether the peer of `s` has closed or shut down its side.
 pub fn hung_up(s: &impl AsFd) -> bool {
-    let mut p = libc::pollfd {
-        fd: s.as_fd().as_raw_fd(),
-        events: libc::POLLRDHUP,
-        revents: 0,
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut p = [PollFd::new(s, PollFlags::RDHUP)];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
     };
-    // SAFETY: one valid pollfd, timeout 0 (no wait).
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+    matches!(poll(&mut p, Some(&zero)), Ok(n) if n > 0)
+        && p[0]
+            .revents()
+            .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL)
 }
 
 /// Write the answer to `request` on the connection `sock`: result frames (an empty one at
@@ -679,14 +651,13 @@ pub fn connect_verified(d: &Daemon, cfg: &ClientConfig) -> Result<UnixStream, Pr
                 std::thread::sleep(Duration::from_millis(10));
             }
             Err(rustix::io::Errno::INPROGRESS) => {
-                let mut p = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLOUT,
-                    revents: 0,
+                use rustix::event::{poll, PollFd, PollFlags};
+                let mut p = [PollFd::new(&fd, PollFlags::OUT)];
+                let t = rustix::time::Timespec {
+                    tv_sec: i64::try_from(cfg.timeout.as_secs()).unwrap_or(i64::MAX),
+                    tv_nsec: i64::from(cfg.timeout.subsec_nanos()),
                 };
-                let ms = i32::try_from(cfg.timeout.as_millis()).unwrap_or(i32::MAX);
-                // SAFETY: one valid pollfd.
-                if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
+                if !matches!(poll(&mut p, Some(&t)), Ok(n) if n > 0) {
                     return Err(ProtoError::TimedOut);
                 }
                 break;
