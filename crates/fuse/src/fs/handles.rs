@@ -85,7 +85,7 @@ impl IoctlFile {
     }
 }
 
-impl DircacheFs {
+impl CacheFs {
     /// On a `noatime` mount, make reads through the backend's open file (the daemon's own,
     /// and the kernel's passthrough reads) leave the atime alone. The file was opened as the
     /// caller, who may not own it (O_NOATIME at open would then be EPERM); F_SETFL runs as

@@ -27,7 +27,7 @@ impl XattrCall {
     }
 }
 
-impl DircacheFs {
+impl CacheFs {
     /// What an xattr call on `ino` is about: the node, its backend path, and the (dev, ino)
     /// of the inode the kernel's node stands for. The backend acts on that inode only, with
     /// the caller's rights: a path renamed over from outside since the kernel's lookup gives
