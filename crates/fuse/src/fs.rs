@@ -14,10 +14,11 @@ use dircache_core::{
     NodeRef, RenameMode, SetAttr, StatFs, TimeSet, Timespec, XattrTarget,
 };
 use fuser::{
-    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
 use crate::creds::RequestGroups;
@@ -29,6 +30,7 @@ use crate::policy::CachePolicy;
 use crate::stats::{Op, RequestCounters, SOCKET_XATTR};
 use crate::umask::with_caller_umask;
 
+mod dirs;
 mod handles;
 mod nodes;
 mod xattrs;
@@ -138,6 +140,14 @@ pub(crate) struct AttrOut {
     ttl: Duration,
 }
 
+/// An OPEN(DIR) or the open half of a CREATE reply: the handle, its open flags, and the
+/// passthrough backing file registered for it.
+pub(crate) struct Opened {
+    fh: FileHandle,
+    flags: FopenFlags,
+    backing: Option<Arc<BackingId>>,
+}
+
 /// The FUSE file system: the adapter ([`fuser::Filesystem`]) over the file-system layer.
 pub struct DircacheFs {
     fs: CacheFs,
@@ -230,25 +240,6 @@ impl CacheFs {
     fn count(&self, op: Op) {
         self.counters.inc(op);
     }
-
-    /// The snapshot a READDIR(PLUS) of `ino` at `offset` on handle `fh` is served from.
-    fn listing(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        plus: bool,
-    ) -> Result<Arc<Snapshot>, Errno> {
-        if let Some(s) = self.listings.resume(ino.0, fh.0, offset) {
-            return Ok(s);
-        }
-        let ticket = self.listings.ticket();
-        let dir = self.node(ino)?;
-        let c = self.read_creds(req);
-        let l = self.cache.readdir_node(&c, &dir, plus).map_err(errno)?;
-        Ok(self.listings.store(ino.0, fh.0, ticket, l))
-    }
 }
 
 fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
@@ -275,6 +266,18 @@ fn reply_attr(r: Result<AttrOut, Errno>, reply: ReplyAttr) {
 fn reply_empty(r: Result<(), Errno>, reply: ReplyEmpty) {
     match r {
         Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn reply_opened(r: Result<Opened, Errno>, reply: ReplyOpen) {
+    match r {
+        Ok(Opened {
+            fh,
+            flags,
+            backing: Some(b),
+        }) => reply.opened_passthrough(fh, flags, &b),
+        Ok(o) => reply.opened(o.fh, o.flags),
         Err(e) => reply.error(e),
     }
 }
@@ -558,20 +561,7 @@ impl fuser::Filesystem for DircacheFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.count(Op::opendir);
-        if self.fs.policy.no_opendir {
-            // FUSE_NO_OPENDIR_SUPPORT: the kernel stops sending OPENDIR/RELEASEDIR and opens
-            // every directory with CACHE_DIR | KEEP_CACHE.
-            return reply.error(Errno::ENOSYS);
-        }
-        if let Err(e) = self.fs.node(ino) {
-            return reply.error(e);
-        }
-        let flags = if self.fs.policy.cache_dir {
-            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::empty()
-        };
-        reply.opened(FileHandle(self.fs.listings.open()), flags)
+        reply_opened(self.fs.opendir(ino), reply)
     }
 
     fn readdir(
@@ -583,65 +573,13 @@ impl fuser::Filesystem for DircacheFs {
         mut reply: ReplyDirectory,
     ) {
         self.count(Op::readdir);
-        let list = match self.fs.listing(req, ino, fh, offset, false) {
-            Ok(l) => l,
-            Err(e) => return reply.error(e),
-        };
-        let dir = self.fs.inodes.get(ino.0);
-        let dev = dir
-            .as_ref()
-            .and_then(|d| self.fs.cache.getattr(d).ok())
-            .map(|a| a.dev)
-            .unwrap_or(0);
-        let mut off = offset;
-        if off == 0 {
-            if reply.add(
-                INodeNo(self.fs.inodes.st_ino(ino.0)),
-                1,
-                fuser::FileType::Directory,
-                ".",
-            ) {
-                return reply.ok();
-            }
-            off = 1;
+        let r = self.fs.readdir(req, ino, fh, offset, |e| {
+            reply.add(e.ino, e.offset, e.kind, e.name)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        if off == 1 {
-            let p = dir
-                .as_ref()
-                .map(|d| self.fs.parent_nodeid(d))
-                .unwrap_or(ROOT);
-            if reply.add(
-                INodeNo(self.fs.inodes.st_ino(p)),
-                2,
-                fuser::FileType::Directory,
-                "..",
-            ) {
-                return reply.ok();
-            }
-            off = 2;
-        }
-        let start = list.resume_at(off.max(AFTER_DOTDOT));
-        let mut finished = true;
-        for (i, (cookie, e)) in list.entries().iter().enumerate().skip(start) {
-            // getdents' d_ino: the entry's own number on the directory's device (for a mount
-            // point, the covered directory's, as natively).
-            let d_ino = self.fs.inodes.ino_of(dev, e.ino);
-            if list.ends_chunk_before(i, i > start)
-                || reply.add(
-                    INodeNo(d_ino.max(2)),
-                    *cookie,
-                    fuse_kind(e.kind),
-                    OsStr::from_bytes(&e.name),
-                )
-            {
-                finished = false;
-                break;
-            }
-        }
-        if finished {
-            self.fs.listings.finished(ino.0, fh.0, &list);
-        }
-        reply.ok()
     }
 
     fn readdirplus(
@@ -653,78 +591,13 @@ impl fuser::Filesystem for DircacheFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         self.count(Op::readdirplus);
-        let list = match self.fs.listing(req, ino, fh, offset, true) {
-            Ok(l) => l,
-            Err(e) => return reply.error(e),
-        };
-        let dir = match self.fs.node(ino) {
-            Ok(d) => d,
-            Err(e) => return reply.error(e),
-        };
-        let ttl = self.fs.policy.entry_ttl;
-        let mut off = offset;
-        if off < 2 {
-            // "." and ".." are not linked by the kernel (no lookup count).
-            let dattr = match self.fs.cache.getattr(&dir) {
-                Ok(a) => a,
-                Err(e) => return reply.error(errno(e)),
-            };
-            // The kernel links neither "." nor "..": their attr.ino is only the d_ino shown.
-            let dot = self.fs.attr_for(ino.0, &dattr);
-            if off == 0 && reply.add(ino, 1, ".", &ttl, &dot, Generation(0)) {
-                return reply.ok();
-            }
-            let p = self.fs.parent_nodeid(&dir);
-            if reply.add(
-                INodeNo(p),
-                2,
-                "..",
-                &ttl,
-                &self.fs.attr_for(p, &dattr),
-                Generation(0),
-            ) {
-                return reply.ok();
-            }
-            off = 2;
+        let r = self.fs.readdirplus(req, ino, fh, offset, |e| {
+            reply.add(e.ino, e.offset, e.name, &e.ttl, &e.attr, e.generation)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        let c = self.fs.read_creds(req);
-        let start = list.resume_at(off.max(AFTER_DOTDOT));
-        let mut finished = true;
-        let mut added = false;
-        for (i, (cookie, e)) in list.entries().iter().enumerate().skip(start) {
-            if list.ends_chunk_before(i, added) {
-                finished = false;
-                break;
-            }
-            let Some(node) = self.fs.child(&c, &dir, OsStr::from_bytes(&e.name)) else {
-                continue;
-            };
-            let a = match e.attr {
-                Some(a) if a.nlink <= 1 || a.is_dir() => a,
-                _ => match self.fs.cache.attr_of_name(&node) {
-                    Ok(a) => a,
-                    Err(_) => continue,
-                },
-            };
-            let id = self.fs.inodes.register(&self.fs.cache, &node, &a, ino.0);
-            if reply.add(
-                INodeNo(id),
-                *cookie,
-                OsStr::from_bytes(&e.name),
-                &ttl,
-                &fuse_attr(id, &a),
-                Generation(self.fs.inodes.generation(id)),
-            ) {
-                self.fs.inodes.forget(&self.fs.cache, id, 1);
-                finished = false;
-                break;
-            }
-            added = true;
-        }
-        if finished {
-            self.fs.listings.finished(ino.0, fh.0, &list);
-        }
-        reply.ok()
     }
 
     fn releasedir(
@@ -736,7 +609,7 @@ impl fuser::Filesystem for DircacheFs {
         reply: ReplyEmpty,
     ) {
         self.count(Op::releasedir);
-        self.fs.listings.release(fh.0);
+        self.fs.releasedir(fh);
         reply.ok()
     }
 
@@ -749,16 +622,7 @@ impl fuser::Filesystem for DircacheFs {
         reply: ReplyEmpty,
     ) {
         self.count(Op::fsyncdir);
-        let c = self.fs.read_creds(req);
-        let r = self.fs.xattr_target(ino).and_then(|x| {
-            x.backend
-                .fsyncdir(c.cred(), x.target(), datasync)
-                .map_err(|e| self.fs.xattr_error(ino, &x, e))
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(self.fs.fsyncdir(req, ino, datasync), reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
