@@ -148,6 +148,20 @@ pub(crate) struct Opened {
     backing: Option<Arc<BackingId>>,
 }
 
+/// A CREATE reply: the new entry (one TTL for its name and attributes) and its open handle.
+pub(crate) struct Created {
+    ttl: Duration,
+    attr: FileAttr,
+    generation: Generation,
+    opened: Opened,
+}
+
+/// A GETXATTR or LISTXATTR reply: the size the caller asked for, or the data.
+pub(crate) enum XattrOut {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
 /// The FUSE file system: the adapter ([`fuser::Filesystem`]) over the file-system layer.
 pub struct DircacheFs {
     fs: CacheFs,
@@ -236,10 +250,6 @@ impl CacheFs {
     fn queue_inval_inode(&self, nodeid: u64) {
         let _ = self.notify.send(NotifyMsg::InvalInode(nodeid));
     }
-
-    fn count(&self, op: Op) {
-        self.counters.inc(op);
-    }
 }
 
 fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
@@ -278,6 +288,21 @@ fn reply_opened(r: Result<Opened, Errno>, reply: ReplyOpen) {
             backing: Some(b),
         }) => reply.opened_passthrough(fh, flags, &b),
         Ok(o) => reply.opened(o.fh, o.flags),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn reply_written(r: Result<u32, Errno>, reply: ReplyWrite) {
+    match r {
+        Ok(n) => reply.written(n),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn reply_xattr(r: Result<XattrOut, Errno>, reply: ReplyXattr) {
+    match r {
+        Ok(XattrOut::Size(n)) => reply.size(n),
+        Ok(XattrOut::Data(d)) => reply.data(&d),
         Err(e) => reply.error(e),
     }
 }
@@ -476,7 +501,9 @@ impl fuser::Filesystem for DircacheFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.fs.open_impl(req, ino, flags, reply)
+        self.count(Op::open);
+        let r = self.fs.open(req, ino, flags, |b| reply.open_backing(b));
+        reply_opened(r, reply)
     }
 
     fn read(
@@ -490,8 +517,11 @@ impl fuser::Filesystem for DircacheFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.fs
-            .read_impl(_req, _ino, fh, offset, size, _flags, _lock_owner, reply)
+        self.count(Op::read);
+        match self.fs.read(fh, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn write(
@@ -506,15 +536,9 @@ impl fuser::Filesystem for DircacheFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.fs.write_impl(
-            req,
-            _ino,
-            fh,
-            offset,
-            data,
-            write_flags,
-            flags,
-            _lock_owner,
+        self.count(Op::write);
+        reply_written(
+            self.fs.write(req, fh, offset, data, write_flags, flags),
             reply,
         )
     }
@@ -544,8 +568,9 @@ impl fuser::Filesystem for DircacheFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs
-            .release_impl(_req, ino, fh, _flags, _lock_owner, _flush, reply)
+        self.count(Op::release);
+        self.fs.release(ino, fh);
+        reply.ok()
     }
 
     fn fsync(
@@ -556,7 +581,8 @@ impl fuser::Filesystem for DircacheFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.fsync_impl(_req, _ino, fh, datasync, reply)
+        self.count(Op::fsync);
+        reply_empty(self.fs.fsync(fh, datasync), reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -645,20 +671,23 @@ impl fuser::Filesystem for DircacheFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.fs
-            .setxattr_impl(req, ino, name, value, flags, _position, reply)
+        self.count(Op::setxattr);
+        reply_empty(self.fs.setxattr(req, ino, name, value, flags), reply)
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.fs.getxattr_impl(req, ino, name, size, reply)
+        self.count(Op::getxattr);
+        reply_xattr(self.fs.getxattr(req, ino, name, size), reply)
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.fs.listxattr_impl(req, ino, size, reply)
+        self.count(Op::listxattr);
+        reply_xattr(self.fs.listxattr(req, ino, size), reply)
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.fs.removexattr_impl(req, ino, name, reply)
+        self.count(Op::removexattr);
+        reply_empty(self.fs.removexattr(req, ino, name), reply)
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -676,14 +705,26 @@ impl fuser::Filesystem for DircacheFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.fs
-            .create_impl(req, parent, name, mode, umask, flags, reply)
+        self.count(Op::create);
+        let r = self.fs.create(req, parent, name, mode, umask, flags, |b| {
+            reply.open_backing(b)
+        });
+        match r {
+            Ok(Created {
+                ttl,
+                attr,
+                generation,
+                opened: Opened { fh, flags, backing },
+            }) => match backing {
+                Some(b) => reply.created_passthrough(&ttl, &attr, generation, fh, flags, &b),
+                None => reply.created(&ttl, &attr, generation, fh, flags),
+            },
+            Err(e) => reply.error(e),
+        }
     }
 
-    /// The inode-flags ioctls (lsattr/chattr, xfs_io): FS_IOC_GETFLAGS/SETFLAGS and
-    /// FS_IOC_FSGETXATTR/FSSETXATTR, run as the caller on the verified inode, so the backend's
-    /// kernel decides (owner or CAP_FOWNER, CAP_LINUX_IMMUTABLE for `a`/`i`). Every other
-    /// ioctl: ENOTTY, quietly (fuser's default logs a warning per call).
+    /// The inode-flags ioctls (lsattr/chattr, xfs_io); every other ioctl: ENOTTY, quietly
+    /// (fuser's default logs a warning per call).
     fn ioctl(
         &self,
         req: &Request,
@@ -695,8 +736,11 @@ impl fuser::Filesystem for DircacheFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        self.fs
-            .ioctl_impl(req, ino, fh, _flags, cmd, in_data, _out_size, reply)
+        self.count(Op::other);
+        match self.fs.ioctl(req, ino, fh, cmd, in_data) {
+            Ok(d) => reply.ioctl(0, &d),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn fallocate(
@@ -709,8 +753,8 @@ impl fuser::Filesystem for DircacheFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.fs
-            .fallocate_impl(req, _ino, fh, offset, length, mode, reply)
+        self.count(Op::fallocate);
+        reply_empty(self.fs.fallocate(req, fh, offset, length, mode), reply)
     }
 
     fn lseek(
@@ -722,7 +766,11 @@ impl fuser::Filesystem for DircacheFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.fs.lseek_impl(_req, _ino, fh, offset, whence, reply)
+        self.count(Op::lseek);
+        match self.fs.lseek(fh, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn copy_file_range(
@@ -738,8 +786,10 @@ impl fuser::Filesystem for DircacheFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        self.fs.copy_file_range_impl(
-            req, _ino_in, fh_in, offset_in, _ino_out, fh_out, offset_out, len, _flags, reply,
-        )
+        self.count(Op::copy_file_range);
+        let r = self
+            .fs
+            .copy_file_range(req, fh_in, offset_in, fh_out, offset_out, len);
+        reply_written(r, reply)
     }
 }
