@@ -1,4 +1,21 @@
-//! The `fuser::Filesystem` over the core cache's node API.
+//! The `fuser::Filesystem` over the core cache's node API, in two layers (as mountpoint-s3's
+//! `fuse.rs` over its `S3Filesystem`):
+//!
+//! - the adapter, [`DircacheFs`] (this file): each `fuser::Filesystem` method counts the
+//!   operation ([`crate::stats`]), calls one method of the file-system layer, and turns its
+//!   `Result<T, Errno>` into the reply (`T`: `EntryOut`, `AttrOut`, `Opened`, `Created`,
+//!   `XattrOut`, data, a count). The `fuser::Reply*` types appear only here;
+//! - the file-system layer, `CacheFs`: the front end's state (nodeids, open handles, listing
+//!   streams) and one method per operation, by subject:
+//!   - `fs/nodes.rs`: lookup, forget, getattr, setattr, readlink, mknod, mkdir, unlink,
+//!     rmdir, symlink, rename, link, access, statfs, and the node helpers (nodeid to held
+//!     node, entry replies, `attrs_changed`/`dir_changed` after a mutation);
+//!   - `fs/dirs.rs`: opendir, readdir, readdirplus, releasedir, fsyncdir (listing streams,
+//!     `listings.rs`);
+//!   - `fs/handles.rs`: open files and passthrough: open, create, read, write, release,
+//!     fsync, ioctl, fallocate, lseek, copy_file_range;
+//!   - `fs/xattrs.rs`: the target of an xattr call and set/get/list/removexattr;
+//!   - `fs/init.rs`: the FUSE capabilities negotiated at INIT.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -32,6 +49,7 @@ use crate::umask::with_caller_umask;
 
 mod dirs;
 mod handles;
+mod init;
 mod nodes;
 mod xattrs;
 
@@ -127,7 +145,7 @@ fn negative_attr() -> FileAttr {
 }
 
 /// An ENTRY reply: a looked-up or new name's attributes, their lifetimes and generation.
-pub(crate) struct EntryOut {
+struct EntryOut {
     attr: FileAttr,
     attr_ttl: Duration,
     entry_ttl: Duration,
@@ -135,21 +153,21 @@ pub(crate) struct EntryOut {
 }
 
 /// An ATTR reply: attributes and how long the kernel may keep them.
-pub(crate) struct AttrOut {
+struct AttrOut {
     attr: FileAttr,
     ttl: Duration,
 }
 
 /// An OPEN(DIR) or the open half of a CREATE reply: the handle, its open flags, and the
 /// passthrough backing file registered for it.
-pub(crate) struct Opened {
+struct Opened {
     fh: FileHandle,
     flags: FopenFlags,
     backing: Option<Arc<BackingId>>,
 }
 
 /// A CREATE reply: the new entry (one TTL for its name and attributes) and its open handle.
-pub(crate) struct Created {
+struct Created {
     ttl: Duration,
     attr: FileAttr,
     generation: Generation,
@@ -157,7 +175,7 @@ pub(crate) struct Created {
 }
 
 /// A GETXATTR or LISTXATTR reply: the size the caller asked for, or the data.
-pub(crate) enum XattrOut {
+enum XattrOut {
     Size(u32),
     Data(Vec<u8>),
 }
@@ -292,6 +310,21 @@ fn reply_opened(r: Result<Opened, Errno>, reply: ReplyOpen) {
     }
 }
 
+fn reply_created(r: Result<Created, Errno>, reply: ReplyCreate) {
+    match r {
+        Ok(Created {
+            ttl,
+            attr,
+            generation,
+            opened: Opened { fh, flags, backing },
+        }) => match backing {
+            Some(b) => reply.created_passthrough(&ttl, &attr, generation, fh, flags, &b),
+            None => reply.created(&ttl, &attr, generation, fh, flags),
+        },
+        Err(e) => reply.error(e),
+    }
+}
+
 fn reply_written(r: Result<u32, Errno>, reply: ReplyWrite) {
     match r {
         Ok(n) => reply.written(n),
@@ -309,65 +342,7 @@ fn reply_xattr(r: Result<XattrOut, Errno>, reply: ReplyXattr) {
 
 impl fuser::Filesystem for DircacheFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let caps = config.capabilities();
-        let p = &self.fs.policy;
-        // FUSE_DONT_MASK: the caller's umask comes with each creation; the backend's file
-        // system applies it unless the parent has a default ACL (crate::umask).
-        // No FUSE_EXPORT_SUPPORT, and FUSE_NO_EXPORT_SUPPORT: the kernel's file handles
-        // name (nodeid, generation), and after the kernel forgot an inode (memory pressure,
-        // drop_caches) or a remount, a path-based daemon cannot find a file from its inode
-        // number, so open_by_handle_at would give ESTALE for files that still exist. Not
-        // offered, name_to_handle_at fails cleanly with EOPNOTSUPP (fanotify's FID-only
-        // handles still work).
-        // No FUSE_ATOMIC_O_TRUNC: with it the daemon truncates in OPEN, before the kernel's
-        // busy check, and open(running program, O_RDONLY|O_TRUNC) emptied the program before
-        // failing with ETXTBSY. Without it the kernel checks, then sends SETATTR(size 0).
-        let mut want = InitFlags::FUSE_NO_EXPORT_SUPPORT
-            | InitFlags::FUSE_HANDLE_KILLPRIV
-            | InitFlags::FUSE_DONT_MASK;
-        if p.readdirplus {
-            want |= InitFlags::FUSE_DO_READDIRPLUS;
-        }
-        if p.parallel_dirops {
-            want |= InitFlags::FUSE_PARALLEL_DIROPS;
-        }
-        if p.cache_symlinks {
-            want |= InitFlags::FUSE_CACHE_SYMLINKS;
-        }
-        if p.no_opendir {
-            want |= InitFlags::FUSE_NO_OPENDIR_SUPPORT;
-        }
-        if p.posix_acl {
-            want |= InitFlags::FUSE_POSIX_ACL;
-        }
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        // Passthrough reads go to a backing file on SRC's own mount, whose atime rule (not
-        // this mount's noatime) applies, and the kernel copies the user's open flags into it
-        // (no O_NOATIME): on a noatime mount, reads go through the daemon's descriptors.
-        if self.fs.noatime && p.passthrough {
-            tracing::info!("noatime: passthrough off, so that reads leave atimes alone");
-        }
-        if p.passthrough && !self.fs.noatime && root && caps.contains(InitFlags::FUSE_PASSTHROUGH) {
-            want |= InitFlags::FUSE_PASSTHROUGH;
-            if config.set_max_stack_depth(2).is_ok() {
-                self.fs.passthrough = true;
-            }
-        }
-        let missing = want & !caps;
-        if !missing.is_empty() {
-            tracing::info!("kernel lacks FUSE capabilities {missing:?}");
-        }
-        if let Err(e) = config.add_capabilities(want & caps) {
-            tracing::warn!("could not enable {e:?}");
-        }
-        let _ = config.set_max_background(64);
-        tracing::info!(
-            "FUSE {:?}, passthrough {}, policy {:?}",
-            config.kernel_abi(),
-            self.fs.passthrough,
-            self.fs.policy
-        );
+        self.fs.init(config);
         Ok(())
     }
 
@@ -709,18 +684,7 @@ impl fuser::Filesystem for DircacheFs {
         let r = self.fs.create(req, parent, name, mode, umask, flags, |b| {
             reply.open_backing(b)
         });
-        match r {
-            Ok(Created {
-                ttl,
-                attr,
-                generation,
-                opened: Opened { fh, flags, backing },
-            }) => match backing {
-                Some(b) => reply.created_passthrough(&ttl, &attr, generation, fh, flags, &b),
-                None => reply.created(&ttl, &attr, generation, fh, flags),
-            },
-            Err(e) => reply.error(e),
-        }
+        reply_created(r, reply)
     }
 
     /// The inode-flags ioctls (lsattr/chattr, xfs_io); every other ioctl: ENOTTY, quietly

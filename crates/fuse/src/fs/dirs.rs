@@ -6,22 +6,22 @@
 use super::*;
 
 /// One READDIR entry.
-pub(crate) struct DirEntry<'a> {
-    pub(crate) ino: INodeNo,
+pub(super) struct DirEntry<'a> {
+    pub(super) ino: INodeNo,
     /// The cookie the next READDIR of the stream resumes after.
-    pub(crate) offset: u64,
-    pub(crate) kind: fuser::FileType,
-    pub(crate) name: &'a OsStr,
+    pub(super) offset: u64,
+    pub(super) kind: fuser::FileType,
+    pub(super) name: &'a OsStr,
 }
 
 /// One READDIRPLUS entry: a READDIR entry with an ENTRY reply's attributes.
-pub(crate) struct DirEntryPlus<'a> {
-    pub(crate) ino: INodeNo,
-    pub(crate) offset: u64,
-    pub(crate) name: &'a OsStr,
-    pub(crate) ttl: Duration,
-    pub(crate) attr: FileAttr,
-    pub(crate) generation: Generation,
+pub(super) struct DirEntryPlus<'a> {
+    pub(super) ino: INodeNo,
+    pub(super) offset: u64,
+    pub(super) name: &'a OsStr,
+    pub(super) ttl: Duration,
+    pub(super) attr: FileAttr,
+    pub(super) generation: Generation,
 }
 
 impl CacheFs {
