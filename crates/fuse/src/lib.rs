@@ -4,7 +4,8 @@
 //! caches (dentries, attributes, negative entries, cached directory listings, passthrough
 //! I/O) are the small fast cache, and this daemon is the cache manager behind it:
 //!
-//! - requests that reach the daemon are answered from the core cache ([`fs::DircacheFs`]);
+//! - requests that reach the daemon are answered from the core cache ([`fs::DircacheFs`], a
+//!   thin adapter over the file-system layer, see [`fs`]);
 //! - the kernel gets long timeouts ([`CachePolicy`]) because the daemon invalidates
 //!   explicitly, from one dedicated thread ([`notifier`]) fed by the backend's change feed;
 //! - file data goes to the backend's open file ([`dircache_core::BackendFile`]; FUSE
@@ -21,6 +22,19 @@
 //! `Backend` and `BackendFile` traits, which take the requester's `Cred` (the local backend
 //! switches with `dircache_local::creds`); no path into SRC is built here. See
 //! `docs/security.md`.
+//!
+//! Modules:
+//! - [`fs`]: the `fuser::Filesystem` adapter ([`DircacheFs`]: replies to the kernel) over the
+//!   file-system layer, one file per subject: `fs/nodes.rs` (lookup, attributes, namespace
+//!   mutations), `fs/dirs.rs` (directory streams), `fs/handles.rs` (open files, data,
+//!   passthrough), `fs/xattrs.rs` (extended attributes), `fs/init.rs` (INIT capabilities);
+//! - [`inodes`]: the kernel's nodeids and generations, and the held nodes they stand for;
+//! - `listings`: directory listing streams (per-name cookies, per-stream snapshots);
+//! - `openfds`: the daemon's descriptors for open files, shared and bounded per user;
+//! - [`creds`]: the requester's supplementary groups; `umask`: the caller's umask at creation;
+//! - [`notifier`]: the only thread telling the kernel to drop cached state; [`policy`]: what
+//!   the kernel's caches may keep; [`stats`]: request counters and the control socket;
+//!   [`kmount`]: the kernel side of the mount (mount(2), remount, mountinfo).
 
 pub mod creds;
 pub mod fs;

@@ -1,7 +1,9 @@
 //! Open files of the FUSE front end: handles, the daemon's shared descriptors (`openfds`),
-//! passthrough backing files, and the data operations on them.
+//! passthrough backing files, and the operations on them (open, create, read, write,
+//! release, fsync, ioctl, fallocate, lseek, copy_file_range), each returning
+//! `Result<T, Errno>` for the adapter (`fs.rs`) to reply.
 
-// The `*_impl` methods take what the `fuser::Filesystem` methods they serve take.
+// create and write take what the `fuser::Filesystem` methods they serve take.
 #![allow(clippy::too_many_arguments)]
 
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -85,7 +87,7 @@ impl IoctlFile {
     }
 }
 
-impl DircacheFs {
+impl CacheFs {
     /// On a `noatime` mount, make reads through the backend's open file (the daemon's own,
     /// and the kernel's passthrough reads) leave the atime alone. The file was opened as the
     /// caller, who may not own it (O_NOATIME at open would then be EPERM); F_SETFL runs as
@@ -294,24 +296,19 @@ impl DircacheFs {
         }
     }
 
-    pub(super) fn open_impl(
+    /// OPEN of `ino` with open(2) `flags`. With passthrough, `register` makes the daemon's
+    /// descriptor the kernel's backing file (the reply's `open_backing`).
+    pub(super) fn open(
         &self,
         req: &Request,
         ino: INodeNo,
         flags: OpenFlags,
-        reply: ReplyOpen,
-    ) {
-        self.count(Op::open);
-        let node = match self.node(ino) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
+        register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<BackingId>,
+    ) -> Result<Opened, Errno> {
+        let node = self.node(ino)?;
         let c = self.creds(req);
         let oflags = Self::open_flags(flags.0);
-        let fd = match self.open_shared(&c, ino, oflags) {
-            Ok(fd) => fd,
-            Err(e) => return reply.error(e),
-        };
+        let fd = self.open_shared(&c, ino, oflags)?;
         // Before a passthrough backing file is made from it (it copies the flags).
         self.apply_noatime(&**fd);
         let writable = is_writable(flags.0);
@@ -320,7 +317,7 @@ impl DircacheFs {
         }
         let cred = c.cred().clone();
         if self.passthrough {
-            match self.backing_for(ino.0, &fd, &cred, |b| reply.open_backing(b)) {
+            match self.backing_for(ino.0, &fd, &cred, register) {
                 Ok(b) => {
                     let fh = self.add_open(OpenFile {
                         fd,
@@ -333,7 +330,11 @@ impl DircacheFs {
                     self.counters
                         .passthrough_opens
                         .fetch_add(1, Ordering::Relaxed);
-                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &b);
+                    return Ok(Opened {
+                        fh: FileHandle(fh),
+                        flags: FopenFlags::empty(),
+                        backing: Some(b),
+                    });
                 }
                 Err(e) => tracing::debug!("passthrough open failed: {e}"),
             }
@@ -346,49 +347,33 @@ impl DircacheFs {
             backing: false,
             cred,
         });
-        reply.opened(FileHandle(fh), self.fopen_flags_for(flags.0))
+        Ok(Opened {
+            fh: FileHandle(fh),
+            flags: self.fopen_flags_for(flags.0),
+            backing: None,
+        })
     }
 
-    pub(super) fn read_impl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        self.count(Op::read);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
+    pub(super) fn read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let of = self.open_file(fh)?;
         let mut buf = vec![0u8; size as usize];
-        match of.fd.read_at(&mut buf, offset) {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => reply.error(errno(e)),
-        }
+        let n = of.fd.read_at(&mut buf, offset).map_err(errno)?;
+        buf.truncate(n);
+        Ok(buf)
     }
 
-    pub(super) fn write_impl(
+    /// WRITE of `data` at `offset` on handle `fh` (`flags`: the file's open flags now):
+    /// the number of bytes written.
+    pub(super) fn write(
         &self,
         req: &Request,
-        _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
         flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        self.count(Op::write);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
+    ) -> Result<u32, Errno> {
+        let of = self.open_file(fh)?;
         // A caller whose file appends (O_APPEND at open or set by fcntl) appends at the real
         // end, not at the offset the kernel computed from its cached size (a native append
         // meanwhile would be overwritten). Page cache writeback writes where it says.
@@ -397,10 +382,7 @@ impl DircacheFs {
         let privs = self.has_privs(&of);
         let cred = self.io_cred(req, &of);
         // As the caller: the backing file system clears set-id bits as for that user.
-        let done = match of.fd.write_at(&cred, data, offset, append) {
-            Ok(n) => n,
-            Err(e) => return reply.error(errno(e)),
-        };
+        let done = of.fd.write_at(&cred, data, offset, append).map_err(errno)?;
         if privs {
             self.privs_maybe_killed(&of);
         } else if append {
@@ -416,20 +398,10 @@ impl DircacheFs {
                 self.queue_inval_inode(of.nodeid);
             }
         }
-        reply.written(done as u32)
+        Ok(done as u32)
     }
 
-    pub(super) fn release_impl(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.count(Op::release);
+    pub(super) fn release(&self, ino: INodeNo, fh: FileHandle) {
         let of = self.files.remove(fh.0);
         if let Some(of) = of {
             // Reads moved the atime, writes (also through a mapping) mtime and ctime: the
@@ -445,29 +417,16 @@ impl DircacheFs {
                 self.inodes.release_backing(ino.0);
             }
         }
-        reply.ok()
     }
 
-    pub(super) fn fsync_impl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.count(Op::fsync);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
-        match of.fd.sync(datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+    pub(super) fn fsync(&self, fh: FileHandle, datasync: bool) -> Result<(), Errno> {
+        let of = self.open_file(fh)?;
+        of.fd.sync(datasync).map_err(errno)
     }
 
-    pub(super) fn create_impl(
+    /// CREATE of `name` in `parent`, opened with open(2) `flags`; `register` as for
+    /// [`CacheFs::open`].
+    pub(super) fn create(
         &self,
         req: &Request,
         parent: INodeNo,
@@ -475,44 +434,38 @@ impl DircacheFs {
         mode: u32,
         umask: u32,
         flags: i32,
-        reply: ReplyCreate,
-    ) {
-        self.count(Op::create);
-        let dir = match self.node(parent) {
-            Ok(d) => d,
-            Err(e) => return reply.error(e),
-        };
+        register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<BackingId>,
+    ) -> Result<Created, Errno> {
+        let dir = self.node(parent)?;
         let c = self.creds(req);
         let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
         // Within the caller's share of descriptors, checked before anything is created.
-        if let Err(e) = self.fds.admit(req.uid()) {
-            return reply.error(Errno::from_i32(e));
-        }
-        let (node, fd) = match with_caller_umask(mode & 0o7777, umask, |mode| {
+        self.fds.admit(req.uid()).map_err(Errno::from_i32)?;
+        let (node, fd) = with_caller_umask(mode & 0o7777, umask, |mode| {
             self.cache
                 .create_at(&c, &dir, name.as_bytes(), mode, oflags)
-        }) {
-            Ok(x) => x,
-            Err(e) => return reply.error(errno(e)),
-        };
+        })
+        .map_err(errno)?;
         self.dir_changed(&dir);
         self.apply_noatime(&*fd);
-        let a = match fd
+        let a = fd
             .attr()
             .or_else(|_| self.cache.attr_of_name(&node))
-            .map_err(errno)
-        {
-            Ok(a) => a,
-            Err(e) => return reply.error(e),
-        };
+            .map_err(errno)?;
         let id = self.inodes.register(&self.cache, &node, &a, parent.0);
-        let fattr = fuse_attr(id, &a);
+        let attr = fuse_attr(id, &a);
         let writable = is_writable(flags);
         let cred = c.cred().clone();
         let key = FdKey::new(id, oflags, cred.clone());
         let fd = self.fds.insert(Some(key), cred.uid, fd);
+        let created = |opened| Created {
+            ttl: self.policy.entry_ttl,
+            attr,
+            generation: Generation(self.inodes.generation(id)),
+            opened,
+        };
         if self.passthrough {
-            match self.backing_for(id, &fd, &cred, |b| reply.open_backing(b)) {
+            match self.backing_for(id, &fd, &cred, register) {
                 Ok(b) => {
                     let fh = self.add_open(OpenFile {
                         fd,
@@ -525,14 +478,11 @@ impl DircacheFs {
                     self.counters
                         .passthrough_opens
                         .fetch_add(1, Ordering::Relaxed);
-                    return reply.created_passthrough(
-                        &self.policy.entry_ttl,
-                        &fattr,
-                        Generation(self.inodes.generation(id)),
-                        FileHandle(fh),
-                        FopenFlags::empty(),
-                        &b,
-                    );
+                    return Ok(created(Opened {
+                        fh: FileHandle(fh),
+                        flags: FopenFlags::empty(),
+                        backing: Some(b),
+                    }));
                 }
                 Err(e) => tracing::debug!("passthrough create failed: {e}"),
             }
@@ -545,27 +495,25 @@ impl DircacheFs {
             backing: false,
             cred,
         });
-        reply.created(
-            &self.policy.entry_ttl,
-            &fattr,
-            Generation(self.inodes.generation(id)),
-            FileHandle(fh),
-            self.fopen_flags_for(flags),
-        )
+        Ok(created(Opened {
+            fh: FileHandle(fh),
+            flags: self.fopen_flags_for(flags),
+            backing: None,
+        }))
     }
 
-    pub(super) fn ioctl_impl(
+    /// The inode-flags ioctls (lsattr/chattr, xfs_io): FS_IOC_GETFLAGS/SETFLAGS and
+    /// FS_IOC_FSGETXATTR/FSSETXATTR, run as the caller on the verified inode, so the backend's
+    /// kernel decides (owner or CAP_FOWNER, CAP_LINUX_IMMUTABLE for `a`/`i`). Every other
+    /// ioctl: ENOTTY. The data of the reply (empty for a set).
+    pub(super) fn ioctl(
         &self,
         req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _flags: IoctlFlags,
         cmd: u32,
         in_data: &[u8],
-        _out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        self.count(Op::other);
+    ) -> Result<Vec<u8>, Errno> {
         // The kernel's fileattr requests (fuse_priv_ioctl) carry these numbers.
         const GETFLAGS: u32 = 0x8008_6601;
         const SETFLAGS: u32 = 0x4008_6602;
@@ -576,26 +524,23 @@ impl DircacheFs {
             SETFLAGS => (4, true),
             FSGETXATTR => (28, false),
             FSSETXATTR => (28, true),
-            _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
+            _ => return Err(Errno::from_i32(libc::ENOTTY)),
         };
         let mut buf = [0u8; 28];
         if set {
             if in_data.len() < len {
-                return reply.error(Errno::EINVAL);
+                return Err(Errno::EINVAL);
             }
             buf[..len].copy_from_slice(&in_data[..len]);
         }
         let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
-        let file = match self.ioctl_fd(ino, fh, &cred) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
+        let file = self.ioctl_fd(ino, fh, &cred)?;
         let file = file.get();
         // Only a local descriptor has inode flags to ask about.
         let Some(fd) = file.fd() else {
-            return reply.error(Errno::from_i32(libc::ENOTTY));
+            return Err(Errno::from_i32(libc::ENOTTY));
         };
-        let r = file.as_caller(&cred, false, &mut || {
+        file.as_caller(&cred, false, &mut || {
             // SAFETY: ioctl on a live descriptor; each of these commands reads or writes at
             // most 28 bytes (an int, or a struct fsxattr) at the pointer, and buf has 28.
             let r = unsafe { libc::ioctl(fd.as_raw_fd(), cmd as libc::Ioctl, buf.as_mut_ptr()) };
@@ -604,105 +549,74 @@ impl DircacheFs {
             } else {
                 Ok(())
             }
-        });
-        if let Err(e) = r {
-            return reply.error(errno(e));
-        }
+        })
+        .map_err(errno)?;
         if set {
             if let Some(n) = self.inodes.get(ino.0) {
                 self.attrs_changed(&n);
             }
             self.queue_inval_inode(ino.0);
-            reply.ioctl(0, &[])
+            Ok(Vec::new())
         } else {
-            reply.ioctl(0, &buf[..len])
+            Ok(buf[..len].to_vec())
         }
     }
 
-    pub(super) fn fallocate_impl(
+    pub(super) fn fallocate(
         &self,
         req: &Request,
-        _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        self.count(Op::fallocate);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
+    ) -> Result<(), Errno> {
+        let of = self.open_file(fh)?;
         let privs = self.has_privs(&of);
         // As the caller: the backing file system clears set-id bits as for that user.
-        let r = of
-            .fd
+        of.fd
             .allocate(&self.io_cred(req, &of), mode, offset, length)
-            .map_err(errno);
-        if let Err(e) = r {
-            return reply.error(e);
-        }
+            .map_err(errno)?;
         self.cache.forget_attr(&of.node);
         if privs {
             self.privs_maybe_killed(&of);
         }
-        reply.ok()
+        Ok(())
     }
 
-    pub(super) fn lseek_impl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
-        self.count(Op::lseek);
-        let of = match self.open_file(fh) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
+    pub(super) fn lseek(&self, fh: FileHandle, offset: i64, whence: i32) -> Result<i64, Errno> {
+        let of = self.open_file(fh)?;
         // The daemon's own offset is never used for I/O: SEEK_DATA/SEEK_HOLE are what matter.
-        match Whence::from_raw(whence).and_then(|w| of.fd.seek(offset, w)) {
-            Ok(r) => reply.offset(r as i64),
-            Err(e) => reply.error(errno(e)),
-        }
+        Whence::from_raw(whence)
+            .and_then(|w| of.fd.seek(offset, w))
+            .map(|r| r as i64)
+            .map_err(errno)
     }
 
-    pub(super) fn copy_file_range_impl(
+    /// COPY_FILE_RANGE between two open handles: the number of bytes copied.
+    pub(super) fn copy_file_range(
         &self,
         req: &Request,
-        _ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
-        _ino_out: INodeNo,
         fh_out: FileHandle,
         offset_out: u64,
         len: u64,
-        _flags: CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        self.count(Op::copy_file_range);
+    ) -> Result<u32, Errno> {
         let (fin, fout) = match (self.open_file(fh_in), self.open_file(fh_out)) {
             (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+            (Err(e), _) | (_, Err(e)) => return Err(e),
         };
         let privs = self.has_privs(&fout);
         // Written as the caller: the backing file system clears set-id bits as for that user.
         let cred = self.io_cred(req, &fout);
-        let r = match fin
+        let r = fin
             .fd
             .copy_to(&cred, offset_in, &**fout.fd, offset_out, len)
-        {
-            Ok(r) => r,
-            Err(e) => return reply.error(errno(e)),
-        };
+            .map_err(errno)?;
         self.cache.forget_attr(&fout.node);
         if privs {
             self.privs_maybe_killed(&fout);
         }
-        reply.written(r as u32)
+        Ok(r as u32)
     }
 }

@@ -1,8 +1,6 @@
 //! Extended attributes through the FUSE front end: the target of a call (node, backend path,
-//! the inode the kernel named) and the four xattr operations.
-
-// The `*_impl` methods take what the `fuser::Filesystem` methods they serve take.
-#![allow(clippy::too_many_arguments)]
+//! the inode the kernel named) and the four xattr operations, each returning
+//! `Result<T, Errno>` for the adapter (`fs.rs`) to reply.
 
 use super::*;
 
@@ -27,7 +25,7 @@ impl XattrCall {
     }
 }
 
-impl DircacheFs {
+impl CacheFs {
     /// What an xattr call on `ino` is about: the node, its backend path, and the (dev, ino)
     /// of the inode the kernel's node stands for. The backend acts on that inode only, with
     /// the caller's rights: a path renamed over from outside since the kernel's lookup gives
@@ -95,58 +93,52 @@ impl DircacheFs {
         !self.policy.security_xattrs && name.as_bytes().starts_with(b"security.")
     }
 
-    pub(super) fn setxattr_impl(
+    /// An xattr value (or list) for a call with buffer `size`: its size when the caller asks
+    /// for it (0), ERANGE when it does not fit.
+    fn xattr_out(size: u32, v: Vec<u8>) -> Result<XattrOut, Errno> {
+        if size == 0 {
+            Ok(XattrOut::Size(v.len() as u32))
+        } else if (size as usize) < v.len() {
+            Err(Errno::from_i32(libc::ERANGE))
+        } else {
+            Ok(XattrOut::Data(v))
+        }
+    }
+
+    pub(super) fn setxattr(
         &self,
         req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
         flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        self.count(Op::setxattr);
+    ) -> Result<(), Errno> {
         if self.xattr_blocked(name) {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return Err(Errno::from_i32(libc::EOPNOTSUPP));
         }
-        let x = match self.xattr_target(ino) {
-            Ok(t) => t,
-            Err(e) => return reply.error(e),
-        };
+        let x = self.xattr_target(ino)?;
         let c = self.creds(req);
-        if let Err(e) = x
-            .backend
+        x.backend
             .setxattr(c.cred(), x.target(), name.as_bytes(), value, flags)
-        {
-            return reply.error(self.xattr_error(ino, &x, e));
-        }
+            .map_err(|e| self.xattr_error(ino, &x, e))?;
         self.attrs_changed(&x.node);
-        reply.ok()
+        Ok(())
     }
 
-    pub(super) fn getxattr_impl(
+    pub(super) fn getxattr(
         &self,
         req: &Request,
         ino: INodeNo,
         name: &OsStr,
         size: u32,
-        reply: ReplyXattr,
-    ) {
-        self.count(Op::getxattr);
+    ) -> Result<XattrOut, Errno> {
         if ino.0 == ROOT && name.as_bytes() == SOCKET_XATTR.as_bytes() {
             if let Some(p) = &self.socket_path {
-                let v = p.as_os_str().as_bytes();
-                return if size == 0 {
-                    reply.size(v.len() as u32)
-                } else if (size as usize) < v.len() {
-                    reply.error(Errno::from_i32(libc::ERANGE))
-                } else {
-                    reply.data(v)
-                };
+                return Self::xattr_out(size, p.as_os_str().as_bytes().to_vec());
             }
         }
         if self.xattr_blocked(name) {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return Err(Errno::from_i32(libc::EOPNOTSUPP));
         }
         // The kernel's POSIX ACL fetch (FUSE_POSIX_ACL): answer a known absence directly.
         let acl_bit = match name.as_bytes() {
@@ -162,14 +154,11 @@ impl DircacheFs {
         if let Some(k) = acl_key {
             if self.cache.xattr_known_absent(k, acl_bit) {
                 self.counters.acl_memo_hits.fetch_add(1, Ordering::Relaxed);
-                return reply.error(Errno::from_i32(libc::ENODATA));
+                return Err(Errno::from_i32(libc::ENODATA));
             }
         }
         let acl_gen = self.cache.xattr_memo_gen();
-        let x = match self.xattr_target(ino) {
-            Ok(t) => t,
-            Err(e) => return reply.error(e),
-        };
+        let x = self.xattr_target(ino)?;
         // Groups matter for user.* reads only (the kernel's ACL fetches need none).
         let c = if acl_bit != 0 {
             self.read_creds(req)
@@ -184,63 +173,47 @@ impl DircacheFs {
                         self.cache.note_xattr_absent(k, acl_bit, acl_gen);
                     }
                 }
-                return reply.error(self.xattr_error(ino, &x, e));
+                return Err(self.xattr_error(ino, &x, e));
             }
         };
-        if size == 0 {
-            reply.size(v.len() as u32)
-        } else if (size as usize) < v.len() {
-            reply.error(Errno::from_i32(libc::ERANGE))
-        } else {
-            reply.data(&v)
-        }
+        Self::xattr_out(size, v)
     }
 
-    pub(super) fn listxattr_impl(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.count(Op::listxattr);
-        let x = match self.xattr_target(ino) {
-            Ok(t) => t,
-            Err(e) => return reply.error(e),
-        };
+    pub(super) fn listxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        size: u32,
+    ) -> Result<XattrOut, Errno> {
+        let x = self.xattr_target(ino)?;
         let c = self.creds(req);
-        let names = match x.backend.listxattr(c.cred(), x.target()) {
-            Ok(v) => v,
-            Err(e) => return reply.error(self.xattr_error(ino, &x, e)),
-        };
+        let names = x
+            .backend
+            .listxattr(c.cred(), x.target())
+            .map_err(|e| self.xattr_error(ino, &x, e))?;
         let list: Vec<u8> = names
             .split(|b| *b == 0)
             .filter(|n| !n.is_empty() && !self.xattr_blocked(OsStr::from_bytes(n)))
             .flat_map(|n| n.iter().copied().chain(std::iter::once(0)))
             .collect();
-        if size == 0 {
-            reply.size(list.len() as u32)
-        } else if (size as usize) < list.len() {
-            reply.error(Errno::from_i32(libc::ERANGE))
-        } else {
-            reply.data(&list)
-        }
+        Self::xattr_out(size, list)
     }
 
-    pub(super) fn removexattr_impl(
+    pub(super) fn removexattr(
         &self,
         req: &Request,
         ino: INodeNo,
         name: &OsStr,
-        reply: ReplyEmpty,
-    ) {
-        self.count(Op::removexattr);
+    ) -> Result<(), Errno> {
         if self.xattr_blocked(name) {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return Err(Errno::from_i32(libc::EOPNOTSUPP));
         }
-        let x = match self.xattr_target(ino) {
-            Ok(t) => t,
-            Err(e) => return reply.error(e),
-        };
+        let x = self.xattr_target(ino)?;
         let c = self.creds(req);
-        if let Err(e) = x.backend.removexattr(c.cred(), x.target(), name.as_bytes()) {
-            return reply.error(self.xattr_error(ino, &x, e));
-        }
+        x.backend
+            .removexattr(c.cred(), x.target(), name.as_bytes())
+            .map_err(|e| self.xattr_error(ino, &x, e))?;
         self.attrs_changed(&x.node);
-        reply.ok()
+        Ok(())
     }
 }

@@ -1,0 +1,232 @@
+//! Directory streams of the FUSE front end: opendir, readdir, readdirplus, releasedir and
+//! fsyncdir, served from per-stream listing snapshots resumed by cookie (`listings.rs`).
+//! The entries go to the adapter through a callback (`add`), which returns true when the
+//! kernel's buffer is full, as `fuser`'s directory replies do.
+
+use super::*;
+
+/// One READDIR entry.
+pub(super) struct DirEntry<'a> {
+    pub(super) ino: INodeNo,
+    /// The cookie the next READDIR of the stream resumes after.
+    pub(super) offset: u64,
+    pub(super) kind: fuser::FileType,
+    pub(super) name: &'a OsStr,
+}
+
+/// One READDIRPLUS entry: a READDIR entry with an ENTRY reply's attributes.
+pub(super) struct DirEntryPlus<'a> {
+    pub(super) ino: INodeNo,
+    pub(super) offset: u64,
+    pub(super) name: &'a OsStr,
+    pub(super) ttl: Duration,
+    pub(super) attr: FileAttr,
+    pub(super) generation: Generation,
+}
+
+impl CacheFs {
+    /// The handle of a new listing stream of `ino` and its open flags; ENOSYS with
+    /// `no_opendir` (FUSE_NO_OPENDIR_SUPPORT: the kernel stops sending OPENDIR/RELEASEDIR and
+    /// opens every directory with CACHE_DIR | KEEP_CACHE).
+    pub(super) fn opendir(&self, ino: INodeNo) -> Result<Opened, Errno> {
+        if self.policy.no_opendir {
+            return Err(Errno::ENOSYS);
+        }
+        self.node(ino)?;
+        let flags = if self.policy.cache_dir {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        Ok(Opened {
+            fh: FileHandle(self.listings.open()),
+            flags,
+            backing: None,
+        })
+    }
+
+    /// READDIR of `ino` on stream `fh` from `offset`: the entries go to `add` until it
+    /// reports the buffer full.
+    pub(super) fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut add: impl FnMut(DirEntry<'_>) -> bool,
+    ) -> Result<(), Errno> {
+        let list = self.listing(req, ino, fh, offset, false)?;
+        let dir = self.inodes.get(ino.0);
+        let dev = dir
+            .as_ref()
+            .and_then(|d| self.cache.getattr(d).ok())
+            .map(|a| a.dev)
+            .unwrap_or(0);
+        let mut off = offset;
+        if off == 0 {
+            if add(DirEntry {
+                ino: INodeNo(self.inodes.st_ino(ino.0)),
+                offset: 1,
+                kind: fuser::FileType::Directory,
+                name: OsStr::new("."),
+            }) {
+                return Ok(());
+            }
+            off = 1;
+        }
+        if off == 1 {
+            let p = dir.as_ref().map(|d| self.parent_nodeid(d)).unwrap_or(ROOT);
+            if add(DirEntry {
+                ino: INodeNo(self.inodes.st_ino(p)),
+                offset: 2,
+                kind: fuser::FileType::Directory,
+                name: OsStr::new(".."),
+            }) {
+                return Ok(());
+            }
+            off = 2;
+        }
+        let start = list.resume_at(off.max(AFTER_DOTDOT));
+        let mut finished = true;
+        for (i, (cookie, e)) in list.entries().iter().enumerate().skip(start) {
+            // getdents' d_ino: the entry's own number on the directory's device (for a mount
+            // point, the covered directory's, as natively).
+            let d_ino = self.inodes.ino_of(dev, e.ino);
+            if list.ends_chunk_before(i, i > start)
+                || add(DirEntry {
+                    ino: INodeNo(d_ino.max(2)),
+                    offset: *cookie,
+                    kind: fuse_kind(e.kind),
+                    name: OsStr::from_bytes(&e.name),
+                })
+            {
+                finished = false;
+                break;
+            }
+        }
+        if finished {
+            self.listings.finished(ino.0, fh.0, &list);
+        }
+        Ok(())
+    }
+
+    /// READDIRPLUS of `ino` on stream `fh` from `offset`: as [`CacheFs::readdir`], and every
+    /// entry but "." and ".." is looked up (the kernel holds it when `add` took it).
+    pub(super) fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut add: impl FnMut(DirEntryPlus<'_>) -> bool,
+    ) -> Result<(), Errno> {
+        let list = self.listing(req, ino, fh, offset, true)?;
+        let dir = self.node(ino)?;
+        let ttl = self.policy.entry_ttl;
+        let mut off = offset;
+        if off < 2 {
+            // "." and ".." are not linked by the kernel (no lookup count).
+            let dattr = self.cache.getattr(&dir).map_err(errno)?;
+            // The kernel links neither "." nor "..": their attr.ino is only the d_ino shown.
+            let dot = self.attr_for(ino.0, &dattr);
+            if off == 0
+                && add(DirEntryPlus {
+                    ino,
+                    offset: 1,
+                    name: OsStr::new("."),
+                    ttl,
+                    attr: dot,
+                    generation: Generation(0),
+                })
+            {
+                return Ok(());
+            }
+            let p = self.parent_nodeid(&dir);
+            if add(DirEntryPlus {
+                ino: INodeNo(p),
+                offset: 2,
+                name: OsStr::new(".."),
+                ttl,
+                attr: self.attr_for(p, &dattr),
+                generation: Generation(0),
+            }) {
+                return Ok(());
+            }
+            off = 2;
+        }
+        let c = self.read_creds(req);
+        let start = list.resume_at(off.max(AFTER_DOTDOT));
+        let mut finished = true;
+        let mut added = false;
+        for (i, (cookie, e)) in list.entries().iter().enumerate().skip(start) {
+            if list.ends_chunk_before(i, added) {
+                finished = false;
+                break;
+            }
+            let Some(node) = self.child(&c, &dir, OsStr::from_bytes(&e.name)) else {
+                continue;
+            };
+            let a = match e.attr {
+                Some(a) if a.nlink <= 1 || a.is_dir() => a,
+                _ => match self.cache.attr_of_name(&node) {
+                    Ok(a) => a,
+                    Err(_) => continue,
+                },
+            };
+            let id = self.inodes.register(&self.cache, &node, &a, ino.0);
+            if add(DirEntryPlus {
+                ino: INodeNo(id),
+                offset: *cookie,
+                name: OsStr::from_bytes(&e.name),
+                ttl,
+                attr: fuse_attr(id, &a),
+                generation: Generation(self.inodes.generation(id)),
+            }) {
+                self.inodes.forget(&self.cache, id, 1);
+                finished = false;
+                break;
+            }
+            added = true;
+        }
+        if finished {
+            self.listings.finished(ino.0, fh.0, &list);
+        }
+        Ok(())
+    }
+
+    pub(super) fn releasedir(&self, fh: FileHandle) {
+        self.listings.release(fh.0);
+    }
+
+    pub(super) fn fsyncdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        datasync: bool,
+    ) -> Result<(), Errno> {
+        let c = self.read_creds(req);
+        let x = self.xattr_target(ino)?;
+        x.backend
+            .fsyncdir(c.cred(), x.target(), datasync)
+            .map_err(|e| self.xattr_error(ino, &x, e))
+    }
+
+    /// The snapshot a READDIR(PLUS) of `ino` at `offset` on handle `fh` is served from.
+    fn listing(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        plus: bool,
+    ) -> Result<Arc<Snapshot>, Errno> {
+        if let Some(s) = self.listings.resume(ino.0, fh.0, offset) {
+            return Ok(s);
+        }
+        let ticket = self.listings.ticket();
+        let dir = self.node(ino)?;
+        let c = self.read_creds(req);
+        let l = self.cache.readdir_node(&c, &dir, plus).map_err(errno)?;
+        Ok(self.listings.store(ino.0, fh.0, ticket, l))
+    }
+}

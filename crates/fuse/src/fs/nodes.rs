@@ -1,0 +1,513 @@
+//! Operations on nodes (names and inodes) of the FUSE front end: lookup, attributes, the
+//! namespace mutations (mknod, mkdir, unlink, rmdir, symlink, rename, link), and the helpers
+//! that map the kernel's nodeids to the core's held nodes and keep both informed after a
+//! mutation. Each operation returns `Result<T, Errno>` for the adapter (`fs.rs`) to reply.
+
+use super::*;
+
+impl CacheFs {
+    /// The held inode of a nodeid (ESTALE when the kernel's nodeid is unknown).
+    pub(super) fn held(&self, nodeid: INodeNo) -> Result<Held, Errno> {
+        self.inodes.held(nodeid.0).ok_or(Errno::ESTALE)
+    }
+
+    /// The live dentry of a nodeid: the core finds it again when an outside change dropped
+    /// the one the kernel knows ([`Cache::held_node`]).
+    pub(super) fn node(&self, nodeid: INodeNo) -> Result<NodeRef, Errno> {
+        self.inodes
+            .with_held(nodeid.0, |h| self.cache.held_node(h))
+            .ok_or(Errno::ESTALE)?
+            .map_err(errno)
+    }
+
+    /// Run `f` on the dentry of `id`, retried on a found-again or other name of the inode
+    /// ([`Cache::on_held`]).
+    pub(super) fn with_node<T>(
+        &self,
+        id: INodeNo,
+        f: impl Fn(&NodeRef) -> Result<T, CoreError>,
+    ) -> Result<T, Errno> {
+        self.cache.on_held(&self.held(id)?, f).map_err(errno)
+    }
+
+    /// How long the kernel may keep attributes of an inode: not at all while a writer has it
+    /// open (a shared mapping of a passthrough file changes mtime/ctime without the FUSE
+    /// inode seeing it), else the policy's TTL.
+    pub(super) fn attr_ttl_of(&self, writers: bool) -> Duration {
+        if writers {
+            Duration::ZERO
+        } else {
+            self.policy.attr_ttl
+        }
+    }
+
+    /// `a` as an attribute reply (GETATTR, SETATTR, readdir's "." and "..") for `nodeid`.
+    pub(super) fn attr_for(&self, nodeid: u64, a: &Attr) -> FileAttr {
+        fuse_attr(self.inodes.st_ino(nodeid), a)
+    }
+
+    /// `a` with the policy's attribute TTL, as a reply for `nodeid`.
+    fn attr_out(&self, nodeid: u64, a: &Attr) -> AttrOut {
+        AttrOut {
+            attr: self.attr_for(nodeid, a),
+            ttl: self.policy.attr_ttl,
+        }
+    }
+
+    /// The entry reply for `node`, a child of `parent`, registered as a nodeid the kernel
+    /// now holds.
+    pub(super) fn entry(&self, parent: INodeNo, node: &NodeRef) -> Result<EntryOut, Errno> {
+        let a = self.cache.attr_of_name(node).map_err(errno)?;
+        let id = self.inodes.register(&self.cache, node, &a, parent.0);
+        Ok(EntryOut {
+            attr: fuse_attr(id, &a),
+            attr_ttl: self.attr_ttl_of(self.inodes.has_writers(id)),
+            entry_ttl: self.policy.entry_ttl,
+            generation: Generation(self.inodes.generation(id)),
+        })
+    }
+
+    /// After a mutation through the mount: the core's attributes of these dentries (and the
+    /// kernel's, via the notifier) must not be served stale.
+    pub(super) fn attrs_changed(&self, node: &NodeRef) {
+        if let Some(h) = self.inodes.held_of(node) {
+            self.cache.held_changed(&h);
+        }
+        self.cache.forget_attr(node);
+    }
+
+    pub(super) fn dir_changed(&self, dir: &NodeRef) {
+        self.cache.forget_attr(dir);
+        // Listing streams keep their snapshots: they resume by cookie (listings.rs), and
+        // every new stream (offset 0) fetches the directory as it is now.
+    }
+
+    pub(super) fn parent_nodeid(&self, node: &NodeRef) -> u64 {
+        node.parent()
+            .and_then(|p| self.inodes.nodeid_of(&p))
+            .unwrap_or(ROOT)
+    }
+
+    fn rename_mode(flags: RenameFlags) -> Result<RenameMode, Errno> {
+        // The kernel already refused invalid combinations (EXCHANGE with either other flag)
+        // and checked CAP_MKNOD for a whiteout, in the caller's context.
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return Ok(if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+                RenameMode::WhiteoutNoReplace
+            } else {
+                RenameMode::Whiteout
+            });
+        }
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            Ok(RenameMode::Exchange)
+        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            Ok(RenameMode::NoReplace)
+        } else {
+            Ok(RenameMode::Replace)
+        }
+    }
+
+    pub(super) fn child(&self, c: &Creds, dir: &NodeRef, name: &OsStr) -> Option<NodeRef> {
+        match self.cache.lookup_child(c, dir, name.as_bytes()) {
+            Ok(n) if matches!(n.kind(), NodeKind::Positive(_)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The file behind `ino` opened by its backend with open(2) `flags`, which may be O_PATH
+    /// (`Backend::open_verified`): verified to be the inode the kernel named (same
+    /// `(dev, ino)` as when the nodeid was given out), ESTALE otherwise, after which the name
+    /// is forgotten here and in the kernel as for an xattr call.
+    pub(super) fn open_verified(
+        &self,
+        ino: INodeNo,
+        cred: &Cred,
+        flags: i32,
+    ) -> Result<Box<dyn BackendFile>, Errno> {
+        let x = self.xattr_target(ino)?;
+        if x.expect.is_none() {
+            return Err(Errno::ESTALE);
+        }
+        x.backend
+            .open_verified(cred, x.target(), flags)
+            .map_err(|e| self.xattr_error(ino, &x, e))
+    }
+
+    /// A SETATTR that sets nothing but the change time (chown(f, -1, -1), and the like): the
+    /// kernel sends no field for it without a writeback cache. As ext4 does, move the ctime:
+    /// chown(-1, -1) as the caller on the verified inode.
+    ///
+    /// The kernel sends the same empty SETATTR when a write by another user must drop the
+    /// set-user-ID/set-group-ID bits (file_remove_privs with FUSE_HANDLE_KILLPRIV). The
+    /// backend's file drops them for a caller without CAP_FSETID if it may (the memory
+    /// backend does: a write through a passthrough backing file never reaches it); a local
+    /// file system refuses a non-owner's chown(-1, -1) of a set-id file (EPERM), and drops
+    /// the bits itself when the data path writes as the caller: such a file is answered
+    /// without a change (its ctime moves with the write), not with an error failing the
+    /// write.
+    fn touch_ctime(&self, req: &Request, ino: INodeNo, node: &NodeRef) -> Result<AttrOut, Errno> {
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        let f = self.open_verified(ino, &cred, libc::O_PATH)?;
+        // Nothing set: chown(-1, -1) as the caller.
+        match f.setattr(&cred, &SetAttr::default()) {
+            Ok(a) => {
+                self.attrs_changed(node);
+                Ok(self.attr_out(ino.0, &a))
+            }
+            Err(e) => match f.attr() {
+                Ok(a)
+                    if a.mode & libc::S_ISUID != 0
+                        || a.mode & (libc::S_ISGID | libc::S_IXGRP)
+                            == (libc::S_ISGID | libc::S_IXGRP) =>
+                {
+                    Ok(self.attr_out(ino.0, &a))
+                }
+                _ => Err(errno(e)),
+            },
+        }
+    }
+
+    pub(super) fn lookup(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+    ) -> Result<EntryOut, Errno> {
+        let dir = self.node(parent)?;
+        let c = self.read_creds(req);
+        let r = match self.cache.lookup_child(&c, &dir, name.as_bytes()) {
+            Err(CoreError::NotFound | CoreError::Stale) if dir.is_dead() => self
+                .node(parent)
+                .map(|d| self.cache.lookup_child(&c, &d, name.as_bytes()))
+                .unwrap_or(Err(CoreError::Stale)),
+            r => r,
+        };
+        let r = match r {
+            Ok(n) => match n.kind() {
+                NodeKind::Negative(e) => Err(e),
+                NodeKind::Positive(_) => Ok(n),
+            },
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(node) => self.entry(parent, &node),
+            Err(CoreError::NotFound) if !self.policy.negative_ttl.is_zero() => {
+                self.counters
+                    .negative_lookups
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(EntryOut {
+                    attr: negative_attr(),
+                    attr_ttl: self.policy.negative_ttl,
+                    entry_ttl: self.policy.negative_ttl,
+                    generation: Generation(0),
+                })
+            }
+            Err(e) => {
+                if e == CoreError::NotFound {
+                    self.counters
+                        .negative_lookups
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(errno(e))
+            }
+        }
+    }
+
+    /// The kernel dropped `nlookup` references to `ino`.
+    pub(super) fn forget(&self, ino: INodeNo, nlookup: u64) {
+        self.listings.forget_dir(ino.0);
+        self.inodes.forget(&self.cache, ino.0, nlookup);
+    }
+
+    pub(super) fn getattr(&self, ino: INodeNo, fh: Option<FileHandle>) -> Result<AttrOut, Errno> {
+        if let Some(fh) = fh {
+            if let Ok(of) = self.open_file(fh) {
+                if let Ok(a) = of.fd.attr() {
+                    let ttl = self.attr_ttl_of(self.inodes.has_writers(ino.0));
+                    return Ok(AttrOut {
+                        attr: self.attr_for(ino.0, &a),
+                        ttl,
+                    });
+                }
+            }
+        }
+        let held = self.held(ino)?;
+        let ttl = self.attr_ttl_of(held.has_writers());
+        let out = |a: &Attr| AttrOut {
+            attr: self.attr_for(ino.0, a),
+            ttl,
+        };
+        // The core finds a dropped dentry again by the name the kernel knows, and asks the
+        // backend when its copy of the attributes may be behind (the held-node contract).
+        let node = self.cache.held_node(&held).unwrap_or_else(|_| held.node());
+        match self.cache.attr_for_reply(&held, &node) {
+            Ok(a) => Ok(out(&a)),
+            Err(e) => {
+                // An unlinked file that is still open: answer from its descriptor.
+                match self.any_open(ino.0).map(|f| f.fd.attr()) {
+                    Some(Ok(a)) => Ok(out(&a)),
+                    _ => match held.dir_attr() {
+                        // A removed directory the kernel still holds (an open descriptor, a
+                        // cwd): as natively, its attributes with nlink 0.
+                        Some(mut a) if node.is_dead() && e == CoreError::NotFound => {
+                            a.nlink = 0;
+                            Ok(self.attr_out(ino.0, &a))
+                        }
+                        _ => Err(errno(e)),
+                    },
+                }
+            }
+        }
+    }
+
+    /// SETATTR of `ino` with the fields of `set` (`fh`: the handle of an ftruncate).
+    pub(super) fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        set: SetAttr,
+        fh: Option<FileHandle>,
+    ) -> Result<AttrOut, Errno> {
+        let node = self.node(ino)?;
+        let others_none = set.mode.is_none()
+            && set.uid.is_none()
+            && set.gid.is_none()
+            && set.atime.is_none()
+            && set.mtime.is_none();
+        // A size change runs as the caller on the open file's descriptor (ftruncate), or on
+        // the node's inode opened for writing as the caller (truncate, open with O_TRUNC),
+        // never through a reopen by path as root: the backing file system then clears
+        // set-id bits and checks access exactly as for that caller.
+        if let Some(size) = set.size {
+            let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+            let of = fh.and_then(|fh| self.open_file(fh).ok());
+            let fd = match &of {
+                Some(of) => Self::truncate_fd(&of.fd, &cred, size).map(|()| of.fd.clone()),
+                // open(O_TRUNC) sends this without its handle: the caller's descriptor for
+                // writing that open just made is found again without another open.
+                None => {
+                    let c = self.creds(req);
+                    let rw = FdKey::new(ino.0, libc::O_RDWR, c.cred().clone());
+                    match self.fds.get(&rw) {
+                        Some(fd) => Ok(fd),
+                        None => self.open_shared(&c, ino, libc::O_WRONLY | libc::O_NONBLOCK),
+                    }
+                    .and_then(|fd| Self::truncate_fd(&fd, &cred, size).map(|()| fd))
+                }
+            }?;
+            self.attrs_changed(&node);
+            if others_none {
+                let a = fd.attr().map_err(errno)?;
+                return Ok(self.attr_out(ino.0, &a));
+            }
+        }
+        if others_none && set.size.is_none() {
+            return self.touch_ctime(req, ino, &node);
+        }
+        let set = SetAttr { size: None, ..set };
+        let c = self.creds(req);
+        match self.with_node(ino, |n| self.cache.setattr_node(&c, n, &set)) {
+            Ok(a) => {
+                if a.nlink > 1 {
+                    self.attrs_changed(&node);
+                }
+                Ok(self.attr_out(ino.0, &a))
+            }
+            Err(e) if e == Errno::ENOENT || e == Errno::ESTALE => {
+                // fchmod/fchown/futimens of an open file whose name is gone: the kernel sends
+                // no handle for those, but the inode is still open here.
+                let of = self.any_open(ino.0).ok_or(e)?;
+                let a = Self::setattr_fd(&of.fd, c.cred(), &set)?;
+                self.attrs_changed(&node);
+                Ok(self.attr_out(ino.0, &a))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) fn readlink(&self, ino: INodeNo) -> Result<Vec<u8>, Errno> {
+        self.node(ino)
+            .and_then(|n| self.cache.readlink_node(&n).map_err(errno))
+    }
+
+    pub(super) fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<EntryOut, Errno> {
+        let dir = self.node(parent)?;
+        let c = self.creds(req);
+        let n = with_caller_umask(mode, umask, |mode| {
+            self.cache
+                .mknod_at(&c, &dir, name.as_bytes(), mode, u64::from(rdev))
+        })
+        .map_err(errno)?;
+        self.dir_changed(&dir);
+        self.entry(parent, &n)
+    }
+
+    pub(super) fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> Result<EntryOut, Errno> {
+        let dir = self.node(parent)?;
+        let c = self.creds(req);
+        let n = with_caller_umask(mode & 0o7777, umask, |mode| {
+            self.cache.mkdir_at(&c, &dir, name.as_bytes(), mode)
+        })
+        .map_err(errno)?;
+        self.dir_changed(&dir);
+        self.entry(parent, &n)
+    }
+
+    pub(super) fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr) -> Result<(), Errno> {
+        let dir = self.node(parent)?;
+        let c = self.creds(req);
+        let victim = self.child(&c, &dir, name);
+        self.with_node(parent, |d| self.cache.unlink_at(&c, d, name.as_bytes()))?;
+        self.dir_changed(&dir);
+        if let Some(v) = victim {
+            self.attrs_changed(&v);
+        }
+        Ok(())
+    }
+
+    pub(super) fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr) -> Result<(), Errno> {
+        let dir = self.node(parent)?;
+        let c = self.creds(req);
+        self.with_node(parent, |d| self.cache.rmdir_at(&c, d, name.as_bytes()))?;
+        self.dir_changed(&dir);
+        Ok(())
+    }
+
+    pub(super) fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+    ) -> Result<EntryOut, Errno> {
+        let dir = self.node(parent)?;
+        let c = self.creds(req);
+        let n = self
+            .cache
+            .symlink_at(
+                &c,
+                &dir,
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
+            )
+            .map_err(errno)?;
+        self.dir_changed(&dir);
+        self.entry(parent, &n)
+    }
+
+    pub(super) fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<(), Errno> {
+        let mode = Self::rename_mode(flags)?;
+        let (dir, newdir) = match (self.node(parent), self.node(newparent)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return Err(e),
+        };
+        let c = self.creds(req);
+        let moved = self.child(&c, &dir, name);
+        let victim = self.child(&c, &newdir, newname);
+        let moved_id = moved.as_ref().and_then(|m| self.inodes.nodeid_of(m));
+        let victim_id = victim.as_ref().and_then(|v| self.inodes.nodeid_of(v));
+        self.cache
+            .rename_at(&c, &dir, name.as_bytes(), &newdir, newname.as_bytes(), mode)
+            .map_err(errno)?;
+        self.dir_changed(&dir);
+        self.dir_changed(&newdir);
+        if let Some(v) = &victim {
+            self.attrs_changed(v);
+        }
+        if let Some(m) = &moved {
+            self.attrs_changed(m);
+        }
+        // Keep the kernel's nodeids pointing at live dentries after the move.
+        if let (Some(id), Some(n)) = (moved_id, self.child(&c, &newdir, newname)) {
+            self.inodes.add_alias(id, &n, newparent.0);
+        }
+        if mode == RenameMode::Exchange {
+            if let (Some(id), Some(n)) = (victim_id, self.child(&c, &dir, name)) {
+                self.inodes.add_alias(id, &n, parent.0);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+    ) -> Result<EntryOut, Errno> {
+        let (node, newdir) = match (self.node(ino), self.node(newparent)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return Err(e),
+        };
+        let c = self.creds(req);
+        let n = self
+            .cache
+            .link_at(&c, &node, &newdir, newname.as_bytes())
+            .map_err(errno)?;
+        self.dir_changed(&newdir);
+        self.attrs_changed(&node);
+        // Fresh: the held inode was just marked changed.
+        let a = match self.inodes.held(ino.0) {
+            Some(h) => self.cache.attr_for_reply(&h, &n),
+            None => self.cache.attr_of_name(&n),
+        }
+        .map_err(errno)?;
+        let id = self.inodes.register(&self.cache, &n, &a, newparent.0);
+        if id != ino.0 {
+            self.queue_inval_inode(ino.0);
+        }
+        Ok(EntryOut {
+            attr: fuse_attr(id, &a),
+            attr_ttl: self.policy.attr_ttl,
+            entry_ttl: self.policy.entry_ttl,
+            generation: Generation(self.inodes.generation(id)),
+        })
+    }
+
+    /// ACCESS: with default_permissions the kernel checks access itself; answer existence.
+    pub(super) fn access(&self, ino: INodeNo) -> Result<(), Errno> {
+        self.node(ino).map(|_| ())
+    }
+
+    pub(super) fn statfs(&self) -> Result<StatFs, Errno> {
+        match self.cache.backend().statfs(b"") {
+            Ok(s) => Ok(s),
+            // What the kernel assumes of a FUSE file system that does not implement STATFS.
+            Err(CoreError::NotSupported) => Ok(StatFs {
+                blocks: 0,
+                bfree: 0,
+                bavail: 0,
+                files: 0,
+                ffree: 0,
+                bsize: 512,
+                namelen: 255,
+                frsize: 0,
+            }),
+            Err(e) => Err(errno(e)),
+        }
+    }
+}
