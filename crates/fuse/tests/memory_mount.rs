@@ -85,35 +85,7 @@ fn git_workflow_on_memory_mount_matches_native() {
     if !can_mount() {
         return;
     }
-    let t = TestMount::memory();
-    let native = t.dir.path().join("native");
-    std::fs::create_dir(&native).unwrap();
-    let script = r#"set -e
-git init -q -b main repo
-cd repo
-mkdir -p src docs
-for i in 1 2 3 4 5; do echo "line $i" > src/f$i.c; done
-echo readme > docs/README
-git add -A
-git commit -q -m first
-echo change >> src/f2.c
-rm src/f3.c
-echo new > src/new.c
-git status --porcelain
-git diff --stat
-git diff src/f2.c
-git add -A && git commit -q -m second
-git status --porcelain
-git log --format='%s %H'
-git ls-files
-git gc -q
-git fsck --no-progress 2>&1
-git log --format='%s %H'
-"#;
-    let a = sh_ok(&native, script);
-    let b = sh_ok(&t.mnt, script);
-    assert_eq!(a, b);
-    assert!(a.contains("src/new.c"));
+    git_workflow_matches_native(&TestMount::memory());
 }
 
 #[test]

@@ -35,36 +35,11 @@ fn find_du_ls_stat_match_src() {
 }
 
 #[test]
-fn git_workflow_matches_native() {
+fn git_workflow_matches_native_on_mount() {
     if !can_mount() {
         return;
     }
-    let t = TestMount::new();
-    let native = t.dir.path().join("native");
-    std::fs::create_dir(&native).unwrap();
-    let script = r#"set -e
-git init -q -b main repo
-cd repo
-mkdir -p src docs
-for i in 1 2 3 4 5; do echo "line $i" > src/f$i.c; done
-echo readme > docs/README
-git add -A
-git commit -q -m first
-echo change >> src/f2.c
-rm src/f3.c
-echo new > src/new.c
-git status --porcelain
-git diff --stat
-git diff src/f2.c
-git add -A && git commit -q -m second
-git status --porcelain
-git log --format=%s
-git ls-files
-"#;
-    let a = sh_ok(&native, script);
-    let b = sh_ok(&t.mnt, script);
-    assert_eq!(a, b);
-    assert!(a.contains("src/new.c"));
+    git_workflow_matches_native(&TestMount::new());
 }
 
 #[test]
