@@ -524,10 +524,12 @@ fn outside_attr_change_during_lookup_caches_nothing_stale() {
     let first = cache.lookup_child(&root, &a, b"f").expect("f");
     disarm(&be);
     assert_eq!(be.fired.load(Ordering::SeqCst), 1, "the chmod never raced");
+    // The older answer was refused (the report changed `a` meanwhile) and the lookup asked
+    // again: it answers with the mode after the chmod already.
     assert_eq!(
         first.cached_attr().map(|x| x.mode & 0o7777),
-        Some(0o644),
-        "setup"
+        Some(0o600),
+        "the lookup's own answer predates the reported chmod"
     );
     let again = cache.lookup_child(&root, &a, b"f").expect("f again");
     assert_eq!(
@@ -669,4 +671,51 @@ fn outside_attr_change_during_walk_caches_nothing_stale() {
         0o600,
         "the mode from before the reported chmod is still cached"
     );
+}
+
+/// A file created behind the cache's back is looked up while the change feed's report of a
+/// create in the same directory (of that very name, or of a sibling) arrives between the
+/// backend's answer and inserting it. The answer is not cached (the directory changed
+/// meanwhile), but the name exists and was never removed: the dentry the lookup returns must
+/// be live and give its attributes. A dead one makes the FUSE front end answer the kernel's
+/// LOOKUP with ENOENT (`attr_of_name` of a dead dentry), the flaky ENOENT of
+/// `coherence::src_removed_while_mounted_gives_errors_not_hangs` and the xattr tests.
+#[test]
+fn outside_create_reported_during_lookup_gives_a_live_positive() {
+    for reported in ["g", "sibling"] {
+        let (be, cache) = setup_with(&["a/f"]);
+        let root = cache.credentials(Cred::root());
+        let a = cache
+            .lookup(&root, At::Root, b"a", LookupFlags::FOLLOW)
+            .expect("a");
+        // Created outside before the lookup is made.
+        be.inner
+            .mknod(&Cred::root(), b"a/g", libc::S_IFREG | 0o644, 0)
+            .expect("create a/g behind the cache");
+        let weak = Arc::downgrade(&be);
+        let path = format!("a/{reported}").into_bytes();
+        let report: Race = Box::new(move |c: &Arc<Cache>| {
+            let be = weak.upgrade().expect("backend");
+            if path != b"a/g" {
+                be.inner
+                    .mknod(&Cred::root(), &path, libc::S_IFREG | 0o644, 0)
+                    .expect("create the sibling behind the cache");
+            }
+            c.apply_change(&Change::Entry { path: path.clone() });
+        });
+        arm(&be, Op::Lookup, When::After, ONCE, report);
+        let g = cache.lookup_child(&root, &a, b"g");
+        disarm(&be);
+        assert_eq!(be.fired.load(Ordering::SeqCst), 1, "the report never raced");
+        let g = g.expect("a/g exists");
+        assert_eq!(
+            cache.attr_of_name(&g).map(|x| x.ino),
+            Ok(truth(&be, b"a/g").ino),
+            "{reported}: attributes of the name just looked up"
+        );
+        assert!(
+            !g.is_dead(),
+            "{reported}: the lookup returned a dead dentry"
+        );
+    }
 }

@@ -10,6 +10,7 @@ use siphasher::sip128::SipHasher13;
 
 use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN};
 use super::dlht::{finish, norm_lex, raw_key, sig_of, EntryExtra, FastEntry, Seen, FOLLOW_MARK};
+use super::invalidate::OPTIMISTIC_TRIES;
 use super::path::{self, check_path};
 use super::{
     At, Cache, CredState, Creds, DirHandle, Mount, MountOptions, Namespace, NodeKind, NodeRef,
@@ -698,17 +699,32 @@ impl Cache {
             }
         }
         *missed = true;
-        let (r, gen0, ver0) = self.by_path(dir, |dpath| {
-            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
-            self.stats.backend.lookup.inc();
-            (dir.sb.backend.lookup(dpath, name), gen0, ver0)
-        })?;
-        let (kind, attr) = match r {
-            Ok(a) => (NodeKind::Positive(a.kind()), Some(a)),
-            Err(Error::NotFound) => (NodeKind::Negative(Error::NotFound), None),
-            Err(e) => return Err(e),
-        };
-        Ok(self.insert_child(dir, name, gen0, ver0, kind, attr))
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (r, gen0, ver0) = self.by_path(dir, |dpath| {
+                let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+                self.stats.backend.lookup.inc();
+                (dir.sb.backend.lookup(dpath, name), gen0, ver0)
+            })?;
+            let (kind, attr) = match r {
+                Ok(a) => (NodeKind::Positive(a.kind()), Some(a)),
+                Err(Error::NotFound) => (NodeKind::Negative(Error::NotFound), None),
+                Err(e) => return Err(e),
+            };
+            let cacheable = attr.is_some() || self.config.negatives;
+            let node = self.insert_child(dir, name, gen0, ver0, kind, attr);
+            // `dir` changed while the backend was asked (a change reported from outside, even
+            // of another name in it; a mutation through the cache): the answer was not cached
+            // and the dentry returned is dead, which gives no attributes or path to whoever
+            // holds it (a FUSE LOOKUP would answer ENOENT for a name that exists). Ask again,
+            // as `by_path` does for renames; a directory that keeps changing gets the last
+            // answer, uncached.
+            if !node.has(DEAD) || !cacheable || dir.has(DEAD | EVICTED) || tries >= OPTIMISTIC_TRIES
+            {
+                return Ok(node);
+            }
+        }
     }
 
     /// `child` with the search-permission check on `dir` and `.`/`..` handling, for the node

@@ -308,7 +308,19 @@ impl CacheFs {
         let node = self.node(ino)?;
         let c = self.creds(req);
         let oflags = Self::open_flags(flags.0);
-        let fd = self.open_shared(&c, ino, oflags)?;
+        let fd = match self.open_shared(&c, ino, oflags) {
+            // The core still has the name, the backend has not (removed outside, not yet
+            // reported): as for an xattr call (`xattr_error`), forget it and answer ESTALE so
+            // the kernel looks again (an open(O_CREAT) then creates, as natively).
+            Err(e) if e == Errno::ENOENT && !node.is_dead() => match self.cache.node_path(&node) {
+                Ok(path) if Arc::ptr_eq(&self.cache.node_backend(&node), self.cache.backend()) => {
+                    self.forget_name(ino, &node, &path);
+                    return Err(Errno::ESTALE);
+                }
+                _ => return Err(e),
+            },
+            r => r?,
+        };
         // Before a passthrough backing file is made from it (it copies the flags).
         self.apply_noatime(&**fd);
         let writable = is_writable(flags.0);

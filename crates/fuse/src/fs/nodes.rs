@@ -190,7 +190,15 @@ impl CacheFs {
             Err(e) => Err(e),
         };
         match r {
-            Ok(node) => self.entry(parent, &node),
+            // The dentry found may die before its attributes are read (an outside change
+            // applied meanwhile: the name removed or replaced, or, after a few tries in the
+            // core, a directory that keeps changing): that is no answer about the name, and an
+            // ENOENT for a name that exists would fail the caller. ESTALE makes the kernel
+            // walk the path again (LOOKUP_REVAL), as for any object that went stale.
+            Ok(node) => match self.entry(parent, &node) {
+                Err(e) if e == Errno::ENOENT && node.is_dead() => Err(Errno::ESTALE),
+                r => r,
+            },
             Err(CoreError::NotFound) if !self.policy.negative_ttl.is_zero() => {
                 self.counters
                     .negative_lookups

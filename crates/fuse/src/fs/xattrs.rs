@@ -50,7 +50,13 @@ impl CacheFs {
             // kernel looks the name up again on ESTALE.
             return Err(Errno::ESTALE);
         }
-        let path = self.cache.node_path(&node).map_err(errno)?;
+        let path = match self.cache.node_path(&node) {
+            Ok(p) => p,
+            // It (or a directory above it) died since node() found it: an outside change
+            // applied meanwhile. As above: ESTALE, never ENOENT for a name that may exist.
+            Err(CoreError::NotFound) => return Err(Errno::ESTALE),
+            Err(e) => return Err(errno(e)),
+        };
         let backend = self.cache.node_backend(&node);
         Ok(XattrCall {
             node,
@@ -65,28 +71,44 @@ impl CacheFs {
     /// now (renamed over from outside, the change not yet applied): forget that name here
     /// and in the kernel first, so that the kernel's retry (it looks the name up again on
     /// ESTALE) finds the file that is there now, as a native call would.
+    ///
+    /// ENOENT from the backend for a node's path means the same: the name was removed from
+    /// outside and the change feed has not reported it yet (the kernel's dentry and the
+    /// core's are both from before). An ENOENT would fail an `open(O_CREAT)` that natively
+    /// creates the file (the kernel reads the old inode's ACL for its permission check):
+    /// forget the name and answer ESTALE, so the kernel's retry sees the name missing.
     pub(super) fn xattr_error(&self, ino: INodeNo, x: &XattrCall, e: CoreError) -> Errno {
-        if e == CoreError::Stale && Arc::ptr_eq(&x.backend, self.cache.backend()) {
-            let parent = self.parent_nodeid(&x.node);
-            let invals = self.cache.invalidate(&x.path);
-            let mut msgs = vec![
-                NotifyMsg::InvalEntry(parent, x.node.name()),
-                NotifyMsg::InvalInode(parent),
-                NotifyMsg::InvalInode(ino.0),
-            ];
-            for inv in invals {
-                if let Some(p) = inv.parent.as_ref().and_then(|p| self.inodes.nodeid_of(p)) {
-                    msgs.push(NotifyMsg::InvalEntry(p, inv.name));
-                }
-                if let Some(n) = inv.node.as_ref().and_then(|n| self.inodes.nodeid_of(n)) {
-                    msgs.push(NotifyMsg::InvalInode(n));
-                }
-            }
-            for m in msgs {
-                let _ = self.notify.send(m);
+        let gone = e == CoreError::NotFound && x.open.is_none();
+        if (e == CoreError::Stale || gone) && Arc::ptr_eq(&x.backend, self.cache.backend()) {
+            self.forget_name(ino, &x.node, &x.path);
+            if gone {
+                return Errno::ESTALE;
             }
         }
         errno(e)
+    }
+
+    /// Forget the name `path` of `node` (the kernel's `ino`) here and in the kernel: it names
+    /// another inode or none now, changed outside and not yet reported.
+    pub(super) fn forget_name(&self, ino: INodeNo, node: &NodeRef, path: &[u8]) {
+        let parent = self.parent_nodeid(node);
+        let invals = self.cache.invalidate(path);
+        let mut msgs = vec![
+            NotifyMsg::InvalEntry(parent, node.name()),
+            NotifyMsg::InvalInode(parent),
+            NotifyMsg::InvalInode(ino.0),
+        ];
+        for inv in invals {
+            if let Some(p) = inv.parent.as_ref().and_then(|p| self.inodes.nodeid_of(p)) {
+                msgs.push(NotifyMsg::InvalEntry(p, inv.name));
+            }
+            if let Some(n) = inv.node.as_ref().and_then(|n| self.inodes.nodeid_of(n)) {
+                msgs.push(NotifyMsg::InvalInode(n));
+            }
+        }
+        for m in msgs {
+            let _ = self.notify.send(m);
+        }
     }
 
     pub(super) fn xattr_blocked(&self, name: &OsStr) -> bool {

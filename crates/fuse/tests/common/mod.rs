@@ -65,6 +65,19 @@ impl TestMount {
     }
 
     pub fn with_policy(policy: dircache_fuse::CachePolicy) -> TestMount {
+        Self::local(policy, dircache_local::WatchMode::Auto)
+    }
+
+    /// A mount with the default policy whose backend reports no change made in SRC (no change
+    /// feed): the window between an outside change and the feed's report, made endless.
+    pub fn without_feed() -> TestMount {
+        Self::local(
+            dircache_fuse::CachePolicy::default(),
+            dircache_local::WatchMode::Off,
+        )
+    }
+
+    fn local(policy: dircache_fuse::CachePolicy, watch: dircache_local::WatchMode) -> TestMount {
         let dir = tempfile::Builder::new()
             .prefix("dcfuse")
             .tempdir()
@@ -75,7 +88,13 @@ impl TestMount {
         std::fs::create_dir(&mnt).expect("mkdir mnt");
         // Traversable by the non-root users of the multi-user tests.
         chmod(dir.path(), 0o755);
-        let backend = dircache_local::LocalBackend::new(&src).expect("local backend");
+        let backend = if watch == dircache_local::WatchMode::Auto {
+            dircache_local::LocalBackend::new(&src)
+        } else {
+            // No descriptor cache: without a feed nothing would empty it.
+            dircache_local::LocalBackend::with_options(&src, 0, watch)
+        }
+        .expect("local backend");
         let cache = dircache_core::Cache::new(Arc::new(backend), dircache_core::Config::default())
             .expect("cache");
         let mut cfg = dircache_fuse::MountConfig::new(&src, &mnt);
