@@ -19,7 +19,7 @@
 //!   mixing the old page cache with the new file (`fuse_iget`). A dentry the core has not
 //!   marked dead may still stand for a removed name (the change feed reports removals after
 //!   the fact): a new name of a known key counts the old names as live only if the backend
-//!   still shows them with that key ([`Inodes::register`]'s `names_key`), so a reused number
+//!   still shows them with that key ([`Inodes::register`] asks `Cache::names_inode`), so a reused number
 //!   is never taken for a hard link of a gone file. FORGETs carry no generation:
 //!   `lookups` counts references to the nodeid across generations, which is what the kernel
 //!   forgets.
