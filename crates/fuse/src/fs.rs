@@ -212,6 +212,12 @@ pub struct FsParts {
 }
 
 impl DircacheFs {
+    /// The permission bits of the served root (0 when unknown): the mount's `rootmode`.
+    pub(crate) fn root_perm(&self) -> u32 {
+        let c = &self.fs.cache;
+        c.getattr(&c.root()).map(|a| a.mode & 0o7777).unwrap_or(0)
+    }
+
     /// A file system serving `cache`. `notify` feeds the notifier thread.
     pub fn new(
         cache: Arc<Cache>,

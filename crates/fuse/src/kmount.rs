@@ -220,15 +220,22 @@ fn cstr(p: &[u8]) -> std::io::Result<CString> {
 
 /// Mount a FUSE file system at `mnt`: open /dev/fuse, call mount(2) with `flags` and the
 /// FUSE options, and return the /dev/fuse descriptor (the kernel sends INIT on it next).
+///
+/// `root_perm` (the served root's permission bits) goes into `rootmode`: the kernel creates
+/// its root inode with that mode and keeps it until a GETATTR reply lands. A reply the kernel
+/// discards (an attribute invalidation of the root, from the change feed, raced with it) left
+/// a root with no permission bits, and `default_permissions` refused every other user with
+/// EACCES without asking again.
 pub fn mount_fuse(
     source: &str,
     mnt: &Path,
     flags: c_ulong,
     allow_other: bool,
     lsm: &[String],
+    root_perm: u32,
 ) -> std::io::Result<OwnedFd> {
     use std::os::unix::fs::MetadataExt;
-    let root_type = std::fs::metadata(mnt)?.mode() & libc::S_IFMT;
+    let root_type = (std::fs::metadata(mnt)?.mode() & libc::S_IFMT) | (root_perm & 0o7777);
     let dev = c"/dev/fuse";
     // SAFETY: dev is a valid NUL-terminated path; the result is checked.
     let fd = unsafe { libc::open(dev.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };

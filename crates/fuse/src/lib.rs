@@ -220,8 +220,17 @@ fn mount_session(
         (None, Some(src)) => src.display().to_string(),
         (None, None) => "dircache".to_string(),
     };
-    let fd = kmount::mount_fuse(&source, &cfg.mnt, flags, cfg.allow_other, &cfg.kernel.lsm)
-        .map_err(err)?;
+    // The root's permission bits for the kernel's first root inode (kmount::mount_fuse).
+    let root_perm = fs.root_perm();
+    let fd = kmount::mount_fuse(
+        &source,
+        &cfg.mnt,
+        flags,
+        cfg.allow_other,
+        &cfg.kernel.lsm,
+        root_perm,
+    )
+    .map_err(err)?;
     let guard = UnmountOnError(Some(cfg.mnt.clone()));
     let acl = if cfg.allow_other {
         fuser::SessionACL::All
