@@ -113,13 +113,26 @@ pub trait BackendFile: Send + Sync {
         offset_out: u64,
         len: u64,
     ) -> Result<usize> {
-        let mut buf = vec![0u8; len.min(1 << 20) as usize];
-        let n = self.read_at(&mut buf, offset_in)?;
-        if n == 0 {
-            return Ok(0);
-        }
-        dst.write_at(cred, &buf[..n], offset_out, false)
+        copy_by_read_write(self, cred, offset_in, dst, offset_out, len)
     }
+}
+
+/// [`BackendFile::copy_to`] without a kernel copy: one read of at most 1 MiB from `src`, one
+/// write of it to `dst` as `cred`.
+pub fn copy_by_read_write(
+    src: &(impl BackendFile + ?Sized),
+    cred: &Cred,
+    offset_in: u64,
+    dst: &dyn BackendFile,
+    offset_out: u64,
+    len: u64,
+) -> Result<usize> {
+    let mut buf = vec![0u8; len.min(1 << 20) as usize];
+    let n = src.read_at(&mut buf, offset_in)?;
+    if n == 0 {
+        return Ok(0);
+    }
+    dst.write_at(cred, &buf[..n], offset_out, false)
 }
 
 impl std::fmt::Debug for dyn BackendFile + '_ {
@@ -385,14 +398,7 @@ impl BackendFile for FdFile {
         len: u64,
     ) -> Result<usize> {
         let Some(out) = dst.fd() else {
-            // The default: read here, write there.
-            let mut buf = vec![0u8; len.min(1 << 20) as usize];
-            let n = self.read_at(&mut buf, offset_in)?;
-            return if n == 0 {
-                Ok(0)
-            } else {
-                dst.write_at(cred, &buf[..n], offset_out, false)
-            };
+            return copy_by_read_write(self, cred, offset_in, dst, offset_out, len);
         };
         let mut oin = offset_in;
         let mut oout = offset_out;
