@@ -599,7 +599,11 @@ impl fuser::Filesystem for DircacheFs {
     ) {
         self.count(Op::readdirplus);
         let r = self.fs.readdirplus(req, ino, fh, offset, |e| {
-            reply.add(e.ino, e.offset, e.name, &e.ttl, &e.attr, e.generation)
+            if e.unlinked {
+                reply.add_unlinked(e.ino, e.offset, e.attr.kind, e.name)
+            } else {
+                reply.add(e.ino, e.offset, e.name, &e.ttl, &e.attr, e.generation)
+            }
         });
         match r {
             Ok(()) => reply.ok(),

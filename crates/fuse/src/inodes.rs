@@ -388,6 +388,20 @@ impl Inodes {
         self.by_dentry.pin().get(&node.id()).copied()
     }
 
+    /// The nodeid of `node` if the kernel holds it by this very dentry as inode `key`: it
+    /// looked the name up (or had it from a listing) and has not forgotten it since. Its
+    /// attributes there are current: every change the core learns of reaches it as an
+    /// `inval_inode`.
+    pub fn held_by_kernel(&self, node: &NodeRef, key: Key) -> Option<u64> {
+        let id = self.nodeid_of(node)?;
+        self.with_entry(id, |i| {
+            let m = i.m.lock();
+            !m.removed && m.lookups > 0 && (id == ROOT || i.held.key() == key)
+        })
+        .filter(|ok| *ok)
+        .map(|_| id)
+    }
+
     /// Drop `n` kernel references; the last one gives the inode back to the core.
     pub fn forget(&self, cache: &Cache, nodeid: u64, n: u64) {
         if nodeid == ROOT {

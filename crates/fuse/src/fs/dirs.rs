@@ -22,6 +22,10 @@ pub(super) struct DirEntryPlus<'a> {
     pub(super) ttl: Duration,
     pub(super) attr: FileAttr,
     pub(super) generation: Generation,
+    /// The kernel already holds this name and inode: send it with nodeid 0 (only `ino`,
+    /// `offset`, the kind of `attr` and `name` go out), so that the kernel keeps what it has
+    /// cached for it. See [`CacheFs::readdirplus`].
+    pub(super) unlinked: bool,
 }
 
 impl CacheFs {
@@ -112,6 +116,15 @@ impl CacheFs {
 
     /// READDIRPLUS of `ino` on stream `fh` from `offset`: as [`CacheFs::readdir`], and every
     /// entry but "." and ".." is looked up (the kernel holds it when `add` took it).
+    ///
+    /// An entry the kernel already holds by this name ([`Inodes::held_by_kernel`]) goes out
+    /// unlinked (nodeid 0): the listing shows it, and the kernel keeps its dentry, inode,
+    /// attributes and cached ACLs as they are. A full entry for a known inode would make the
+    /// kernel forget that inode's cached POSIX ACLs (`fuse_direntplus_link` calls
+    /// `forget_all_cached_acls`), so after any re-read of a listing (the directory changed,
+    /// or the kernel dropped its cached pages) `ls -l` sent one GETXATTR
+    /// (`system.posix_acl_access`) per entry. What the kernel holds is current: every change
+    /// the core learns of reaches it as `inval_inode` / `inval_entry` from the notifier.
     pub(super) fn readdirplus(
         &self,
         req: &Request,
@@ -137,6 +150,7 @@ impl CacheFs {
                     ttl,
                     attr: dot,
                     generation: Generation(0),
+                    unlinked: false,
                 })
             {
                 return Ok(());
@@ -149,6 +163,7 @@ impl CacheFs {
                 ttl,
                 attr: self.attr_for(p, &dattr),
                 generation: Generation(0),
+                unlinked: false,
             }) {
                 return Ok(());
             }
@@ -173,6 +188,22 @@ impl CacheFs {
                     Err(_) => continue,
                 },
             };
+            if let Some(id) = self.inodes.held_by_kernel(&node, (a.dev, a.ino)) {
+                if add(DirEntryPlus {
+                    ino: INodeNo(self.inodes.st_ino(id)),
+                    offset: *cookie,
+                    name: OsStr::from_bytes(&e.name),
+                    ttl,
+                    attr: fuse_attr(id, &a),
+                    generation: Generation(0),
+                    unlinked: true,
+                }) {
+                    finished = false;
+                    break;
+                }
+                added = true;
+                continue;
+            }
             let id = self.inodes.register(&self.cache, &node, &a, ino.0);
             if add(DirEntryPlus {
                 ino: INodeNo(id),
@@ -181,6 +212,7 @@ impl CacheFs {
                 ttl,
                 attr: fuse_attr(id, &a),
                 generation: Generation(self.inodes.generation(id)),
+                unlinked: false,
             }) {
                 self.inodes.forget(&self.cache, id, 1);
                 finished = false;
