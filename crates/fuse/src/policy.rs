@@ -24,9 +24,13 @@ pub struct CachePolicy {
     pub negative_ttl: Duration,
     /// Ask for READDIRPLUS always (FUSE_DO_READDIRPLUS without READDIRPLUS_AUTO): a listing
     /// brings the attributes of every entry, so `ls -l`, `find` and `du` need no LOOKUP.
+    /// Entries the kernel already holds go out with nodeid 0 (`fs/dirs.rs`): a full entry
+    /// for a known inode makes the kernel forget its cached ACLs.
     pub readdirplus: bool,
     /// Directory listings cached in the kernel's page cache (FOPEN_CACHE_DIR + FOPEN_KEEP_CACHE)
-    /// and revalidated only through explicit `inval_inode`.
+    /// and revalidated only through explicit `inval_inode` (the kernel resets a cached
+    /// listing when the directory's mtime it holds changes, or drops its pages under memory
+    /// pressure; it is then read again with one READDIRPLUS per chunk).
     pub cache_dir: bool,
     /// Answer OPENDIR with ENOSYS once (FUSE_NO_OPENDIR_SUPPORT): the kernel then opens every
     /// directory itself with CACHE_DIR|KEEP_CACHE and never sends OPENDIR/RELEASEDIR again,
@@ -37,13 +41,17 @@ pub struct CachePolicy {
     pub keep_cache: bool,
     /// FUSE passthrough (kernel 6.9+, daemon needs CAP_SYS_ADMIN): reads and writes go straight
     /// to the real file, as Coda's MiniCache redirected `rdwr` to the container file.
+    /// Warm cost: every passthrough read marks the kernel's atime stale
+    /// (`fuse_invalidate_atime`), so the next `stat` of a file that was read sends a GETATTR;
+    /// without passthrough, warm reads are page-cache hits and send nothing.
     pub passthrough: bool,
     /// FUSE_PARALLEL_DIROPS: lookups and readdirs in one directory run concurrently.
     pub parallel_dirops: bool,
     /// FUSE_CACHE_SYMLINKS: the kernel keeps symlink targets in its page cache.
     pub cache_symlinks: bool,
     /// FUSE_POSIX_ACL: the kernel asks for `system.posix_acl_*` once per inode and caches the
-    /// answer (until `inval_inode`). `ls -l` asks for `system.posix_acl_access` of every file;
+    /// answer (until `inval_inode`, a GETATTR it sends, or a full READDIRPLUS entry for the
+    /// inode, which dircache avoids). `ls -l` asks for `system.posix_acl_access` of every file;
     /// without this each of those is a round trip that the kernel never caches.
     pub posix_acl: bool,
     /// Pass `security.*` extended attributes through. Off: getxattr/listxattr of `security.*`
