@@ -295,6 +295,39 @@ fn warm_reads_without_passthrough_send_no_getattr() {
     }
 }
 
+/// On a read-only mount the kernel never marks an atime stale (`IS_RDONLY`): warm reads send
+/// only their OPEN/RELEASE round trips, with passthrough too.
+#[test]
+fn warm_reads_on_a_read_only_mount_send_no_getattr() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::read_only(make_workload_tree);
+    let m = t.mnt.clone();
+    assert!(
+        std::fs::write(t.m("inc/new"), b"").is_err(),
+        "the mount is not read-only"
+    );
+    for (what, script) in [
+        (
+            "git status",
+            "git -C repo --no-optional-locks status --porcelain >/dev/null",
+        ),
+        ("cat", "cat inc/a/x/*.h >/dev/null"),
+        ("ls -lR", "ls -lR inc >/dev/null"),
+    ] {
+        let allowed = [
+            ("open", 100),
+            ("flush", 100),
+            ("release", 100),
+            ("getxattr", 1),
+        ];
+        let got = warm_requests(&t, || run(&m, script), |g| only(g, &allowed));
+        eprintln!("warm {what} (ro): {got:?}");
+        assert_only(what, &got, &allowed);
+    }
+}
+
 /// A listing the kernel reads again (its directory changed) does not make `ls -l` ask for
 /// the ACL of every entry: entries the kernel holds come back without touching its cache.
 #[test]

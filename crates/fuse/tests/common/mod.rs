@@ -77,7 +77,27 @@ impl TestMount {
         )
     }
 
+    /// A read-only mount (MS_RDONLY) of a local backend with the default policy; `fill` puts
+    /// the tree into SRC first.
+    pub fn read_only(fill: impl FnOnce(&Path)) -> TestMount {
+        Self::local_with(
+            dircache_fuse::CachePolicy::default(),
+            dircache_local::WatchMode::Auto,
+            libc::MS_RDONLY,
+            fill,
+        )
+    }
+
     fn local(policy: dircache_fuse::CachePolicy, watch: dircache_local::WatchMode) -> TestMount {
+        Self::local_with(policy, watch, 0, |_| {})
+    }
+
+    fn local_with(
+        policy: dircache_fuse::CachePolicy,
+        watch: dircache_local::WatchMode,
+        flags: libc::c_ulong,
+        fill: impl FnOnce(&Path),
+    ) -> TestMount {
         let dir = tempfile::Builder::new()
             .prefix("dcfuse")
             .tempdir()
@@ -88,6 +108,7 @@ impl TestMount {
         std::fs::create_dir(&mnt).expect("mkdir mnt");
         // Traversable by the non-root users of the multi-user tests.
         chmod(dir.path(), 0o755);
+        fill(&src);
         let backend = if watch == dircache_local::WatchMode::Auto {
             dircache_local::LocalBackend::new(&src)
         } else {
@@ -99,6 +120,7 @@ impl TestMount {
             .expect("cache");
         let mut cfg = dircache_fuse::MountConfig::new(&src, &mnt);
         cfg.policy = policy;
+        cfg.kernel.flags |= flags;
         cfg.socket_path = Some(dir.path().join("ctl.sock"));
         let thread = serve(cache, &cfg);
         TestMount {
