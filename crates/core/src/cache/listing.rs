@@ -71,7 +71,7 @@ impl Cache {
 
     /// Merge a backend listing into the cache and mark the directory complete, unless it
     /// changed while the backend was listing it.
-    fn merge_listing(&self, node: &NodeRef, entries: &[DirEntry], gen0: u64, ver0: u64) {
+    pub(crate) fn merge_listing(&self, node: &NodeRef, entries: &[DirEntry], gen0: u64, ver0: u64) {
         let mut stale: Vec<NodeRef> = Vec::new();
         let mut added: Vec<NodeRef> = Vec::new();
         {

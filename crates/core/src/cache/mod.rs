@@ -14,7 +14,8 @@
 //! - [`outside`]: changes made behind the cache's back, and revival of moved directories;
 //! - [`hardlinks`]: attributes shared by the cached names of one inode;
 //! - [`mounts`]: mounts, bind mounts and namespaces (§4.3);
-//! - [`mutate`]: mutations that keep the cache coherent.
+//! - [`mutate`]: mutations that keep the cache coherent;
+//! - [`persist`]: the snapshot file of a warm restart (listings, completeness, negatives).
 //!
 //! The invariants are written down in `docs/core.md`, which maps each paper section to its file.
 //!
@@ -68,6 +69,7 @@ mod negative;
 mod outside;
 mod path;
 mod pcc;
+mod persist;
 mod walk;
 
 #[cfg(test)]
@@ -87,6 +89,7 @@ pub(crate) use mounts::Mount;
 pub use mounts::{MountOptions, MountSource, Namespace};
 pub(crate) use pcc::CredState;
 pub use pcc::Creds;
+pub use persist::{LoadReport, Persist, PersistError, SaveReport};
 
 use crate::stats::Stats;
 use crate::{
