@@ -1,4 +1,4 @@
-//! Warm restart (ByVFS (b), docs/core.md I14): the cache's directory listings, completeness
+//! Warm restart (ByVFS (b), docs/core.md I13): the cache's directory listings, completeness
 //! and negative entries kept across unmount/mount in a snapshot file, and validated against
 //! the tree before any of it is used again.
 //!
@@ -378,7 +378,9 @@ impl Cache {
         {
             return Err(PersistError::NotFresh);
         }
+        let t_read = std::time::Instant::now();
         let snap = read_snapshot(&p.path)?;
+        tracing::debug!("persist: read and decoded in {:?}", t_read.elapsed());
         let bad = |why| PersistError::Corrupt(p.path.clone(), why);
         if snap.source != p.source {
             return Err(PersistError::Foreign(p.path.clone(), "another source"));
@@ -408,7 +410,9 @@ impl Cache {
             paths.push(path);
         }
         // One getattr per saved directory, on a few threads.
+        let t0 = std::time::Instant::now();
         let live = stat_all(&*self.root_sb.backend, &paths);
+        let t_stat = t0.elapsed();
         let mut report = LoadReport {
             dirs: snap.dirs.len() as u64,
             ..Default::default()
@@ -471,6 +475,11 @@ impl Cache {
             }
             nodes.push(Some(node));
         }
+        tracing::debug!(
+            "persist: {} directories stat'ed in {t_stat:?}, installed in {:?}",
+            paths.len(),
+            t0.elapsed() - t_stat
+        );
         Ok(report)
     }
 
