@@ -863,6 +863,112 @@ mod tests {
         );
     }
 
+    /// Random trees, random changes while "unmounted": the loaded cache always agrees with
+    /// the backend, entry by entry and name by name (negatives included).
+    #[test]
+    fn random_changes_between_mounts_are_never_served_stale() {
+        use rand::{Rng, SeedableRng};
+        let root = Cred::root();
+        let (mut trusted, mut changed) = (0, 0);
+        for seed in 0..40u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let b = Arc::new(MemoryBackend::new());
+            let dirs = ["p", "p/q", "p/q/r", "s", "s/t", "u", "u/v", "u/v/w"];
+            let mut spec: Vec<String> = dirs.iter().map(|d| format!("{d}/")).collect();
+            for d in &dirs {
+                for i in 0..rng.gen_range(0..4) {
+                    spec.push(format!("{d}/f{i}"));
+                }
+            }
+            let spec: Vec<&str> = spec.iter().map(String::as_str).collect();
+            b.populate(&spec);
+            let d = tempfile::tempdir().expect("tempdir");
+            let mut p = Persist::new(d.path().join("snap"), b"memory:random".to_vec());
+            p.racy = Duration::ZERO;
+            let c1 = cache(&b);
+            // Some directories listed, some only looked into; some names probed missing.
+            let cr = c1.credentials(root.clone());
+            let names = ["f0", "f1", "f2", "f3", "n0", "n1", "q", "r", "t", "x"];
+            for dir in dirs.iter().chain(std::iter::once(&"")) {
+                if rng.gen_bool(0.6) {
+                    let path = if dir.is_empty() { "/" } else { dir };
+                    if let Ok(n) = c1.lookup(&cr, At::Root, path.as_bytes(), LookupFlags::NOFOLLOW)
+                    {
+                        let _ = c1.readdir_node(&cr, &n, false);
+                    }
+                }
+                for n in names {
+                    if rng.gen_bool(0.3) {
+                        let _ = c1.stat(
+                            &cr,
+                            At::Root,
+                            &join(dir.as_bytes(), n.as_bytes()),
+                            LookupFlags::NOFOLLOW,
+                        );
+                    }
+                }
+            }
+            c1.save_snapshot(&p).expect("save");
+            // While unmounted: random changes, failures ignored.
+            let all: Vec<&str> = dirs.iter().copied().chain(std::iter::once("")).collect();
+            let pick = |rng: &mut rand::rngs::StdRng| {
+                let dir = all[rng.gen_range(0..all.len())];
+                join(
+                    dir.as_bytes(),
+                    names[rng.gen_range(0..names.len())].as_bytes(),
+                )
+            };
+            for _ in 0..rng.gen_range(1..8) {
+                let a = pick(&mut rng);
+                let z = pick(&mut rng);
+                let _ = match rng.gen_range(0..7) {
+                    0 => b.mknod(&root, &a, libc::S_IFREG | 0o644, 0).map(drop),
+                    1 => b.unlink(&root, &a),
+                    2 => b.mkdir(&root, &a, 0o755).map(drop),
+                    3 => b.rmdir(&root, &a),
+                    4 | 5 => b.rename(&root, &a, &z, RenameMode::Replace),
+                    _ => b
+                        .setattr(
+                            &root,
+                            &a,
+                            &SetAttr {
+                                mode: Some(0o700),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop),
+                };
+            }
+            let c2 = cache(&b);
+            let l = c2.load_snapshot(&p).expect("load");
+            trusted += l.listings + l.negatives;
+            changed += l.changed;
+            for dir in &all {
+                for n in names {
+                    let path = join(dir.as_bytes(), n.as_bytes());
+                    let want = b.getattr(&path).map(|a| (a.ino, a.mode));
+                    let cr2 = c2.credentials(root.clone());
+                    let got = c2
+                        .stat(&cr2, At::Root, &path, LookupFlags::NOFOLLOW)
+                        .map(|a| (a.ino, a.mode));
+                    match (want, got) {
+                        (Ok(w), Ok(g)) => {
+                            assert_eq!(w, g, "seed {seed}: {}", String::from_utf8_lossy(&path))
+                        }
+                        (Err(_), Err(_)) => {}
+                        (w, g) => panic!(
+                            "seed {seed}: {}: backend {w:?}, cache {g:?}",
+                            String::from_utf8_lossy(&path)
+                        ),
+                    }
+                }
+            }
+            assert_eq!(walk_cache(&c2), walk_backend(&*b), "seed {seed}");
+        }
+        // Not vacuous: snapshots were used, and changes were seen.
+        assert!(trusted > 100 && changed > 40, "{trusted} {changed}");
+    }
+
     #[test]
     fn directories_changed_within_the_racy_window_are_not_trusted() {
         let (b, _d, mut p) = setup();
