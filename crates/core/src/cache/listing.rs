@@ -5,7 +5,7 @@
 //! listing is merged into the map (and the flag set) only if the directory did not change
 //! while the backend listed it.
 
-use super::dentry::{COMPLETE, DEAD, HAS_CHILDREN};
+use super::dentry::{COMPLETE, DEAD, HAS_CHILDREN, PENDING};
 use super::{Cache, Creds, NodeKind, NodeRef};
 use crate::{DirEntry, Error, FileType, Result, R_OK};
 
@@ -24,6 +24,10 @@ impl Cache {
         if c.0.check {
             let a = self.attr_of(node)?;
             self.policy.permission(&c.0.cred, &a, R_OK)?;
+        }
+        if node.has(PENDING) {
+            // A warm-restart listing has no attributes: a listing that wants them is read anew.
+            self.take_pending(node, !want_attrs);
         }
         if self.config.completeness && node.has(COMPLETE) {
             let out = self.list_cached(node, want_attrs);

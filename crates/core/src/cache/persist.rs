@@ -61,7 +61,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use siphasher::sip::SipHasher13;
 
-use super::dentry::{COMPLETE, DEAD, MOUNTED};
+use super::dentry::{COMPLETE, DEAD, MOUNTED, PENDING};
 use super::{Cache, NodeKind, NodeRef};
 use crate::{Attr, Backend, DirEntry, Error, FileType, Timespec, NAME_MAX};
 
@@ -182,6 +182,16 @@ enum Contents {
     /// Names known not to exist (ENOENT).
     Negatives(Vec<Vec<u8>>),
 }
+
+/// Validated snapshot contents waiting for their directory (`Cache::pending`).
+pub(crate) struct Pending {
+    gen: u64,
+    ver: u64,
+    contents: Contents,
+}
+
+#[derive(Default)]
+pub(crate) struct PendingMap(parking_lot::Mutex<std::collections::HashMap<u64, Pending>>);
 
 #[derive(Debug, Serialize, Deserialize)]
 struct SavedDir {
@@ -418,6 +428,7 @@ impl Cache {
             ..Default::default()
         };
         let mut nodes: Vec<Option<NodeRef>> = Vec::with_capacity(snap.dirs.len());
+        let mut pending: Vec<(NodeRef, u64, u64, usize)> = Vec::new();
         for (i, d) in snap.dirs.iter().enumerate() {
             let node = match (&live[i], d.parent) {
                 (Ok(a), _) if !a.is_dir() => None,
@@ -446,41 +457,92 @@ impl Cache {
             match &d.contents {
                 Contents::Untrusted => {}
                 Contents::Complete(l) => {
-                    let entries: Vec<DirEntry> = l
-                        .iter()
-                        .map(|(name, kind, ino)| DirEntry {
-                            name: name.clone(),
-                            kind: *kind,
-                            ino: *ino,
-                            attr: None,
-                        })
-                        .collect();
-                    let (gen0, ver0) = (node.inner.read().gen, node.version());
-                    self.merge_listing(&node, &entries, gen0, ver0);
-                    if node.has(COMPLETE) {
-                        report.listings += 1;
-                        report.entries += entries.len() as u64;
-                    }
+                    report.listings += 1;
+                    report.entries += l.len() as u64;
                 }
                 Contents::Negatives(l) => {
-                    if self.config.negatives {
-                        for n in l {
-                            let nd = self.negative_child(&node, n, Error::NotFound);
-                            if matches!(nd.kind, NodeKind::Negative(_)) {
-                                report.negatives += 1;
-                            }
-                        }
+                    if !self.config.negatives {
+                        nodes.push(Some(node));
+                        continue;
                     }
+                    report.negatives += l.len() as u64;
                 }
+            }
+            if !matches!(d.contents, Contents::Untrusted) {
+                // Installed at the directory's first use, if it has not changed by then.
+                let (gen, ver) = (node.inner.read().gen, node.version());
+                pending.push((node.clone(), gen, ver, i));
             }
             nodes.push(Some(node));
         }
+        let mut dirs: Vec<Option<SavedDir>> = snap.dirs.into_iter().map(Some).collect();
+        {
+            let mut map = self.pending.0.lock();
+            for (node, gen, ver, i) in pending {
+                let Some(d) = dirs[i].take() else { continue };
+                node.set(PENDING);
+                map.insert(
+                    node.id,
+                    Pending {
+                        gen,
+                        ver,
+                        contents: d.contents,
+                    },
+                );
+            }
+        }
         tracing::debug!(
-            "persist: {} directories stat'ed in {t_stat:?}, installed in {:?}",
+            "persist: {} directories stat'ed in {t_stat:?}, checked in {:?}",
             paths.len(),
             t0.elapsed() - t_stat
         );
         Ok(report)
+    }
+
+    /// Install the snapshot contents waiting for `dir` (if `install`) or drop them. Installed
+    /// only if `dir` did not change since it was validated (its `gen` and version are those
+    /// recorded then: a mutation through the cache, an outside change, an invalidation since
+    /// makes them stale). Returns whether something was installed.
+    pub(crate) fn take_pending(&self, dir: &NodeRef, install: bool) -> bool {
+        let p = self.pending.0.lock().remove(&dir.id);
+        dir.clear(PENDING);
+        let Some(p) = p else {
+            return false;
+        };
+        if !install || dir.has(DEAD) {
+            return false;
+        }
+        match p.contents {
+            Contents::Untrusted => false,
+            Contents::Complete(l) => {
+                let entries: Vec<DirEntry> = l
+                    .into_iter()
+                    .map(|(name, kind, ino)| DirEntry {
+                        name,
+                        kind,
+                        ino,
+                        attr: None,
+                    })
+                    .collect();
+                self.merge_listing(dir, &entries, p.gen, p.ver);
+                dir.has(COMPLETE)
+            }
+            Contents::Negatives(l) => {
+                let mut any = false;
+                for n in l {
+                    let nd = self.insert_child(
+                        dir,
+                        &n,
+                        p.gen,
+                        p.ver,
+                        NodeKind::Negative(Error::NotFound),
+                        None,
+                    );
+                    any |= !nd.has(DEAD);
+                }
+                any
+            }
+        }
     }
 
     /// The dentry of directory `name` in `parent`, whose live attributes are `a`: the one a
@@ -629,7 +691,7 @@ mod tests {
 
     use super::*;
     use crate::memory::MemoryBackend;
-    use crate::{At, Config, Cred, LookupFlags, RenameMode, SetAttr};
+    use crate::{At, Change, Config, Cred, LookupFlags, RenameMode, SetAttr};
 
     const TREE: &[&str] = &[
         "a/f1",
@@ -967,6 +1029,40 @@ mod tests {
         }
         // Not vacuous: snapshots were used, and changes were seen.
         assert!(trusted > 100 && changed > 40, "{trusted} {changed}");
+    }
+
+    /// Contents are installed at a directory's first use, not at load: a change made through
+    /// the cache, or reported from outside, in between must win over them.
+    #[test]
+    fn pending_contents_never_override_later_changes() {
+        let (b, _d, p) = setup();
+        let root = Cred::root();
+        let c1 = cache(&b);
+        let _ = walk_cache(&c1);
+        assert!(missing(&c1, b"e/nope"));
+        c1.save_snapshot(&p).expect("save");
+        let c2 = cache(&b);
+        let l = c2.load_snapshot(&p).expect("load");
+        assert!(l.listings >= 10, "{l:?}");
+        let cr = c2.credentials(root.clone());
+        // Through the cache, before anything was read from a.
+        c2.mkdir(&cr, At::Root, b"a/made", 0o755).expect("mkdir");
+        // Behind its back, reported: b/new appears, c/ too.
+        b.mknod(&root, b"b/new", libc::S_IFREG | 0o644, 0)
+            .expect("mknod");
+        c2.apply_change(&Change::Entry {
+            path: b"b/new".to_vec(),
+        });
+        b.mknod(&root, b"c/fresh", libc::S_IFREG | 0o644, 0)
+            .expect("mknod");
+        c2.invalidate(b"c/fresh");
+        for p in [&b"a/made"[..], b"b/new", b"c/fresh"] {
+            c2.stat(&cr, At::Root, p, LookupFlags::NOFOLLOW)
+                .unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(p)));
+        }
+        assert_eq!(walk_cache(&c2), walk_backend(&*b));
+        // Untouched directories were still served from the snapshot.
+        assert!(missing(&c2, b"f/untouched/none"));
     }
 
     #[test]
