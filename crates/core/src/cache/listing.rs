@@ -26,8 +26,9 @@ impl Cache {
             self.policy.permission(&c.0.cred, &a, R_OK)?;
         }
         if node.has(PENDING) {
-            // A warm-restart listing has no attributes: a listing that wants them is read anew.
-            self.take_pending(node, !want_attrs);
+            // A warm-restart listing has no file attributes: one that wants them is served
+            // from it only where the cache has them all (e.g. only subdirectories).
+            self.take_pending(node, true);
         }
         if self.config.completeness && node.has(COMPLETE) {
             let out = self.list_cached(node, want_attrs);

@@ -35,9 +35,15 @@
 //! A directory whose key changed is still a path step: its saved children directories are
 //! validated on their own (each by its own key, at its own path), but none of its listing or
 //! negatives is used. A directory whose path no longer leads to a directory is skipped with its
-//! whole saved subtree. Loading is eager: one `getattr` per saved directory at mount, made on a
-//! few threads, before the cache serves anyone ([`Cache::load_snapshot`] refuses a cache that
-//! already holds entries).
+//! whole saved subtree.
+//!
+//! Validation is eager, installation lazy: [`Cache::load_snapshot`] (on a fresh cache, before
+//! it serves anyone) makes one `getattr` per saved directory on a few threads, creates the
+//! dentries of the directories still there, and parks each validated directory's contents in
+//! `Cache::pending` with the directory's `gen` and version at that moment. They are installed
+//! at the directory's first miss or plain listing (`Cache::take_pending`) only if those are
+//! unchanged, so any change made through the cache or reported since wins. A listing that
+//! wants attributes is served from them only where every entry's attributes are cached.
 //!
 //! # The file
 //!
