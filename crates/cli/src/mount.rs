@@ -53,6 +53,10 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              one file with the same access share one); past it EMFILE
                              [half of what the process limit leaves after a reserve]
   socket=PATH                stats socket, an absolute path [/run/dircache/PID.sock]
+  persist=PATH               warm restart: load the cache's listings and negatives from the
+                             snapshot PATH (an absolute path; a file, 0600, root's) at mount,
+                             each directory checked against the tree first, and write it
+                             when the mount ends [none]
 Accepted and ignored (for mount(8) and fstab): defaults, auto, noauto, user, nouser,
   users, nofail, _netdev, subtype=dircache, x-*, comment=*; on remount also the options
   mount(8) reads back from /proc/mounts (user_id=, group_id=, rootmode=, ...)";
@@ -118,6 +122,8 @@ pub struct Options {
     pub remount: bool,
     /// `-o nonempty`: mount over a non-empty directory.
     pub nonempty: bool,
+    /// `-o persist=PATH`: the warm-restart snapshot.
+    pub persist: Option<PathBuf>,
 }
 
 impl Options {
@@ -171,6 +177,22 @@ fn socket_path(v: Option<&str>) -> Result<PathBuf, Usage> {
     Ok(PathBuf::from(v))
 }
 
+fn persist_path(v: Option<&str>) -> Result<PathBuf, Usage> {
+    let v = v.unwrap_or("");
+    if !v.starts_with('/') || v.ends_with('/') {
+        return Err(Usage(format!(
+            "bad value for -o persist: {v:?} (an absolute path of a file expected)"
+        )));
+    }
+    let p = PathBuf::from(v);
+    if p.is_dir() {
+        return Err(Usage(format!(
+            "-o persist={v}: a directory (a file expected)"
+        )));
+    }
+    Ok(p)
+}
+
 /// Split an option list at commas outside double quotes (`context="a,b"`), as mount(8) does.
 fn split_options(list: &str) -> Vec<&str> {
     let mut out = Vec::new();
@@ -201,6 +223,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         lsm: Vec::new(),
         remount: false,
         nonempty: false,
+        persist: None,
     };
     let mut cache_off = false;
     let mut overrides: Vec<(String, Option<String>)> = Vec::new();
@@ -297,6 +320,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 }
                 "max_entries" => o.max_entries = Some(num(v.unwrap_or(""), k, usize::MAX)?),
                 "socket" => o.socket = Some(socket_path(v)?),
+                "persist" => o.persist = Some(persist_path(v)?),
                 "threads" | "max_open_per_user" | "entry_timeout" | "attr_timeout"
                 | "negative_timeout" | "readdirplus" | "noreaddirplus" | "cache_dir"
                 | "nocache_dir" | "opendir" | "noopendir" | "keep_cache" | "nokeep_cache"
@@ -618,6 +642,7 @@ fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> an
     cfg.kernel = opts.kernel();
     cfg.allow_other = opts.allow_other;
     cfg.socket_path = Some(socket);
+    cfg.persist = opts.persist.clone();
     let mounted = dircache_fuse::mount(cache, &cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!("mounted {} on {}", src.display(), mnt.display());
 
@@ -808,6 +833,12 @@ mod tests {
         assert_eq!(o.max_entries, Some(1000));
         assert_eq!(o.socket, Some(PathBuf::from("/tmp/x.sock")));
         assert_eq!(o.fsname.as_deref(), Some("foo"));
+        let o = p("persist=/var/tmp/dc.snap").unwrap();
+        assert_eq!(o.persist, Some(PathBuf::from("/var/tmp/dc.snap")));
+        assert!(p("persist=rel.snap").is_err());
+        assert!(p("persist").is_err());
+        assert!(p("persist=/tmp/").is_err());
+        assert!(p("persist=/tmp").is_err());
     }
 
     #[test]

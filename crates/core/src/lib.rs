@@ -25,8 +25,8 @@ mod types;
 
 pub use backend::{Backend, Change, ChangeFeed, Walked, XattrTarget, XATTR_UNSUPPORTED};
 pub use cache::{
-    At, Cache, Creds, Dentry, DirHandle, Held, Invalidation, MountOptions, MountSource, Namespace,
-    NodeKind, NodeRef,
+    At, Cache, Creds, Dentry, DirHandle, Held, Invalidation, LoadReport, MountOptions, MountSource,
+    Namespace, NodeKind, NodeRef, Persist, PersistError, SaveReport,
 };
 pub use config::{Config, DotDot};
 pub use cred::Cred;

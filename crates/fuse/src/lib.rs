@@ -54,7 +54,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Sender;
-use dircache_core::Cache;
+use dircache_core::{Cache, Persist};
 
 pub use fs::DircacheFs;
 pub use kmount::KernelOptions;
@@ -96,6 +96,10 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// Where to serve statistics (`None`: no control socket).
     pub socket_path: Option<PathBuf>,
+    /// Warm restart (`-o persist=PATH`): the snapshot loaded into the cache at mount (if it
+    /// is valid and of this tree) and written when the mount ends. See
+    /// `dircache_core::Persist`.
+    pub persist: Option<PathBuf>,
 }
 
 impl MountConfig {
@@ -107,6 +111,7 @@ impl MountConfig {
             kernel: KernelOptions::default(),
             allow_other: true,
             socket_path: None,
+            persist: None,
         }
     }
 
@@ -128,11 +133,21 @@ pub struct Mounted {
     pub mnt: PathBuf,
     pub counters: Arc<stats::RequestCounters>,
     pub inodes: Arc<inodes::Inodes>,
+    /// What the snapshot of `-o persist` installed at mount (`None`: no option, or the
+    /// snapshot was missing or refused, with a warning logged).
+    pub persist_loaded: Option<dircache_core::LoadReport>,
+    persist: Option<(Arc<Cache>, Persist)>,
 }
 
 /// Mount `cache` at `cfg.mnt`. When this returns the mount is up (the kernel's INIT was
 /// answered); requests are served once [`Mounted::run`] is called.
 pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
+    // Before anything can reach the cache: a snapshot is loaded only into a fresh one.
+    let persist = cfg
+        .persist
+        .as_ref()
+        .map(|p| Persist::new(p, persist_source(cfg)));
+    let persist_loaded = persist.as_ref().and_then(|p| load_snapshot(&cache, p));
     let (tx, rx) = crossbeam_channel::unbounded();
     let (mut fs, parts) = DircacheFs::new(
         cache.clone(),
@@ -161,6 +176,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     };
     let notifier = notifier::spawn(state, session.notifier(), rx, feed)?;
     guard.disarm();
+    let persist = persist.map(|p| (cache.clone(), p));
     let control = match &cfg.socket_path {
         Some(p) => {
             let inodes = parts.inodes.clone();
@@ -190,7 +206,67 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         mnt: cfg.mnt.clone(),
         counters: parts.counters,
         inodes: parts.inodes,
+        persist_loaded,
+        persist,
     })
+}
+
+/// The identity a snapshot must name: SRC's path, else the mount's source name.
+fn persist_source(cfg: &MountConfig) -> Vec<u8> {
+    match (&cfg.src, &cfg.kernel.fsname) {
+        (Some(src), _) => src.as_os_str().as_bytes().to_vec(),
+        (None, Some(n)) => n.as_bytes().to_vec(),
+        (None, None) => b"dircache".to_vec(),
+    }
+}
+
+fn load_snapshot(cache: &Cache, p: &Persist) -> Option<dircache_core::LoadReport> {
+    if !p.path.exists() {
+        tracing::info!("persist: no snapshot at {} yet", p.path.display());
+        return None;
+    }
+    let t = std::time::Instant::now();
+    match cache.load_snapshot(p) {
+        Ok(r) => {
+            tracing::info!(
+                "persist: {} loaded in {:?}: {} directories, {} validated ({} listings, {} \
+                 entries, {} negatives), {} changed, {} gone",
+                p.path.display(),
+                t.elapsed(),
+                r.dirs,
+                r.validated,
+                r.listings,
+                r.entries,
+                r.negatives,
+                r.changed,
+                r.missing
+            );
+            Some(r)
+        }
+        Err(e) => {
+            tracing::warn!("persist: snapshot ignored: {e}");
+            None
+        }
+    }
+}
+
+fn save_snapshot(cache: &Cache, p: &Persist) {
+    let t = std::time::Instant::now();
+    match cache.save_snapshot(p) {
+        Ok(r) => tracing::info!(
+            "persist: {} written in {:?}: {} directories, {} listings ({} entries), {} \
+             negatives, {} racy, {} bytes",
+            p.path.display(),
+            t.elapsed(),
+            r.dirs,
+            r.listings,
+            r.entries,
+            r.negatives,
+            r.racy,
+            r.bytes
+        ),
+        Err(e) => tracing::warn!("persist: snapshot not written: {e}"),
+    }
 }
 
 /// mount(2) with `cfg.kernel` ([`kmount::mount_fuse`]), then the FUSE handshake.
@@ -278,6 +354,7 @@ impl Mounted {
             notifier,
             _control,
             mnt,
+            persist,
             ..
         } = self;
         // The session does not own the mount (dircache called mount(2)): if serving ends
@@ -291,6 +368,10 @@ impl Mounted {
             let _ = h.join();
         }
         drop(_control);
+        // The kernel is gone: the cache is written as it stands.
+        if let Some((cache, p)) = &persist {
+            save_snapshot(cache, p);
+        }
         r
     }
 }

@@ -36,7 +36,7 @@
 
 use std::borrow::Cow;
 
-use super::dentry::COMPLETE;
+use super::dentry::{COMPLETE, PENDING};
 use super::{Cache, NodeKind, NodeRef};
 use crate::{Error, FileType, Result, NAME_MAX};
 
@@ -84,6 +84,9 @@ impl Cache {
                 drop(inner);
                 return self.child(dir, name, missed);
             }
+        }
+        if dir.has(PENDING) && self.take_pending(dir, true) {
+            return self.child_batched(dir, name, stack, missed);
         }
         let ahead = known_ahead(stack);
         if ahead.is_empty() {

@@ -32,6 +32,9 @@ pub(crate) const COMPLETE: u32 = 2;
 pub(crate) const REFERENCED: u32 = 4;
 pub(crate) const MOUNTED: u32 = 8;
 pub(crate) const HAS_CHILDREN: u32 = 16;
+/// A warm-restart snapshot's validated contents wait for this directory in `Cache::pending`
+/// (persist.rs): installed at its first miss or plain listing.
+pub(crate) const PENDING: u32 = 64;
 
 pub(crate) struct Link {
     /// Weak, so the tree has no reference cycles; a dentry in the tree always has a live

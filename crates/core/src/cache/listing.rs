@@ -5,7 +5,7 @@
 //! listing is merged into the map (and the flag set) only if the directory did not change
 //! while the backend listed it.
 
-use super::dentry::{COMPLETE, DEAD, HAS_CHILDREN};
+use super::dentry::{COMPLETE, DEAD, HAS_CHILDREN, PENDING};
 use super::{Cache, Creds, NodeKind, NodeRef};
 use crate::{DirEntry, Error, FileType, Result, R_OK};
 
@@ -24,6 +24,11 @@ impl Cache {
         if c.0.check {
             let a = self.attr_of(node)?;
             self.policy.permission(&c.0.cred, &a, R_OK)?;
+        }
+        if node.has(PENDING) {
+            // A warm-restart listing has no file attributes: one that wants them is served
+            // from it only where the cache has them all (e.g. only subdirectories).
+            self.take_pending(node, true);
         }
         if self.config.completeness && node.has(COMPLETE) {
             let out = self.list_cached(node, want_attrs);
@@ -71,7 +76,7 @@ impl Cache {
 
     /// Merge a backend listing into the cache and mark the directory complete, unless it
     /// changed while the backend was listing it.
-    fn merge_listing(&self, node: &NodeRef, entries: &[DirEntry], gen0: u64, ver0: u64) {
+    pub(crate) fn merge_listing(&self, node: &NodeRef, entries: &[DirEntry], gen0: u64, ver0: u64) {
         let mut stale: Vec<NodeRef> = Vec::new();
         let mut added: Vec<NodeRef> = Vec::new();
         {

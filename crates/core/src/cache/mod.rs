@@ -14,7 +14,8 @@
 //! - [`outside`]: changes made behind the cache's back, and revival of moved directories;
 //! - [`hardlinks`]: attributes shared by the cached names of one inode;
 //! - [`mounts`]: mounts, bind mounts and namespaces (§4.3);
-//! - [`mutate`]: mutations that keep the cache coherent.
+//! - [`mutate`]: mutations that keep the cache coherent;
+//! - [`persist`]: the snapshot file of a warm restart (listings, completeness, negatives).
 //!
 //! The invariants are written down in `docs/core.md`, which maps each paper section to its file.
 //!
@@ -38,6 +39,7 @@
 //!     Namespace::mounts   RwLock: mount tables (mounts.rs)
 //! Cache::creds_new        Mutex: creating an interned credential (pcc.rs); nothing inside
 //!                           (`Cache::creds` itself is a papaya map, read lock-free)
+//! Cache::pending          Mutex: one map operation, nothing else held (persist.rs)
 //! Held::names             Mutex per held inode (held.rs): a leaf, taken after none of the
 //!                           above but `Dentry::inner` is never taken while holding it
 //! ```
@@ -68,6 +70,7 @@ mod negative;
 mod outside;
 mod path;
 mod pcc;
+mod persist;
 mod walk;
 
 #[cfg(test)]
@@ -87,6 +90,7 @@ pub(crate) use mounts::Mount;
 pub use mounts::{MountOptions, MountSource, Namespace};
 pub(crate) use pcc::CredState;
 pub use pcc::Creds;
+pub use persist::{LoadReport, Persist, PersistError, SaveReport};
 
 use crate::stats::Stats;
 use crate::{
@@ -263,6 +267,9 @@ pub struct Cache {
     /// (at most 256, oldest dropped first): a handle's dentry keeps only a weak reference to
     /// its parent, and every directory between a moved one and a handle must come back too.
     pub(crate) detached: Mutex<VecDeque<(u64, u64, NodeRef)>>,
+    /// Snapshot contents validated at mount, waiting for their directory's first use, by
+    /// dentry id (persist.rs).
+    pub(crate) pending: persist::PendingMap,
 }
 
 impl Cache {
@@ -318,6 +325,7 @@ impl Cache {
             dlht_inserts: AtomicU64::new(0),
             hardlinks: Mutex::new(Default::default()),
             detached: Mutex::new(VecDeque::new()),
+            pending: Default::default(),
         }))
     }
 

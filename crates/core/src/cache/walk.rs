@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use siphasher::sip128::SipHasher13;
 
-use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN};
+use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN, PENDING};
 use super::dlht::{finish, norm_lex, raw_key, sig_of, EntryExtra, FastEntry, Seen, FOLLOW_MARK};
 use super::invalidate::OPTIMISTIC_TRIES;
 use super::path::{self, check_path};
@@ -697,6 +697,9 @@ impl Cache {
                 drop(inner);
                 return Ok(self.negative_child(dir, name, Error::NotFound));
             }
+        }
+        if dir.has(PENDING) && self.take_pending(dir, true) {
+            return self.child(dir, name, missed);
         }
         *missed = true;
         let mut tries = 0;
