@@ -18,8 +18,15 @@ impl CacheFs {
         // No FUSE_ATOMIC_O_TRUNC: with it the daemon truncates in OPEN, before the kernel's
         // busy check, and open(running program, O_RDONLY|O_TRUNC) emptied the program before
         // failing with ETXTBSY. Without it the kernel checks, then sends SETATTR(size 0).
+        // FUSE_HANDLE_KILLPRIV_V2: the daemon kills set-user-ID/set-group-ID bits and file
+        // capabilities on write, truncate and chown (it does: every write, truncation and
+        // chown runs as the caller without CAP_FSETID, so the backing file system kills them
+        // as for that user). The kernel then marks the super block SB_NOSEC and stops asking
+        // for `security.capability` before every write (one GETXATTR per write before; now
+        // at most one per inode).
         let mut want = InitFlags::FUSE_NO_EXPORT_SUPPORT
             | InitFlags::FUSE_HANDLE_KILLPRIV
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_DONT_MASK;
         if p.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS;
