@@ -38,6 +38,12 @@ pub struct CachePolicy {
     /// FUSE passthrough (kernel 6.9+, daemon needs CAP_SYS_ADMIN): reads and writes go straight
     /// to the real file, as Coda's MiniCache redirected `rdwr` to the container file.
     pub passthrough: bool,
+    /// `-o open=noopen`: answer the first OPEN with ENOSYS (FUSE_NO_OPEN_SUPPORT), so the
+    /// kernel opens files itself and never sends OPEN or RELEASE again: an open and close
+    /// cost no request. No passthrough; each data request opens the file for itself
+    /// (`fs/noopen.rs`, docs/opens.md). Off (`open=rpc`): OPEN and RELEASE reach the daemon,
+    /// which opens as the caller, with passthrough.
+    pub no_open: bool,
     /// FUSE_PARALLEL_DIROPS: lookups and readdirs in one directory run concurrently.
     pub parallel_dirops: bool,
     /// FUSE_CACHE_SYMLINKS: the kernel keeps symlink targets in its page cache.
@@ -70,6 +76,7 @@ impl Default for CachePolicy {
             no_opendir: true,
             keep_cache: true,
             passthrough: true,
+            no_open: false,
             parallel_dirops: true,
             cache_symlinks: true,
             posix_acl: true,
@@ -93,6 +100,7 @@ impl CachePolicy {
             no_opendir: false,
             keep_cache: false,
             passthrough: false,
+            no_open: false,
             parallel_dirops: true,
             cache_symlinks: false,
             posix_acl: false,

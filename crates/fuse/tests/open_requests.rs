@@ -154,6 +154,7 @@ fn requests_per_created_file() {
             }
         }
         let d = delta(&a, &requests(&t));
+        eprintln!("{label}: {N} created files: {d:?}");
         assert!(
             d["total"] <= want * N + 10,
             "{label}: more than {want} requests per created file: {d:?}"
@@ -165,5 +166,161 @@ fn requests_per_created_file() {
                 "{label}: SRC/d/f{i}"
             );
         }
+    }
+}
+
+/// `-o open=noopen`.
+fn noopen() -> dircache_fuse::CachePolicy {
+    dircache_fuse::CachePolicy {
+        no_open: true,
+        ..Default::default()
+    }
+}
+
+/// `open=noopen`: an open+read+close of a cached file costs no request at all (the first
+/// OPEN, answered ENOSYS, is in the warm-up).
+#[test]
+fn open_close_costs_nothing_with_noopen() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::with_policy(noopen());
+    let d = open_read_close(&t);
+    assert!(d.get("total").copied().unwrap_or(0) <= 2, "{d:?}");
+}
+
+/// `open=noopen`: a created file costs LOOKUP, MKNOD (the first CREATE is answered ENOSYS),
+/// GETATTR of the directory, the first write's GETXATTR and one WRITE per write(2); no
+/// OPEN, no RELEASE.
+#[test]
+fn requests_per_created_file_noopen() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::with_policy(noopen());
+    std::fs::create_dir(t.m("d")).unwrap();
+    let a = requests(&t);
+    for i in 0..N {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(t.m(&format!("d/f{i}")))
+            .unwrap();
+        for part in [&b"0123"[..], b"456", b"789"] {
+            f.write_all(part).unwrap();
+        }
+    }
+    let d = delta(&a, &requests(&t));
+    eprintln!("noopen: {N} created files: {d:?}");
+    assert_eq!((d.get("release"), d.get("open")), (None, Some(&1)), "{d:?}");
+    assert!(d["total"] <= 7 * N + 10, "{d:?}");
+    for i in 0..N {
+        assert_eq!(
+            std::fs::read(t.s(&format!("d/f{i}"))).unwrap(),
+            b"0123456789",
+            "SRC/d/f{i}"
+        );
+    }
+}
+
+/// `open=noopen`: data written through the mount is in SRC at once, and data changed in SRC
+/// shows through the mount (the feed drops the kernel's pages) — also for a file whose pages
+/// the kernel has.
+#[test]
+fn noopen_data_both_ways() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::with_policy(noopen());
+    std::fs::write(t.m("a"), b"through the mount").unwrap();
+    assert_eq!(std::fs::read(t.s("a")).unwrap(), b"through the mount");
+    std::fs::write(t.s("b"), b"native one").unwrap();
+    assert_eq!(std::fs::read(t.m("b")).unwrap(), b"native one");
+    std::fs::write(t.s("b"), b"native two, longer").unwrap();
+    let seen = wait_for(std::time::Duration::from_secs(10), || {
+        std::fs::read(t.m("b")).ok().as_deref() == Some(&b"native two, longer"[..])
+    });
+    assert!(seen.is_some(), "MNT/b: {:?}", std::fs::read(t.m("b")));
+    // Read-modify-write through one descriptor, then a native append.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.m("a"))
+        .unwrap();
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    f.write_all(b", more").unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(t.s("a")).unwrap(), b"through the mount, more");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(t.s("a"))
+        .unwrap()
+        .write_all(b", native")
+        .unwrap();
+    let seen = wait_for(std::time::Duration::from_secs(10), || {
+        std::fs::read(t.m("a")).ok().as_deref() == Some(&b"through the mount, more, native"[..])
+    });
+    assert!(seen.is_some(), "MNT/a: {:?}", std::fs::read(t.m("a")));
+}
+
+/// What uid 1000 may do to root's and its own files; run natively and on the mount.
+const ACCESS: &str = r#"
+import os, errno
+def e(f, *a):
+    try:
+        r = f(*a)
+        if isinstance(r, int) and r > 2: os.close(r)
+        return 'ok'
+    except OSError as x:
+        return errno.errorcode.get(x.errno, str(x.errno))
+print('read 0600', e(os.open, 'secret', os.O_RDONLY))
+print('write 0644', e(os.open, 'public', os.O_WRONLY))
+print('trunc 0644', e(os.open, 'public', os.O_RDONLY | os.O_TRUNC))
+print('read 0644', e(os.open, 'public', os.O_RDONLY))
+print('create in 0755', e(os.open, 'new', os.O_CREAT | os.O_WRONLY, 0o644))
+fd = os.open('mine/ro', os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o444)
+print('write to 0444 it created', os.write(fd, b'abc'), os.pread(fd, 10, 0))
+os.ftruncate(fd, 1); print('ftruncate it', os.fstat(fd).st_size)
+os.close(fd)
+print('reopen 0444 for writing', e(os.open, 'mine/ro', os.O_WRONLY))
+fd = os.open('mine/rw', os.O_CREAT | os.O_RDWR, 0o644); os.write(fd, b'xyz')
+os.chmod('mine/rw', 0)
+print('read after chmod 0', os.pread(fd, 10, 0))
+os.close(fd)
+print('open after chmod 0', e(os.open, 'mine/rw', os.O_RDONLY))
+"#;
+
+/// `open=noopen`: the kernel's permission check at open is the access decision, as
+/// natively: EACCES where native says so, and an open file keeps the access it was opened
+/// with (a 0444 file written through the descriptor that created it; a file read after
+/// chmod 0).
+#[test]
+fn noopen_access_matches_native() {
+    if !can_mount() {
+        return;
+    }
+    for (label, policy) in [
+        ("rpc", dircache_fuse::CachePolicy::default()),
+        ("noopen", noopen()),
+    ] {
+        let t = TestMount::with_policy(policy);
+        let native = t.dir.path().join("native");
+        std::fs::create_dir(&native).unwrap();
+        for d in [&native, &t.src] {
+            std::fs::write(d.join("secret"), b"s").unwrap();
+            chmod(&d.join("secret"), 0o600);
+            std::fs::write(d.join("public"), b"p").unwrap();
+            chmod(&d.join("public"), 0o644);
+            std::fs::create_dir(d.join("mine")).unwrap();
+            std::os::unix::fs::chown(d.join("mine"), Some(1000), Some(1000)).unwrap();
+        }
+        let want = py(&native, ACCESS, Some(1000));
+        assert!(
+            want.starts_with("read 0600 EACCES"),
+            "native oracle: {want}"
+        );
+        assert_eq!(py(&t.mnt, ACCESS, Some(1000)), want, "{label}");
     }
 }

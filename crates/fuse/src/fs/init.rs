@@ -51,7 +51,13 @@ impl CacheFs {
         if self.noatime && p.passthrough {
             tracing::info!("noatime: passthrough off, so that reads leave atimes alone");
         }
-        if p.passthrough && !self.noatime && root && caps.contains(InitFlags::FUSE_PASSTHROUGH) {
+        // open=noopen: no OPEN reply to carry a backing id (fs/noopen.rs).
+        if p.passthrough
+            && !p.no_open
+            && !self.noatime
+            && root
+            && caps.contains(InitFlags::FUSE_PASSTHROUGH)
+        {
             want |= InitFlags::FUSE_PASSTHROUGH;
             if config.set_max_stack_depth(2).is_ok() {
                 self.passthrough = true;
