@@ -388,6 +388,7 @@ impl CacheFs {
         let of = self.io_file(req, ino, fh, false)?;
         let mut buf = vec![0u8; size as usize];
         let n = of.fd.read_at(&mut buf, offset).map_err(errno)?;
+        self.io_done(&of);
         buf.truncate(n);
         Ok(buf)
     }
@@ -414,7 +415,7 @@ impl CacheFs {
         let cred = self.io_cred(req, &of);
         // As the caller: the backing file system clears set-id bits as for that user.
         let done = of.fd.write_at(&cred, data, offset, append).map_err(errno)?;
-        self.wrote_through(&of);
+        self.io_done(&of);
         if privs {
             self.privs_maybe_killed(&of);
         } else if append {

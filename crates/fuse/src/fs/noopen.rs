@@ -30,9 +30,18 @@
 //!   while it stays open: fs/fuse/iomode.c), so file data goes through the kernel's page
 //!   cache and the daemon.
 //!
-//! Not promised: a file removed or replaced *outside* SRC's mount while it is open through
-//! the mount cannot be read through it any more once its pages leave the kernel's cache
-//! (ESTALE; with `open=rpc` the daemon's descriptor keeps it readable).
+//! Not promised (docs/opens.md):
+//! - a file removed or replaced in SRC (not through the mount) while it is open through the
+//!   mount cannot be read or written through it any more once its pages leave the kernel's
+//!   cache (ESTALE; with `open=rpc` the daemon's descriptor keeps it usable), and one
+//!   removed in SRC within the change feed's delay before an open through the mount is
+//!   opened by the kernel all the same, its I/O failing with ESTALE (`open=rpc`: the OPEN
+//!   fails with ESTALE, the kernel looks the name up again and an O_CREAT creates);
+//! - an O_APPEND write(2) crossing a page boundary goes through the page cache in two
+//!   WRITEs (no handle to ask for direct I/O), each appended at the real end: an append
+//!   made in SRC meanwhile can land between the two pieces (no byte is lost);
+//! - the per-user cap on the daemon's descriptors has nothing to count (none are held
+//!   between requests).
 
 use super::*;
 use handles::OpenFile;
@@ -67,7 +76,12 @@ impl CacheFs {
             Ok(fd) => fd,
             // The name is gone (unlinked through the mount while open), or names another
             // file now: the descriptor kept at the unlink, if any.
-            Err(e) => return self.any_open(ino.0).ok_or(e),
+            Err(e) => {
+                if let Some(of) = self.any_open(ino.0) {
+                    return Ok(of);
+                }
+                return Err(self.gone_outside(ino, e));
+            }
         };
         if !write {
             self.apply_noatime(&**fd);
@@ -82,9 +96,30 @@ impl CacheFs {
         }))
     }
 
-    /// After data changed through a request's own descriptor (`open=noopen`): no close will
-    /// tell the core, so its copy of the attributes (size, times) is dropped now.
-    pub(super) fn wrote_through(&self, of: &OpenFile) {
+    /// The error for I/O on `ino` whose backend file could not be opened (`e`): a name the
+    /// core still has but the backend has not (removed outside, not yet reported by the
+    /// feed) is forgotten here and in the kernel, as an OPEN would (`open=rpc`), so that the
+    /// next open looks it up again; the I/O itself fails with ESTALE.
+    fn gone_outside(&self, ino: INodeNo, e: Errno) -> Errno {
+        let Ok(node) = self.node(ino) else {
+            return e;
+        };
+        if e != Errno::ENOENT || node.is_dead() {
+            return e;
+        }
+        match self.cache.node_path(&node) {
+            Ok(path) if Arc::ptr_eq(&self.cache.node_backend(&node), self.cache.backend()) => {
+                self.forget_name(ino, &node, &path);
+                Errno::ESTALE
+            }
+            _ => e,
+        }
+    }
+
+    /// After a read or write through a request's own descriptor (`open=noopen`): no close
+    /// will tell the core, so its copy of the attributes (atime after a read; size, mtime,
+    /// ctime after a write) is dropped now, and the kernel's next GETATTR asks the backend.
+    pub(super) fn io_done(&self, of: &OpenFile) {
         if self.policy.no_open {
             self.cache.forget_attr(&of.node);
         }
