@@ -371,3 +371,38 @@ fn noopen_name_removed_outside_is_forgotten_at_the_first_io() {
     assert_eq!(std::fs::read(t.s("g")).unwrap(), b"new");
     assert_eq!(std::fs::read(t.m("g")).unwrap(), b"new");
 }
+
+/// `open=noopen`: the daemon opens the inode the kernel named for each request, checked
+/// before it is opened. After another file is renamed over the name in SRC (and before any
+/// change feed could say so: none here), a read (past the kernel's page cache) or write
+/// through a descriptor opened before fails with ESTALE: it never reads or changes the file
+/// now under the name.
+#[test]
+fn noopen_io_never_reaches_a_file_renamed_over_the_name() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::with_policy_without_feed(noopen());
+    std::fs::write(t.s("f"), b"file f").unwrap();
+    std::fs::write(t.s("secret"), b"the secret").unwrap();
+    let r = std::fs::File::open(t.m("f")).unwrap();
+    let w = std::fs::OpenOptions::new()
+        .write(true)
+        .open(t.m("f"))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = r.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"file f");
+    std::fs::rename(t.s("secret"), t.s("f")).unwrap();
+    // Drop the kernel's pages of f, so that the next read reaches the daemon.
+    // SAFETY: fadvise on a descriptor this test owns.
+    let rc = unsafe { libc::posix_fadvise(r.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    let e = r.read_at(&mut buf, 0).map(|n| buf[..n].to_vec());
+    assert_eq!(e.map_err(|e| e.raw_os_error()), Err(Some(libc::ESTALE)));
+    let e = w.write_at(b"XXX", 0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    assert_eq!(std::fs::read(t.s("f")).unwrap(), b"the secret");
+}

@@ -13,10 +13,12 @@
 //!   attributes and ACLs the change feed keeps coherent; the daemon has no second check by
 //!   opening as the caller. A READ, WRITE, fallocate, copy_file_range or open(O_TRUNC)
 //!   reaches the daemon only for a file the kernel opened with that access.
-//! - **I/O**: each request opens the inode the kernel named for just that request (as root,
-//!   standing for the kernel's already-authorised open file, read-only for reads and
-//!   write-only for writes), checked to be that `(dev, ino)`, and closes it when the request
-//!   is done (no descriptor is held between requests, so nothing is kept busy: native
+//! - **I/O**: each request opens the inode the kernel named for just that request
+//!   (`Backend::open_verified`: the path resolved `O_PATH` beneath SRC, checked to be that
+//!   `(dev, ino)` *before* it is opened, then reopened through `/proc/self/fd` as root,
+//!   standing for the kernel's already-authorised open file: read-only for reads,
+//!   write-only for writes; a backend without it: opened as root by path, then checked),
+//!   and closes it when the request is done (no descriptor is held between requests, so nothing is kept busy: native
 //!   exec, unmounts below SRC, close-to-open watchers). Writes, truncation and fallocate
 //!   still run with the caller's fsuid, fsgid and groups and no capability (as in
 //!   `-o open=rpc`): the backing file system kills set-id bits and charges blocks as for
@@ -53,6 +55,18 @@ impl CacheFs {
         self.cache.kernel_checked(Cred::new(0, 0, []))
     }
 
+    /// A descriptor of the very inode `ino` stands for, opened with `flags` as root: checked
+    /// before it is opened where the backend can (`open_verified`), else opened by path and
+    /// then checked (`open_shared`).
+    fn open_kernels_inode(&self, ino: INodeNo, flags: i32) -> Result<Arc<SharedFd>, Errno> {
+        let root = self.kernel_open_creds();
+        match self.open_verified(ino, root.cred(), flags) {
+            Ok(f) => Ok(self.fds.insert(None, 0, f)),
+            Err(e) if e == Errno::ENOSYS => self.open_shared(&root, ino, flags),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The open file a data request with handle `fh` on `ino` uses: the handle's (`open=rpc`),
     /// else (`open=noopen`, handle 0) a descriptor of the inode opened for this request only
     /// (for writing when `write`), or the orphan handle of an unlinked file. The credentials
@@ -72,7 +86,7 @@ impl CacheFs {
         } else {
             libc::O_RDONLY | libc::O_NONBLOCK
         };
-        let fd = match self.open_shared(&self.kernel_open_creds(), ino, flags) {
+        let fd = match self.open_kernels_inode(ino, flags) {
             Ok(fd) => fd,
             // The name is gone (unlinked through the mount while open), or names another
             // file now: the descriptor kept at the unlink, if any.
@@ -142,7 +156,7 @@ impl CacheFs {
         // Read-write if it may be written; a running program (ETXTBSY), an append-only or
         // immutable file, or a read-only file system: read-only.
         let fd = [libc::O_RDWR, libc::O_RDONLY].into_iter().find_map(|f| {
-            self.open_shared(&root, INodeNo(nodeid), f | libc::O_NONBLOCK)
+            self.open_kernels_inode(INodeNo(nodeid), f | libc::O_NONBLOCK)
                 .ok()
         })?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
