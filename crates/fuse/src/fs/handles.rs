@@ -507,7 +507,6 @@ impl CacheFs {
             generation: Generation(self.inodes.generation(id)),
             opened,
         };
-
         if self.passthrough {
             match self.backing_for(id, &fd, &cred, register) {
                 Ok(b) => {
