@@ -46,6 +46,9 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   opendir / noopendir        noopendir = no OPENDIR/RELEASEDIR round trips [noopendir]
   keep_cache / nokeep_cache  file data kept across opens [keep_cache]
   passthrough / nopassthrough  FUSE passthrough for file data (root, 6.9+) [passthrough]
+  open=rpc|noopen            rpc: OPEN/RELEASE reach the daemon, which opens as the caller
+                             (passthrough possible); noopen: the kernel opens files itself,
+                             no request per open+close, no passthrough (docs/opens.md) [rpc]
   acl / noacl                POSIX ACLs cached by the kernel [acl]
   security_xattrs / nosecurity_xattrs  pass security.* xattrs [nosecurity_xattrs]
   max_entries=N              core cache size in dentries [1048576]
@@ -325,7 +328,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "negative_timeout" | "readdirplus" | "noreaddirplus" | "cache_dir"
                 | "nocache_dir" | "opendir" | "noopendir" | "keep_cache" | "nokeep_cache"
                 | "passthrough" | "nopassthrough" | "acl" | "noacl" | "security_xattrs"
-                | "nosecurity_xattrs" => {
+                | "nosecurity_xattrs" | "open" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -359,6 +362,13 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
             "entry_timeout" => p.entry_ttl = secs(v.unwrap_or(""), &k)?,
             "attr_timeout" => p.attr_ttl = secs(v.unwrap_or(""), &k)?,
             "negative_timeout" => p.negative_ttl = secs(v.unwrap_or(""), &k)?,
+            "open" => {
+                p.no_open = match v {
+                    Some("rpc") => false,
+                    Some("noopen") => true,
+                    _ => return Err(Usage("-o open takes rpc or noopen".into())),
+                }
+            }
             other => {
                 boolean(v)?;
                 let (on, name) = match other.strip_prefix("no") {
@@ -839,11 +849,16 @@ mod tests {
         assert!(p("persist").is_err());
         assert!(p("persist=/tmp/").is_err());
         assert!(p("persist=/tmp").is_err());
+        assert!(!p("").unwrap().policy.no_open);
+        assert!(p("open=noopen").unwrap().policy.no_open);
+        assert!(!p("open=noopen,open=rpc").unwrap().policy.no_open);
     }
 
     #[test]
     fn bad_options() {
         assert!(p("bogus").is_err());
+        assert!(p("open").is_err());
+        assert!(p("open=kernel").is_err());
         assert!(p("threads=0").is_err());
         assert!(p("threads=x").is_err());
         assert!(p("entry_timeout=-1").is_err());

@@ -51,6 +51,7 @@ mod dirs;
 mod handles;
 mod init;
 mod nodes;
+mod noopen;
 mod xattrs;
 
 use handles::OpenFiles;
@@ -203,6 +204,9 @@ struct CacheFs {
     socket_path: Option<PathBuf>,
     /// The mount is `noatime`: reads through it must not move the backend's atime.
     noatime: bool,
+    /// `open=noopen`: handles of unlinked files the kernel may still have open, by nodeid
+    /// (`fs/noopen.rs`).
+    orphans: parking_lot::Mutex<HashMap<u64, u64>>,
 }
 
 /// What the front end needs besides the cache.
@@ -242,6 +246,7 @@ impl DircacheFs {
             passthrough: false,
             socket_path,
             noatime: false,
+            orphans: Default::default(),
         };
         (DircacheFs { fs }, FsParts { inodes, counters })
     }
@@ -489,8 +494,8 @@ impl fuser::Filesystem for DircacheFs {
 
     fn read(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -499,7 +504,7 @@ impl fuser::Filesystem for DircacheFs {
         reply: ReplyData,
     ) {
         self.count(Op::read);
-        match self.fs.read(fh, offset, size) {
+        match self.fs.read(req, ino, fh, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(e),
         }
@@ -508,7 +513,7 @@ impl fuser::Filesystem for DircacheFs {
     fn write(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -519,7 +524,8 @@ impl fuser::Filesystem for DircacheFs {
     ) {
         self.count(Op::write);
         reply_written(
-            self.fs.write(req, fh, offset, data, write_flags, flags),
+            self.fs
+                .write(req, ino, fh, offset, data, write_flags, flags),
             reply,
         )
     }
@@ -556,14 +562,14 @@ impl fuser::Filesystem for DircacheFs {
 
     fn fsync(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
         self.count(Op::fsync);
-        reply_empty(self.fs.fsync(fh, datasync), reply)
+        reply_empty(self.fs.fsync(req, ino, fh, datasync), reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -720,7 +726,7 @@ impl fuser::Filesystem for DircacheFs {
     fn fallocate(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
@@ -728,20 +734,20 @@ impl fuser::Filesystem for DircacheFs {
         reply: ReplyEmpty,
     ) {
         self.count(Op::fallocate);
-        reply_empty(self.fs.fallocate(req, fh, offset, length, mode), reply)
+        reply_empty(self.fs.fallocate(req, ino, fh, offset, length, mode), reply)
     }
 
     fn lseek(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
         self.count(Op::lseek);
-        match self.fs.lseek(fh, offset, whence) {
+        match self.fs.lseek(req, ino, fh, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(e),
         }
@@ -750,10 +756,10 @@ impl fuser::Filesystem for DircacheFs {
     fn copy_file_range(
         &self,
         req: &Request,
-        _ino_in: INodeNo,
+        ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
-        _ino_out: INodeNo,
+        ino_out: INodeNo,
         fh_out: FileHandle,
         offset_out: u64,
         len: u64,
@@ -761,9 +767,14 @@ impl fuser::Filesystem for DircacheFs {
         reply: ReplyWrite,
     ) {
         self.count(Op::copy_file_range);
-        let r = self
-            .fs
-            .copy_file_range(req, fh_in, offset_in, fh_out, offset_out, len);
+        let r = self.fs.copy_file_range(
+            req,
+            (ino_in, fh_in),
+            offset_in,
+            (ino_out, fh_out),
+            offset_out,
+            len,
+        );
         reply_written(r, reply)
     }
 }

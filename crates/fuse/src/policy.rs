@@ -45,6 +45,12 @@ pub struct CachePolicy {
     /// (`fuse_invalidate_atime`), so the next `stat` of a file that was read sends a GETATTR;
     /// without passthrough, warm reads are page-cache hits and send nothing.
     pub passthrough: bool,
+    /// `-o open=noopen`: answer the first OPEN with ENOSYS (FUSE_NO_OPEN_SUPPORT), so the
+    /// kernel opens files itself and never sends OPEN or RELEASE again: an open and close
+    /// cost no request. No passthrough; each data request opens the file for itself
+    /// (`fs/noopen.rs`, docs/opens.md). Off (`open=rpc`): OPEN and RELEASE reach the daemon,
+    /// which opens as the caller, with passthrough.
+    pub no_open: bool,
     /// FUSE_PARALLEL_DIROPS: lookups and readdirs in one directory run concurrently.
     pub parallel_dirops: bool,
     /// FUSE_CACHE_SYMLINKS: the kernel keeps symlink targets in its page cache.
@@ -78,6 +84,7 @@ impl Default for CachePolicy {
             no_opendir: true,
             keep_cache: true,
             passthrough: true,
+            no_open: false,
             parallel_dirops: true,
             cache_symlinks: true,
             posix_acl: true,
@@ -101,6 +108,7 @@ impl CachePolicy {
             no_opendir: false,
             keep_cache: false,
             passthrough: false,
+            no_open: false,
             parallel_dirops: true,
             cache_symlinks: false,
             posix_acl: false,

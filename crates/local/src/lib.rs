@@ -1004,6 +1004,11 @@ impl Backend for LocalBackend {
         if flags & libc::O_PATH != 0 {
             return Ok(self.file(pfd));
         }
+        if flags & libc::O_ACCMODE != libc::O_RDONLY {
+            // Writes through it are this thread's: the change feed skips them, as after
+            // `open` for writing.
+            self.note_mutator();
+        }
         // The very inode checked above, not the path again.
         let proc = CString::new(format!("/proc/self/fd/{}", pfd.as_raw_fd()))
             .map_err(|_| Error::Invalid)?;

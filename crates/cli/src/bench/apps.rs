@@ -230,6 +230,10 @@ impl Mount {
             Sys::Dircache => {
                 let mut c = Command::new(std::env::current_exe().context("current_exe")?);
                 c.arg("mount").arg(src).arg(mnt).arg("-f");
+                // Extra mount options to compare (e.g. `open=noopen`).
+                if let Some(o) = std::env::var_os("DIRCACHE_BENCH_OPTIONS") {
+                    c.arg("-o").arg(o);
+                }
                 c
             }
             Sys::Native => bail!("native is not a mount"),

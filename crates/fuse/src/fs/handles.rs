@@ -277,7 +277,14 @@ impl CacheFs {
             }
         }
         let node = self.node(ino)?;
-        if node.kind() != NodeKind::Positive(FileType::Directory) {
+        let dir = node.kind() == NodeKind::Positive(FileType::Directory);
+        if !dir && self.policy.no_open {
+            // No handle (fs/noopen.rs): as lsattr and chattr open it natively, read-only
+            // as the caller.
+            let flags = libc::O_RDONLY | libc::O_NONBLOCK;
+            return self.open_verified(ino, cred, flags).map(IoctlFile::Dir);
+        }
+        if !dir {
             return Err(Errno::from_i32(libc::ENOTTY));
         }
         let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK;
@@ -305,6 +312,10 @@ impl CacheFs {
         flags: OpenFlags,
         register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<BackingId>,
     ) -> Result<Opened, Errno> {
+        if self.policy.no_open {
+            // The kernel opens files itself from now on (fs/noopen.rs).
+            return Err(Errno::from_i32(libc::ENOSYS));
+        }
         let node = self.node(ino)?;
         let c = self.creds(req);
         let oflags = Self::open_flags(flags.0);
@@ -366,10 +377,18 @@ impl CacheFs {
         })
     }
 
-    pub(super) fn read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        let of = self.open_file(fh)?;
+    pub(super) fn read(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, Errno> {
+        let of = self.io_file(req, ino, fh, false)?;
         let mut buf = vec![0u8; size as usize];
         let n = of.fd.read_at(&mut buf, offset).map_err(errno)?;
+        self.io_done(&of);
         buf.truncate(n);
         Ok(buf)
     }
@@ -379,13 +398,14 @@ impl CacheFs {
     pub(super) fn write(
         &self,
         req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
         flags: OpenFlags,
     ) -> Result<u32, Errno> {
-        let of = self.open_file(fh)?;
+        let of = self.io_file(req, ino, fh, true)?;
         // A caller whose file appends (O_APPEND at open or set by fcntl) appends at the real
         // end, not at the offset the kernel computed from its cached size (a native append
         // meanwhile would be overwritten). Page cache writeback writes where it says.
@@ -395,6 +415,7 @@ impl CacheFs {
         let cred = self.io_cred(req, &of);
         // As the caller: the backing file system clears set-id bits as for that user.
         let done = of.fd.write_at(&cred, data, offset, append).map_err(errno)?;
+        self.io_done(&of);
         if privs {
             self.privs_maybe_killed(&of);
         } else if append {
@@ -431,8 +452,14 @@ impl CacheFs {
         }
     }
 
-    pub(super) fn fsync(&self, fh: FileHandle, datasync: bool) -> Result<(), Errno> {
-        let of = self.open_file(fh)?;
+    pub(super) fn fsync(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+    ) -> Result<(), Errno> {
+        let of = self.io_file(req, ino, fh, false)?;
         of.fd.sync(datasync).map_err(errno)
     }
 
@@ -448,6 +475,10 @@ impl CacheFs {
         flags: i32,
         register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<BackingId>,
     ) -> Result<Created, Errno> {
+        if self.policy.no_open {
+            // The kernel makes the file with MKNOD and opens it itself (fs/noopen.rs).
+            return Err(Errno::from_i32(libc::ENOSYS));
+        }
         let dir = self.node(parent)?;
         let c = self.creds(req);
         let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
@@ -577,12 +608,13 @@ impl CacheFs {
     pub(super) fn fallocate(
         &self,
         req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
     ) -> Result<(), Errno> {
-        let of = self.open_file(fh)?;
+        let of = self.io_file(req, ino, fh, true)?;
         let privs = self.has_privs(&of);
         // As the caller: the backing file system clears set-id bits as for that user.
         of.fd
@@ -595,8 +627,15 @@ impl CacheFs {
         Ok(())
     }
 
-    pub(super) fn lseek(&self, fh: FileHandle, offset: i64, whence: i32) -> Result<i64, Errno> {
-        let of = self.open_file(fh)?;
+    pub(super) fn lseek(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+    ) -> Result<i64, Errno> {
+        let of = self.io_file(req, ino, fh, false)?;
         // The daemon's own offset is never used for I/O: SEEK_DATA/SEEK_HOLE are what matter.
         Whence::from_raw(whence)
             .and_then(|w| of.fd.seek(offset, w))
@@ -608,13 +647,16 @@ impl CacheFs {
     pub(super) fn copy_file_range(
         &self,
         req: &Request,
-        fh_in: FileHandle,
+        (ino_in, fh_in): (INodeNo, FileHandle),
         offset_in: u64,
-        fh_out: FileHandle,
+        (ino_out, fh_out): (INodeNo, FileHandle),
         offset_out: u64,
         len: u64,
     ) -> Result<u32, Errno> {
-        let (fin, fout) = match (self.open_file(fh_in), self.open_file(fh_out)) {
+        let (fin, fout) = match (
+            self.io_file(req, ino_in, fh_in, false),
+            self.io_file(req, ino_out, fh_out, true),
+        ) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return Err(e),
         };

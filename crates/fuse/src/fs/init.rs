@@ -18,8 +18,15 @@ impl CacheFs {
         // No FUSE_ATOMIC_O_TRUNC: with it the daemon truncates in OPEN, before the kernel's
         // busy check, and open(running program, O_RDONLY|O_TRUNC) emptied the program before
         // failing with ETXTBSY. Without it the kernel checks, then sends SETATTR(size 0).
+        // FUSE_HANDLE_KILLPRIV_V2: the daemon kills set-user-ID/set-group-ID bits and file
+        // capabilities on write, truncate and chown (it does: every write, truncation and
+        // chown runs as the caller without CAP_FSETID, so the backing file system kills them
+        // as for that user). The kernel then marks the super block SB_NOSEC and stops asking
+        // for `security.capability` before every write (one GETXATTR per write before; now
+        // at most one per inode).
         let mut want = InitFlags::FUSE_NO_EXPORT_SUPPORT
             | InitFlags::FUSE_HANDLE_KILLPRIV
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_DONT_MASK;
         if p.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS;
@@ -44,7 +51,13 @@ impl CacheFs {
         if self.noatime && p.passthrough {
             tracing::info!("noatime: passthrough off, so that reads leave atimes alone");
         }
-        if p.passthrough && !self.noatime && root && caps.contains(InitFlags::FUSE_PASSTHROUGH) {
+        // open=noopen: no OPEN reply to carry a backing id (fs/noopen.rs).
+        if p.passthrough
+            && !p.no_open
+            && !self.noatime
+            && root
+            && caps.contains(InitFlags::FUSE_PASSTHROUGH)
+        {
             want |= InitFlags::FUSE_PASSTHROUGH;
             if config.set_max_stack_depth(2).is_ok() {
                 self.passthrough = true;

@@ -225,6 +225,9 @@ impl CacheFs {
     pub(super) fn forget(&self, ino: INodeNo, nlookup: u64) {
         self.listings.forget_dir(ino.0);
         self.inodes.forget(&self.cache, ino.0, nlookup);
+        if self.policy.no_open && self.inodes.get(ino.0).is_none() {
+            self.drop_orphan(ino.0);
+        }
     }
 
     pub(super) fn getattr(&self, ino: INodeNo, fh: Option<FileHandle>) -> Result<AttrOut, Errno> {
@@ -288,7 +291,8 @@ impl CacheFs {
         // set-id bits and checks access exactly as for that caller.
         if let Some(size) = set.size {
             let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
-            let of = fh.and_then(|fh| self.open_file(fh).ok());
+            // (`open=noopen`: handle 0, a descriptor for this request: fs/noopen.rs.)
+            let of = fh.and_then(|fh| self.io_file(req, ino, fh, true).ok());
             let fd = match &of {
                 Some(of) => Self::truncate_fd(&of.fd, &cred, size).map(|()| of.fd.clone()),
                 // open(O_TRUNC) sends this without its handle: the caller's descriptor for
@@ -380,7 +384,12 @@ impl CacheFs {
         let dir = self.node(parent)?;
         let c = self.creds(req);
         let victim = self.child(&c, &dir, name);
-        self.with_node(parent, |d| self.cache.unlink_at(&c, d, name.as_bytes()))?;
+        let orphan = self.keep_orphan(&c, &dir, name);
+        let r = self.with_node(parent, |d| self.cache.unlink_at(&c, d, name.as_bytes()));
+        if let (Err(_), Some(id)) = (&r, orphan) {
+            self.drop_orphan(id);
+        }
+        r?;
         self.dir_changed(&dir);
         if let Some(v) = victim {
             self.attrs_changed(&v);

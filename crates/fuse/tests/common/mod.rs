@@ -88,6 +88,11 @@ impl TestMount {
         )
     }
 
+    /// [`TestMount::without_feed`] with `policy`.
+    pub fn with_policy_without_feed(policy: dircache_fuse::CachePolicy) -> TestMount {
+        Self::local(policy, dircache_local::WatchMode::Off)
+    }
+
     fn local(policy: dircache_fuse::CachePolicy, watch: dircache_local::WatchMode) -> TestMount {
         Self::local_with(policy, watch, 0, |_| {})
     }

@@ -1,0 +1,408 @@
+//! FUSE requests per open+close, per write and per created file, counted by the daemon on a
+//! real mount (its control socket's `kernel_requests.by_kind`): what `dircache bench apps`
+//! measures as time, made deterministic. See docs/opens.md.
+
+mod common;
+use common::*;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::OpenOptionsExt;
+
+use std::io::{Read, Write};
+
+/// The requests the daemon has seen so far, by kind, and `total`.
+fn requests(t: &TestMount) -> BTreeMap<String, u64> {
+    let v = dircache_fuse::stats::query(
+        &t.dir.path().join("ctl.sock"),
+        &serde_json::json!({"op": "stats"}),
+    )
+    .expect("stats");
+    let kr = &v["stats"]["kernel_requests"];
+    let mut m: BTreeMap<String, u64> = kr["by_kind"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                .filter(|(_, n)| *n > 0)
+                .collect()
+        })
+        .unwrap_or_default();
+    // FORGET comes when the kernel evicts inodes (memory pressure): not the workload's.
+    let forgets = m.remove("forget").unwrap_or(0);
+    m.insert(
+        "total".into(),
+        kr["total"].as_u64().unwrap_or(0).saturating_sub(forgets),
+    );
+    m
+}
+
+/// What happened between two [`requests`] snapshots (kinds that did not change left out).
+fn delta(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    b.iter()
+        .filter_map(|(k, n)| {
+            let d = n - a.get(k).copied().unwrap_or(0);
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+fn no_passthrough() -> dircache_fuse::CachePolicy {
+    dircache_fuse::CachePolicy {
+        passthrough: false,
+        ..Default::default()
+    }
+}
+
+const N: u64 = 200;
+
+/// Requests for `N` open+read+close of a file whose data and attributes the kernel has (a
+/// plain read into a buffer: no fstat, which after a passthrough read asks for the atime).
+fn open_read_close(t: &TestMount) -> BTreeMap<String, u64> {
+    std::fs::write(t.m("f"), b"0123456789").unwrap();
+    let read = || {
+        let mut buf = [0u8; 64];
+        let n = std::fs::File::open(t.m("f"))
+            .unwrap()
+            .read(&mut buf)
+            .unwrap();
+        assert_eq!(&buf[..n], b"0123456789");
+    };
+    // Warm: name, attributes and (without passthrough) pages in the kernel.
+    read();
+    let a = requests(t);
+    for _ in 0..N {
+        read();
+    }
+    delta(&a, &requests(t))
+}
+
+/// The default (`open=rpc`, passthrough): an OPEN and a RELEASE per open+close, nothing else.
+#[test]
+fn open_close_costs_open_and_release() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let d = open_read_close(&t);
+    assert_eq!(d.get("open"), Some(&N), "{d:?}");
+    assert_eq!(d.get("release"), Some(&N), "{d:?}");
+    assert!(d["total"] <= 2 * N + 2, "{d:?}");
+}
+
+/// Writes through the daemon (no passthrough) no longer make the kernel ask for
+/// `security.capability` before each one (FUSE_HANDLE_KILLPRIV_V2): one WRITE per write(2).
+#[test]
+fn writes_do_not_ask_for_security_capability() {
+    if !can_mount() {
+        return;
+    }
+    for (label, policy) in [
+        ("passthrough", dircache_fuse::CachePolicy::default()),
+        ("nopassthrough", no_passthrough()),
+    ] {
+        let t = TestMount::with_policy(policy);
+        std::fs::write(t.m("log"), b"").unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(t.m("log"))
+            .unwrap();
+        let a = requests(&t);
+        for _ in 0..N {
+            f.write_all(b"abc\n").unwrap();
+        }
+        let d = delta(&a, &requests(&t));
+        drop(f);
+        // At most the first write to the inode asks (then the kernel marks it S_NOSEC).
+        assert!(
+            d.get("getxattr").copied().unwrap_or(0) <= 1,
+            "{label}: {d:?}"
+        );
+        assert!(
+            d["total"] <= N + 2,
+            "{label}: more than one request per write: {d:?}"
+        );
+        assert_eq!(
+            std::fs::read(t.s("log")).unwrap(),
+            b"abc\n".repeat(N as usize),
+            "{label}: the data"
+        );
+    }
+}
+
+/// Creating a file with O_CREAT|O_EXCL, writing it in 3 pieces and closing it: LOOKUP (the
+/// kernel asks whether the name exists), CREATE, GETATTR of the directory (the kernel
+/// marks its attributes stale after a creation and checks permissions on the next walk),
+/// one GETXATTR of `security.capability` (the first write to an inode; before
+/// FUSE_HANDLE_KILLPRIV_V2 every write asked), RELEASE, and without passthrough a WRITE per
+/// write(2).
+#[test]
+fn requests_per_created_file() {
+    if !can_mount() {
+        return;
+    }
+    for (label, policy, want) in [
+        ("passthrough", dircache_fuse::CachePolicy::default(), 5),
+        ("nopassthrough", no_passthrough(), 8),
+    ] {
+        let t = TestMount::with_policy(policy);
+        std::fs::create_dir(t.m("d")).unwrap();
+        let a = requests(&t);
+        for i in 0..N {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o444)
+                .open(t.m(&format!("d/f{i}")))
+                .unwrap();
+            for part in [&b"0123"[..], b"456", b"789"] {
+                f.write_all(part).unwrap();
+            }
+        }
+        let d = delta(&a, &requests(&t));
+        eprintln!("{label}: {N} created files: {d:?}");
+        assert!(
+            d["total"] <= want * N + 10,
+            "{label}: more than {want} requests per created file: {d:?}"
+        );
+        for i in 0..N {
+            assert_eq!(
+                std::fs::read(t.s(&format!("d/f{i}"))).unwrap(),
+                b"0123456789",
+                "{label}: SRC/d/f{i}"
+            );
+        }
+    }
+}
+
+/// `-o open=noopen`.
+fn noopen() -> dircache_fuse::CachePolicy {
+    dircache_fuse::CachePolicy {
+        no_open: true,
+        ..Default::default()
+    }
+}
+
+/// `open=noopen`: an open+read+close of a cached file costs no request at all (the first
+/// OPEN, answered ENOSYS, is in the warm-up).
+#[test]
+fn open_close_costs_nothing_with_noopen() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::with_policy(noopen());
+    let d = open_read_close(&t);
+    assert!(d.get("total").copied().unwrap_or(0) <= 2, "{d:?}");
+}
+
+/// `open=noopen`: a created file costs LOOKUP, MKNOD (the first CREATE is answered ENOSYS),
+/// GETATTR of the directory, the first write's GETXATTR and one WRITE per write(2); no
+/// OPEN, no RELEASE.
+#[test]
+fn requests_per_created_file_noopen() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::with_policy(noopen());
+    std::fs::create_dir(t.m("d")).unwrap();
+    let a = requests(&t);
+    for i in 0..N {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(t.m(&format!("d/f{i}")))
+            .unwrap();
+        for part in [&b"0123"[..], b"456", b"789"] {
+            f.write_all(part).unwrap();
+        }
+    }
+    let d = delta(&a, &requests(&t));
+    eprintln!("noopen: {N} created files: {d:?}");
+    assert_eq!((d.get("release"), d.get("open")), (None, Some(&1)), "{d:?}");
+    assert!(d["total"] <= 7 * N + 10, "{d:?}");
+    for i in 0..N {
+        assert_eq!(
+            std::fs::read(t.s(&format!("d/f{i}"))).unwrap(),
+            b"0123456789",
+            "SRC/d/f{i}"
+        );
+    }
+}
+
+/// `open=noopen`: data written through the mount is in SRC at once, and data changed in SRC
+/// shows through the mount (the feed drops the kernel's pages) — also for a file whose pages
+/// the kernel has.
+#[test]
+fn noopen_data_both_ways() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::with_policy(noopen());
+    std::fs::write(t.m("a"), b"through the mount").unwrap();
+    assert_eq!(std::fs::read(t.s("a")).unwrap(), b"through the mount");
+    std::fs::write(t.s("b"), b"native one").unwrap();
+    assert_eq!(std::fs::read(t.m("b")).unwrap(), b"native one");
+    std::fs::write(t.s("b"), b"native two, longer").unwrap();
+    let seen = wait_for(std::time::Duration::from_secs(10), || {
+        std::fs::read(t.m("b")).ok().as_deref() == Some(&b"native two, longer"[..])
+    });
+    assert!(seen.is_some(), "MNT/b: {:?}", std::fs::read(t.m("b")));
+    // Read-modify-write through one descriptor, then a native append.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.m("a"))
+        .unwrap();
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    f.write_all(b", more").unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(t.s("a")).unwrap(), b"through the mount, more");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(t.s("a"))
+        .unwrap()
+        .write_all(b", native")
+        .unwrap();
+    let seen = wait_for(std::time::Duration::from_secs(10), || {
+        std::fs::read(t.m("a")).ok().as_deref() == Some(&b"through the mount, more, native"[..])
+    });
+    assert!(seen.is_some(), "MNT/a: {:?}", std::fs::read(t.m("a")));
+}
+
+/// What uid 1000 may do to root's and its own files; run natively and on the mount.
+const ACCESS: &str = r#"
+import os, errno
+def e(f, *a):
+    try:
+        r = f(*a)
+        if isinstance(r, int) and r > 2: os.close(r)
+        return 'ok'
+    except OSError as x:
+        return errno.errorcode.get(x.errno, str(x.errno))
+print('read 0600', e(os.open, 'secret', os.O_RDONLY))
+print('write 0644', e(os.open, 'public', os.O_WRONLY))
+print('trunc 0644', e(os.open, 'public', os.O_RDONLY | os.O_TRUNC))
+print('read 0644', e(os.open, 'public', os.O_RDONLY))
+print('create in 0755', e(os.open, 'new', os.O_CREAT | os.O_WRONLY, 0o644))
+fd = os.open('mine/ro', os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o444)
+print('write to 0444 it created', os.write(fd, b'abc'), os.pread(fd, 10, 0))
+os.ftruncate(fd, 1); print('ftruncate it', os.fstat(fd).st_size)
+os.close(fd)
+print('reopen 0444 for writing', e(os.open, 'mine/ro', os.O_WRONLY))
+fd = os.open('mine/rw', os.O_CREAT | os.O_RDWR, 0o644); os.write(fd, b'xyz')
+os.chmod('mine/rw', 0)
+print('read after chmod 0', os.pread(fd, 10, 0))
+os.close(fd)
+print('open after chmod 0', e(os.open, 'mine/rw', os.O_RDONLY))
+"#;
+
+/// `open=noopen`: the kernel's permission check at open is the access decision, as
+/// natively: EACCES where native says so, and an open file keeps the access it was opened
+/// with (a 0444 file written through the descriptor that created it; a file read after
+/// chmod 0).
+#[test]
+fn noopen_access_matches_native() {
+    if !can_mount() {
+        return;
+    }
+    for (label, policy) in [
+        ("rpc", dircache_fuse::CachePolicy::default()),
+        ("noopen", noopen()),
+    ] {
+        let t = TestMount::with_policy(policy);
+        let native = t.dir.path().join("native");
+        std::fs::create_dir(&native).unwrap();
+        for d in [&native, &t.src] {
+            std::fs::write(d.join("secret"), b"s").unwrap();
+            chmod(&d.join("secret"), 0o600);
+            std::fs::write(d.join("public"), b"p").unwrap();
+            chmod(&d.join("public"), 0o644);
+            std::fs::create_dir(d.join("mine")).unwrap();
+            std::os::unix::fs::chown(d.join("mine"), Some(1000), Some(1000)).unwrap();
+        }
+        let want = py(&native, ACCESS, Some(1000));
+        assert!(
+            want.starts_with("read 0600 EACCES"),
+            "native oracle: {want}"
+        );
+        assert_eq!(py(&t.mnt, ACCESS, Some(1000)), want, "{label}");
+    }
+}
+
+/// `open=noopen`: a name removed in SRC that the kernel still believes in is opened by the
+/// kernel without asking; the I/O on it fails with ESTALE and the name is forgotten, so an
+/// open(O_CREAT) soon creates, as natively (with `open=rpc` the first one does).
+#[test]
+fn noopen_name_removed_outside_is_forgotten_at_the_first_io() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::with_policy(noopen());
+    std::fs::write(t.s("g"), b"old").unwrap();
+    assert_eq!(std::fs::read(t.m("g")).unwrap(), b"old");
+    std::fs::remove_file(t.s("g")).unwrap();
+    let mut errors = Vec::new();
+    for _ in 0..3000 {
+        let r = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(t.m("g"))
+            .and_then(|mut f| f.write_all(b"new"));
+        match r {
+            Ok(()) => break,
+            Err(e) => errors.push(e.raw_os_error()),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // Writes fail with ESTALE (the first, which forgets the name) or ENOENT (the name
+    // already forgotten, by it or by the change feed, but the kernel's entry not yet dropped:
+    // the notifier's invalidation is asynchronous); then the open creates.
+    assert!(
+        errors.len() < 3000
+            && errors
+                .iter()
+                .all(|e| *e == Some(libc::ESTALE) || *e == Some(libc::ENOENT)),
+        "{} {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    assert_eq!(std::fs::read(t.s("g")).unwrap(), b"new");
+    assert_eq!(std::fs::read(t.m("g")).unwrap(), b"new");
+}
+
+/// `open=noopen`: the daemon opens the inode the kernel named for each request, checked
+/// before it is opened. After another file is renamed over the name in SRC (and before any
+/// change feed could say so: none here), a read (past the kernel's page cache) or write
+/// through a descriptor opened before fails with ESTALE: it never reads or changes the file
+/// now under the name.
+#[test]
+fn noopen_io_never_reaches_a_file_renamed_over_the_name() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::with_policy_without_feed(noopen());
+    std::fs::write(t.s("f"), b"file f").unwrap();
+    std::fs::write(t.s("secret"), b"the secret").unwrap();
+    let r = std::fs::File::open(t.m("f")).unwrap();
+    let w = std::fs::OpenOptions::new()
+        .write(true)
+        .open(t.m("f"))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = r.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"file f");
+    std::fs::rename(t.s("secret"), t.s("f")).unwrap();
+    // Drop the kernel's pages of f, so that the next read reaches the daemon.
+    // SAFETY: fadvise on a descriptor this test owns.
+    let rc = unsafe { libc::posix_fadvise(r.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    let e = r.read_at(&mut buf, 0).map(|n| buf[..n].to_vec());
+    assert_eq!(e.map_err(|e| e.raw_os_error()), Err(Some(libc::ESTALE)));
+    let e = w.write_at(b"XXX", 0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    assert_eq!(std::fs::read(t.s("f")).unwrap(), b"the secret");
+}
