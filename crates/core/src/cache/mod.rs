@@ -71,6 +71,8 @@ mod pcc;
 mod walk;
 
 #[cfg(test)]
+mod inval_tests;
+#[cfg(test)]
 mod race_tests;
 
 use std::collections::VecDeque;
