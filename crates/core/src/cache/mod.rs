@@ -55,6 +55,7 @@
 //! `get_mut`), so dropping the last reference under any of these locks is safe.
 
 mod batch;
+mod bypass;
 mod dentry;
 mod dlht;
 mod evict;
@@ -560,7 +561,9 @@ impl Cache {
         let n = self.child_checked(c, parent, name)?;
         match n.kind {
             NodeKind::Negative(e) => {
-                self.stats.negative_hits.inc();
+                if self.trusts_cache() {
+                    self.stats.negative_hits.inc();
+                }
                 Err(e)
             }
             NodeKind::Positive(_) => Ok(n),

@@ -687,6 +687,10 @@ impl Cache {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
+        if !self.trusts_cache() {
+            *missed = true;
+            return self.child_bypass(dir, name);
+        }
         {
             let inner = dir.inner.read();
             if let Some(c) = inner.child(name) {
@@ -861,7 +865,7 @@ impl Cache {
         if let NodeKind::Negative(e) = node.kind {
             return Err(e);
         }
-        if let Some(a) = node.attr_copy() {
+        if let Some(a) = node.attr_copy().filter(|_| self.trusts_cache()) {
             return Ok(a);
         }
         if node.has(DEAD) {
@@ -928,7 +932,7 @@ impl Cache {
     }
 
     fn link_target_counted(&self, node: &NodeRef, missed: &mut bool) -> Result<Vec<u8>> {
-        if let Some(t) = node.inner.read().target() {
+        if let Some(t) = node.inner.read().target().filter(|_| self.trusts_cache()) {
             return Ok(t.to_vec());
         }
         *missed = true;
@@ -937,7 +941,9 @@ impl Cache {
             node.sb.backend.readlink(p)
         })??;
         // A symlink's target never changes (a new link is a new dentry).
-        node.inner.write().set_target(&t);
+        if self.trusts_cache() {
+            node.inner.write().set_target(&t);
+        }
         Ok(t)
     }
 
