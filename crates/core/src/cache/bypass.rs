@@ -155,6 +155,15 @@ mod tests {
         assert_eq!(s1.readdir_hits - s0.readdir_hits, 0);
     }
 
+    /// The xattr-absence memo (held.rs) remembers nothing either.
+    #[test]
+    fn no_xattr_absence_is_remembered() {
+        let (_b, c) = setup();
+        let g = c.xattr_memo_gen();
+        c.note_xattr_absent((1, 2), 1, g);
+        assert!(!c.xattr_known_absent((1, 2), 1));
+    }
+
     /// Changes made behind the cache's back, with nobody reporting them, are seen by the
     /// next query; a name that keeps its inode keeps its dentry (what a front end holds).
     #[test]
