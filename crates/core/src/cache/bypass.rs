@@ -95,6 +95,22 @@ impl Cache {
         gen
     }
 
+    /// Bypass: the backend answered `a` for `node`'s path; if that is another object now (its
+    /// name was replaced behind the cache's back, which no cached state tells here), take the
+    /// dentry out of the tree as a lookup would and answer ENOENT: the attributes of the new
+    /// object are not `node`'s (a front end would give them to the inode it holds).
+    pub(crate) fn bypass_check_attr(&self, node: &NodeRef, a: &Attr) -> Result<()> {
+        if same_object(node, a) {
+            return Ok(());
+        }
+        if let Some(p) = node.parent_ref() {
+            let name = node.link.load().name.clone();
+            let gen = p.inner.read().gen;
+            self.drop_cached_name(&p, &name, node, gen);
+        }
+        Err(Error::NotFound)
+    }
+
     /// Whether the dentry's cached answers may be used (never in bypass mode).
     #[inline]
     pub(crate) fn trusts_cache(&self) -> bool {
@@ -102,11 +118,12 @@ impl Cache {
     }
 }
 
-/// Whether `c` is the object the backend now reports as `a` (same type and inode).
+/// Whether `c` is the object the backend now reports as `a` (same type and inode; an inode
+/// number of 0 is unknown and matches).
 fn same_object(c: &NodeRef, a: &Attr) -> bool {
-    let dev = c.attr.dev();
+    let (ino, dev) = (c.attr.ino(), c.attr.dev());
     c.kind == NodeKind::Positive(a.kind())
-        && c.attr.ino() == a.ino
+        && (ino == 0 || ino == a.ino)
         && (dev == 0 || dev == a.dev)
         && c.flags.load(Ordering::Acquire) & DEAD == 0
 }
@@ -155,6 +172,66 @@ mod tests {
         assert_eq!(s1.readdir_hits - s0.readdir_hits, 0);
     }
 
+    /// Lookups racing a name that keeps changing type behind the cache's back: every answer
+    /// is a dentry of the type the backend gave, getattr never reports another type for it
+    /// (a dentry replaced meanwhile is dead: ENOENT), and once the changes stop the next
+    /// lookup is the backend's truth with one dentry cached under the name.
+    #[test]
+    fn lookups_racing_outside_replacements_stay_consistent() {
+        let (b, c) = setup();
+        let r = Cred::root();
+        let k = c.kernel_checked(r.clone());
+        let d = c.lookup_child(&k, &c.root(), b"d").unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..20_000 {
+                    if i % 2 == 0 {
+                        let _ = b.mknod(&r, b"d/x", 0o100644, 0);
+                        let _ = b.unlink(&r, b"d/x");
+                    } else {
+                        let _ = b.mkdir(&r, b"d/x", 0o755);
+                        let _ = b.rmdir(&r, b"d/x");
+                    }
+                    if i % 3 == 0 {
+                        let _ = b.mkdir(&r, b"d/x", 0o755);
+                    }
+                }
+                stop.store(true, std::sync::atomic::Ordering::Release);
+            });
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        match c.lookup_child(&k, &d, b"x") {
+                            Ok(n) => match c.getattr(&n) {
+                                Ok(a) => assert_eq!(n.file_type(), Some(a.kind())),
+                                Err(e) => assert_eq!(e, Error::NotFound),
+                            },
+                            Err(e) => assert_eq!(e, Error::NotFound),
+                        }
+                    }
+                });
+            }
+        });
+        let truth = b.lookup(b"d", b"x");
+        let n = c.lookup_child(&k, &d, b"x");
+        match (truth, n) {
+            (Ok(a), Ok(n)) => {
+                assert_eq!(n.file_type(), Some(a.kind()));
+                assert!(!n.is_dead());
+            }
+            (Err(Error::NotFound), Err(Error::NotFound)) => {}
+            (t, n) => panic!("backend {t:?}, cache {:?}", n.map(|n| n.file_type())),
+        }
+        let live = d
+            .inner
+            .read()
+            .children
+            .as_ref()
+            .map_or(0, |ch| ch.values().filter(|n| n.name() == b"x").count());
+        assert!(live <= 1);
+    }
+
     /// The xattr-absence memo (held.rs) remembers nothing either.
     #[test]
     fn no_xattr_absence_is_remembered() {
@@ -189,6 +266,19 @@ mod tests {
         assert!(c.lookup_child(&k, &d, b"g").is_ok());
         b.unlink(&r, b"d/g").unwrap();
         assert_eq!(c.lookup_child(&k, &d, b"g").err(), Some(Error::NotFound));
+        // Replaced by another file: the old dentry must not take the new file's attributes.
+        b.mknod(&r, b"d/h", 0o100644, 0).unwrap();
+        let h = c.lookup_child(&k, &d, b"h").unwrap();
+        let h_ino = c.getattr(&h).unwrap().ino;
+        b.unlink(&r, b"d/h").unwrap();
+        b.mknod(&r, b"d/h2", 0o100600, 0).unwrap();
+        b.rename(&r, b"d/h2", b"d/h", crate::RenameMode::Replace)
+            .unwrap();
+        assert_eq!(c.getattr(&h).err(), Some(Error::NotFound));
+        assert!(h.is_dead());
+        let h2 = c.lookup_child(&k, &d, b"h").unwrap();
+        assert_ne!(c.getattr(&h2).unwrap().ino, h_ino);
+        b.unlink(&r, b"d/h").unwrap();
         let ino = c.getattr(&f).unwrap().ino;
         b.unlink(&r, b"d/f").unwrap();
         b.mkdir(&r, b"d/f", 0o700).unwrap();

@@ -882,6 +882,9 @@ impl Cache {
             (node.sb.backend.getattr(p), v0, s0)
         })?;
         let a = r?;
+        if !self.trusts_cache() {
+            self.bypass_check_attr(node, &a)?;
+        }
         if node.version() == v0
             && node.file_type() == Some(a.kind())
             && node.attr.store_if_unchanged(s0, &a)
