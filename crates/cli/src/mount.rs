@@ -41,6 +41,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   attr_timeout=SECS          kernel attribute TTL, 0..=31536000 [86400]
   negative_timeout=SECS      kernel negative-entry TTL, 0 = none, 0..=31536000 [86400]
   cache=on|off               off = every kernel cache off, TTLs 0 (for comparisons) [on]
+  bypass                     ByVFS: no metadata cache; each request is one backend call
+                             (TTLs 0, plain readdir, listings uncached; for tmpfs/pmem SRC)
   readdirplus / noreaddirplus  listings carry attributes [readdirplus]
   cache_dir / nocache_dir    listings cached in the kernel [cache_dir]
   opendir / noopendir        noopendir = no OPENDIR/RELEASEDIR round trips [noopendir]
@@ -229,6 +231,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         persist: None,
     };
     let mut cache_off = false;
+    let mut bypass = false;
     let mut overrides: Vec<(String, Option<String>)> = Vec::new();
     // Options mount(8) reads back from /proc/mounts and hands to the helper on remount.
     let mut kernel_shown: Vec<String> = Vec::new();
@@ -261,6 +264,10 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 "nonempty" => {
                     no_value()?;
                     o.nonempty = true;
+                }
+                "bypass" => {
+                    no_value()?;
+                    bypass = true;
                 }
                 "cache" => match v {
                     Some("on") => {}
@@ -344,6 +351,9 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
     }
     if cache_off {
         o.policy = CachePolicy::uncached();
+    }
+    if bypass {
+        o.policy = o.policy.bypassing();
     }
     for (k, v) in overrides {
         let p = &mut o.policy;
@@ -637,7 +647,11 @@ fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> an
         .with_context(|| a.mnt.display().to_string())?;
     let backend = dircache_local::LocalBackend::new(&src)
         .map_err(|e| anyhow::anyhow!("{}: {e}", src.display()))?;
-    let mut config = dircache_core::Config::default();
+    let mut config = if opts.policy.bypass {
+        dircache_core::Config::bypass_mode()
+    } else {
+        dircache_core::Config::default()
+    };
     if let Some(n) = opts.max_entries {
         config.max_entries = n;
     }
@@ -852,6 +866,21 @@ mod tests {
         assert!(!p("").unwrap().policy.no_open);
         assert!(p("open=noopen").unwrap().policy.no_open);
         assert!(!p("open=noopen,open=rpc").unwrap().policy.no_open);
+    }
+
+    #[test]
+    fn bypass_option() {
+        let o = p("bypass").unwrap();
+        assert!(o.policy.bypass);
+        assert_eq!(o.policy.entry_ttl, Duration::ZERO);
+        assert_eq!(o.policy.negative_ttl, Duration::ZERO);
+        assert!(!o.policy.readdirplus && !o.policy.cache_dir && !o.policy.no_opendir);
+        assert!(o.policy.passthrough, "data stays as the mount's");
+        let o = p("bypass,attr_timeout=2,readdirplus").unwrap();
+        assert_eq!(o.policy.attr_ttl, Duration::from_secs(2));
+        assert!(o.policy.readdirplus, "explicit options win");
+        assert!(!p("").unwrap().policy.bypass);
+        assert!(p("bypass=1").is_err());
     }
 
     #[test]

@@ -47,6 +47,12 @@ pub struct Config {
     /// the components after it that are known in advance go to one [`crate::Backend::walk`]
     /// (one round trip for a remote backend) instead of one `lookup` each.
     pub walk_batch: bool,
+    /// Bypass mode (ByVFS; `cache/bypass.rs`): every lookup, getattr, readlink and readdir is
+    /// answered by one backend call; the tree keeps dentries only as identities for front
+    /// ends (held nodes, backend paths), never as answers. For memory-speed backends, where
+    /// the bookkeeping costs more than the call it saves. Use [`Config::bypass_mode`], which also
+    /// turns off what would cache answers (fast path, completeness, negatives, batches).
+    pub bypass: bool,
 }
 
 impl Default for Config {
@@ -63,11 +69,20 @@ impl Default for Config {
             pcc_slots: 1 << 16,
             protected_hardlinks: true,
             walk_batch: true,
+            bypass: false,
         }
     }
 }
 
 impl Config {
+    /// Bypass mode: nothing cached is used as an answer (the `bypass` field).
+    pub fn bypass_mode() -> Config {
+        Config {
+            bypass: true,
+            ..Config::baseline()
+        }
+    }
+
     /// Every optimization off: a plain component-at-a-time cache of positive entries.
     pub fn baseline() -> Config {
         Config {

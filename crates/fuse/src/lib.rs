@@ -142,6 +142,11 @@ pub struct Mounted {
 /// Mount `cache` at `cfg.mnt`. When this returns the mount is up (the kernel's INIT was
 /// answered); requests are served once [`Mounted::run`] is called.
 pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
+    if cfg.policy.bypass != cache.config().bypass {
+        // A bypass policy over a caching core would serve cached answers with TTLs 0 (and
+        // the reverse would re-ask the backend under long kernel TTLs): refuse the mix.
+        return Err(Error::Core(dircache_core::Error::Invalid));
+    }
     // Before anything can reach the cache: a snapshot is loaded only into a fresh one.
     let persist = cfg
         .persist

@@ -71,6 +71,10 @@ pub struct CachePolicy {
     /// with the same access by the same caller share one). 0: half of what the process limit
     /// leaves after a reserve for the daemon itself. Past it the caller gets EMFILE.
     pub max_open_per_user: usize,
+    /// Bypass mode (`-o bypass`, ByVFS): the core cache answers nothing from what it holds
+    /// (it must be built with `dircache_core::Config::bypass_mode()`), so each request is one
+    /// backend call; see [`CachePolicy::bypassing`] for what the kernel may keep.
+    pub bypass: bool,
 }
 
 impl Default for CachePolicy {
@@ -91,11 +95,34 @@ impl Default for CachePolicy {
             security_xattrs: false,
             threads: 4,
             max_open_per_user: 0,
+            bypass: false,
         }
     }
 }
 
 impl CachePolicy {
+    /// This policy in bypass mode: no metadata cached between the caller and the backend.
+    /// Kernel TTLs 0 and no kernel negative entries (each access is a LOOKUP or GETATTR the
+    /// backend answers: an outside change is seen by the next access, without waiting for the
+    /// change feed), plain READDIR (with TTL 0 the entries READDIRPLUS brings are looked up
+    /// again anyway, so it would cost a backend lookup per entry for nothing), listings not
+    /// cached (`cache_dir` and `noopendir`, which makes the kernel cache them, off). Kept as
+    /// they are: file data (`keep_cache`, passthrough; the change feed still invalidates
+    /// them), POSIX ACLs cached per inode by the kernel (needed for the kernel's permission
+    /// checks; invalidated by the feed), threads, descriptor limits.
+    pub fn bypassing(self) -> CachePolicy {
+        CachePolicy {
+            bypass: true,
+            entry_ttl: Duration::ZERO,
+            attr_ttl: Duration::ZERO,
+            negative_ttl: Duration::ZERO,
+            readdirplus: false,
+            cache_dir: false,
+            no_opendir: false,
+            ..self
+        }
+    }
+
     /// Every kernel cache off (TTL 0, no negative entries, no cached listings or data, no
     /// passthrough): what a naive FUSE file system does. For measurements only.
     pub fn uncached() -> CachePolicy {
@@ -115,6 +142,7 @@ impl CachePolicy {
             security_xattrs: true,
             threads: 4,
             max_open_per_user: 0,
+            bypass: false,
         }
     }
 }

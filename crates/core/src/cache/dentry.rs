@@ -58,8 +58,12 @@ pub(crate) struct ChildMap {
     t: HashTable<NodeRef>,
     /// The children that can have children of their own (directories, and entries below which
     /// deep negatives hang): what an invalidation must visit. Leaves are never listed, so
-    /// invalidating a directory of 10,000 files touches none of them. May hold stale weak
-    /// references (removed or moved children); visiting those only over-invalidates.
+    /// invalidating a directory of 10,000 files touches none of them. A child taken out of the
+    /// map (removed, moved away, evicted) is taken off this list too, so an invalidation
+    /// visits only children filed here (without loading their links) and a directory that
+    /// dirs pass through (`mkdir tmp/x; mv tmp/x dst`) does not collect them. It may still
+    /// hold dead or displaced children (dropped when the list is compacted); visiting those
+    /// only over-invalidates.
     pub(crate) interior: Vec<Weak<Dentry>>,
     /// Target of a symbolic link (symlinks have no children; they share this box).
     pub(crate) target: Option<Box<[u8]>>,
@@ -79,7 +83,13 @@ impl ChildMap {
         let name = node.link.load().name.clone();
         let h = name_hash(&name);
         match self.t.find_entry(h, |n| *n.link.load().name == *name) {
-            Ok(mut e) => Some(std::mem::replace(e.get_mut(), node)),
+            Ok(mut e) => {
+                let old = std::mem::replace(e.get_mut(), node);
+                if !Arc::ptr_eq(&old, e.get()) {
+                    self.unlist_interior(&old);
+                }
+                Some(old)
+            }
             Err(_) => {
                 self.t
                     .insert_unique(h, node, |n| name_hash(&n.link.load().name));
@@ -93,7 +103,11 @@ impl ChildMap {
             .t
             .find_entry(name_hash(name), |n| *n.link.load().name == *name)
         {
-            Ok(e) => Some(e.remove().0),
+            Ok(e) => {
+                let n = e.remove().0;
+                self.unlist_interior(&n);
+                Some(n)
+            }
             Err(_) => None,
         }
     }
@@ -103,9 +117,24 @@ impl ChildMap {
         match self.t.find_entry(name_hash(name), |n| Arc::ptr_eq(n, node)) {
             Ok(e) => {
                 e.remove();
+                self.unlist_interior(node);
                 true
             }
             Err(_) => false,
+        }
+    }
+
+    /// Take a child that left the map off the interior list (order does not matter).
+    fn unlist_interior(&mut self, node: &Dentry) {
+        if !(node.is_dir() || node.has(HAS_CHILDREN)) {
+            return;
+        }
+        if let Some(i) = self
+            .interior
+            .iter()
+            .position(|w| std::ptr::eq(w.as_ptr(), node))
+        {
+            self.interior.swap_remove(i);
         }
     }
 
@@ -122,6 +151,7 @@ impl ChildMap {
     }
 
     pub(crate) fn drain(&mut self) -> Vec<NodeRef> {
+        self.interior.clear();
         self.t.drain().collect()
     }
 
@@ -255,21 +285,24 @@ impl Drop for Dentry {
 /// loads and retry if a writer was active, so `stat` on the fast path never takes a lock or
 /// touches a reference count. A mode of 0 means "no attributes cached" (every real file has
 /// type bits); the inode number (word 0) is kept even then, for listings from the cache.
+/// Forgetting attributes sets [`FORGOTTEN`] in the mode word and keeps the rest: a directory
+/// removed behind the cache's back is still permission-checked with its last attributes, as
+/// Linux checks an open descriptor's (dead) inode. The sequence is 32 bits, as Linux's
+/// `seqcount_t`: a reader (or a [`AttrCell::store_if_unchanged`] stamp) would need 2^31
+/// writes of this one dentry during one read to be fooled. 104 bytes (it was 112).
 pub(crate) struct AttrCell {
-    seq: AtomicU64,
+    seq: AtomicU32,
     w: [AtomicU64; 12],
-    /// Word 2 (mode, nlink) of the last attributes stored, kept when they are forgotten: a
-    /// directory removed behind the cache's back is still permission-checked with them, as
-    /// Linux checks an open descriptor's (dead) inode.
-    last: AtomicU64,
 }
+
+/// Bit of the mode word (word 2) meaning "forgotten": file modes use 16 bits.
+const FORGOTTEN: u64 = 1 << 31;
 
 impl AttrCell {
     pub(crate) fn new(a: Option<Attr>, ino: u64) -> AttrCell {
         let c = AttrCell {
-            seq: AtomicU64::new(0),
+            seq: AtomicU32::new(0),
             w: std::array::from_fn(|_| AtomicU64::new(0)),
-            last: AtomicU64::new(0),
         };
         c.w[0].store(ino, Ordering::Relaxed);
         if let Some(a) = a {
@@ -282,7 +315,7 @@ impl AttrCell {
         let w = [
             a.ino,
             a.dev,
-            u64::from(a.mode) | (u64::from(a.nlink) << 32),
+            u64::from(a.mode) & !FORGOTTEN | (u64::from(a.nlink) << 32),
             u64::from(a.uid) | (u64::from(a.gid) << 32),
             a.rdev,
             a.size,
@@ -316,18 +349,15 @@ impl AttrCell {
                 std::hint::spin_loop();
                 continue;
             }
-            let mut w: [u64; 12] = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
-            if last && w[2] as u32 == 0 {
-                w[2] = self.last.load(Ordering::Relaxed);
-            }
+            let w: [u64; 12] = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
             std::sync::atomic::fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) != s1 {
                 continue;
             }
-            let mode = w[2] as u32;
-            if mode == 0 {
+            if w[2] as u32 == 0 || (w[2] & FORGOTTEN != 0 && !last) {
                 return None;
             }
+            let mode = (w[2] & !FORGOTTEN) as u32;
             use crate::Timespec;
             return Some(Attr {
                 ino: w[0],
@@ -362,12 +392,17 @@ impl AttrCell {
             if s & 1 == 0
                 && self
                     .seq
-                    .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange_weak(
+                        s,
+                        s.wrapping_add(1),
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
                     .is_ok()
             {
                 std::sync::atomic::fence(Ordering::Release);
                 f();
-                self.seq.store(s + 2, Ordering::Release);
+                self.seq.store(s.wrapping_add(2), Ordering::Release);
                 return;
             }
             std::hint::spin_loop();
@@ -380,9 +415,8 @@ impl AttrCell {
             None => {
                 let w2 = self.w[2].load(Ordering::Relaxed);
                 if w2 as u32 != 0 {
-                    self.last.store(w2, Ordering::Relaxed);
+                    self.w[2].store(w2 | FORGOTTEN, Ordering::Relaxed);
                 }
-                self.w[2].store(0, Ordering::Relaxed);
             }
         });
     }
@@ -390,23 +424,26 @@ impl AttrCell {
     /// The writers' sequence now: pass it to [`AttrCell::store_if_unchanged`] to store
     /// attributes fetched after this call only if nobody stored or forgot any meanwhile.
     pub(crate) fn stamp(&self) -> u64 {
-        self.seq.load(Ordering::Acquire)
+        u64::from(self.seq.load(Ordering::Acquire))
     }
 
     /// Store `a` if no writer ran since [`AttrCell::stamp`] returned `s0` (so `a`, asked for
     /// after that, is not older than what a writer stored since). Returns whether it stored.
     pub(crate) fn store_if_unchanged(&self, s0: u64, a: &Attr) -> bool {
+        let Ok(s0) = u32::try_from(s0) else {
+            return false;
+        };
         if s0 & 1 == 1
             || self
                 .seq
-                .compare_exchange(s0, s0 + 1, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(s0, s0.wrapping_add(1), Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
         {
             return false;
         }
         std::sync::atomic::fence(Ordering::Release);
         self.store_words(a);
-        self.seq.store(s0 + 2, Ordering::Release);
+        self.seq.store(s0.wrapping_add(2), Ordering::Release);
         true
     }
 
@@ -421,5 +458,82 @@ impl AttrCell {
     /// The device number, if attributes were ever stored (0 otherwise).
     pub(crate) fn dev(&self) -> u64 {
         self.w[1].load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Timespec;
+
+    fn attr(mode: u32) -> Attr {
+        Attr {
+            ino: 7,
+            dev: 0x803,
+            mode,
+            nlink: 3,
+            uid: 1000,
+            gid: 100,
+            rdev: 0,
+            size: 4096,
+            blocks: 8,
+            blksize: 4096,
+            atime: Timespec { sec: -5, nsec: 1 },
+            mtime: Timespec {
+                sec: 1_700_000_000,
+                nsec: 999_999_999,
+            },
+            ctime: Timespec { sec: 3, nsec: 4 },
+        }
+    }
+
+    #[test]
+    fn forgotten_attributes_are_kept_for_load_last_only() {
+        let a = attr(libc::S_IFDIR | 0o750);
+        let c = AttrCell::new(Some(a), a.ino);
+        assert_eq!(c.load(), Some(a));
+        c.store(None);
+        assert_eq!(c.load(), None);
+        assert_eq!(c.load_last(), Some(a));
+        assert_eq!(c.ino(), 7);
+        // Forgetting twice keeps them; storing new ones replaces them.
+        c.store(None);
+        assert_eq!(c.load_last(), Some(a));
+        let b = attr(libc::S_IFDIR | 0o700);
+        c.store(Some(b));
+        assert_eq!(c.load(), Some(b));
+        // Never stored: nothing to give, even as the last.
+        let e = AttrCell::new(None, 9);
+        e.store(None);
+        assert_eq!((e.load(), e.load_last(), e.ino()), (None, None, 9));
+    }
+
+    #[test]
+    fn store_if_unchanged_refuses_after_a_write_also_across_wrap() {
+        let a = attr(libc::S_IFREG | 0o644);
+        let c = AttrCell::new(None, 0);
+        c.seq.store(u32::MAX - 1, Ordering::Relaxed);
+        let s0 = c.stamp();
+        c.store(Some(attr(libc::S_IFREG | 0o600)));
+        assert_eq!(c.seq.load(Ordering::Relaxed), 0, "the sequence wraps");
+        assert!(
+            !c.store_if_unchanged(s0, &a),
+            "an older answer overwrote a newer one"
+        );
+        let s1 = c.stamp();
+        assert!(c.store_if_unchanged(s1, &a));
+        assert_eq!(c.load(), Some(a));
+    }
+
+    /// Where a dentry's bytes go (docs/benchmarks.md): the allocation is this plus the
+    /// `Arc` header (16). Fails if a field grows it back.
+    #[test]
+    fn dentry_size() {
+        assert_eq!(std::mem::size_of::<AttrCell>(), 104);
+        assert!(
+            std::mem::size_of::<Dentry>() <= 176,
+            "Dentry is {} bytes",
+            std::mem::size_of::<Dentry>()
+        );
     }
 }

@@ -539,8 +539,12 @@ impl Cache {
     }
 
     /// Whether inode `key` is known to have no value for the attribute(s) `bit` (the caller
-    /// numbers the names it memoizes: one bit each).
+    /// numbers the names it memoizes: one bit each). Never in bypass mode (nothing is
+    /// remembered there).
     pub fn xattr_known_absent(&self, key: (u64, u64), bit: u8) -> bool {
+        if !self.trusts_cache() {
+            return false;
+        }
         let g = self.xattr_memo_gen();
         let m = self.xattr_memo.map.pin();
         m.get(&key).is_some_and(|(eg, b)| *eg == g && b & bit != 0)

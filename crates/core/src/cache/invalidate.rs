@@ -28,8 +28,9 @@
 //!   (`merge_listing`), the version and the attribute cell's sequence for attributes
 //!   (`attr_of`). So an invalidation window elsewhere no longer makes a lookup ask again.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 
 use super::dentry::{Dentry, DEAD, EVICTED, HAS_CHILDREN, MOUNTED};
 use super::{Cache, NodeRef};
@@ -38,6 +39,14 @@ use crate::Result;
 /// How often a backend call by path is tried without a lock before [`Cache::by_path`] takes
 /// `tree_lock` to exclude renames.
 pub(crate) const OPTIMISTIC_TRIES: u32 = 3;
+
+thread_local! {
+    /// [`Cache::bump_subtree`]'s stack, reused by the next invalidation on this thread.
+    static BUMP_STACK: Cell<Vec<NodeRef>> = const { Cell::new(Vec::new()) };
+}
+
+/// Largest stack (in entries) kept for reuse; a bigger one is freed after its walk.
+const MAX_KEPT_STACK: usize = 1 << 16;
 
 /// The write side of the rename sequence count: odd while held. Only taken under
 /// `tree_lock.write()` (one rename at a time), so a plain increment pair is enough.
@@ -74,7 +83,11 @@ impl Cache {
     pub(crate) fn bump_subtree(&self, root: &NodeRef) {
         let v = self.seq.fetch_add(1, Ordering::AcqRel);
         let mut n = 0u64;
-        let mut stack: Vec<NodeRef> = vec![root.clone()];
+        // The walk's stack is kept per thread and reused: no allocation while invalidating
+        // (a growing `Vec` made glibc consolidate its free lists inside the timed window after
+        // a burst of frees, the main source of run-to-run variation).
+        let mut stack = BUMP_STACK.take();
+        stack.push(root.clone());
         while let Some(d) = stack.pop() {
             // `v` is fresh, so a dentry already holding it was visited in this walk: stale
             // interior references (children moved elsewhere) and bind mounts of a directory
@@ -95,24 +108,17 @@ impl Cache {
                 continue;
             }
             // Leaves are not visited: their entries check this (their parent's) version.
+            // Children moved away were taken off `interior` by the move (and bumped by it), so
+            // their links need not be loaded here.
             let inner = d.inner.read();
             if let Some(ch) = &inner.children {
-                for c in ch.interior.iter().filter_map(Weak::upgrade) {
-                    // Only children still filed here; moved ones are reached from their new
-                    // parent (or were bumped by the move itself).
-                    let here = c
-                        .link
-                        .load()
-                        .parent
-                        .as_ref()
-                        .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(&d)));
-                    if here {
-                        stack.push(c);
-                    }
-                }
+                stack.extend(ch.interior.iter().filter_map(Weak::upgrade));
             }
         }
         self.stats.invalidated_entries.add(n);
+        if stack.capacity() <= MAX_KEPT_STACK {
+            BUMP_STACK.set(stack);
+        }
     }
 
     /// Take a dentry out of service: mark it dead and bump its subtree. The caller has

@@ -43,7 +43,9 @@ impl Cache {
             (node.sb.backend.readdir(p, want_attrs), gen0, ver0)
         })?;
         let entries = r?;
-        self.merge_listing(node, &entries, gen0, ver0);
+        if self.trusts_cache() {
+            self.merge_listing(node, &entries, gen0, ver0);
+        }
         Ok(entries)
     }
 

@@ -57,6 +57,7 @@
 //! `get_mut`), so dropping the last reference under any of these locks is safe.
 
 mod batch;
+mod bypass;
 mod dentry;
 mod dlht;
 mod evict;
@@ -73,6 +74,8 @@ mod pcc;
 mod persist;
 mod walk;
 
+#[cfg(test)]
+mod inval_tests;
 #[cfg(test)]
 mod race_tests;
 
@@ -566,7 +569,9 @@ impl Cache {
         let n = self.child_checked(c, parent, name)?;
         match n.kind {
             NodeKind::Negative(e) => {
-                self.stats.negative_hits.inc();
+                if self.trusts_cache() {
+                    self.stats.negative_hits.inc();
+                }
                 Err(e)
             }
             NodeKind::Positive(_) => Ok(n),

@@ -57,7 +57,15 @@ impl CacheFs {
     /// The entry reply for `node`, a child of `parent`, registered as a nodeid the kernel
     /// now holds.
     pub(super) fn entry(&self, parent: INodeNo, node: &NodeRef) -> Result<EntryOut, Errno> {
-        let a = self.cache.attr_of_name(node).map_err(errno)?;
+        // Bypass: the core just asked the backend for this node (the lookup or creation being
+        // answered stored those attributes); asking again would be a second backend call.
+        let a = match node
+            .cached_attr()
+            .filter(|_| self.policy.bypass && !node.is_dead())
+        {
+            Some(a) => a,
+            None => self.cache.attr_of_name(node).map_err(errno)?,
+        };
         let id = self.inodes.register(&self.cache, node, &a, parent.0);
         Ok(EntryOut {
             attr: fuse_attr(id, &a),

@@ -9,6 +9,17 @@ use std::time::{Duration, Instant};
 
 pub const PY: &str = "/usr/bin/python3";
 
+pub mod posix_checks;
+
+/// The core configuration a mount with `policy` needs (bypass mode or not).
+fn core_config(policy: &dircache_fuse::CachePolicy) -> dircache_core::Config {
+    if policy.bypass {
+        dircache_core::Config::bypass_mode()
+    } else {
+        dircache_core::Config::default()
+    }
+}
+
 /// Whether real mounts can be made here (root and /dev/fuse). Tests return early otherwise,
 /// after [`cannot_run`] (which fails the test under CI).
 pub fn can_mount() -> bool {
@@ -88,7 +99,7 @@ impl TestMount {
         )
     }
 
-    /// [`TestMount::without_feed`] with `policy`.
+    /// A mount with `policy` whose backend reports no change made in SRC (no change feed).
     pub fn with_policy_without_feed(policy: dircache_fuse::CachePolicy) -> TestMount {
         Self::local(policy, dircache_local::WatchMode::Off)
     }
@@ -121,8 +132,8 @@ impl TestMount {
             dircache_local::LocalBackend::with_options(&src, 0, watch)
         }
         .expect("local backend");
-        let cache = dircache_core::Cache::new(Arc::new(backend), dircache_core::Config::default())
-            .expect("cache");
+        let cache =
+            dircache_core::Cache::new(Arc::new(backend), core_config(&policy)).expect("cache");
         let mut cfg = dircache_fuse::MountConfig::new(&src, &mnt);
         cfg.policy = policy;
         cfg.kernel.flags |= flags;
@@ -161,8 +172,8 @@ impl TestMount {
         std::fs::create_dir(&mnt).expect("mkdir mnt");
         chmod(dir.path(), 0o755);
         let backend = Arc::new(dircache_core::memory::MemoryBackend::new().applying_umask());
-        let cache = dircache_core::Cache::new(backend.clone(), dircache_core::Config::default())
-            .expect("cache");
+        let cache =
+            dircache_core::Cache::new(backend.clone(), core_config(&policy)).expect("cache");
         let mut cfg = dircache_fuse::MountConfig::without_src(&mnt);
         cfg.policy = policy;
         let thread = serve(cache, &cfg);
