@@ -466,9 +466,16 @@ pub fn relay_stdio(
     delay: Duration,
     buffer: usize,
 ) -> io::Result<Arc<Shaping>> {
+    let shaping = Shaping::new(delay, buffer);
+    relay_stdio_with(target, shaping.clone())?;
+    Ok(shaping)
+}
+
+/// As [`relay_stdio`], with settings and counters made by the caller (who may read them
+/// meanwhile, e.g. from a signal-handling thread).
+pub fn relay_stdio_with(target: impl ToSocketAddrs, shaping: Arc<Shaping>) -> io::Result<()> {
     let server = TcpStream::connect(target)?;
     server.set_nodelay(true)?;
-    let shaping = Shaping::new(delay, buffer);
     shaping.counters.connections.fetch_add(1, Ordering::Relaxed);
     let last = Arc::new(AtomicU8::new(0));
     let up = {
@@ -496,7 +503,7 @@ pub fn relay_stdio(
         server,
         io::stdout(),
         Dir::Down,
-        shaping.clone(),
+        shaping,
         last,
         |_| {},
         move || {
@@ -505,5 +512,5 @@ pub fn relay_stdio(
         false,
     );
     drop(up);
-    Ok(shaping)
+    Ok(())
 }
