@@ -185,3 +185,97 @@ fn bench_remote_smoke_json() {
     assert!(!mi.contains(base.path().to_str().unwrap()), "{mi}");
     assert_eq!(std::fs::read_dir(base.path()).unwrap().count(), 0);
 }
+
+/// Processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            if c.contains(needle) {
+                out.push(format!("{}: {c}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn bench_remote_interrupted_leaves_nothing_behind() {
+    if !can_mount_sshfs() || !sshd_available() {
+        if !sshd_available() {
+            cannot_run("needs openssh-server");
+        }
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let b = base.path().to_str().unwrap().to_string();
+    let mut child = Command::new(EXE)
+        .args([
+            "bench",
+            "remote",
+            "--quick",
+            "--entries",
+            "300",
+            "--runs",
+            "1000",
+            "--rtt",
+            "1ms",
+            "--systems",
+            "native,sshfs,sshfs-cache",
+            "--base",
+            &b,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until both sshfs mounts are up (the bench is running its workloads).
+    let t0 = Instant::now();
+    loop {
+        let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        if mi.matches(b.as_str()).count() >= 2 {
+            break;
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("bench exited early: {st}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no mounts: {mi}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!processes_mentioning(&b).is_empty());
+    // SAFETY: kill(2) of our own child by PID.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let t1 = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(60),
+            "bench did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!st.success(), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mi.contains(b.as_str()), "left mounted: {mi}");
+    // sshd, sshfs, ssh and sftp-server all mention the base directory (keys, paths).
+    let t2 = Instant::now();
+    loop {
+        let left = processes_mentioning(&b);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            t2.elapsed() < Duration::from_secs(10),
+            "left running: {left:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read_dir(base.path()).unwrap().count(), 0);
+}

@@ -107,6 +107,11 @@ impl Sshd {
     /// Start sshd on a free loopback port (see the module documentation). Errors are strings
     /// with sshd's log.
     pub fn start() -> Result<Sshd, String> {
+        Sshd::start_in(&std::env::temp_dir())
+    }
+
+    /// As [`Sshd::start`], with the keys and config in a new directory under `parent`.
+    pub fn start_in(parent: &Path) -> Result<Sshd, String> {
         if !sshd_available() {
             return Err("openssh-server is not installed (apt-get install openssh-server)".into());
         }
@@ -117,7 +122,7 @@ impl Sshd {
         }
         let mut dir = tempfile::Builder::new()
             .prefix("dircache-sshd-")
-            .tempdir()
+            .tempdir_in(parent)
             .map_err(|e| format!("tempdir: {e}"))?;
         keygen(&dir.path().join("host_ed25519"))?;
         keygen(&dir.path().join("client_ed25519"))?;
@@ -288,6 +293,19 @@ impl Sshd {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect()
+    }
+
+    /// The client options for an sshfs-style mount command through `port` (`port=N` and
+    /// [`Sshd::ssh_options`] as `Key=Value`), one per `-o`, e.g. for
+    /// `dircache mount user@127.0.0.1:PATH MNT -o ...`.
+    pub fn mount_options(&self, port: u16) -> Vec<String> {
+        let mut v = vec![format!("port={port}")];
+        v.extend(
+            self.ssh_options()
+                .into_iter()
+                .map(|(k, val)| format!("{k}={val}")),
+        );
+        v
     }
 
     /// `ssh` arguments (without the destination and command): `-F none`, [`Sshd::ssh_options`],

@@ -45,6 +45,9 @@ pub struct Args {
     /// Print a JSON list of rows instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also write the JSON rows to this file (with the table on stdout).
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
     /// A small tree (3,000 entries) and 2 runs: a smoke run.
     #[arg(long)]
     pub quick: bool,
@@ -222,11 +225,9 @@ impl Env {
                     .arg(mnt)
                     .arg("-f")
                     .arg("-o")
-                    .arg(format!("port={port}"))
-                    .arg("-o")
                     .arg(format!("serve_command={}", self.serve.display()));
-                for (k, v) in sshd.ssh_options() {
-                    c.arg("-o").arg(format!("{k}={v}"));
+                for o in sshd.mount_options(port) {
+                    c.arg("-o").arg(o);
                 }
                 c
             }
@@ -621,7 +622,7 @@ pub fn run(a: Args) -> Result<i32> {
             bail!("openssh-server is not installed (apt-get install openssh-server sshfs)");
         }
         note("starting sshd on loopback");
-        Some(Sshd::start().map_err(|e| anyhow!("sshd: {e}"))?)
+        Some(Sshd::start_in(base.path()).map_err(|e| anyhow!("sshd: {e}"))?)
     } else {
         None
     };
@@ -637,8 +638,12 @@ pub fn run(a: Args) -> Result<i32> {
     // Unmount (systems dropped inside `bench`), stop sshd, then remove the tree.
     drop(env);
     let rows = result?;
+    if let Some(f) = &a.json_out {
+        fs::write(f, serde_json::to_string_pretty(&json_rows(&rows))? + "\n")
+            .with_context(|| format!("{}", f.display()))?;
+    }
     if a.json {
-        print_json(&rows)?;
+        println!("{}", serde_json::to_string_pretty(&json_rows(&rows))?);
     } else {
         print_table(&rows, runs, n_entries);
     }
@@ -796,8 +801,8 @@ fn native_median(rows: &[Row], r: &Row) -> Option<f64> {
         .map(|n| stats::median(&n.times))
 }
 
-fn print_json(rows: &[Row]) -> Result<()> {
-    let v: Vec<serde_json::Value> = rows
+fn json_rows(rows: &[Row]) -> Vec<serde_json::Value> {
+    rows
         .iter()
         .map(|r| {
             let has = !r.times.is_empty();
@@ -825,9 +830,7 @@ fn print_json(rows: &[Row]) -> Result<()> {
             }
             o
         })
-        .collect();
-    println!("{}", serde_json::to_string_pretty(&v)?);
-    Ok(())
+        .collect()
 }
 
 fn human_bytes(b: u64) -> String {
@@ -916,6 +919,115 @@ fn print_table(rows: &[Row], runs: usize, entries: usize) {
     }
     for (s, why) in unavailable {
         println!("\n{s} unavailable: {why}");
+    }
+    print_targets(rows);
+}
+
+/// Issue 10's targets, judged on the dircache rows.
+fn print_targets(rows: &[Row]) {
+    let find = |w: &str, sys: &str, rtt: f64, cache: &str| -> Option<&Row> {
+        rows.iter().find(|r| {
+            r.workload == w
+                && r.system == sys
+                && r.rtt_ms == rtt
+                && r.cache == cache
+                && !r.times.is_empty()
+        })
+    };
+    let med = |r: &Row| stats::median(&r.times);
+    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
+    if !rows
+        .iter()
+        .any(|r| r.system == "dircache" && !r.times.is_empty())
+    {
+        println!("\ntargets (issue 10): no dircache rows, nothing to judge");
+        return;
+    }
+    println!("\ntargets (issue 10):");
+    let mut rtts: Vec<f64> = rows.iter().map(|r| r.rtt_ms).collect();
+    rtts.sort_by(f64::total_cmp);
+    rtts.dedup();
+    let metadata = ["find", "du -s", "ls -lR", "git status"];
+    if rtts.contains(&1.0) {
+        let mut parts = Vec::new();
+        let mut ok = true;
+        for w in metadata {
+            if let (Some(d), Some(s)) = (
+                find(w, "dircache", 1.0, "cold"),
+                find(w, "sshfs", 1.0, "cold"),
+            ) {
+                let x = med(s) / med(d);
+                ok &= x >= 20.0;
+                parts.push(format!("{w} {x:.1}x"));
+            }
+        }
+        if !parts.is_empty() {
+            println!(
+                "  {} cold metadata at 1 ms RTT >= 20x faster than sshfs: {}",
+                verdict(ok),
+                parts.join(", ")
+            );
+        }
+    } else {
+        println!("  (no 1 ms RTT run: cold metadata vs sshfs not judged; use --rtt 1ms)");
+    }
+    for &rtt in &rtts {
+        let mut over = Vec::new();
+        let mut trips = Vec::new();
+        let mut judged = 0;
+        for r in rows
+            .iter()
+            .filter(|r| r.system == "dircache" && r.rtt_ms == rtt && r.cache == "warm")
+        {
+            let Some(n) = find(&r.workload, "native", rtt, "warm") else {
+                continue;
+            };
+            if r.times.is_empty() {
+                over.push(format!("{} no result", r.workload));
+                continue;
+            }
+            judged += 1;
+            let x = med(r) / med(n);
+            if x > 1.2 {
+                over.push(format!("{} {x:.2}x", r.workload));
+            }
+            let rt = median_u64(&r.round_trips);
+            if rt > 0 {
+                trips.push(format!("{} {rt}", r.workload));
+            }
+        }
+        println!(
+            "  {} warm at {rtt} ms RTT within 1.2x native, zero round trips: {judged} judged; over: [{}]; round trips: [{}]",
+            verdict(over.is_empty() && trips.is_empty() && judged > 0),
+            over.join(", "),
+            trips.join(", ")
+        );
+    }
+    if rtts.contains(&5.0) {
+        for cache in ["cold", "warm"] {
+            let w = rows
+                .iter()
+                .find(|r| r.workload.starts_with("search"))
+                .map(|r| r.workload.clone());
+            let f = rows
+                .iter()
+                .find(|r| r.workload.starts_with("find -name"))
+                .map(|r| r.workload.clone());
+            if let (Some(w), Some(f)) = (w, f) {
+                if let (Some(d), Some(s)) = (
+                    find(&w, "dircache", 5.0, cache),
+                    find(&f, "sshfs", 5.0, cache),
+                ) {
+                    let x = med(s) / med(d);
+                    println!(
+                        "  {} {cache} delegated search at 5 ms RTT >= 50x faster than find over sshfs: {x:.1}x",
+                        verdict(x >= 50.0)
+                    );
+                }
+            }
+        }
+    } else {
+        println!("  (no 5 ms RTT run: delegated search not judged; use --rtt 5ms)");
     }
 }
 
