@@ -1,6 +1,7 @@
 //! `dircache`: mount a directory through the cache, search, statistics, benchmarks.
 
 mod bench;
+mod delay_proxy;
 mod demo;
 mod mount;
 mod search;
@@ -31,6 +32,9 @@ enum Cmd {
     /// Benchmarks (side by side, medians).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// (test tooling) Relay stdin/stdout or a listening port to HOST:PORT with a delay.
+    #[command(hide = true)]
+    DelayProxy(delay_proxy::Args),
 }
 
 fn main() {
@@ -45,6 +49,7 @@ fn main() {
         Cmd::Stats(a) => mount::run_stats(a),
         Cmd::Search(a) => search::run(a),
         Cmd::Bench(b) => bench::run(b),
+        Cmd::DelayProxy(a) => delay_proxy::run(a),
     };
     match code {
         Ok(c) => std::process::exit(c),

@@ -14,7 +14,25 @@ use dircache_core::{
     Attr, Backend, Cred, DirEntry, Error, FileType, RenameMode, Result, SetAttr, TimeSet, Timespec,
 };
 
+pub mod child_mount;
+pub mod delay_proxy;
 pub mod kernel;
+pub mod sshd;
+
+/// A test that cannot run here (no root, no sshd, no /dev/fuse, ...). Under CI (the `CI`
+/// variable is set) that is a failure: CI must run every test. Elsewhere the test returns
+/// early, but says so loudly on stderr (past the test harness's output capture).
+pub fn cannot_run(why: &str) {
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: cannot run ({why}), and CI is set: a skipped test fails in CI");
+    }
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("\n*** SKIPPED {test}: {why}. This test did NOT run (in CI it fails). ***\n")
+            .as_bytes(),
+    );
+}
 
 /// The errno of the last failed libc call.
 pub fn errno() -> i32 {

@@ -1,0 +1,1056 @@
+//! `dircache bench remote`: metadata workloads on a tree served over ssh, side by side:
+//! local native, sshfs (defaults), sshfs `-o kernel_cache,dir_cache=yes`, and a dircache
+//! remote mount (`dircache mount user@host:path MNT -o port=..,IdentityFile=..,serve_command=..`,
+//! reported as unavailable while this binary does not serve remote sources) (issue 10).
+//!
+//! Method. A throwaway sshd on loopback (`dircache_tests::sshd`, generated keys) serves the
+//! tree; every ssh connection goes through a TCP delay proxy (`dircache_tests::delay_proxy`)
+//! that adds RTT/2 each way (at RTT 0 the relay is still there, without delay) and counts
+//! bytes and bursts: round trips = client-to-server bursts, an approximation that counts
+//! requests sent together while waiting as one. Each mounted system has its own proxy, so its
+//! traffic is its own. For every RTT, every workload, cold then warm: `runs` rounds, each
+//! running the workload once per system in a rotated order. Cold: the mount is unmounted and
+//! mounted again (a new ssh connection, so a new sftp-server / dircache serve process too) and
+//! `echo 3 > /proc/sys/vm/drop_caches` empties the page, inode and dentry caches of client and
+//! server alike (one machine); native is cold after drop_caches. Warm: one untimed run first.
+//! Programs are timed by wall time (fork and exec included); the stat/open loops run in a
+//! hidden subcommand of this binary that times its own loop over a list of paths.
+//!
+//! Every mount is unmounted, every process (sshfs, ssh, dircache, sshd) stopped and the tree
+//! removed also on error and on SIGINT/SIGTERM (checked between runs).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use dircache_tests::child_mount::ChildMount;
+use dircache_tests::delay_proxy::{DelayProxy, Traffic};
+use dircache_tests::sshd::{sshd_available, which, Sshd};
+use serde_json::json;
+
+use super::stats;
+use super::tree::{self, TempDir};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Round-trip times to add (comma-separated; `0`, `500us`, `1ms`, `5ms`; a bare number is
+    /// milliseconds). Each direction gets half.
+    #[arg(long, value_delimiter = ',', default_value = "0,1ms")]
+    pub rtt: Vec<String>,
+    /// Print a JSON list of rows instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON rows to this file (with the table on stdout).
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+    /// A small tree (3,000 entries) and 2 runs: a smoke run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Timed runs per workload, system, RTT and cache state (default 3, 2 with --quick).
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Entries of the generated tree (default 80,000, 3,000 with --quick).
+    #[arg(long)]
+    pub entries: Option<usize>,
+    /// Serve this existing tree instead of a generated one (read-only workloads only; git
+    /// status needs a git work tree at its top).
+    #[arg(long)]
+    pub src: Option<PathBuf>,
+    /// Paths per stat/open loop (default 2,000, 300 with --quick).
+    #[arg(long)]
+    pub loop_paths: Option<usize>,
+    /// Only workloads whose name contains one of these (comma-separated) strings.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Only these systems (comma-separated: native, sshfs, sshfs-cache, dircache).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<String>,
+    /// Directory for the temporary tree and mount points (default: $TMPDIR or /tmp).
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+    /// The dircache binary the server runs (`-o serve_command=`; default: this binary).
+    #[arg(long)]
+    pub serve_command: Option<PathBuf>,
+    /// Give up on one run after this many seconds (the run's process is killed).
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+}
+
+/// The hidden loop's arguments (`dircache bench remote-loop`).
+#[derive(clap::Args)]
+pub struct LoopArgs {
+    /// stat | open-read
+    #[arg(long)]
+    pub mode: String,
+    /// Directory to chdir into first.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// The paths are expected not to exist (stat): fail if one does.
+    #[arg(long)]
+    pub missing: bool,
+    /// File with one path (relative to --dir) per line.
+    pub list: PathBuf,
+}
+
+/// `dircache bench remote-loop`: stat (lstat) or open+read+close each listed path once;
+/// prints the seconds the loop took.
+pub fn run_loop(a: LoopArgs) -> Result<i32> {
+    let list = fs::read_to_string(&a.list).with_context(|| format!("{}", a.list.display()))?;
+    let paths: Vec<&str> = list.lines().filter(|l| !l.is_empty()).collect();
+    std::env::set_current_dir(&a.dir).with_context(|| format!("chdir {}", a.dir.display()))?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut wrong = 0usize;
+    let t = Instant::now();
+    match a.mode.as_str() {
+        "stat" => {
+            for p in &paths {
+                let exists = fs::symlink_metadata(p).is_ok();
+                if exists == a.missing {
+                    wrong += 1;
+                }
+            }
+        }
+        "open-read" => {
+            for p in &paths {
+                match fs::File::open(p) {
+                    Ok(mut f) => while f.read(&mut buf)? > 0 {},
+                    Err(_) => wrong += 1,
+                }
+            }
+        }
+        m => bail!("unknown mode {m}"),
+    }
+    let secs = t.elapsed().as_secs_f64();
+    if wrong > 0 {
+        bail!(
+            "{wrong} of {} paths were {}",
+            paths.len(),
+            if a.missing { "present" } else { "missing" }
+        );
+    }
+    println!("{secs}");
+    Ok(0)
+}
+
+// ---------------------------------------------------------------------------------- signals
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// SIGINT/SIGTERM set [`STOP`]; the bench checks it between runs and unwinds (dropping every
+/// mount, process and temporary directory) instead of dying with them in place.
+fn catch_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installs an async-signal-safe handler (one atomic store); the sigaction
+        // struct is zeroed and then filled in.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+fn check_stop() -> Result<()> {
+    if STOP.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------- systems
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sys {
+    Native,
+    Sshfs,
+    SshfsCache,
+    Dircache,
+}
+
+impl Sys {
+    const ALL: [Sys; 4] = [Sys::Native, Sys::Sshfs, Sys::SshfsCache, Sys::Dircache];
+
+    fn name(self) -> &'static str {
+        match self {
+            Sys::Native => "native",
+            Sys::Sshfs => "sshfs",
+            Sys::SshfsCache => "sshfs-cache",
+            Sys::Dircache => "dircache",
+        }
+    }
+}
+
+/// One system: where the workloads see the served directory, its mount and proxy.
+struct System {
+    sys: Sys,
+    dir: PathBuf,
+    mnt: Option<PathBuf>,
+    proxy: Option<DelayProxy>,
+    mount: Option<ChildMount>,
+    /// Why this system has no results (mount failed).
+    unavailable: Option<String>,
+}
+
+struct Env {
+    exe: PathBuf,
+    serve: PathBuf,
+    src: PathBuf,
+    work: PathBuf,
+    sshd: Option<Sshd>,
+    timeout: Duration,
+}
+
+impl Env {
+    /// The mount command of `sys` through `port`.
+    fn mount_cmd(&self, sys: Sys, port: u16, mnt: &Path) -> Result<Command> {
+        let sshd = self.sshd.as_ref().ok_or_else(|| anyhow!("no sshd"))?;
+        Ok(match sys {
+            Sys::Sshfs => sshd.sshfs(port, &self.src, mnt, &[]),
+            Sys::SshfsCache => sshd.sshfs(port, &self.src, mnt, &["kernel_cache", "dir_cache=yes"]),
+            Sys::Dircache => {
+                // The CLI contract of issue 10: sshfs-style options, ssh options passed through.
+                let mut c = Command::new(&self.exe);
+                c.arg("mount")
+                    .arg(format!("{}:{}", sshd.destination(), self.src.display()))
+                    .arg(mnt)
+                    .arg("-f")
+                    .arg("-o")
+                    .arg(format!("serve_command={}", self.serve.display()));
+                for o in sshd.mount_options(port) {
+                    c.arg("-o").arg(o);
+                }
+                c
+            }
+            Sys::Native => bail!("native is not a mount"),
+        })
+    }
+
+    fn mount(&self, s: &mut System) -> Result<()> {
+        let (Some(mnt), Some(proxy)) = (&s.mnt, &s.proxy) else {
+            return Ok(());
+        };
+        if let Some(mut m) = s.mount.take() {
+            m.stop();
+        }
+        let cmd = self.mount_cmd(s.sys, proxy.port(), mnt)?;
+        let log = self.work.join(format!("{}.log", s.sys.name()));
+        let m = ChildMount::start(cmd, mnt, &log, Duration::from_secs(60))
+            .map_err(|e| anyhow!("{}: {e}", s.sys.name()))?;
+        s.mount = Some(m);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------- workloads
+
+enum Action {
+    /// A program; `{D}` is replaced by the system's view of the served directory, `{X}` by
+    /// this binary.
+    Cmd(Vec<&'static str>),
+    /// The hidden loop: mode, list file (in the work dir), paths missing.
+    Loop(&'static str, &'static str, bool),
+}
+
+struct Workload {
+    name: String,
+    action: Action,
+    /// Operations per run (loops), for a per-operation figure.
+    ops: usize,
+    /// Needs a git work tree.
+    git: bool,
+}
+
+fn workloads(loop_n: usize) -> Vec<Workload> {
+    let w = |name: &str, args: Vec<&'static str>| Workload {
+        name: name.to_string(),
+        action: Action::Cmd(args),
+        ops: 1,
+        git: false,
+    };
+    let mut git = w(
+        "git status",
+        vec![
+            "git",
+            "-C",
+            "{D}",
+            "--no-optional-locks",
+            "-c",
+            "core.checkStat=minimal",
+            "-c",
+            "core.trustctime=false",
+            "status",
+            "--porcelain",
+        ],
+    );
+    git.git = true;
+    vec![
+        w("find", vec!["find", "{D}"]),
+        w("du -s", vec!["du", "-s", "{D}"]),
+        w("ls -lR", vec!["ls", "-lR", "{D}"]),
+        git,
+        Workload {
+            name: format!("stat hit x{loop_n}"),
+            action: Action::Loop("stat", "hit.list", false),
+            ops: loop_n,
+            git: false,
+        },
+        Workload {
+            name: format!("stat miss x{loop_n}"),
+            action: Action::Loop("stat", "miss.list", true),
+            ops: loop_n,
+            git: false,
+        },
+        Workload {
+            name: format!("open+read x{loop_n}"),
+            action: Action::Loop("open-read", "hit.list", false),
+            ops: loop_n,
+            git: false,
+        },
+        w("find -name '*.c'", vec!["find", "{D}", "-name", "*.c"]),
+        w("search '*.c'", vec!["{X}", "search", "{D}", "*.c"]),
+    ]
+}
+
+/// Generate a source-like tree of about `entries` entries with a git repository (one commit,
+/// three files changed since) in `dir`.
+fn generate(dir: &Path, entries: usize) -> Result<()> {
+    // A module: its directory, a Makefile, 8 parts of 60 files.
+    let (parts, files) = (8, 60);
+    let per_module = 2 + parts * (1 + files);
+    let modules = entries.div_ceil(per_module).max(1);
+    tree::source_tree(dir, "src", modules, parts, files)?;
+    fs::write(dir.join("README"), "a generated source-like tree\n")?;
+    let git = |args: &[&str]| -> Result<()> {
+        let o = Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args([
+                "-c",
+                "user.name=bench",
+                "-c",
+                "user.email=bench@example.invalid",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .context("running git")?;
+        if !o.status.success() {
+            bail!("git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        Ok(())
+    };
+    git(&["init", "-q"])?;
+    git(&["add", "-A"])?;
+    git(&["commit", "-q", "-m", "initial import"])?;
+    git(&["gc", "-q"])?;
+    for i in 0..3.min(modules) {
+        fs::write(
+            dir.join(format!("src/module{i:02}/Makefile")),
+            format!("obj-y += changed{i}.o\n"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Walk `root` natively: (entries, regular files up to 64 KiB, directories), relative paths,
+/// `.git` skipped.
+fn survey(root: &Path) -> Result<(usize, Vec<String>, Vec<String>)> {
+    let mut entries = 0;
+    let mut files = Vec::new();
+    let mut dirs = vec![String::new()];
+    let mut i = 0;
+    while i < dirs.len() {
+        let rel = dirs[i].clone();
+        i += 1;
+        let mut names: Vec<(String, fs::FileType, u64)> = Vec::new();
+        for e in fs::read_dir(root.join(&rel))? {
+            let e = e?;
+            let md = e.metadata()?;
+            names.push((
+                e.file_name().to_string_lossy().into_owned(),
+                md.file_type(),
+                md.len(),
+            ));
+        }
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        for (n, ft, len) in names {
+            entries += 1;
+            let p = if rel.is_empty() {
+                n.clone()
+            } else {
+                format!("{rel}/{n}")
+            };
+            if ft.is_dir() && n != ".git" {
+                dirs.push(p);
+            } else if ft.is_file() && len <= 64 << 10 && !p.contains('\n') {
+                files.push(p);
+            }
+        }
+    }
+    Ok((entries, files, dirs))
+}
+
+/// `n` items of `v` spread evenly over it.
+fn spread<T: Clone>(v: &[T], n: usize) -> Vec<T> {
+    if v.is_empty() {
+        return Vec::new();
+    }
+    (0..n.min(v.len()))
+        .map(|i| v[i * v.len() / n.min(v.len())].clone())
+        .collect()
+}
+
+fn drop_caches() -> Result<()> {
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    fs::write("/proc/sys/vm/drop_caches", "3\n").context("echo 3 > /proc/sys/vm/drop_caches")
+}
+
+/// Run `cmd` with a time limit: (wall seconds, stdout). The child is killed by PID when the
+/// limit passes or the bench is interrupted.
+fn timed(mut cmd: Command, limit: Duration) -> Result<(f64, std::process::Output)> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let r = child.wait_with_output();
+        let took = t0.elapsed().as_secs_f64();
+        let _ = tx.send((took, r));
+    });
+    let deadline = Instant::now() + limit;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok((took, r)) => {
+                let _ = waiter.join();
+                return Ok((took, r?));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if Instant::now() >= deadline || STOP.load(Ordering::SeqCst) {
+                    if let Ok(p) = i32::try_from(pid) {
+                        // SAFETY: kill(2) of our own child by PID (not yet reaped: the waiter
+                        // has not returned).
+                        unsafe { libc::kill(p, libc::SIGKILL) };
+                    }
+                    let _ = rx.recv();
+                    let _ = waiter.join();
+                    check_stop()?;
+                    bail!("{cmd:?} did not finish within {limit:?}");
+                }
+            }
+            Err(e) => bail!("waiting for {cmd:?}: {e}"),
+        }
+    }
+}
+
+struct RunResult {
+    secs: f64,
+    traffic: Option<Traffic>,
+    lines: usize,
+}
+
+fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunResult> {
+    check_stop()?;
+    if cold {
+        env.mount(s)?;
+        drop_caches()?;
+    }
+    let d = s.dir.to_string_lossy().into_owned();
+    let exe = env.exe.to_string_lossy().into_owned();
+    let cmd = match &w.action {
+        Action::Cmd(args) => {
+            let prog = args[0].replace("{X}", &exe);
+            let mut c = Command::new(&prog);
+            c.args(args[1..].iter().map(|a| a.replace("{D}", &d)));
+            c
+        }
+        Action::Loop(mode, list, missing) => {
+            let mut c = Command::new(&env.exe);
+            c.args(["bench", "remote-loop", "--mode", mode, "--dir", &d]);
+            if *missing {
+                c.arg("--missing");
+            }
+            c.arg(env.work.join(list));
+            c
+        }
+    };
+    if cold {
+        // drop_caches evicted the program too: load it again (for every system alike), so
+        // "cold" means a cold file system, not a cold program.
+        let _ = Command::new(cmd.get_program())
+            .arg("--version")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    let before = s.proxy.as_ref().map(DelayProxy::traffic);
+    let (wall, out) = timed(cmd, env.timeout)?;
+    let traffic = match (&s.proxy, before) {
+        (Some(p), Some(b)) => Some(p.traffic().since(&b)),
+        _ => None,
+    };
+    if !out.status.success() {
+        bail!(
+            "{} on {}: {} {}",
+            w.name,
+            s.sys.name(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let secs = match w.action {
+        Action::Loop(..) => {
+            let so = String::from_utf8_lossy(&out.stdout);
+            so.trim()
+                .parse::<f64>()
+                .map_err(|_| anyhow!("remote-loop printed {so:?}"))?
+        }
+        Action::Cmd(_) => wall,
+    };
+    Ok(RunResult {
+        secs,
+        traffic,
+        lines: out.stdout.as_slice().lines().count(),
+    })
+}
+
+struct Row {
+    workload: String,
+    system: &'static str,
+    rtt_ms: f64,
+    cache: &'static str,
+    times: Vec<f64>,
+    round_trips: Vec<u64>,
+    bytes: Vec<u64>,
+    ops: usize,
+    lines: Option<usize>,
+    error: Option<String>,
+}
+
+/// "1ms", "500us", "0.5", "2s" → seconds; a bare number is milliseconds.
+fn parse_rtt(s: &str) -> Result<Duration> {
+    let s = s.trim();
+    let (num, mult) = if let Some(v) = s.strip_suffix("us") {
+        (v, 1e-6)
+    } else if let Some(v) = s.strip_suffix("ms") {
+        (v, 1e-3)
+    } else if let Some(v) = s.strip_suffix('s') {
+        (v, 1.0)
+    } else {
+        (s, 1e-3)
+    };
+    let x: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| anyhow!("bad --rtt value {s:?} (e.g. 0, 500us, 1ms, 5ms)"))?;
+    if !(0.0..=10.0).contains(&(x * mult)) {
+        bail!("--rtt {s}: between 0 and 10 s");
+    }
+    Ok(Duration::from_secs_f64(x * mult))
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    let note = |s: &str| eprintln!("bench remote: {s}");
+    let runs = a.runs.unwrap_or(if a.quick { 2 } else { 3 }).max(1);
+    let rtts: Vec<Duration> = a.rtt.iter().map(|s| parse_rtt(s)).collect::<Result<_>>()?;
+    let loop_n = a.loop_paths.unwrap_or(if a.quick { 300 } else { 2_000 });
+    let entries = a.entries.unwrap_or(if a.quick { 3_000 } else { 80_000 });
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        note("not root: mounts and drop_caches will probably fail");
+    }
+    catch_signals();
+    let base = TempDir::new("bench-remote", a.base.as_deref())?;
+    let src = match &a.src {
+        Some(s) => fs::canonicalize(s).with_context(|| format!("{}", s.display()))?,
+        None => {
+            let s = base.path().join("served");
+            note(&format!(
+                "generating a tree of about {entries} entries in {}",
+                s.display()
+            ));
+            generate(&s, entries)?;
+            s
+        }
+    };
+    let (n_entries, files, dirs) = survey(&src)?;
+    let hit = spread(&files, loop_n);
+    let miss: Vec<String> = spread(&dirs, loop_n.min(dirs.len().max(1)))
+        .iter()
+        .cycle()
+        .take(loop_n)
+        .enumerate()
+        .map(|(i, d)| {
+            if d.is_empty() {
+                format!("no-such-file-{i}.c")
+            } else {
+                format!("{d}/no-such-file-{i}.c")
+            }
+        })
+        .collect();
+    fs::write(base.path().join("hit.list"), hit.join("\n") + "\n")?;
+    fs::write(base.path().join("miss.list"), miss.join("\n") + "\n")?;
+    let has_git = src.join(".git").exists();
+    note(&format!(
+        "tree {}: {n_entries} entries, {} small files, {} directories{}",
+        src.display(),
+        files.len(),
+        dirs.len(),
+        if has_git { ", git work tree" } else { "" }
+    ));
+    let exe = std::env::current_exe()?;
+    let want = |s: Sys| a.systems.is_empty() || a.systems.iter().any(|x| x == s.name());
+    let remote_wanted = Sys::ALL[1..].iter().any(|s| want(*s));
+    let sshd = if remote_wanted {
+        if !sshd_available() {
+            bail!("openssh-server is not installed (apt-get install openssh-server sshfs)");
+        }
+        note("starting sshd on loopback");
+        Some(Sshd::start_in(base.path()).map_err(|e| anyhow!("sshd: {e}"))?)
+    } else {
+        None
+    };
+    let env = Env {
+        serve: a.serve_command.clone().unwrap_or_else(|| exe.clone()),
+        exe,
+        src: src.clone(),
+        work: base.path().to_path_buf(),
+        sshd,
+        timeout: Duration::from_secs(a.timeout.max(1)),
+    };
+    let result = bench(&a, &env, runs, &rtts, loop_n, has_git);
+    // Unmount (systems dropped inside `bench`), stop sshd, then remove the tree.
+    drop(env);
+    let rows = result?;
+    if let Some(f) = &a.json_out {
+        fs::write(f, serde_json::to_string_pretty(&json_rows(&rows))? + "\n")
+            .with_context(|| format!("{}", f.display()))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&json_rows(&rows))?);
+    } else {
+        print_table(&rows, runs, n_entries);
+    }
+    Ok(0)
+}
+
+fn bench(
+    a: &Args,
+    env: &Env,
+    runs: usize,
+    rtts: &[Duration],
+    loop_n: usize,
+    has_git: bool,
+) -> Result<Vec<Row>> {
+    let note = |s: &str| eprintln!("bench remote: {s}");
+    let want = |s: Sys| a.systems.is_empty() || a.systems.iter().any(|x| x == s.name());
+    let mut systems: Vec<System> = Vec::new();
+    for sys in Sys::ALL {
+        if !want(sys) {
+            continue;
+        }
+        if sys == Sys::Native {
+            systems.push(System {
+                sys,
+                dir: env.src.clone(),
+                mnt: None,
+                proxy: None,
+                mount: None,
+                unavailable: None,
+            });
+            continue;
+        }
+        if (sys == Sys::Sshfs || sys == Sys::SshfsCache) && which("sshfs").is_none() {
+            note("sshfs not installed (apt-get install sshfs): no sshfs rows");
+            continue;
+        }
+        let sshd = env.sshd.as_ref().ok_or_else(|| anyhow!("no sshd"))?;
+        let mnt = env.work.join(format!("mnt-{}", sys.name()));
+        let proxy = DelayProxy::start(("127.0.0.1", sshd.port()), Duration::ZERO)?;
+        let mut s = System {
+            sys,
+            dir: mnt.clone(),
+            mnt: Some(mnt),
+            proxy: Some(proxy),
+            mount: None,
+            unavailable: None,
+        };
+        if let Err(e) = env.mount(&mut s) {
+            let msg: String = format!("{e:#}").chars().take(300).collect();
+            note(&format!("{} unavailable: {msg}", sys.name()));
+            s.unavailable = Some(msg);
+        }
+        systems.push(s);
+    }
+    if systems.is_empty() {
+        bail!("no system to run on");
+    }
+    let wls: Vec<Workload> = workloads(loop_n)
+        .into_iter()
+        .filter(|w| has_git || !w.git)
+        .filter(|w| a.only.is_empty() || a.only.iter().any(|o| w.name.contains(o.as_str())))
+        .collect();
+    let mut rows: Vec<Row> = Vec::new();
+    for &rtt in rtts {
+        for s in &systems {
+            if let Some(p) = &s.proxy {
+                p.set_delay(rtt / 2);
+            }
+        }
+        let rtt_ms = stats::round(rtt.as_secs_f64() * 1e3, 3);
+        for w in &wls {
+            note(&format!(
+                "rtt {rtt_ms} ms: {} ({runs} runs x {} systems x cold/warm)",
+                w.name,
+                systems.len()
+            ));
+            for cache in ["cold", "warm"] {
+                let cold = cache == "cold";
+                let first = rows.len();
+                for s in &systems {
+                    rows.push(Row {
+                        workload: w.name.clone(),
+                        system: s.sys.name(),
+                        rtt_ms,
+                        cache,
+                        times: vec![],
+                        round_trips: vec![],
+                        bytes: vec![],
+                        ops: w.ops,
+                        lines: None,
+                        error: s.unavailable.as_ref().map(|u| format!("unavailable: {u}")),
+                    });
+                }
+                if !cold {
+                    for (i, s) in systems.iter_mut().enumerate() {
+                        if rows[first + i].error.is_some() {
+                            continue;
+                        }
+                        match run_once(env, s, w, false) {
+                            Ok(r) => rows[first + i].lines = Some(r.lines),
+                            Err(e) => {
+                                check_stop()?;
+                                rows[first + i].error = Some(format!("{e:#}"));
+                            }
+                        }
+                    }
+                }
+                for r in 0..runs {
+                    let n = systems.len();
+                    for k in 0..n {
+                        let i = (k + r) % n;
+                        if rows[first + i].error.is_some() {
+                            continue;
+                        }
+                        match run_once(env, &mut systems[i], w, cold) {
+                            Ok(res) => {
+                                let row = &mut rows[first + i];
+                                row.times.push(res.secs);
+                                row.lines.get_or_insert(res.lines);
+                                if let Some(t) = res.traffic {
+                                    row.round_trips.push(t.round_trips());
+                                    row.bytes.push(t.bytes());
+                                }
+                            }
+                            Err(e) => {
+                                check_stop()?;
+                                note(&format!("{e:#}"));
+                                rows[first + i].error = Some(format!("{e:#}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Unmount and stop the proxies before printing.
+    drop(systems);
+    Ok(rows)
+}
+
+fn median_u64(v: &[u64]) -> u64 {
+    let f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
+    stats::median(&f).round() as u64
+}
+
+fn native_median(rows: &[Row], r: &Row) -> Option<f64> {
+    rows.iter()
+        .find(|n| {
+            n.system == "native"
+                && n.workload == r.workload
+                && n.cache == r.cache
+                && n.rtt_ms == r.rtt_ms
+                && !n.times.is_empty()
+        })
+        .map(|n| stats::median(&n.times))
+}
+
+fn json_rows(rows: &[Row]) -> Vec<serde_json::Value> {
+    rows
+        .iter()
+        .map(|r| {
+            let has = !r.times.is_empty();
+            let med = stats::median(&r.times);
+            let mut o = json!({
+                "workload": r.workload,
+                "system": r.system,
+                "rtt_ms": r.rtt_ms,
+                "cache": r.cache,
+                "median_s": if has { json!(med) } else { json!(null) },
+                "min_s": if has { json!(stats::min(&r.times)) } else { json!(null) },
+                "max_s": if has { json!(stats::max(&r.times)) } else { json!(null) },
+                "runs": r.times.len(),
+                "ops": r.ops,
+                "ratio_to_native": match native_median(rows, r) {
+                    Some(n) if has && n > 0.0 => json!(stats::round(med / n, 3)),
+                    _ => json!(null),
+                },
+                "round_trips": if r.round_trips.is_empty() { json!(null) } else { json!(median_u64(&r.round_trips)) },
+                "bytes": if r.bytes.is_empty() { json!(null) } else { json!(median_u64(&r.bytes)) },
+                "output_lines": r.lines,
+            });
+            if let (Some(e), Some(m)) = (&r.error, o.as_object_mut()) {
+                m.insert("error".into(), json!(e));
+            }
+            o
+        })
+        .collect()
+}
+
+fn human_bytes(b: u64) -> String {
+    if b >= 10 << 20 {
+        format!("{}M", b >> 20)
+    } else if b >= 10 << 10 {
+        format!("{}k", b >> 10)
+    } else {
+        format!("{b}")
+    }
+}
+
+fn print_table(rows: &[Row], runs: usize, entries: usize) {
+    println!(
+        "dircache bench remote: {entries}-entry tree over ssh on loopback through a delay \
+         proxy; median of {runs} interleaved runs; x = ratio to native; rt = round trips \
+         (client-to-server bursts), B = bytes both ways (medians); load average at end {}",
+        super::lookup::loadavg()
+    );
+    let mut by: BTreeMap<(u64, usize, &str), Vec<&Row>> = BTreeMap::new();
+    let mut order: Vec<String> = Vec::new();
+    for r in rows {
+        if !order.contains(&r.workload) {
+            order.push(r.workload.clone());
+        }
+    }
+    for r in rows {
+        let w = order.iter().position(|o| *o == r.workload).unwrap_or(0);
+        by.entry(((r.rtt_ms * 1000.0) as u64, w, r.cache))
+            .or_default()
+            .push(r);
+    }
+    let mut unavailable: BTreeMap<&str, String> = BTreeMap::new();
+    let mut last_rtt = None;
+    for ((rtt_us, w, cache), rs) in &by {
+        if last_rtt != Some(*rtt_us) {
+            println!("\nRTT {} ms", *rtt_us as f64 / 1000.0);
+            last_rtt = Some(*rtt_us);
+        }
+        let native = rs
+            .iter()
+            .find(|r| r.system == "native" && !r.times.is_empty())
+            .map(|r| stats::median(&r.times));
+        let native_lines = rs
+            .iter()
+            .find(|r| r.system == "native")
+            .and_then(|r| r.lines);
+        let mut line = format!("{:<20} {:<4}", order[*w], cache);
+        for r in rs {
+            if let Some(e) = &r.error {
+                if let Some(u) = e.strip_prefix("unavailable: ") {
+                    unavailable.insert(r.system, u.to_string());
+                    line.push_str(&format!(" | {} unavailable", r.system));
+                } else {
+                    let short: String = e.chars().take(60).collect();
+                    line.push_str(&format!(" | {}: ERROR {short}", r.system));
+                }
+                continue;
+            }
+            let med = stats::median(&r.times);
+            let mut cell = if r.ops > 1 {
+                format!(" | {} {:.1}us/op", r.system, med / r.ops as f64 * 1e6)
+            } else {
+                format!(" | {} {:.3}s", r.system, med)
+            };
+            if let Some(n) = native {
+                if r.system != "native" && n > 0.0 {
+                    cell.push_str(&format!(" {:.1}x", med / n));
+                }
+            }
+            if !r.round_trips.is_empty() {
+                cell.push_str(&format!(
+                    " rt {} B {}",
+                    median_u64(&r.round_trips),
+                    human_bytes(median_u64(&r.bytes))
+                ));
+            }
+            if let (Some(l), Some(n)) = (r.lines, native_lines) {
+                if l != n {
+                    cell.push_str(&format!(" (output {l} lines, native {n})"));
+                }
+            }
+            line.push_str(&cell);
+        }
+        println!("{line}");
+    }
+    for (s, why) in unavailable {
+        println!("\n{s} unavailable: {why}");
+    }
+    print_targets(rows);
+}
+
+/// Issue 10's targets, judged on the dircache rows.
+fn print_targets(rows: &[Row]) {
+    let find = |w: &str, sys: &str, rtt: f64, cache: &str| -> Option<&Row> {
+        rows.iter().find(|r| {
+            r.workload == w
+                && r.system == sys
+                && r.rtt_ms == rtt
+                && r.cache == cache
+                && !r.times.is_empty()
+        })
+    };
+    let med = |r: &Row| stats::median(&r.times);
+    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
+    if !rows
+        .iter()
+        .any(|r| r.system == "dircache" && !r.times.is_empty())
+    {
+        println!("\ntargets (issue 10): no dircache rows, nothing to judge");
+        return;
+    }
+    println!("\ntargets (issue 10):");
+    let mut rtts: Vec<f64> = rows.iter().map(|r| r.rtt_ms).collect();
+    rtts.sort_by(f64::total_cmp);
+    rtts.dedup();
+    let metadata = ["find", "du -s", "ls -lR", "git status"];
+    if rtts.contains(&1.0) {
+        let mut parts = Vec::new();
+        let mut ok = true;
+        for w in metadata {
+            if let (Some(d), Some(s)) = (
+                find(w, "dircache", 1.0, "cold"),
+                find(w, "sshfs", 1.0, "cold"),
+            ) {
+                let x = med(s) / med(d);
+                ok &= x >= 20.0;
+                parts.push(format!("{w} {x:.1}x"));
+            }
+        }
+        if !parts.is_empty() {
+            println!(
+                "  {} cold metadata at 1 ms RTT >= 20x faster than sshfs: {}",
+                verdict(ok),
+                parts.join(", ")
+            );
+        }
+    } else {
+        println!("  (no 1 ms RTT run: cold metadata vs sshfs not judged; use --rtt 1ms)");
+    }
+    for &rtt in &rtts {
+        let mut over = Vec::new();
+        let mut trips = Vec::new();
+        let mut judged = 0;
+        for r in rows
+            .iter()
+            .filter(|r| r.system == "dircache" && r.rtt_ms == rtt && r.cache == "warm")
+        {
+            let Some(n) = find(&r.workload, "native", rtt, "warm") else {
+                continue;
+            };
+            if r.times.is_empty() {
+                over.push(format!("{} no result", r.workload));
+                continue;
+            }
+            judged += 1;
+            let x = med(r) / med(n);
+            if x > 1.2 {
+                over.push(format!("{} {x:.2}x", r.workload));
+            }
+            let rt = median_u64(&r.round_trips);
+            if rt > 0 {
+                trips.push(format!("{} {rt}", r.workload));
+            }
+        }
+        println!(
+            "  {} warm at {rtt} ms RTT within 1.2x native, zero round trips: {judged} judged; over: [{}]; round trips: [{}]",
+            verdict(over.is_empty() && trips.is_empty() && judged > 0),
+            over.join(", "),
+            trips.join(", ")
+        );
+    }
+    if rtts.contains(&5.0) {
+        for cache in ["cold", "warm"] {
+            let w = rows
+                .iter()
+                .find(|r| r.workload.starts_with("search"))
+                .map(|r| r.workload.clone());
+            let f = rows
+                .iter()
+                .find(|r| r.workload.starts_with("find -name"))
+                .map(|r| r.workload.clone());
+            if let (Some(w), Some(f)) = (w, f) {
+                if let (Some(d), Some(s)) = (
+                    find(&w, "dircache", 5.0, cache),
+                    find(&f, "sshfs", 5.0, cache),
+                ) {
+                    let x = med(s) / med(d);
+                    println!(
+                        "  {} {cache} delegated search at 5 ms RTT >= 50x faster than find over sshfs: {x:.1}x",
+                        verdict(x >= 50.0)
+                    );
+                }
+            }
+        }
+    } else {
+        println!("  (no 5 ms RTT run: delegated search not judged; use --rtt 5ms)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rtt_values() {
+        assert_eq!(parse_rtt("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_rtt("1ms").unwrap(), Duration::from_millis(1));
+        assert_eq!(parse_rtt("5").unwrap(), Duration::from_millis(5));
+        assert_eq!(parse_rtt("500us").unwrap(), Duration::from_micros(500));
+        assert_eq!(parse_rtt("0.5s").unwrap(), Duration::from_millis(500));
+        assert!(parse_rtt("fast").is_err());
+        assert!(parse_rtt("-1ms").is_err());
+    }
+
+    #[test]
+    fn spread_picks_evenly() {
+        let v: Vec<usize> = (0..10).collect();
+        assert_eq!(spread(&v, 5), vec![0, 2, 4, 6, 8]);
+        assert_eq!(spread(&v, 20), v);
+        assert!(spread::<usize>(&[], 3).is_empty());
+    }
+}
