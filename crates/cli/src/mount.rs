@@ -37,6 +37,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   fsname=NAME, source=NAME   source shown in /proc/mounts [SRC]
   context=, fscontext=, defcontext=, rootcontext=  SELinux labels (kernel options)
   threads=N                  FUSE request threads, 1..=1024 [4]
+  prefetch=N / noprefetch    threads listing subdirectories one level ahead of a tree
+                             walk (cold find, du, ls -R), 1..=64 [2]
   entry_timeout=SECS         kernel entry TTL, 0..=31536000 [86400]
   attr_timeout=SECS          kernel attribute TTL, 0..=31536000 [86400]
   negative_timeout=SECS      kernel negative-entry TTL, 0 = none, 0..=31536000 [86400]
@@ -301,7 +303,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "negative_timeout" | "readdirplus" | "noreaddirplus" | "cache_dir"
                 | "nocache_dir" | "opendir" | "noopendir" | "keep_cache" | "nokeep_cache"
                 | "passthrough" | "nopassthrough" | "acl" | "noacl" | "security_xattrs"
-                | "nosecurity_xattrs" => {
+                | "nosecurity_xattrs" | "prefetch" | "noprefetch" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -329,6 +331,11 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         };
         match k.as_str() {
             "threads" => p.threads = num(v.unwrap_or(""), &k, MAX_THREADS)?,
+            "prefetch" => p.prefetch_threads = num(v.unwrap_or(""), &k, 64)?,
+            "noprefetch" => {
+                boolean(v)?;
+                p.prefetch_threads = 0
+            }
             "max_open_per_user" => {
                 p.max_open_per_user = num(v.unwrap_or(""), &k, MAX_OPEN_PER_USER)?
             }
@@ -808,6 +815,12 @@ mod tests {
         assert_eq!(o.max_entries, Some(1000));
         assert_eq!(o.socket, Some(PathBuf::from("/tmp/x.sock")));
         assert_eq!(o.fsname.as_deref(), Some("foo"));
+        assert_eq!(p("prefetch=3").unwrap().policy.prefetch_threads, 3);
+        assert_eq!(p("noprefetch").unwrap().policy.prefetch_threads, 0);
+        assert_eq!(parse_options(&[]).unwrap().policy.prefetch_threads, 2);
+        assert!(p("prefetch=0").is_err());
+        assert!(p("prefetch=65").is_err());
+        assert!(p("noprefetch=1").is_err());
     }
 
     #[test]

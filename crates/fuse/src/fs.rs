@@ -44,6 +44,7 @@ use crate::listings::{Listings, Snapshot, AFTER_DOTDOT};
 use crate::notifier::NotifyMsg;
 use crate::openfds::{FdKey, OpenFds, SharedFd};
 use crate::policy::CachePolicy;
+use crate::prefetch::Prefetcher;
 use crate::stats::{Op, RequestCounters, SOCKET_XATTR};
 use crate::umask::with_caller_umask;
 
@@ -203,6 +204,8 @@ struct CacheFs {
     socket_path: Option<PathBuf>,
     /// The mount is `noatime`: reads through it must not move the backend's atime.
     noatime: bool,
+    /// Lists subdirectories ahead of a walker (cold walks).
+    prefetch: Prefetcher,
 }
 
 /// What the front end needs besides the cache.
@@ -228,6 +231,7 @@ impl DircacheFs {
         let inodes = Arc::new(Inodes::new(&cache));
         let counters = Arc::new(RequestCounters::default());
         let fds = OpenFds::new(policy.max_open_per_user);
+        let prefetch = Prefetcher::new(cache.clone(), policy.prefetch_threads, counters.clone());
         let fs = CacheFs {
             cache,
             policy,
@@ -242,6 +246,7 @@ impl DircacheFs {
             passthrough: false,
             socket_path,
             noatime: false,
+            prefetch,
         };
         (DircacheFs { fs }, FsParts { inodes, counters })
     }

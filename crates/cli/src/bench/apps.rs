@@ -44,9 +44,16 @@ pub struct Args {
     /// Only workloads whose name contains one of these (comma-separated) strings.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-    /// Only these systems (comma-separated: native, bindfs, dircache).
+    /// Only these systems, in this order (comma-separated: native, bindfs, passthrough_hp,
+    /// dircache, or dircache:OPTS for a dircache mount with extra `-o OPTS`, options joined
+    /// with `+`, e.g. dircache:noprefetch+threads=2) [native,bindfs,dircache].
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
+    /// Walk an existing directory instead of the generated tree: only the read-only walks
+    /// run (find, du, ls -lR, updatedb, and git status/diff in the first directory with a
+    /// `.git` found within 3 levels). Nothing in it is changed.
+    #[arg(long)]
+    pub tree: Option<PathBuf>,
     /// Directory to create the temporary tree in (default: $TMPDIR or /tmp).
     #[arg(long)]
     pub base: Option<PathBuf>,
@@ -176,19 +183,68 @@ pub fn stat_loop(a: StatLoopArgs) -> Result<i32> {
 // ---------------------------------------------------------------------------------- systems
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Sys {
+enum Kind {
     Native,
     Bindfs,
+    /// libfuse's example `passthrough_hp` (found on PATH; not packaged by Debian).
+    PassthroughHp,
     Dircache,
 }
 
+/// One system measured: a kind, and for dircache extra `-o` options (a variant such as
+/// `dircache:noprefetch`, named after them).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Sys {
+    kind: Kind,
+    opts: &'static str,
+    label: &'static str,
+}
+
 impl Sys {
-    fn name(self) -> &'static str {
-        match self {
-            Sys::Native => "native",
-            Sys::Bindfs => "bindfs",
-            Sys::Dircache => "dircache",
+    const NATIVE: Sys = Sys::plain(Kind::Native, "native");
+    const BINDFS: Sys = Sys::plain(Kind::Bindfs, "bindfs");
+    const PASSTHROUGH_HP: Sys = Sys::plain(Kind::PassthroughHp, "passthrough_hp");
+    const DIRCACHE: Sys = Sys::plain(Kind::Dircache, "dircache");
+
+    const fn plain(kind: Kind, label: &'static str) -> Sys {
+        Sys {
+            kind,
+            opts: "",
+            label,
         }
+    }
+
+    fn name(self) -> &'static str {
+        self.label
+    }
+
+    /// `native`, `bindfs`, `passthrough_hp`, `dircache` or `dircache:OPTS` (a dircache mount
+    /// with `-o OPTS` in addition, shown as `dircache:OPTS`).
+    fn parse(s: &str) -> Result<Sys> {
+        for k in [Sys::NATIVE, Sys::BINDFS, Sys::PASSTHROUGH_HP, Sys::DIRCACHE] {
+            if s == k.label {
+                return Ok(k);
+            }
+        }
+        match s.strip_prefix("dircache:") {
+            Some(o) if !o.is_empty() => Ok(Sys {
+                kind: Kind::Dircache,
+                // A handful per run, alive until exit.
+                opts: Box::leak(o.replace('+', ",").into_boxed_str()),
+                label: Box::leak(s.to_string().into_boxed_str()),
+            }),
+            _ => bail!(
+                "unknown system {s:?} (native, bindfs, passthrough_hp, dircache, dircache:OPTS)"
+            ),
+        }
+    }
+
+    /// A file name for this system's mount point and log.
+    fn file_name(self) -> String {
+        self.label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect()
     }
 }
 
@@ -221,18 +277,26 @@ impl Mount {
         if is_mounted(mnt) {
             bail!("{} is already a mount point", mnt.display());
         }
-        let mut cmd = match sys {
-            Sys::Bindfs => {
+        let mut cmd = match sys.kind {
+            Kind::Bindfs => {
                 let mut c = Command::new("bindfs");
                 c.arg("-f").arg(src).arg(mnt);
                 c
             }
-            Sys::Dircache => {
-                let mut c = Command::new(std::env::current_exe().context("current_exe")?);
-                c.arg("mount").arg(src).arg(mnt).arg("-f");
+            Kind::PassthroughHp => {
+                let mut c = Command::new("passthrough_hp");
+                c.arg("--foreground").arg(src).arg(mnt);
                 c
             }
-            Sys::Native => bail!("native is not a mount"),
+            Kind::Dircache => {
+                let mut c = Command::new(std::env::current_exe().context("current_exe")?);
+                c.arg("mount").arg(src).arg(mnt).arg("-f");
+                if !sys.opts.is_empty() {
+                    c.arg("-o").arg(sys.opts);
+                }
+                c
+            }
+            Kind::Native => bail!("native is not a mount"),
         };
         let logf = fs::File::create(log)?;
         cmd.stdin(Stdio::null())
@@ -503,17 +567,17 @@ fn workloads(quick: bool) -> Vec<Workload> {
         w(
             "find -name",
             Prep::None,
-            vec!["find", "{D}/tree", "-name", "*.h"],
+            vec!["find", "{W}", "-name", "*.h"],
         ),
-        w("du -s", Prep::None, vec!["du", "-s", "{D}/tree"]),
-        w("ls -lR", Prep::None, vec!["ls", "-lR", "{D}/tree"]),
+        w("du -s", Prep::None, vec!["du", "-s", "{W}"]),
+        w("ls -lR", Prep::None, vec!["ls", "-lR", "{W}"]),
         w(
             "git status",
             Prep::None,
             vec![
                 "git",
                 "-C",
-                "{D}/tree",
+                "{G}",
                 "--no-optional-locks",
                 "-c",
                 "core.checkStat=minimal",
@@ -527,7 +591,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             vec![
                 "git",
                 "-C",
-                "{D}/tree",
+                "{G}",
                 "--no-optional-locks",
                 "-c",
                 "core.checkStat=minimal",
@@ -539,7 +603,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             Prep::None,
             vec![
                 "find",
-                "{D}/tree",
+                "{W}",
                 "-type",
                 "d",
                 "-printf",
@@ -695,13 +759,50 @@ struct Ctx {
     tar: PathBuf,
     work: PathBuf,
     perf: bool,
+    /// The walked tree and the git work tree, relative to SRC ("" = SRC itself).
+    walk_rel: String,
+    git_rel: String,
+}
+
+/// `dir` joined with `rel` (`dir` itself for an empty `rel`), as a string.
+fn join_rel(dir: &Path, rel: &str) -> String {
+    if rel.is_empty() {
+        dir.to_string_lossy().into_owned()
+    } else {
+        dir.join(rel).to_string_lossy().into_owned()
+    }
+}
+
+/// The git work tree below `tree` for the git workloads: `tree` itself or the first
+/// directory found breadth-first (3 levels) that holds `.git`; relative to `tree`.
+fn find_git(tree: &Path) -> Option<String> {
+    let mut level = vec![PathBuf::new()];
+    for _ in 0..3 {
+        let mut next = Vec::new();
+        for rel in level {
+            let d = tree.join(&rel);
+            if d.join(".git").exists() {
+                return Some(rel.to_string_lossy().into_owned());
+            }
+            let Ok(rd) = fs::read_dir(&d) else { continue };
+            let mut subs: Vec<PathBuf> = rd
+                .flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .map(|e| rel.join(e.file_name()))
+                .collect();
+            subs.sort();
+            next.extend(subs);
+        }
+        level = next;
+    }
+    None
 }
 
 /// One measured run of `w` on `s`: (seconds, requests).
 fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<(f64, Option<u64>)> {
     // One scratch directory per system: a change made natively must not race the FUSE
     // daemons' coherence (that is tested elsewhere, not timed here).
-    let scratch = s.dir.join(format!("scratch/run-{}", s.sys.name()));
+    let scratch = s.dir.join(format!("scratch/run-{}", s.sys.file_name()));
     match w.prep {
         Prep::None => {}
         Prep::Empty => {
@@ -730,7 +831,9 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<(f64,
         unsafe { libc::sync() };
     }
     let sub = |a: &str| -> String {
-        a.replace("{D}", &s.dir.to_string_lossy())
+        a.replace("{W}", &join_rel(&s.dir, &ctx.walk_rel))
+            .replace("{G}", &join_rel(&s.dir, &ctx.git_rel))
+            .replace("{D}", &s.dir.to_string_lossy())
             .replace("{S}", &scratch.to_string_lossy())
             .replace("{T}", &ctx.tar.to_string_lossy())
     };
@@ -835,8 +938,26 @@ pub fn run(a: Args) -> Result<i32> {
         note("not root: mounts, perf -a and drop_caches will probably fail");
     }
     let base = TempDir::new("bench-apps", a.base.as_deref())?;
-    note(&format!("generating the tree in {}", base.path().display()));
-    let (src, tar) = generate(base.path(), a.quick)?;
+    let (src, tar, walk_rel, git_rel) = match &a.tree {
+        Some(t) => {
+            let t = fs::canonicalize(t).with_context(|| format!("--tree {}", t.display()))?;
+            let git = find_git(&t);
+            note(&format!(
+                "walking {} (git work tree: {})",
+                t.display(),
+                git.as_deref()
+                    .map(|g| if g.is_empty() { "." } else { g })
+                    .unwrap_or("none, git workloads skipped")
+            ));
+            (t, PathBuf::new(), String::new(), git.unwrap_or_default())
+        }
+        None => {
+            note(&format!("generating the tree in {}", base.path().display()));
+            let (src, tar) = generate(base.path(), a.quick)?;
+            (src, tar, "tree".to_string(), "tree".to_string())
+        }
+    };
+    let has_git = a.tree.is_none() || src.join(&git_rel).join(".git").exists();
     let perf_ok = Command::new("perf")
         .arg("--version")
         .stdout(Stdio::null())
@@ -851,24 +972,31 @@ pub fn run(a: Args) -> Result<i32> {
         tar,
         work: base.path().to_path_buf(),
         perf: perf_ok,
+        walk_rel,
+        git_rel,
     };
 
-    let want = |s: Sys| a.systems.is_empty() || a.systems.iter().any(|x| x == s.name());
+    let wanted: Vec<Sys> = if a.systems.is_empty() {
+        vec![Sys::NATIVE, Sys::BINDFS, Sys::DIRCACHE]
+    } else {
+        a.systems
+            .iter()
+            .map(|s| Sys::parse(s))
+            .collect::<Result<_>>()?
+    };
     // Declared after `base`, so dropped (unmounted) before the tree is removed.
     let mut systems: Vec<System> = Vec::new();
-    if want(Sys::Native) {
-        systems.push(System {
-            sys: Sys::Native,
-            dir: src.clone(),
-            mount: None,
-        });
-    }
-    for sys in [Sys::Bindfs, Sys::Dircache] {
-        if !want(sys) {
+    for sys in wanted {
+        if sys.kind == Kind::Native {
+            systems.push(System {
+                sys,
+                dir: src.clone(),
+                mount: None,
+            });
             continue;
         }
-        let mnt = base.path().join(format!("mnt-{}", sys.name()));
-        let log = base.path().join(format!("{}.log", sys.name()));
+        let mnt = base.path().join(format!("mnt-{}", sys.file_name()));
+        let log = base.path().join(format!("{}.log", sys.file_name()));
         match Mount::start(sys, &src, &mnt, &log) {
             Ok(m) => systems.push(System {
                 sys,
@@ -886,6 +1014,13 @@ pub fn run(a: Args) -> Result<i32> {
     let wls: Vec<Workload> = workloads(a.quick)
         .into_iter()
         .filter(|w| a.only.is_empty() || a.only.iter().any(|o| w.name.contains(o.as_str())))
+        // An existing tree: only the read-only walks (no scratch, no generated paths).
+        .filter(|w| {
+            a.tree.is_none()
+                || (w.prep == Prep::None
+                    && matches!(w.action, Action::Cmd(_))
+                    && (has_git || !w.name.starts_with("git ")))
+        })
         .collect();
     for w in &wls {
         note(&format!(
@@ -1108,18 +1243,28 @@ fn print_targets(rows: &[Row]) {
             continue;
         };
         judged += 1;
-        let b = med(w, "bindfs", "cold");
-        if d > 2.0 * n || b.map(|b| d >= b).unwrap_or(false) {
+        let peers: Vec<(&str, f64)> = ["bindfs", "passthrough_hp"]
+            .into_iter()
+            .filter_map(|p| med(w, p, "cold").map(|m| (p, m)))
+            .collect();
+        if d > 2.0 * n || peers.iter().any(|(_, b)| d >= *b) {
+            let shown: Vec<String> = peers
+                .iter()
+                .map(|(p, b)| format!("{p} {:.2}x", b / n))
+                .collect();
             bad.push(format!(
                 "{w} {:.2}x{}",
                 d / n,
-                b.map(|b| format!(" (bindfs {:.2}x)", b / n))
-                    .unwrap_or_default()
+                if shown.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", shown.join(", "))
+                }
             ));
         }
     }
     println!(
-        "  {} cold <= 2x native and faster than bindfs: {} of {judged} fail{}",
+        "  {} cold <= 2x native and faster than every FUSE peer run: {} of {judged} fail{}",
         verdict(bad.is_empty()),
         bad.len(),
         if bad.is_empty() {
