@@ -11,7 +11,15 @@
 //! exec and exit included) except for the stat/open/readdir/mkstemp/read loops, which run in a
 //! hidden subcommand of this binary that times its own loop. Requests: `perf stat -e
 //! fuse:fuse_request_send --filter 'connection == <dev of the mount>' -a`, enabled through a
-//! control fifo just around the timed part; null for native.
+//! control fifo just around the timed part; null for native. For dircache mounts the
+//! daemon's own counters (`dircache stats`) also give the requests by kind, read before and
+//! after each run.
+//!
+//! Systems (`--systems`, run in the order given, rotated each round): native, bindfs,
+//! passthrough_hp (libfuse's example, when on PATH) and dircache, also as variants with extra
+//! mount options (`dircache:noprefetch`, `dircache:threads=2+noreaddirplus`), so that each
+//! optimisation can be measured on and off in one interleaved run. `--tree DIR` walks an
+//! existing tree (real content) instead of the generated one: only the read-only walks.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -799,7 +807,27 @@ fn find_git(tree: &Path) -> Option<String> {
 }
 
 /// One measured run of `w` on `s`: (seconds, requests).
-fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<(f64, Option<u64>)> {
+/// FUSE requests by kind a dircache daemon counted (`dircache stats`), 0 for others.
+fn daemon_requests(s: &System) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    let Some(mnt) = s.mount.as_ref().filter(|m| m.sys.kind == Kind::Dircache) else {
+        return m;
+    };
+    let req = json!({"op": "stats"});
+    if let Ok(v) = dircache_fuse::stats::query_mount(&mnt.mnt, &req) {
+        if let Some(o) = v["stats"]["kernel_requests"]["by_kind"].as_object() {
+            for (k, n) in o {
+                m.insert(k.clone(), n.as_u64().unwrap_or(0));
+            }
+        }
+    }
+    m
+}
+
+/// One measured run: seconds, requests (perf), and for dircache the requests by kind.
+type RunResult = (f64, Option<u64>, BTreeMap<String, u64>);
+
+fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<RunResult> {
     // One scratch directory per system: a change made natively must not race the FUSE
     // daemons' coherence (that is tested elsewhere, not timed here).
     let scratch = s.dir.join(format!("scratch/run-{}", s.sys.file_name()));
@@ -879,6 +907,7 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<(f64,
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let kinds0 = daemon_requests(s);
     let perf = match (&s.mount, ctx.perf) {
         (Some(m), true) => Some(PerfCounter::start(&ctx.work, m.connection()?)?),
         _ => None,
@@ -892,6 +921,17 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<(f64,
         Some(p) => Some(p.finish()?),
         None => None,
     };
+    let mut kinds = daemon_requests(s);
+    // A query costs requests of its own (the socket xattr, statfs): counted once in
+    // `kinds`, measured by asking once more.
+    let again = daemon_requests(s);
+    for (k, n) in kinds.iter_mut() {
+        let own = again.get(k).copied().unwrap_or(0).saturating_sub(*n);
+        *n = n
+            .saturating_sub(kinds0.get(k).copied().unwrap_or(0))
+            .saturating_sub(own);
+    }
+    kinds.retain(|_, n| *n > 0);
     let cleanup = if w.prep != Prep::None {
         fs::remove_dir_all(&scratch)
     } else {
@@ -917,7 +957,7 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<(f64,
         }
         Action::Cmd(_) => wall,
     };
-    Ok((secs, requests))
+    Ok((secs, requests, kinds))
 }
 
 struct Row {
@@ -926,6 +966,8 @@ struct Row {
     cache: &'static str,
     times: Vec<f64>,
     requests: Vec<u64>,
+    /// Requests by kind of each run (dircache only).
+    kinds: Vec<BTreeMap<String, u64>>,
     ops: usize,
     error: Option<String>,
 }
@@ -1038,6 +1080,7 @@ pub fn run(a: Args) -> Result<i32> {
                     cache,
                     times: vec![],
                     requests: vec![],
+                    kinds: vec![],
                     ops: w.ops,
                     error: None,
                 });
@@ -1057,7 +1100,8 @@ pub fn run(a: Args) -> Result<i32> {
                         continue;
                     }
                     match run_once(&ctx, &mut systems[i], w, cold) {
-                        Ok((t, req)) => {
+                        Ok((t, req, kinds)) => {
+                            rows[first + i].kinds.push(kinds);
                             rows[first + i].times.push(t);
                             if let Some(q) = req {
                                 rows[first + i].requests.push(q);
@@ -1088,6 +1132,7 @@ pub fn run(a: Args) -> Result<i32> {
                     "min_s": if has { json!(stats::min(&r.times)) } else { json!(null) },
                     "max_s": if has { json!(stats::max(&r.times)) } else { json!(null) },
                     "requests": if r.requests.is_empty() { json!(null) } else { json!(median_u64(&r.requests)) },
+                    "requests_by_kind": if r.kinds.iter().all(|k| k.is_empty()) { json!(null) } else { json!(median_kinds(&r.kinds).into_iter().collect::<BTreeMap<_, _>>()) },
                 });
                 if let (Some(e), Some(m)) = (&r.error, o.as_object_mut()) {
                     m.insert("error".into(), json!(e));
@@ -1102,13 +1147,34 @@ pub fn run(a: Args) -> Result<i32> {
     Ok(0)
 }
 
+/// Median count of each request kind over the runs (a run without a kind counts 0),
+/// largest first.
+fn median_kinds(runs: &[BTreeMap<String, u64>]) -> Vec<(String, u64)> {
+    let mut names: Vec<&String> = runs.iter().flat_map(|m| m.keys()).collect();
+    names.sort();
+    names.dedup();
+    let mut out: Vec<(String, u64)> = names
+        .into_iter()
+        .map(|k| {
+            let v: Vec<u64> = runs
+                .iter()
+                .map(|m| m.get(k).copied().unwrap_or(0))
+                .collect();
+            (k.clone(), median_u64(&v))
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
 fn median_u64(v: &[u64]) -> u64 {
     let f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
     stats::median(&f).round() as u64
 }
 
 fn print_table(rows: &[Row], runs: usize) {
-    println!("dircache bench apps: median of {runs} interleaved runs [min-max]; ratio to native; requests = FUSE requests reaching the daemon (median); load average at end {}", super::lookup::loadavg());
+    println!("dircache bench apps: median of {runs} interleaved runs [min-max]; ratio to native; requests = FUSE requests reaching the daemon (median; for dircache, the most frequent kinds as its own counters saw them); load average at end {}", super::lookup::loadavg());
     let mut by: BTreeMap<(String, &str), Vec<&Row>> = BTreeMap::new();
     let mut order: Vec<(String, &str)> = Vec::new();
     for r in rows {
@@ -1150,6 +1216,15 @@ fn print_table(rows: &[Row], runs: usize) {
             }
             if !r.requests.is_empty() {
                 cell.push_str(&format!(" req {}", median_u64(&r.requests)));
+            }
+            let kinds = median_kinds(&r.kinds);
+            if !kinds.is_empty() {
+                let top: Vec<String> = kinds
+                    .iter()
+                    .take(4)
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect();
+                cell.push_str(&format!(" ({})", top.join(", ")));
             }
             line.push_str(&cell);
         }
