@@ -62,6 +62,9 @@ pub struct Args {
     /// `.git` found within 3 levels). Nothing in it is changed.
     #[arg(long)]
     pub tree: Option<PathBuf>,
+    /// Only this cache state (cold or warm) [both].
+    #[arg(long, value_parser = ["cold", "warm"])]
+    pub cache: Option<String>,
     /// Directory to create the temporary tree in (default: $TMPDIR or /tmp).
     #[arg(long)]
     pub base: Option<PathBuf>,
@@ -1066,11 +1069,15 @@ pub fn run(a: Args) -> Result<i32> {
         .collect();
     for w in &wls {
         note(&format!(
-            "{} ({runs} runs x {} systems x cold/warm)",
+            "{} ({runs} runs x {} systems x {})",
             w.name,
-            systems.len()
+            systems.len(),
+            a.cache.as_deref().unwrap_or("cold/warm")
         ));
         for cache in ["cold", "warm"] {
+            if a.cache.as_deref().is_some_and(|c| c != cache) {
+                continue;
+            }
             let cold = cache == "cold";
             let first = rows.len();
             for s in &systems {
@@ -1270,22 +1277,25 @@ fn print_targets(rows: &[Row]) {
         .filter(|(r, _)| *r > 1.10)
         .map(|(r, w)| format!("{w} {r:.2}x"))
         .collect();
-    println!(
-        "  {} warm <= 1.10x native on every metadata workload: {} of {} over{}{}",
-        verdict(over.is_empty() && missing.is_empty()),
-        over.len(),
-        worst.len(),
-        if over.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", over.join(", "))
-        },
-        if missing.is_empty() {
-            String::new()
-        } else {
-            format!("; no result: {}", missing.join(", "))
-        }
-    );
+    let ran_warm = rows.iter().any(|r| r.cache == "warm");
+    if ran_warm {
+        println!(
+            "  {} warm <= 1.10x native on every metadata workload: {} of {} over{}{}",
+            verdict(over.is_empty() && missing.is_empty()),
+            over.len(),
+            worst.len(),
+            if over.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", over.join(", "))
+            },
+            if missing.is_empty() {
+                String::new()
+            } else {
+                format!("; no result: {}", missing.join(", "))
+            }
+        );
+    }
     // Warm stat of an 8-component path with 0 requests.
     if let Some(r) = rows.iter().find(|r| {
         r.workload.starts_with("stat 8 components") && r.system == "dircache" && r.cache == "warm"
