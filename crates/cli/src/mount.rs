@@ -750,6 +750,14 @@ fn human(s: &serde_json::Value) -> String {
         }
     }
     let _ = writeln!(out, "kernel inodes:  {}", g(s, "kernel_inodes"));
+    let pf = s.get("prefetch").cloned().unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "prefetch:     {} listings ahead of walks, {} dropped, {} pending",
+        g(&pf, "listings"),
+        g(&pf, "dropped"),
+        g(&pf, "pending")
+    );
     let n = s.get("notifier").cloned().unwrap_or_default();
     let _ = writeln!(
         out,
