@@ -1348,16 +1348,18 @@ fn print_targets(rows: &[Row]) {
             ));
         }
     }
-    println!(
-        "  {} cold <= 2x native and faster than every FUSE peer run: {} of {judged} fail{}",
-        verdict(bad.is_empty()),
-        bad.len(),
-        if bad.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", bad.join(", "))
-        }
-    );
+    if judged > 0 {
+        println!(
+            "  {} cold <= 2x native and faster than every FUSE peer run: {} of {judged} fail{}",
+            verdict(bad.is_empty()),
+            bad.len(),
+            if bad.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", bad.join(", "))
+            }
+        );
+    }
     // Sequential read >= 0.9x native throughput.
     if let Some(w) = names.iter().find(|w| w.starts_with("read ")) {
         for cache in ["warm", "cold"] {
