@@ -30,7 +30,9 @@
 //! The core merges the listing under its usual rules (a listing that raced with a change is
 //! not marked complete; invalidation from the change feed applies as for any other fill;
 //! docs/core.md), so the cache holds nothing a foreground fill would not hold. Nothing is
-//! told to the kernel. Directories already complete in the core are skipped.
+//! told to the kernel. Directories already complete in the core are skipped, and a request
+//! for a directory a prefetch thread is listing at that moment waits for that listing (at
+//! most [`MAX_WAIT`]) instead of making a second one; it then takes it from the cache.
 //!
 //! # Cost
 //! The threads are few ([`crate::CachePolicy::prefetch_threads`], default 2) and idle unless a
@@ -38,10 +40,11 @@
 //! listings of directories a walk skips (`find -prune`, an interrupted `ls -R`), at most one
 //! level below what it listed.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::stats::RequestCounters;
 use dircache_core::{AccessPolicy, Cache, Creds, FileType, NodeKind, NodeRef, PosixPolicy};
@@ -73,7 +76,15 @@ struct Shared {
     /// `prefetch_listings`, `prefetch_dropped` and `prefetch_pending` (jobs queued or
     /// running) are counted here.
     counters: Arc<RequestCounters>,
+    /// Directories (dentry ids) a prefetch thread is listing right now, and the signal of
+    /// one finishing: a walker that asks for one of them waits for that listing instead of
+    /// making the same one.
+    inflight: Mutex<HashSet<u64>>,
+    listed: Condvar,
 }
+
+/// How long a request waits for a prefetch of its directory before listing it itself.
+const MAX_WAIT: Duration = Duration::from_secs(2);
 
 /// The prefetch threads of one mount. Dropping it stops and joins them.
 pub struct Prefetcher {
@@ -90,6 +101,8 @@ impl Prefetcher {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             counters,
+            inflight: Mutex::new(HashSet::new()),
+            listed: Condvar::new(),
         });
         let mut handles = Vec::new();
         for i in 0..threads {
@@ -154,6 +167,29 @@ impl Prefetcher {
         }
         drop(q);
         self.shared.wake.notify_all();
+    }
+}
+
+impl Prefetcher {
+    /// If a prefetch thread is listing `dir` right now, wait (at most [`MAX_WAIT`]) until
+    /// it is done, so that the caller's listing is answered from the cache instead of
+    /// being made twice.
+    pub fn wait_for(&self, dir: &NodeRef) {
+        let id = dir.id();
+        let Ok(mut g) = self.shared.inflight.lock() else {
+            return;
+        };
+        let deadline = Instant::now() + MAX_WAIT;
+        while g.contains(&id) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            g = match self.shared.listed.wait_timeout(g, left) {
+                Ok((g, _)) => g,
+                Err(_) => return,
+            };
+        }
     }
 }
 
@@ -224,7 +260,19 @@ fn prefetch(s: &Shared, job: &Job) {
     {
         return;
     }
-    if s.cache.readdir_node(&job.creds, &child, true).is_ok() {
+    let id = child.id();
+    match s.inflight.lock() {
+        Ok(mut g) => {
+            g.insert(id);
+        }
+        Err(_) => return,
+    }
+    let ok = s.cache.readdir_node(&job.creds, &child, true).is_ok();
+    if let Ok(mut g) = s.inflight.lock() {
+        g.remove(&id);
+    }
+    s.listed.notify_all();
+    if ok {
         s.counters.prefetch_listings.fetch_add(1, Ordering::Relaxed);
     }
 }

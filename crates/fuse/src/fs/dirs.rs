@@ -226,6 +226,8 @@ impl CacheFs {
         let ticket = self.listings.ticket();
         let dir = self.node(ino)?;
         let c = self.read_creds(req);
+        // Being listed ahead of us: take that listing rather than make a second one.
+        self.prefetch.wait_for(&dir);
         let l = self.cache.readdir_node(&c, &dir, plus).map_err(errno)?;
         let snap = self.listings.store(ino.0, fh.0, ticket, l);
         if offset <= AFTER_DOTDOT {
