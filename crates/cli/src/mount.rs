@@ -37,6 +37,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   fsname=NAME, source=NAME   source shown in /proc/mounts [SRC]
   context=, fscontext=, defcontext=, rootcontext=  SELinux labels (kernel options)
   threads=N                  FUSE request threads, 1..=1024 [4]
+  prefetch=N / noprefetch    threads listing subdirectories one level ahead of a tree
+                             walk (cold find, du, ls -R), 1..=64 [2]
   entry_timeout=SECS         kernel entry TTL, 0..=31536000 [86400]
   attr_timeout=SECS          kernel attribute TTL, 0..=31536000 [86400]
   negative_timeout=SECS      kernel negative-entry TTL, 0 = none, 0..=31536000 [86400]
@@ -335,7 +337,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "negative_timeout" | "readdirplus" | "noreaddirplus" | "cache_dir"
                 | "nocache_dir" | "opendir" | "noopendir" | "keep_cache" | "nokeep_cache"
                 | "passthrough" | "nopassthrough" | "acl" | "noacl" | "security_xattrs"
-                | "nosecurity_xattrs" | "open" => {
+                | "nosecurity_xattrs" | "open" | "prefetch" | "noprefetch" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -366,6 +368,11 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         };
         match k.as_str() {
             "threads" => p.threads = num(v.unwrap_or(""), &k, MAX_THREADS)?,
+            "prefetch" => p.prefetch_threads = num(v.unwrap_or(""), &k, 64)?,
+            "noprefetch" => {
+                boolean(v)?;
+                p.prefetch_threads = 0
+            }
             "max_open_per_user" => {
                 p.max_open_per_user = num(v.unwrap_or(""), &k, MAX_OPEN_PER_USER)?
             }
@@ -792,6 +799,14 @@ fn human(s: &serde_json::Value) -> String {
         }
     }
     let _ = writeln!(out, "kernel inodes:  {}", g(s, "kernel_inodes"));
+    let pf = s.get("prefetch").cloned().unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "prefetch:     {} listings ahead of walks, {} dropped, {} pending",
+        g(&pf, "listings"),
+        g(&pf, "dropped"),
+        g(&pf, "pending")
+    );
     let n = s.get("notifier").cloned().unwrap_or_default();
     let _ = writeln!(
         out,
@@ -881,6 +896,16 @@ mod tests {
         assert!(o.policy.readdirplus, "explicit options win");
         assert!(!p("").unwrap().policy.bypass);
         assert!(p("bypass=1").is_err());
+    }
+
+    #[test]
+    fn prefetch_option() {
+        assert_eq!(p("prefetch=3").unwrap().policy.prefetch_threads, 3);
+        assert_eq!(p("noprefetch").unwrap().policy.prefetch_threads, 0);
+        assert_eq!(parse_options(&[]).unwrap().policy.prefetch_threads, 2);
+        assert!(p("prefetch=0").is_err());
+        assert!(p("prefetch=65").is_err());
+        assert!(p("noprefetch=1").is_err());
     }
 
     #[test]

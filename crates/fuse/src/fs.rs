@@ -44,6 +44,7 @@ use crate::listings::{Listings, Snapshot, AFTER_DOTDOT};
 use crate::notifier::NotifyMsg;
 use crate::openfds::{FdKey, OpenFds, SharedFd};
 use crate::policy::CachePolicy;
+use crate::prefetch::Prefetcher;
 use crate::stats::{Op, RequestCounters, SOCKET_XATTR};
 use crate::umask::with_caller_umask;
 
@@ -207,6 +208,8 @@ struct CacheFs {
     /// `open=noopen`: handles of unlinked files the kernel may still have open, by nodeid
     /// (`fs/noopen.rs`).
     orphans: parking_lot::Mutex<HashMap<u64, u64>>,
+    /// Lists subdirectories ahead of a walker (cold walks).
+    prefetch: Prefetcher,
 }
 
 /// What the front end needs besides the cache.
@@ -232,6 +235,7 @@ impl DircacheFs {
         let inodes = Arc::new(Inodes::new(&cache));
         let counters = Arc::new(RequestCounters::default());
         let fds = OpenFds::new(policy.max_open_per_user);
+        let prefetch = Prefetcher::new(cache.clone(), policy.prefetch_threads, counters.clone());
         let fs = CacheFs {
             cache,
             policy,
@@ -247,6 +251,7 @@ impl DircacheFs {
             socket_path,
             noatime: false,
             orphans: Default::default(),
+            prefetch,
         };
         (DircacheFs { fs }, FsParts { inodes, counters })
     }

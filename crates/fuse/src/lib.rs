@@ -44,6 +44,7 @@ mod listings;
 pub mod notifier;
 mod openfds;
 pub mod policy;
+pub mod prefetch;
 pub mod stats;
 mod umask;
 

@@ -35,7 +35,12 @@
 //!   fetch, not one per chunk. It is dropped when a stream reaches the end (a later resume
 //!   of another stream then fetches once more; the newest ticket stays as a watermark, so a
 //!   slow fetch that began before some stream started cannot come back as the shared
-//!   snapshot) and when the kernel forgets the directory.
+//!   snapshot) and when the kernel forgets the directory. What stays of it is its last
+//!   cookie: the kernel's closing request of that stream (at that cookie, answered with no
+//!   entries) is answered empty as the dropped snapshot would answer it, instead of fetching
+//!   the whole listing again to find nothing after it (one fetch per listing, not two).
+//!   Any stream resuming there started before that snapshot was taken (a later start
+//!   fetches a newer one, which replaces the marker), so the invariant above holds.
 //!
 //! Both tables are lock-free maps (papaya) keyed by handle or node id: no global mutex.
 
@@ -83,11 +88,15 @@ impl Snapshot {
 }
 
 /// The handle-0 snapshot of one directory: `ticket` is the newest ever stored (kept when
-/// the snapshot is dropped at the end of a stream).
+/// the snapshot is dropped at the end of a stream). `end`: the last cookie of the dropped
+/// snapshot (AFTER_DOTDOT if it was empty), so the kernel's closing request at that offset
+/// (the one that finds nothing more) is answered as that snapshot would answer it, empty,
+/// without fetching the whole listing again.
 #[derive(Clone)]
 struct Shared {
     ticket: u64,
     snapshot: Option<Arc<Snapshot>>,
+    end: Option<u64>,
 }
 
 /// The state of one stream opened with OPENDIR.
@@ -164,10 +173,17 @@ impl Listings {
                 return s.snapshot.clone();
             }
         }
-        self.shared
-            .pin()
-            .get(&nodeid)
-            .and_then(|s| s.snapshot.clone())
+        let shared = self.shared.pin();
+        let s = shared.get(&nodeid)?;
+        match (&s.snapshot, s.end) {
+            (Some(snap), _) => Some(snap.clone()),
+            // Past the end of the newest snapshot, which a stream already finished: that
+            // snapshot has nothing more to serve.
+            (None, Some(end)) if end == offset => Some(Arc::new(Snapshot {
+                entries: Vec::new(),
+            })),
+            (None, _) => None,
+        }
     }
 
     /// A ticket to take before fetching a listing (see [`Listings::store`]).
@@ -199,6 +215,7 @@ impl Listings {
         let new = Shared {
             ticket,
             snapshot: Some(snap.clone()),
+            end: None,
         };
         self.shared.pin().update_or_insert(
             nodeid,
@@ -224,6 +241,7 @@ impl Listings {
             Some(s) if Arc::ptr_eq(s, snap) => Shared {
                 ticket: old.ticket,
                 snapshot: None,
+                end: Some(snap.entries.last().map_or(AFTER_DOTDOT, |(c, _)| *c)),
             },
             _ => old.clone(),
         });
@@ -292,6 +310,46 @@ mod tests {
         // Offset 0 always fetches.
         let _ = l.store(3, 0, l.ticket(), vec![entry("x")]);
         assert!(l.resume(3, 0, 0).is_none());
+    }
+
+    #[test]
+    fn the_closing_request_after_a_finished_stream_needs_no_fetch() {
+        let l = Listings::new();
+        let s = l.store(4, 0, l.ticket(), vec![entry("a"), entry("b"), entry("c")]);
+        let last = s.entries()[2].0;
+        l.finished(4, 0, &s);
+        // At the last cookie served: nothing more, without a fetch.
+        let got = l.resume(4, 0, last).expect("answered without a fetch");
+        assert!(got.entries().is_empty());
+        // Anywhere else it fetches, as before.
+        assert!(l.resume(4, 0, s.entries()[0].0).is_none());
+        assert!(l.resume(4, 0, 0).is_none());
+        // A newer listing (a stream started since) replaces the marker.
+        let t = l.store(
+            4,
+            0,
+            l.ticket(),
+            vec![entry("a"), entry("b"), entry("c"), entry("d")],
+        );
+        let got = l.resume(4, 0, last).expect("the newer snapshot");
+        assert!(Arc::ptr_eq(&got, &t));
+        l.finished(4, 0, &t);
+        let tlast = t.entries()[3].0;
+        assert!(l.resume(4, 0, tlast).expect("end").entries().is_empty());
+        if tlast != last {
+            assert!(l.resume(4, 0, last).is_none());
+        }
+        // An empty directory ends right after "..".
+        let e = l.store(5, 0, l.ticket(), vec![]);
+        l.finished(5, 0, &e);
+        assert!(l
+            .resume(5, 0, AFTER_DOTDOT)
+            .expect("end")
+            .entries()
+            .is_empty());
+        // The kernel forgetting the directory forgets the marker.
+        l.forget_dir(5);
+        assert!(l.resume(5, 0, AFTER_DOTDOT).is_none());
     }
 
     #[test]

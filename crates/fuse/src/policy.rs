@@ -67,6 +67,9 @@ pub struct CachePolicy {
     pub security_xattrs: bool,
     /// Request threads (fuser `n_threads`, each with its own cloned /dev/fuse descriptor).
     pub threads: usize,
+    /// Background threads that list the subdirectories of a directory a walker just listed,
+    /// one level ahead of it (`prefetch.rs`); 0 turns prefetching off.
+    pub prefetch_threads: usize,
     /// Descriptors of open files one uid may make the daemon hold (opens of the same file
     /// with the same access by the same caller share one). 0: half of what the process limit
     /// leaves after a reserve for the daemon itself. Past it the caller gets EMFILE.
@@ -94,6 +97,7 @@ impl Default for CachePolicy {
             posix_acl: true,
             security_xattrs: false,
             threads: 4,
+            prefetch_threads: 2,
             max_open_per_user: 0,
             bypass: false,
         }
@@ -141,6 +145,7 @@ impl CachePolicy {
             posix_acl: false,
             security_xattrs: true,
             threads: 4,
+            prefetch_threads: 0,
             max_open_per_user: 0,
             bypass: false,
         }

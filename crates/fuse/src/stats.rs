@@ -108,6 +108,11 @@ pub struct RequestCounters {
     pub passthrough_opens: AtomicU64,
     /// POSIX ACL fetches answered from the daemon's memo of known absences (no syscall).
     pub acl_memo_hits: AtomicU64,
+    /// Listings fetched ahead of a walker by the prefetch threads (`prefetch.rs`),
+    /// prefetch jobs dropped because the queue was full, and jobs queued or running.
+    pub prefetch_listings: AtomicU64,
+    pub prefetch_dropped: AtomicU64,
+    pub prefetch_pending: AtomicU64,
 }
 
 impl Default for RequestCounters {
@@ -121,6 +126,9 @@ impl Default for RequestCounters {
             changes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
             acl_memo_hits: AtomicU64::new(0),
+            prefetch_listings: AtomicU64::new(0),
+            prefetch_dropped: AtomicU64::new(0),
+            prefetch_pending: AtomicU64::new(0),
         }
     }
 }
@@ -184,6 +192,11 @@ impl StatsSource {
                 "negative_lookups": r.negative_lookups.load(Ordering::Relaxed),
                 "passthrough_opens": r.passthrough_opens.load(Ordering::Relaxed),
                 "acl_memo_hits": r.acl_memo_hits.load(Ordering::Relaxed),
+            },
+            "prefetch": {
+                "listings": r.prefetch_listings.load(Ordering::Relaxed),
+                "dropped": r.prefetch_dropped.load(Ordering::Relaxed),
+                "pending": r.prefetch_pending.load(Ordering::Acquire),
             },
             "kernel_inodes": (self.kernel_inodes)(),
             "notifier": {

@@ -112,8 +112,10 @@ fn background_mount_stats_and_sigterm() {
     let s = run(&["stats", mnt.to_str().unwrap()]);
     assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
     assert!(String::from_utf8_lossy(&s.stdout).contains("kernel requests"));
+    assert!(String::from_utf8_lossy(&s.stdout).contains("prefetch:"));
     let j = run(&["stats", "--json", mnt.to_str().unwrap()]);
     let v: serde_json::Value = serde_json::from_slice(&j.stdout).expect("json");
+    assert!(v["prefetch"]["listings"].is_u64(), "{v}");
     assert!(
         v["kernel_requests"]["by_kind"]["lookup"]
             .as_u64()

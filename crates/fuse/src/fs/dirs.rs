@@ -258,7 +258,18 @@ impl CacheFs {
         let ticket = self.listings.ticket();
         let dir = self.node(ino)?;
         let c = self.read_creds(req);
+        // Being listed ahead of us: take that listing rather than make a second one.
+        self.prefetch.wait_for(&dir);
         let l = self.cache.readdir_node(&c, &dir, plus).map_err(errno)?;
-        Ok(self.listings.store(ino.0, fh.0, ticket, l))
+        let snap = self.listings.store(ino.0, fh.0, ticket, l);
+        if offset <= AFTER_DOTDOT {
+            // A new stream: a walker may go into these subdirectories next (prefetch.rs).
+            let subdirs = snap
+                .entries()
+                .iter()
+                .filter_map(|(_, e)| (e.kind == FileType::Directory).then_some(&e.name[..]));
+            self.prefetch.listed(&c, &dir, subdirs);
+        }
+        Ok(snap)
     }
 }
