@@ -1,0 +1,14 @@
+//! # dircache-remote
+//!
+//! Remote trees: the dircache protocol ([`proto`], over [`frame`]s; docs/protocol.md), the
+//! server ([`server::serve`], behind `dircache serve --stdio ROOT`) and the client
+//! ([`client::RemoteBackend`], a [`dircache_core::Backend`] the core cache and the FUSE front
+//! end serve like any other).
+
+pub mod client;
+pub mod frame;
+pub mod proto;
+pub mod server;
+
+pub use client::{ChildTransport, RemoteBackend, Transport};
+pub use server::{serve, ServerConfig};
