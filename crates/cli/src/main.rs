@@ -3,7 +3,9 @@
 mod bench;
 mod demo;
 mod mount;
+mod remote;
 mod search;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +30,8 @@ enum Cmd {
     Stats(mount::StatsArgs),
     /// Find files by pattern across directories in one call.
     Search(search::SearchArgs),
+    /// Serve directory ROOT to a remote mount over stdin/stdout (started by ssh).
+    Serve(serve::ServeArgs),
     /// Benchmarks (side by side, medians).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -44,6 +48,7 @@ fn main() {
         Cmd::Mount(a) => mount::run_mount(a),
         Cmd::Stats(a) => mount::run_stats(a),
         Cmd::Search(a) => search::run(a),
+        Cmd::Serve(a) => serve::run(a),
         Cmd::Bench(b) => bench::run(b),
     };
     match code {

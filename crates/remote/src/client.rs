@@ -408,6 +408,19 @@ impl RemoteBackend {
     }
 }
 
+/// The calling thread's umask, sent with creations: the FUSE front end sets a request thread's
+/// umask to its caller's around a creation (in a private fs context), as it does for the local
+/// backend, whose file system applies it there; here the server's must.
+fn thread_umask() -> u32 {
+    // SAFETY: umask(2) has no memory effects. Reading it means setting it: a thread with a
+    // private fs context (the FUSE request threads that set a caller's umask) races with no
+    // one; threads sharing the daemon's context see its umask, 0, set back at once.
+    let old = unsafe { libc::umask(0) };
+    // SAFETY: as above; puts back what was there.
+    unsafe { libc::umask(old) };
+    old as u32
+}
+
 fn target(t: &XattrTarget<'_>) -> Target {
     Target {
         path: t.path.to_vec(),
@@ -522,6 +535,7 @@ impl Backend for RemoteBackend {
                 path: path.to_vec(),
                 mode,
                 rdev,
+                umask: thread_umask(),
             },
         )?)
     }
@@ -532,6 +546,7 @@ impl Backend for RemoteBackend {
             Request::Mkdir {
                 path: path.to_vec(),
                 mode,
+                umask: thread_umask(),
             },
         )?)
     }
@@ -617,6 +632,11 @@ impl Backend for RemoteBackend {
                 path: path.to_vec(),
                 flags,
                 mode,
+                umask: if flags & libc::O_CREAT != 0 {
+                    thread_umask()
+                } else {
+                    0
+                },
             },
         )?;
         self.file(r)

@@ -159,16 +159,20 @@ pub enum Request {
         #[serde(with = "serde_bytes")]
         path: Vec<u8>,
     },
+    /// Creations carry the caller's `umask`: the server's file system applies it unless the
+    /// parent directory has a default ACL (as for a local caller).
     Mknod {
         #[serde(with = "serde_bytes")]
         path: Vec<u8>,
         mode: u32,
         rdev: u64,
+        umask: u32,
     },
     Mkdir {
         #[serde(with = "serde_bytes")]
         path: Vec<u8>,
         mode: u32,
+        umask: u32,
     },
     Symlink {
         #[serde(with = "serde_bytes")]
@@ -237,6 +241,7 @@ pub enum Request {
         path: Vec<u8>,
         flags: i32,
         mode: u32,
+        umask: u32,
     },
     OpenVerified {
         target: Target,

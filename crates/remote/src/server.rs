@@ -103,7 +103,7 @@ pub fn serve<R, W>(
     cfg: ServerConfig,
 ) -> Result<(), ProtoError>
 where
-    R: Read + Send,
+    R: Read,
     W: Write + Send + 'static,
 {
     let (out_tx, out_rx) = bounded::<Vec<u8>>(256);
@@ -296,8 +296,15 @@ fn answer(s: &Shared, job: Job) {
         Request::Lookup { dir, name } => b.lookup(&dir, &name).map(Reply::Attr),
         Request::Getattr { path } => b.getattr(&path).map(Reply::Attr),
         Request::Readlink { path } => b.readlink(&path).map(Reply::Data),
-        Request::Mknod { path, mode, rdev } => b.mknod(&cred, &path, mode, rdev).map(Reply::Attr),
-        Request::Mkdir { path, mode } => b.mkdir(&cred, &path, mode).map(Reply::Attr),
+        Request::Mknod {
+            path,
+            mode,
+            rdev,
+            umask,
+        } => with_umask(mode, umask, |m| b.mknod(&cred, &path, m, rdev)).map(Reply::Attr),
+        Request::Mkdir { path, mode, umask } => {
+            with_umask(mode, umask, |m| b.mkdir(&cred, &path, m)).map(Reply::Attr)
+        }
         Request::Symlink { target, path } => b.symlink(&cred, &target, &path).map(Reply::Attr),
         Request::Link { old, new } => b.link(&cred, &old, &new).map(Reply::Attr),
         Request::Unlink { path } => b.unlink(&cred, &path).map(|()| Reply::Unit),
@@ -328,9 +335,12 @@ fn answer(s: &Shared, job: Job) {
         } => b
             .fsyncdir(&cred, target(&t), datasync)
             .map(|()| Reply::Unit),
-        Request::Open { path, flags, mode } => {
-            b.open(&cred, &path, flags, mode).and_then(|f| opened(s, f))
-        }
+        Request::Open {
+            path,
+            flags,
+            mode,
+            umask,
+        } => with_umask(mode, umask, |m| b.open(&cred, &path, flags, m)).and_then(|f| opened(s, f)),
         Request::OpenVerified { target: t, flags } => b
             .open_verified(&cred, target(&t), flags)
             .and_then(|f| opened(s, f)),
@@ -512,4 +522,34 @@ fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
         }
     }
     flush(&mut batch, true, complete);
+}
+
+thread_local! {
+    /// Whether this worker has a file-system context (umask) of its own: None until tried.
+    static OWN_FS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run creation `f` under the caller's `umask`: with this thread's umask set to it (each
+/// worker unshares its fs context once), so the file system applies it unless the parent has
+/// a default ACL, as for a local caller; without a private context, the umask is applied to
+/// the mode here.
+fn with_umask<T>(mode: u32, umask: u32, f: impl FnOnce(u32) -> T) -> T {
+    let own = OWN_FS.with(|c| {
+        if let Some(v) = c.get() {
+            return v;
+        }
+        // SAFETY: unshare(CLONE_FS) gives this thread a private root, cwd and umask only.
+        let ok = unsafe { libc::unshare(libc::CLONE_FS) } == 0;
+        c.set(Some(ok));
+        ok
+    });
+    if !own {
+        return f(mode & !(umask & 0o777));
+    }
+    // SAFETY: umask changes only this thread's private fs context.
+    let old = unsafe { libc::umask((umask & 0o777) as libc::mode_t) };
+    let r = f(mode);
+    // SAFETY: as above; restores what was there.
+    unsafe { libc::umask(old) };
+    r
 }
