@@ -7,6 +7,8 @@
 //! - `ssh_command=CMD` the ssh program and leading arguments, split at spaces [ssh]
 //! - `port=N` ssh's `-p N`
 //! - `serve_command=PATH` the dircache binary on the remote host [dircache]
+//! - `prefetch=N` directory entries the client may hold from bulk subtree replies, 0 = no bulk
+//!   prefetching [131072] (dircache_remote::prefetch)
 //! - any option whose name starts with a capital letter (`IdentityFile=...`,
 //!   `StrictHostKeyChecking=no`, `ProxyCommand=...`, ...) is an ssh option, passed as
 //!   `-o Key=Value`.
@@ -32,6 +34,8 @@ pub struct Remote {
     pub port: Option<u16>,
     pub ssh_options: Vec<String>,
     pub serve_command: String,
+    /// Entries the client's prefetch buffer holds (0 = no bulk prefetch).
+    pub prefetch: usize,
 }
 
 /// Whether `src` names a remote tree: a `:` before any `/`.
@@ -69,6 +73,7 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
         port: None,
         ssh_options: Vec::new(),
         serve_command: "dircache".into(),
+        prefetch: dircache_remote::ClientConfig::default().prefetch,
     };
     let mut rest = Vec::new();
     for list in lists {
@@ -96,6 +101,13 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
                     )
                 }
                 "serve_command" => r.serve_command = need()?.to_string(),
+                "prefetch" => {
+                    r.prefetch = need()?
+                        .parse()
+                        .ok()
+                        .filter(|&n: &usize| n <= 1 << 24)
+                        .ok_or_else(|| Usage(format!("bad value for -o prefetch: {v:?}")))?
+                }
                 k if k.starts_with(|c: char| c.is_ascii_uppercase()) => {
                     let v = need()?;
                     r.ssh_options.push(format!("{k}={}", v.trim_matches('"')));
@@ -142,7 +154,10 @@ impl Remote {
         tracing::info!("starting {cmd:?}");
         let t = dircache_remote::ChildTransport::spawn(cmd)
             .map_err(|e| anyhow::anyhow!("{}: {e}", self.ssh_command[0]))?;
-        dircache_remote::RemoteBackend::connect(Box::new(t)).map_err(|e| {
+        let cfg = dircache_remote::ClientConfig {
+            prefetch: self.prefetch,
+        };
+        dircache_remote::RemoteBackend::connect_with(Box::new(t), &cfg).map_err(|e| {
             anyhow::anyhow!(
                 "{}:{}: no dircache server: {e} (ssh's own messages, if any, are above)",
                 self.host,

@@ -25,6 +25,7 @@ use dircache_core::{
 use parking_lot::Mutex;
 
 use crate::frame::{read_frame, write_frame};
+use crate::prefetch::{join, Prefetch};
 use crate::proto::{
     decode, encode, features, Bytes, ClientMsg, Hello, ProtoError, Reply, Request, ServerMsg,
     SubtreeDir, Target, WireCred, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
@@ -148,6 +149,7 @@ struct Conn {
     /// Credentials sent with calls that carry none (queries).
     own: WireCred,
     keep: Mutex<Option<Box<dyn Send>>>,
+    prefetch: Mutex<Prefetch>,
     close: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     round_trips: AtomicU64,
 }
@@ -162,6 +164,9 @@ fn eio() -> Error {
 impl Conn {
     /// Send a call; the receiver gets its reply frames, or an error if the connection ends.
     fn start(&self, cred: &WireCred, req: Request) -> Result<Receiver<Frame>> {
+        if req.mutates() {
+            self.prefetch.lock().clear();
+        }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded();
         self.pending.lock().insert(id, tx);
@@ -195,8 +200,14 @@ impl Conn {
     }
 
     fn call_as(&self, cred: &WireCred, req: Request) -> Result<Reply> {
+        let mutates = req.mutates();
         let rx = self.start(cred, req)?;
-        match rx.recv() {
+        let r = rx.recv();
+        if mutates {
+            // Again at the end: a bulk reply read on the server while this ran is not kept.
+            self.prefetch.lock().clear();
+        }
+        match r {
             Ok(Ok((_, Ok(r)))) => Ok(r),
             Ok(Ok((_, Err(errno)))) => Err(Error::from_errno(errno)),
             _ => Err(eio()),
@@ -228,7 +239,17 @@ impl Conn {
                         None => break Some(ProtoError::Unexpected(format!("reply to {id}"))),
                     }
                 }
-                Ok(ServerMsg::Callback(c)) => self.callback(Change::from(c)),
+                Ok(ServerMsg::Callback(c)) => {
+                    let c = Change::from(c);
+                    // The prefetch buffer forgets first, before the cache hears of it.
+                    match &c {
+                        Change::Attr { path } | Change::Entry { path } => {
+                            self.prefetch.lock().touched(path)
+                        }
+                        Change::Inode { .. } | Change::Overflow => self.prefetch.lock().clear(),
+                    }
+                    self.callback(c)
+                }
                 Ok(other) => break Some(ProtoError::Unexpected(format!("{other:?}"))),
                 Err(e) => break Some(e),
             }
@@ -238,6 +259,7 @@ impl Conn {
             Some(e) => tracing::error!("closing the connection to the server: {e}"),
         }
         self.closed.store(true, Ordering::SeqCst);
+        self.prefetch.lock().clear();
         for (_, s) in self.pending.lock().drain() {
             let _ = s.send(Err(()));
         }
@@ -289,6 +311,11 @@ impl Drop for Conn {
 
 impl Drop for RemoteBackend {
     fn drop(&mut self) {
+        tracing::info!(
+            "remote: {} round trips, {} answers from prefetched listings",
+            self.round_trips(),
+            self.prefetch_hits()
+        );
         self.conn.shutdown();
     }
 }
@@ -299,9 +326,31 @@ pub struct RemoteBackend {
     watched: AtomicBool,
 }
 
+/// How a client runs.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Most directory entries the prefetch buffer holds (crate::prefetch); 0 = no bulk
+    /// subtree prefetching.
+    pub prefetch: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> ClientConfig {
+        ClientConfig { prefetch: 131072 }
+    }
+}
+
 impl RemoteBackend {
-    /// Talk to a server over `t`: the handshake, then a reader thread.
+    /// Talk to a server over `t` with the default configuration.
     pub fn connect(t: Box<dyn Transport>) -> std::result::Result<RemoteBackend, ProtoError> {
+        Self::connect_with(t, &ClientConfig::default())
+    }
+
+    /// Talk to a server over `t`: the handshake, then a reader thread.
+    pub fn connect_with(
+        t: Box<dyn Transport>,
+        cfg: &ClientConfig,
+    ) -> std::result::Result<RemoteBackend, ProtoError> {
         let Halves {
             mut read,
             write,
@@ -338,6 +387,15 @@ impl RemoteBackend {
                 groups: Vec::new(),
             },
             keep: Mutex::new(Some(keep)),
+            prefetch: Mutex::new(Prefetch::new(
+                if granted & (features::CALLBACKS | features::SUBTREE)
+                    == features::CALLBACKS | features::SUBTREE
+                {
+                    cfg.prefetch
+                } else {
+                    0
+                },
+            )),
             close: Mutex::new(close),
             round_trips: AtomicU64::new(0),
         });
@@ -360,6 +418,11 @@ impl RemoteBackend {
     /// Calls sent so far (each one round trip; streamed replies count once).
     pub fn round_trips(&self) -> u64 {
         self.conn.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Directory listings and lookups answered from the prefetch buffer so far.
+    pub fn prefetch_hits(&self) -> u64 {
+        self.conn.prefetch.lock().hits
     }
 
     /// Whether the connection has ended.
@@ -458,6 +521,9 @@ fn want_count(r: Reply) -> Result<u64> {
 
 impl Backend for RemoteBackend {
     fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
+        if let Some(r) = self.conn.prefetch.lock().lookup(dir, name) {
+            return r;
+        }
         want_attr(self.conn.call(Request::Lookup {
             dir: dir.to_vec(),
             name: name.to_vec(),
@@ -468,37 +534,78 @@ impl Backend for RemoteBackend {
         if names.is_empty() {
             return Walked::default();
         }
-        let r = self.conn.call(Request::Walk {
-            dir: dir.to_vec(),
-            names: names.iter().map(|n| Bytes(n.to_vec())).collect(),
-        });
-        match r {
-            Ok(Reply::Walked { attrs, error }) if attrs.len() <= names.len() => Walked {
-                error: match error {
-                    Some(e) => Some(Error::from_errno(e)),
-                    None if attrs.len() < names.len() => Some(Error::Os(libc::EPROTO)),
-                    None => None,
-                },
-                attrs,
-            },
-            Ok(_) => Walked {
-                attrs: Vec::new(),
-                error: Some(Error::Os(libc::EPROTO)),
-            },
-            Err(e) => Walked {
-                attrs: Vec::new(),
-                error: Some(e),
-            },
+        // As far as the prefetch buffer knows, then the rest in one round trip.
+        let mut known = Walked::default();
+        let mut at = dir.to_vec();
+        {
+            let mut p = self.conn.prefetch.lock();
+            for (i, name) in names.iter().enumerate() {
+                match p.lookup(&at, name) {
+                    Some(Ok(a)) => {
+                        known.attrs.push(a);
+                        if i + 1 < names.len() && !a.is_dir() {
+                            known.error = Some(Error::NotDir);
+                            return known;
+                        }
+                        at = join(&at, name);
+                    }
+                    Some(Err(e)) => {
+                        known.error = Some(e);
+                        return known;
+                    }
+                    None => break,
+                }
+            }
         }
+        let done = known.attrs.len();
+        if done == names.len() {
+            return known;
+        }
+        let mut rest = self.walk_remote(&at, &names[done..]);
+        known.attrs.append(&mut rest.attrs);
+        known.error = rest.error;
+        known
     }
 
     fn getattr(&self, path: &[u8]) -> Result<Attr> {
+        if !path.is_empty() {
+            let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
+                Some(i) => (&path[..i], &path[i + 1..]),
+                None => (&b""[..], path),
+            };
+            if let Some(r) = self.conn.prefetch.lock().lookup(dir, name) {
+                return r;
+            }
+        }
         want_attr(self.conn.call(Request::Getattr {
             path: path.to_vec(),
         })?)
     }
 
     fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
+        let bulk = {
+            let mut p = self.conn.prefetch.lock();
+            if let Some(l) = p.take(path) {
+                return Ok(l);
+            }
+            p.enabled().then(|| (p.generation(), p.next_budget()))
+        };
+        if let Some((gen, budget)) = bulk {
+            // The whole subtree (bounded) in one round trip: this listing answers the call,
+            // the rest waits in the prefetch buffer.
+            let (dirs, _) = self.subtree(path, budget)?;
+            let mut own = Vec::new();
+            let mut rest = Vec::with_capacity(dirs.len());
+            for d in dirs {
+                if d.dir.is_empty() {
+                    own.extend(d.entries);
+                } else {
+                    rest.push(d);
+                }
+            }
+            self.conn.prefetch.lock().store(gen, path, rest);
+            return Ok(own);
+        }
         let rx = self.conn.start(
             &self.conn.own.clone(),
             Request::Readdir {
@@ -735,6 +842,31 @@ impl Backend for RemoteBackend {
 }
 
 impl RemoteBackend {
+    fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        let r = self.conn.call(Request::Walk {
+            dir: dir.to_vec(),
+            names: names.iter().map(|n| Bytes(n.to_vec())).collect(),
+        });
+        match r {
+            Ok(Reply::Walked { attrs, error }) if attrs.len() <= names.len() => Walked {
+                error: match error {
+                    Some(e) => Some(Error::from_errno(e)),
+                    None if attrs.len() < names.len() => Some(Error::Os(libc::EPROTO)),
+                    None => None,
+                },
+                attrs,
+            },
+            Ok(_) => Walked {
+                attrs: Vec::new(),
+                error: Some(Error::Os(libc::EPROTO)),
+            },
+            Err(e) => Walked {
+                attrs: Vec::new(),
+                error: Some(e),
+            },
+        }
+    }
+
     fn file(&self, r: Reply) -> Result<Box<dyn BackendFile>> {
         match r {
             Reply::Opened { handle, writable } => Ok(Box::new(RemoteFile {

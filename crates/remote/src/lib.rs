@@ -7,8 +7,9 @@
 
 pub mod client;
 pub mod frame;
+pub mod prefetch;
 pub mod proto;
 pub mod server;
 
-pub use client::{ChildTransport, RemoteBackend, Transport};
+pub use client::{ChildTransport, ClientConfig, RemoteBackend, Transport};
 pub use server::{serve, ServerConfig};

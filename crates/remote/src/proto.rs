@@ -291,6 +291,32 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Whether the call may change what a listing or attributes show (everything but the
+    /// queries, reads and syncs).
+    pub fn mutates(&self) -> bool {
+        match self {
+            Request::Walk { .. }
+            | Request::Lookup { .. }
+            | Request::Getattr { .. }
+            | Request::Readdir { .. }
+            | Request::Subtree { .. }
+            | Request::Readlink { .. }
+            | Request::Statfs { .. }
+            | Request::Getxattr { .. }
+            | Request::Listxattr { .. }
+            | Request::Fsyncdir { .. }
+            | Request::Read { .. }
+            | Request::Sync { .. }
+            | Request::Seek { .. }
+            | Request::FileAttr { .. }
+            | Request::Close { .. } => false,
+            Request::Open { flags, .. } => flags & (libc::O_CREAT | libc::O_TRUNC) != 0,
+            _ => true,
+        }
+    }
+}
+
 /// One entry of a [`Reply::Subtree`]: `dir` is the directory's path relative to the request's
 /// `path` (empty for itself).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -30,6 +30,7 @@ use dircache_core::{Backend, BackendFile, Cred, DirEntry, Error, Whence, XattrTa
 use parking_lot::Mutex;
 
 use crate::frame::{encode_frame, read_frame};
+use crate::prefetch::join;
 use crate::proto::{
     decode, encode, features, Callback, ClientMsg, Hello, ProtoError, Reply, Request, ServerMsg,
     SubtreeDir, Target, WireCred, ENTRIES_PER_FRAME, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
@@ -442,17 +443,8 @@ fn stream_entries(s: &Shared, id: u64, entries: Vec<DirEntry>) {
     }
 }
 
-fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(a.len() + 1 + b.len());
-    p.extend_from_slice(a);
-    if !a.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(b);
-    p
-}
-
-/// Breadth-first listing of everything below `root`, at most `budget` entries, streamed in
+/// Breadth-first listing of `root` and everything below it (at most `budget` entries below
+/// `root`, whole directories only), streamed in
 /// frames of at most [`ENTRIES_PER_FRAME`] entries. Directories that cannot be read are
 /// skipped (the client lists them itself when it needs them).
 fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
@@ -491,11 +483,12 @@ fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
             }
             Err(_) => continue,
         };
-        if entries.len() as u64 > left {
+        // The root's own listing always comes; the budget bounds what is below it.
+        if !rel.is_empty() && entries.len() as u64 > left {
             complete = false;
             break;
         }
-        left -= entries.len() as u64;
+        left = left.saturating_sub(entries.len() as u64);
         for e in &entries {
             if e.kind == dircache_core::FileType::Directory {
                 queue.push_back(join(&rel, &e.name));

@@ -93,12 +93,24 @@ fn operations_match_the_local_backend() {
         local.lookup(b"a", b"l").unwrap()
     );
     assert_eq!(r.readlink(b"a/l").unwrap(), b"b/c/f");
-    let mut got = r.readdir(b"a", true).unwrap();
-    let mut want = local.readdir(b"a", true).unwrap();
-    got.sort_by(|x, y| x.name.cmp(&y.name));
-    want.sort_by(|x, y| x.name.cmp(&y.name));
+    // (Access times aside: the listing's bulk prefetch read the directories below it.)
+    let no_atime = |mut v: Vec<dircache_core::DirEntry>| {
+        v.sort_by(|x, y| x.name.cmp(&y.name));
+        for e in &mut v {
+            if let Some(a) = &mut e.attr {
+                a.atime = Default::default();
+            }
+        }
+        v
+    };
+    let got = no_atime(r.readdir(b"a", true).unwrap());
+    let want = no_atime(local.readdir(b"a", true).unwrap());
     assert_eq!(got, want);
-    assert_eq!(r.statfs(b"").unwrap(), local.statfs(b"").unwrap());
+    let (a, b) = (r.statfs(b"").unwrap(), local.statfs(b"").unwrap());
+    assert_eq!(
+        (a.blocks, a.files, a.bsize, a.namelen),
+        (b.blocks, b.files, b.bsize, b.namelen)
+    );
 
     // Mutations.
     let c = me();
@@ -432,4 +444,106 @@ fn calls_in_flight_get_eio_when_the_server_goes_away() {
         Ok(Change::Overflow)
     );
     drop(dir);
+}
+
+/// Bulk subtree prefetching: a whole traversal in one round trip, and the prefetched
+/// listings never answer with what a later change (a callback, or this client's own
+/// mutation) made stale.
+#[test]
+fn prefetched_listings_save_round_trips_and_stay_coherent() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for d in ["a/b/c", "a/d", "e"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    for f in ["a/f", "a/b/g", "a/b/c/h", "e/i"] {
+        std::fs::write(root.join(f), b"x").unwrap();
+    }
+    let (server, r) = client(root);
+    let feed = r.watch().unwrap().expect("callbacks");
+    // A find: list every directory; after the first listing, stats of anything below are
+    // answered from the held listings too.
+    let before = r.round_trips();
+    let mut queue = vec![Vec::<u8>::new()];
+    let mut seen = 0;
+    let mut first = true;
+    while let Some(d) = queue.pop() {
+        for e in r.readdir(&d, true).unwrap() {
+            seen += 1;
+            if e.kind == dircache_core::FileType::Directory {
+                let mut p = d.clone();
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(&e.name);
+                queue.push(p);
+            }
+        }
+        if first {
+            first = false;
+            // (The first listing itself went to the caller, as a cache above would keep it.)
+            assert_eq!(r.walk(b"a", &[b"b", b"c", b"h"]).attrs.len(), 3);
+            let w = r.walk(b"a", &[b"f", b"x"]);
+            assert_eq!((w.attrs.len(), w.error), (1, Some(Error::NotDir)));
+            assert_eq!(r.getattr(b"a/b/g").unwrap().size, 1);
+            assert_eq!(r.lookup(b"a/b", b"nope"), Err(Error::NotFound));
+        }
+    }
+    assert_eq!(seen, 9);
+    assert_eq!(
+        r.round_trips() - before,
+        1,
+        "one bulk call for the whole tree"
+    );
+    assert!(r.prefetch_hits() >= 9);
+
+    // Prefetch again (a second tree walk from `a`'s parent, listings handed over once).
+    let refill = |r: &RemoteBackend| {
+        let _ = r.readdir(b"", true).unwrap();
+    };
+    refill(&r);
+    // A change on the server: once its callback has arrived, the held listing is gone.
+    std::fs::write(root.join("a/b/new"), b"yy").unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match feed.recv_timeout(Duration::from_secs(30)) {
+            Ok(Change::Entry { path }) | Ok(Change::Attr { path }) if path.starts_with(b"a/b") => {
+                break
+            }
+            Ok(Change::Overflow) => break,
+            Ok(_) => {}
+            Err(e) => panic!("no callback: {e}"),
+        }
+        assert!(Instant::now() < end);
+    }
+    let names: Vec<Vec<u8>> = r
+        .readdir(b"a/b", true)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&b"new".to_vec()), "stale prefetched listing");
+    assert_eq!(r.getattr(b"a/b/new").unwrap().size, 2);
+    // This client's own mutation (a root server with fanotify does not echo it back).
+    refill(&r);
+    let c = me();
+    r.mkdir(&c, b"e/made", 0o755).unwrap();
+    let names: Vec<Vec<u8>> = r
+        .readdir(b"e", true)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&b"made".to_vec()), "stale after own mkdir");
+    refill(&r);
+    let f = r.open(&c, b"a/f", libc::O_WRONLY, 0).unwrap();
+    f.write_at(&c, b"longer", 0, false).unwrap();
+    drop(f);
+    assert_eq!(
+        r.lookup(b"a", b"f").unwrap().size,
+        6,
+        "stale size after own write"
+    );
+    drop(r);
+    server.finish().expect("clean end");
 }
