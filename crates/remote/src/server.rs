@@ -90,6 +90,18 @@ fn send(out: &Sender<Vec<u8>>, msg: &ServerMsg) -> bool {
         Ok(f) => out.send(f).is_ok(),
         Err(e) => {
             tracing::error!("cannot encode a reply: {e}");
+            // A reply that cannot be sent still ends its call (EIO), or the client would wait
+            // for it forever.
+            if let ServerMsg::Reply { id, .. } = msg {
+                return send(
+                    out,
+                    &ServerMsg::Reply {
+                        id: *id,
+                        last: true,
+                        body: Err(libc::EIO),
+                    },
+                );
+            }
             false
         }
     }
@@ -452,6 +464,7 @@ fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
     let mut left = budget;
     let mut batch: Vec<SubtreeDir> = Vec::new();
     let mut in_batch = 0usize;
+    let mut in_bytes = 0usize;
     let mut complete = true;
     let flush = |batch: &mut Vec<SubtreeDir>, last: bool, complete: bool| {
         send(
@@ -501,13 +514,20 @@ fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
             });
         }
         for c in entries.chunks(ENTRIES_PER_FRAME) {
-            if in_batch + c.len() > ENTRIES_PER_FRAME && !batch.is_empty() {
+            // Frames stay far below the limit: at most ENTRIES_PER_FRAME entries and about
+            // 1 MiB of names, paths and attributes.
+            let bytes = rel.len() + c.iter().map(|e| e.name.len() + 160).sum::<usize>();
+            if (in_batch + c.len() > ENTRIES_PER_FRAME || in_bytes + bytes > 1 << 20)
+                && !batch.is_empty()
+            {
                 if !flush(&mut batch, false, false) {
                     return;
                 }
                 in_batch = 0;
+                in_bytes = 0;
             }
             in_batch += c.len();
+            in_bytes += bytes;
             batch.push(SubtreeDir {
                 dir: rel.clone(),
                 entries: c.to_vec(),

@@ -547,3 +547,30 @@ fn prefetched_listings_save_round_trips_and_stay_coherent() {
     drop(r);
     server.finish().expect("clean end");
 }
+
+/// Bulk replies stay within the frame limit however long the paths: 3,600 directories
+/// with ~2 KiB paths (about 8 MiB of paths in all) come in many frames, not one too large to
+/// send (which would end the call with EIO).
+#[test]
+fn bulk_replies_with_long_paths_fit_in_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut deep = dir.path().to_path_buf();
+    for i in 0..8 {
+        deep.push(format!("{i}{}", "d".repeat(240)));
+    }
+    for p in ["p", "q"] {
+        std::fs::create_dir_all(deep.join(p)).unwrap();
+        for i in 0..1800 {
+            let d = deep.join(p).join(format!("{i:04}{}", "s".repeat(200)));
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("f"), b"").unwrap();
+        }
+    }
+    let (server, r) = client(dir.path());
+    let (dirs, complete) = r.subtree(b"", 1 << 20).unwrap();
+    assert!(complete);
+    let n: usize = dirs.iter().map(|d| d.entries.len()).sum();
+    assert_eq!(n, 8 + 2 + 3600 + 3600);
+    drop(r);
+    server.finish().expect("clean end");
+}
