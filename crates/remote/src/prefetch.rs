@@ -13,8 +13,9 @@
 //! cache. How:
 //! - Only with the `CALLBACKS` feature (without callbacks nothing could keep it current).
 //! - The reader thread applies each callback here first, synchronously, before queueing it
-//!   for the cache: `Entry`/`Attr` of `p` drop `p`'s parent's listing and every listing at or
-//!   below `p`; `Inode` and `Overflow` drop everything.
+//!   for the cache: `Entry`/`Attr` of `p` drop the listings of `p`'s parent (which names `p`)
+//!   and grandparent (which holds the parent's attributes, moved by an entry change) and every
+//!   listing at or below `p`; `Inode` and `Overflow` drop everything.
 //! - Every callback and every mutation this client sends (at its start and again at its end)
 //!   bumps a generation; a bulk reply is kept only if the generation did not move between
 //!   sending the call and storing the reply (a change racing the server's walk could otherwise
@@ -109,11 +110,17 @@ impl Prefetch {
         self.entries = 0;
     }
 
-    /// A callback or mutation touching `path`: drop its parent's listing and everything at or
-    /// below it.
+    /// A callback touching `path`: drop its parent's and grandparent's listings and everything
+    /// at or below it.
     pub fn touched(&mut self, path: &[u8]) {
         self.gen += 1;
-        self.remove(parent(path));
+        // The parent's listing names `path`; the grandparent's holds the parent's own
+        // attributes (mtime, ctime, link count), which an entry change moves too.
+        let par = parent(path);
+        self.remove(par);
+        if !par.is_empty() {
+            self.remove(parent(par));
+        }
         if path.is_empty() {
             self.listings.clear();
             self.entries = 0;
@@ -230,7 +237,13 @@ mod tests {
             Some(Err(Error::NotFound))
         ));
         assert!(p.lookup(b"r", b"a").is_none(), "not held");
-        // A change to r/a/x drops r/a (its parent) only.
+        // A change to r/a/b/c drops r/a/b (its parent) and r/a (the parent's attributes).
+        p.touched(b"r/a/b/c");
+        assert!(p.lookup(b"r/a/b", b"c").is_none());
+        assert!(p.lookup(b"r/a", b"x").is_none());
+        assert!(p.lookup(b"r/a!", b"y").is_some());
+        let mut p = filled();
+        // A change to r/a/x drops r/a (its parent), not r/a/b.
         p.touched(b"r/a/x");
         assert!(p.lookup(b"r/a", b"x").is_none());
         assert!(p.lookup(b"r/a/b", b"c").is_some());

@@ -524,6 +524,15 @@ fn prefetched_listings_save_round_trips_and_stay_coherent() {
         .collect();
     assert!(names.contains(&b"new".to_vec()), "stale prefetched listing");
     assert_eq!(r.getattr(b"a/b/new").unwrap().size, 2);
+    // The directory's own attributes (held in its parent's listing) moved too.
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(root.join("a/b")).unwrap();
+    let a = r.getattr(b"a/b").unwrap();
+    assert_eq!(
+        (a.mtime.sec, a.mtime.nsec as i64),
+        (m.mtime(), m.mtime_nsec()),
+        "stale mtime"
+    );
     // This client's own mutation (a root server with fanotify does not echo it back).
     refill(&r);
     let c = me();
