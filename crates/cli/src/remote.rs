@@ -7,6 +7,8 @@
 //! - `ssh_command=CMD` the ssh program and leading arguments, split at spaces [ssh]
 //! - `port=N` ssh's `-p N`
 //! - `serve_command=PATH` the dircache binary on the remote host [dircache]
+//! - `reconnect_timeout=SECS` after the connection is lost, how long calls wait while ssh is
+//!   started again (with backoff) before they fail with EIO; 0 = never reconnect [10]
 //! - `prefetch=N` directory entries the client may hold from bulk subtree replies, 0 = no bulk
 //!   prefetching [131072] (dircache_remote::prefetch)
 //! - any option whose name starts with a capital letter (`IdentityFile=...`,
@@ -36,6 +38,8 @@ pub struct Remote {
     pub serve_command: String,
     /// Entries the client's prefetch buffer holds (0 = no bulk prefetch).
     pub prefetch: usize,
+    /// How long calls wait for a new connection after one is lost (0 = no reconnecting).
+    pub reconnect_timeout: std::time::Duration,
 }
 
 /// Whether `src` names a remote tree: a `:` before any `/`.
@@ -74,6 +78,7 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
         ssh_options: Vec::new(),
         serve_command: "dircache".into(),
         prefetch: dircache_remote::ClientConfig::default().prefetch,
+        reconnect_timeout: dircache_remote::ClientConfig::default().reconnect_timeout,
     };
     let mut rest = Vec::new();
     for list in lists {
@@ -101,6 +106,16 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
                     )
                 }
                 "serve_command" => r.serve_command = need()?.to_string(),
+                "reconnect_timeout" => {
+                    r.reconnect_timeout = need()?
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|s| (0.0..=86400.0).contains(s))
+                        .map(std::time::Duration::from_secs_f64)
+                        .ok_or_else(|| {
+                            Usage(format!("bad value for -o reconnect_timeout: {v:?}"))
+                        })?
+                }
                 "prefetch" => {
                     r.prefetch = need()?
                         .parse()
@@ -148,16 +163,23 @@ impl Remote {
         c
     }
 
-    /// Start the server through ssh and do the handshake.
+    /// Start the server through ssh and do the handshake; the same again whenever the
+    /// connection is lost (up to `reconnect_timeout`).
     pub fn connect(&self) -> anyhow::Result<dircache_remote::RemoteBackend> {
-        let cmd = self.command();
-        tracing::info!("starting {cmd:?}");
-        let t = dircache_remote::ChildTransport::spawn(cmd)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", self.ssh_command[0]))?;
         let cfg = dircache_remote::ClientConfig {
             prefetch: self.prefetch,
+            reconnect_timeout: self.reconnect_timeout,
         };
-        dircache_remote::RemoteBackend::connect_with(Box::new(t), &cfg).map_err(|e| {
+        let me = self.clone();
+        let connector: dircache_remote::client::Connector = Box::new(move || {
+            let cmd = me.command();
+            tracing::info!("starting {cmd:?}");
+            let t = dircache_remote::ChildTransport::spawn(cmd).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("{}: {e}", me.ssh_command[0]))
+            })?;
+            Ok(Box::new(t) as Box<dyn dircache_remote::Transport>)
+        });
+        dircache_remote::RemoteBackend::connect_again(connector, &cfg).map_err(|e| {
             anyhow::anyhow!(
                 "{}:{}: no dircache server: {e} (ssh's own messages, if any, are above)",
                 self.host,

@@ -337,13 +337,14 @@ fn server_side_changes_show_through_callbacks() {
     eventually("a rename", || !t.m("d").exists() && t.m("e/f").exists());
 }
 
-/// With the server gone, calls fail (EIO, never a hang) and unmounting works.
+/// With the server gone (and no reconnecting), calls fail (EIO, never a hang) and unmounting
+/// works.
 #[test]
 fn server_killed_gives_errors_and_umount_works() {
     if !can_mount() {
         return;
     }
-    let mut t = RemoteMount::start("");
+    let mut t = RemoteMount::start("reconnect_timeout=0");
     std::fs::write(t.s("f"), b"x").unwrap();
     assert!(t.m("f").exists());
     let pid = t.server_pid();
@@ -358,4 +359,32 @@ fn server_killed_gives_errors_and_umount_works() {
     eventually("the daemon exits after umount", || {
         d.try_wait().is_ok_and(|s| s.is_some())
     });
+}
+
+/// The server killed: the client starts ssh again and carries on; the cache forgot what it
+/// knew (every callback promise broken) and learns the tree again; callbacks flow on the new
+/// connection.
+#[test]
+fn the_client_reconnects_after_the_server_is_killed() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start("reconnect_timeout=30");
+    std::fs::write(t.s("f"), b"one").unwrap();
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), b"one");
+    let first = t.server_pid();
+    // SAFETY: kill(2) of the server process this test started (through the fake ssh).
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    // Changed while no server watched: the reconnected client must not serve "one".
+    std::fs::write(t.s("f"), b"two!").unwrap();
+    std::fs::write(t.s("g"), b"new").unwrap();
+    eventually("a new server", || {
+        std::fs::metadata(t.m("g")).is_ok() && t.server_pid() != first
+    });
+    eventually("what changed meanwhile", || {
+        std::fs::read(t.m("f")).is_ok_and(|d| d == b"two!")
+    });
+    // Callbacks on the new connection.
+    std::fs::write(t.s("h"), b"later").unwrap();
+    eventually("a change after reconnecting", || t.m("h").exists());
 }

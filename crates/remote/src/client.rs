@@ -142,16 +142,17 @@ struct Conn {
     pending: Mutex<HashMap<u64, Slot>>,
     next: AtomicU64,
     closed: AtomicBool,
-    callbacks: Mutex<Option<Sender<Change>>>,
+    /// The change feed (shared by every connection of one backend).
+    callbacks: Arc<Mutex<Option<Sender<Change>>>>,
     /// A callback could not be queued (the feed was full): send Overflow before the next.
-    lost: AtomicBool,
+    lost: Arc<AtomicBool>,
     features: u64,
     /// Credentials sent with calls that carry none (queries).
     own: WireCred,
     keep: Mutex<Option<Box<dyn Send>>>,
-    prefetch: Mutex<Prefetch>,
+    prefetch: Arc<Mutex<Prefetch>>,
     close: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-    round_trips: AtomicU64,
+    round_trips: Arc<AtomicU64>,
 }
 
 /// Callbacks queued for the cache at most; past that they collapse into one Overflow.
@@ -263,9 +264,12 @@ impl Conn {
         for (_, s) in self.pending.lock().drain() {
             let _ = s.send(Err(()));
         }
-        // Every callback promise is broken.
-        if let Some(tx) = self.callbacks.lock().take() {
-            let _ = tx.try_send(Change::Overflow);
+        // Every callback promise is broken: the cache forgets what it knew, and learns it
+        // again from the next connection (Coda's revalidation on reconnect).
+        if let Some(tx) = self.callbacks.lock().as_ref() {
+            if tx.try_send(Change::Overflow).is_err() {
+                self.lost.store(true, Ordering::Relaxed);
+            }
         }
     }
 
@@ -316,14 +320,92 @@ impl Drop for RemoteBackend {
             self.round_trips(),
             self.prefetch_hits()
         );
-        self.conn.shutdown();
+        self.conn.lock().shutdown();
     }
 }
 
+/// The handshake over `t`, then a connection with its reader thread.
+fn new_conn(
+    t: Box<dyn Transport>,
+    cfg: &ClientConfig,
+    callbacks: Arc<Mutex<Option<Sender<Change>>>>,
+    lost: Arc<AtomicBool>,
+    prefetch: Arc<Mutex<Prefetch>>,
+    round_trips: Arc<AtomicU64>,
+) -> std::result::Result<Arc<Conn>, ProtoError> {
+    let Halves {
+        mut read,
+        write,
+        keep,
+        close,
+    } = t.into_halves().map_err(|e| ProtoError::Frame(e.into()))?;
+    let mut writer = BufWriter::with_capacity(256 * 1024, write);
+    let hello = encode(&ClientMsg::Hello(Hello::new(features::ALL)))?;
+    write_frame(&mut writer, &hello, MAX_CLIENT_FRAME)?;
+    writer.flush().map_err(|e| ProtoError::Frame(e.into()))?;
+    let Some(frame) = read_frame(&mut read, MAX_SERVER_FRAME)? else {
+        return Err(ProtoError::Closed);
+    };
+    let granted = match decode::<ServerMsg>(&frame) {
+        Ok(ServerMsg::Hello(h)) => {
+            h.check()?;
+            h.features
+        }
+        Ok(ServerMsg::Refused(why)) => return Err(ProtoError::Refused(why)),
+        Ok(other) => return Err(ProtoError::Unexpected(format!("{other:?}"))),
+        Err(_) => return Err(ProtoError::NotDircache),
+    };
+    {
+        let both = features::CALLBACKS | features::SUBTREE;
+        let mut p = prefetch.lock();
+        p.clear();
+        p.max = if granted & both == both {
+            cfg.prefetch
+        } else {
+            0
+        };
+    }
+    let conn = Arc::new(Conn {
+        writer: Mutex::new(writer),
+        pending: Mutex::new(HashMap::new()),
+        next: AtomicU64::new(1),
+        closed: AtomicBool::new(false),
+        callbacks,
+        lost,
+        features: granted,
+        own: WireCred {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+            groups: Vec::new(),
+        },
+        keep: Mutex::new(Some(keep)),
+        prefetch,
+        close: Mutex::new(close),
+        round_trips,
+    });
+    let c = conn.clone();
+    std::thread::Builder::new()
+        .name("dircache-remote-reader".into())
+        .spawn(move || c.reader(read))
+        .map_err(|e| ProtoError::Frame(e.into()))?;
+    Ok(conn)
+}
+
+/// Starts a new transport to the server (for reconnecting).
+pub type Connector = Box<dyn Fn() -> std::io::Result<Box<dyn Transport>> + Send + Sync>;
+
 /// A [`Backend`] served by a dircache server (module docs).
 pub struct RemoteBackend {
-    conn: Arc<Conn>,
+    conn: Mutex<Arc<Conn>>,
     watched: AtomicBool,
+    callbacks: Arc<Mutex<Option<Sender<Change>>>>,
+    lost: Arc<AtomicBool>,
+    prefetch: Arc<Mutex<Prefetch>>,
+    round_trips: Arc<AtomicU64>,
+    connector: Option<Connector>,
+    cfg: ClientConfig,
+    /// Held while reconnecting: one attempt at a time, the others wait for its outcome.
+    reconnecting: Mutex<()>,
 }
 
 /// How a client runs.
@@ -332,11 +414,17 @@ pub struct ClientConfig {
     /// Most directory entries the prefetch buffer holds (crate::prefetch); 0 = no bulk
     /// subtree prefetching.
     pub prefetch: usize,
+    /// After the connection is lost, how long a call waits for a new one (reconnecting with
+    /// backoff through the [`Connector`]) before it fails with EIO; zero = no reconnecting.
+    pub reconnect_timeout: Duration,
 }
 
 impl Default for ClientConfig {
     fn default() -> ClientConfig {
-        ClientConfig { prefetch: 131072 }
+        ClientConfig {
+            prefetch: 131072,
+            reconnect_timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -346,98 +434,134 @@ impl RemoteBackend {
         Self::connect_with(t, &ClientConfig::default())
     }
 
-    /// Talk to a server over `t`: the handshake, then a reader thread.
+    /// Talk to a server over `t`: the handshake, then a reader thread. No reconnecting.
     pub fn connect_with(
         t: Box<dyn Transport>,
         cfg: &ClientConfig,
     ) -> std::result::Result<RemoteBackend, ProtoError> {
-        let Halves {
-            mut read,
-            write,
-            keep,
-            close,
-        } = t.into_halves().map_err(|e| ProtoError::Frame(e.into()))?;
-        let mut writer = BufWriter::with_capacity(256 * 1024, write);
-        let hello = encode(&ClientMsg::Hello(Hello::new(features::ALL)))?;
-        write_frame(&mut writer, &hello, MAX_CLIENT_FRAME)?;
-        writer.flush().map_err(|e| ProtoError::Frame(e.into()))?;
-        let Some(frame) = read_frame(&mut read, MAX_SERVER_FRAME)? else {
-            return Err(ProtoError::Closed);
-        };
-        let granted = match decode::<ServerMsg>(&frame) {
-            Ok(ServerMsg::Hello(h)) => {
-                h.check()?;
-                h.features
-            }
-            Ok(ServerMsg::Refused(why)) => return Err(ProtoError::Refused(why)),
-            Ok(other) => return Err(ProtoError::Unexpected(format!("{other:?}"))),
-            Err(_) => return Err(ProtoError::NotDircache),
-        };
-        let conn = Arc::new(Conn {
-            writer: Mutex::new(writer),
-            pending: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(1),
-            closed: AtomicBool::new(false),
-            callbacks: Mutex::new(None),
-            lost: AtomicBool::new(false),
-            features: granted,
-            own: WireCred {
-                uid: rustix::process::geteuid().as_raw(),
-                gid: rustix::process::getegid().as_raw(),
-                groups: Vec::new(),
-            },
-            keep: Mutex::new(Some(keep)),
-            prefetch: Mutex::new(Prefetch::new(
-                if granted & (features::CALLBACKS | features::SUBTREE)
-                    == features::CALLBACKS | features::SUBTREE
-                {
-                    cfg.prefetch
-                } else {
-                    0
-                },
-            )),
-            close: Mutex::new(close),
-            round_trips: AtomicU64::new(0),
-        });
-        let c = conn.clone();
-        std::thread::Builder::new()
-            .name("dircache-remote-reader".into())
-            .spawn(move || c.reader(read))
-            .map_err(|e| ProtoError::Frame(e.into()))?;
+        Self::start(t, None, cfg)
+    }
+
+    /// Talk to a server over a transport from `connector`, and to a new one from it whenever
+    /// the connection is lost ([`ClientConfig::reconnect_timeout`]).
+    pub fn connect_again(
+        connector: Connector,
+        cfg: &ClientConfig,
+    ) -> std::result::Result<RemoteBackend, ProtoError> {
+        let t = connector().map_err(|e| ProtoError::Frame(e.into()))?;
+        Self::start(t, Some(connector), cfg)
+    }
+
+    fn start(
+        t: Box<dyn Transport>,
+        connector: Option<Connector>,
+        cfg: &ClientConfig,
+    ) -> std::result::Result<RemoteBackend, ProtoError> {
+        let callbacks = Arc::new(Mutex::new(None));
+        let lost = Arc::new(AtomicBool::new(false));
+        let prefetch = Arc::new(Mutex::new(Prefetch::new(0)));
+        let round_trips = Arc::new(AtomicU64::new(0));
+        let conn = new_conn(
+            t,
+            cfg,
+            callbacks.clone(),
+            lost.clone(),
+            prefetch.clone(),
+            round_trips.clone(),
+        )?;
         Ok(RemoteBackend {
-            conn,
+            conn: Mutex::new(conn),
             watched: AtomicBool::new(false),
+            callbacks,
+            lost,
+            prefetch,
+            round_trips,
+            connector,
+            cfg: cfg.clone(),
+            reconnecting: Mutex::new(()),
         })
+    }
+
+    /// The live connection: the current one, or (after it was lost) a new one, waiting up to
+    /// the reconnect timeout with backoff; EIO when there is none.
+    fn conn(&self) -> Result<Arc<Conn>> {
+        let c = self.conn.lock().clone();
+        if !c.closed.load(Ordering::SeqCst) {
+            return Ok(c);
+        }
+        let Some(connect) = &self.connector else {
+            return Err(eio());
+        };
+        if self.cfg.reconnect_timeout.is_zero() {
+            return Err(eio());
+        }
+        let _one = self.reconnecting.lock();
+        let c = self.conn.lock().clone();
+        if !c.closed.load(Ordering::SeqCst) {
+            return Ok(c);
+        }
+        let deadline = Instant::now() + self.cfg.reconnect_timeout;
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let attempt = connect()
+                .map_err(|e| ProtoError::Frame(e.into()))
+                .and_then(|t| {
+                    new_conn(
+                        t,
+                        &self.cfg,
+                        self.callbacks.clone(),
+                        self.lost.clone(),
+                        self.prefetch.clone(),
+                        self.round_trips.clone(),
+                    )
+                });
+            match attempt {
+                Ok(new) => {
+                    tracing::warn!("reconnected to the server");
+                    *self.conn.lock() = new.clone();
+                    return Ok(new);
+                }
+                Err(e) => {
+                    tracing::warn!("reconnecting: {e}");
+                    if Instant::now() + delay > deadline {
+                        return Err(eio());
+                    }
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
     }
 
     /// The features the server granted.
     pub fn features(&self) -> u64 {
-        self.conn.features
+        self.conn.lock().features
     }
 
     /// Calls sent so far (each one round trip; streamed replies count once).
     pub fn round_trips(&self) -> u64 {
-        self.conn.round_trips.load(Ordering::Relaxed)
+        self.round_trips.load(Ordering::Relaxed)
     }
 
     /// Directory listings and lookups answered from the prefetch buffer so far.
     pub fn prefetch_hits(&self) -> u64 {
-        self.conn.prefetch.lock().hits
+        self.prefetch.lock().hits
     }
 
     /// Whether the connection has ended.
     pub fn is_closed(&self) -> bool {
-        self.conn.closed.load(Ordering::SeqCst)
+        self.conn.lock().closed.load(Ordering::SeqCst)
     }
 
     /// Everything below `path` (at most `budget` entries) in one streamed reply, directory by
     /// directory (paths relative to `path`); `true` when the whole subtree fit.
     pub fn subtree(&self, path: &[u8], budget: u64) -> Result<(Vec<SubtreeDir>, bool)> {
-        if self.conn.features & features::SUBTREE == 0 {
+        if self.conn.lock().features & features::SUBTREE == 0 {
             return Err(Error::NotSupported);
         }
-        let rx = self.conn.start(
-            &self.conn.own.clone(),
+        let c = self.conn()?;
+        let rx = c.start(
+            &c.own.clone(),
             Request::Subtree {
                 path: path.to_vec(),
                 budget,
@@ -464,7 +588,7 @@ impl RemoteBackend {
     }
 
     fn xattrs(&self) -> Result<()> {
-        if self.conn.features & features::XATTRS == 0 {
+        if self.conn.lock().features & features::XATTRS == 0 {
             return Err(XATTR_UNSUPPORTED);
         }
         Ok(())
@@ -521,10 +645,10 @@ fn want_count(r: Reply) -> Result<u64> {
 
 impl Backend for RemoteBackend {
     fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
-        if let Some(r) = self.conn.prefetch.lock().lookup(dir, name) {
+        if let Some(r) = self.prefetch.lock().lookup(dir, name) {
             return r;
         }
-        want_attr(self.conn.call(Request::Lookup {
+        want_attr(self.conn()?.call(Request::Lookup {
             dir: dir.to_vec(),
             name: name.to_vec(),
         })?)
@@ -538,7 +662,7 @@ impl Backend for RemoteBackend {
         let mut known = Walked::default();
         let mut at = dir.to_vec();
         {
-            let mut p = self.conn.prefetch.lock();
+            let mut p = self.prefetch.lock();
             for (i, name) in names.iter().enumerate() {
                 match p.lookup(&at, name) {
                     Some(Ok(a)) => {
@@ -573,18 +697,18 @@ impl Backend for RemoteBackend {
                 Some(i) => (&path[..i], &path[i + 1..]),
                 None => (&b""[..], path),
             };
-            if let Some(r) = self.conn.prefetch.lock().lookup(dir, name) {
+            if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                 return r;
             }
         }
-        want_attr(self.conn.call(Request::Getattr {
+        want_attr(self.conn()?.call(Request::Getattr {
             path: path.to_vec(),
         })?)
     }
 
     fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
         let bulk = {
-            let mut p = self.conn.prefetch.lock();
+            let mut p = self.prefetch.lock();
             if let Some(l) = p.take(path) {
                 return Ok(l);
             }
@@ -603,11 +727,12 @@ impl Backend for RemoteBackend {
                     rest.push(d);
                 }
             }
-            self.conn.prefetch.lock().store(gen, path, rest);
+            self.prefetch.lock().store(gen, path, rest);
             return Ok(own);
         }
-        let rx = self.conn.start(
-            &self.conn.own.clone(),
+        let c = self.conn()?;
+        let rx = c.start(
+            &c.own.clone(),
             Request::Readdir {
                 path: path.to_vec(),
                 plus,
@@ -630,13 +755,13 @@ impl Backend for RemoteBackend {
     }
 
     fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
-        want_data(self.conn.call(Request::Readlink {
+        want_data(self.conn()?.call(Request::Readlink {
             path: path.to_vec(),
         })?)
     }
 
     fn mknod(&self, cred: &Cred, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
-        want_attr(self.conn.call_as(
+        want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Mknod {
                 path: path.to_vec(),
@@ -648,7 +773,7 @@ impl Backend for RemoteBackend {
     }
 
     fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
-        want_attr(self.conn.call_as(
+        want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Mkdir {
                 path: path.to_vec(),
@@ -659,7 +784,7 @@ impl Backend for RemoteBackend {
     }
 
     fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
-        want_attr(self.conn.call_as(
+        want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Symlink {
                 target: target.to_vec(),
@@ -669,7 +794,7 @@ impl Backend for RemoteBackend {
     }
 
     fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr> {
-        want_attr(self.conn.call_as(
+        want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Link {
                 old: old.to_vec(),
@@ -679,7 +804,7 @@ impl Backend for RemoteBackend {
     }
 
     fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
-        want_unit(self.conn.call_as(
+        want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Unlink {
                 path: path.to_vec(),
@@ -688,7 +813,7 @@ impl Backend for RemoteBackend {
     }
 
     fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
-        want_unit(self.conn.call_as(
+        want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Rmdir {
                 path: path.to_vec(),
@@ -697,7 +822,7 @@ impl Backend for RemoteBackend {
     }
 
     fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
-        want_unit(self.conn.call_as(
+        want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Rename {
                 old: old.to_vec(),
@@ -708,7 +833,7 @@ impl Backend for RemoteBackend {
     }
 
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
-        want_attr(self.conn.call_as(
+        want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Setattr {
                 path: path.to_vec(),
@@ -718,7 +843,7 @@ impl Backend for RemoteBackend {
     }
 
     fn statfs(&self, path: &[u8]) -> Result<StatFs> {
-        match self.conn.call(Request::Statfs {
+        match self.conn()?.call(Request::Statfs {
             path: path.to_vec(),
         })? {
             Reply::StatFs(s) => Ok(s),
@@ -733,7 +858,7 @@ impl Backend for RemoteBackend {
         flags: i32,
         mode: u32,
     ) -> Result<Box<dyn BackendFile>> {
-        let r = self.conn.call_as(
+        let r = self.conn()?.call_as(
             &cred.into(),
             Request::Open {
                 path: path.to_vec(),
@@ -755,7 +880,7 @@ impl Backend for RemoteBackend {
         t: XattrTarget<'_>,
         flags: i32,
     ) -> Result<Box<dyn BackendFile>> {
-        let r = self.conn.call_as(
+        let r = self.conn()?.call_as(
             &cred.into(),
             Request::OpenVerified {
                 target: target(&t),
@@ -766,7 +891,7 @@ impl Backend for RemoteBackend {
     }
 
     fn fsyncdir(&self, cred: &Cred, t: XattrTarget<'_>, datasync: bool) -> Result<()> {
-        want_unit(self.conn.call_as(
+        want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Fsyncdir {
                 target: target(&t),
@@ -777,7 +902,7 @@ impl Backend for RemoteBackend {
 
     fn getxattr(&self, cred: &Cred, t: XattrTarget<'_>, name: &[u8]) -> Result<Vec<u8>> {
         self.xattrs()?;
-        want_data(self.conn.call_as(
+        want_data(self.conn()?.call_as(
             &cred.into(),
             Request::Getxattr {
                 target: target(&t),
@@ -789,7 +914,7 @@ impl Backend for RemoteBackend {
     fn listxattr(&self, cred: &Cred, t: XattrTarget<'_>) -> Result<Vec<u8>> {
         self.xattrs()?;
         want_data(
-            self.conn
+            self.conn()?
                 .call_as(&cred.into(), Request::Listxattr { target: target(&t) })?,
         )
     }
@@ -803,7 +928,7 @@ impl Backend for RemoteBackend {
         flags: i32,
     ) -> Result<()> {
         self.xattrs()?;
-        want_unit(self.conn.call_as(
+        want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Setxattr {
                 target: target(&t),
@@ -816,7 +941,7 @@ impl Backend for RemoteBackend {
 
     fn removexattr(&self, cred: &Cred, t: XattrTarget<'_>, name: &[u8]) -> Result<()> {
         self.xattrs()?;
-        want_unit(self.conn.call_as(
+        want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Removexattr {
                 target: target(&t),
@@ -826,26 +951,28 @@ impl Backend for RemoteBackend {
     }
 
     fn watch(&self) -> Result<Option<ChangeFeed>> {
-        if self.conn.features & features::CALLBACKS == 0
+        if self.conn.lock().features & features::CALLBACKS == 0
             || self.watched.swap(true, Ordering::SeqCst)
         {
             return Ok(None);
         }
         let (tx, rx) = bounded(FEED_CAPACITY);
-        if self.conn.closed.load(Ordering::SeqCst) {
+        if self.conn.lock().closed.load(Ordering::SeqCst) {
             let _ = tx.try_send(Change::Overflow);
             return Ok(Some(rx));
         }
-        *self.conn.callbacks.lock() = Some(tx);
+        *self.callbacks.lock() = Some(tx);
         Ok(Some(rx))
     }
 }
 
 impl RemoteBackend {
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
-        let r = self.conn.call(Request::Walk {
-            dir: dir.to_vec(),
-            names: names.iter().map(|n| Bytes(n.to_vec())).collect(),
+        let r = self.conn().and_then(|c| {
+            c.call(Request::Walk {
+                dir: dir.to_vec(),
+                names: names.iter().map(|n| Bytes(n.to_vec())).collect(),
+            })
         });
         match r {
             Ok(Reply::Walked { attrs, error }) if attrs.len() <= names.len() => Walked {
@@ -870,7 +997,7 @@ impl RemoteBackend {
     fn file(&self, r: Reply) -> Result<Box<dyn BackendFile>> {
         match r {
             Reply::Opened { handle, writable } => Ok(Box::new(RemoteFile {
-                conn: self.conn.clone(),
+                conn: self.conn.lock().clone(),
                 handle,
                 writable,
             })),
