@@ -38,6 +38,11 @@ struct RemoteMount {
 
 impl RemoteMount {
     fn start(extra: &str) -> RemoteMount {
+        Self::start_as(extra, None)
+    }
+
+    /// With `as_user`, the server runs as that uid (through setpriv), over an SRC it owns.
+    fn start_as(extra: &str, as_user: Option<u32>) -> RemoteMount {
         let dir = tempfile::Builder::new()
             .prefix("dcremote")
             .tempdir()
@@ -63,8 +68,25 @@ impl RemoteMount {
         )
         .unwrap();
         common::chmod(&fake, 0o755);
+        let serve = match &as_user {
+            None => BIN.to_string(),
+            Some(uid) => {
+                // The server as an ordinary user, owning SRC.
+                let w = dir.path().join("serve-as-user");
+                std::fs::write(
+                    &w,
+                    format!(
+                        "#!/bin/sh\nexec setpriv --reuid={uid} --regid={uid} --clear-groups {BIN} \"$@\"\n"
+                    ),
+                )
+                .unwrap();
+                common::chmod(&w, 0o755);
+                std::os::unix::fs::chown(&src, Some(*uid), Some(*uid)).unwrap();
+                w.display().to_string()
+            }
+        };
         let mut opts = format!(
-            "ssh_command={},serve_command={BIN},port=2222,IdentityFile=/nonexistent/id",
+            "ssh_command={},serve_command={serve},port=2222,IdentityFile=/nonexistent/id",
             fake.display()
         );
         if !extra.is_empty() {
@@ -154,6 +176,7 @@ fn ssh_gets_sshfs_style_arguments() {
     }
     let t = RemoteMount::start("StrictHostKeyChecking=no");
     let args = std::fs::read_to_string(t.dir.path().join("ssh-args")).unwrap();
+    // (serve_command is BIN here.)
     let args: Vec<&str> = args.lines().collect();
     let want = [
         "-x".to_string(),
@@ -387,4 +410,31 @@ fn the_client_reconnects_after_the_server_is_killed() {
     // Callbacks on the new connection.
     std::fs::write(t.s("h"), b"later").unwrap();
     eventually("a change after reconnecting", || t.m("h").exists());
+}
+
+/// A server that is not root acts as its own user whatever the caller (like sftp-server):
+/// files created through the mount by root belong to the server's user, what that user may
+/// not do fails, and changes on the server still come back as callbacks (inotify).
+#[test]
+fn a_non_root_server_acts_as_its_own_user() {
+    if !can_mount() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let t = RemoteMount::start_as("", Some(1000));
+    std::fs::write(t.m("mine"), b"x").unwrap();
+    let m = std::fs::metadata(t.s("mine")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1000, 1000));
+    // Root on the client cannot chown through a non-root server.
+    let e = std::os::unix::fs::chown(t.m("mine"), Some(0), None).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    // A root-owned directory inside SRC the server's user cannot write.
+    std::fs::create_dir(t.s("roots")).unwrap();
+    common::chmod(&t.s("roots"), 0o755);
+    assert!(t.m("roots").is_dir());
+    let e = std::fs::write(t.m("roots/x"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+    // Server-side changes come back.
+    std::fs::write(t.s("outside"), b"o").unwrap();
+    eventually("a server-side change", || t.m("outside").exists());
 }
