@@ -166,7 +166,9 @@ where
                     .map_err(|e| ProtoError::Frame(e.into()))?,
             );
         }
-        let read = read_loop(&mut input, &job_tx);
+        let mut calls = 0u64;
+        let read = read_loop(&mut input, &job_tx, &mut calls);
+        tracing::info!("connection ends after {calls} calls");
         if let Err(e) = &read {
             tracing::error!("closing the connection: {e}");
         }
@@ -205,7 +207,11 @@ fn handshake<R: Read>(input: &mut R, out: &Sender<Vec<u8>>, ours: u64) -> Result
     Ok(granted)
 }
 
-fn read_loop<R: Read>(input: &mut R, jobs: &Sender<Job>) -> Result<(), ProtoError> {
+fn read_loop<R: Read>(
+    input: &mut R,
+    jobs: &Sender<Job>,
+    calls: &mut u64,
+) -> Result<(), ProtoError> {
     loop {
         let Some(frame) = read_frame(input, MAX_CLIENT_FRAME)? else {
             return Ok(());
@@ -213,6 +219,7 @@ fn read_loop<R: Read>(input: &mut R, jobs: &Sender<Job>) -> Result<(), ProtoErro
         match decode::<ClientMsg>(&frame)? {
             ClientMsg::Hello(_) => return Err(ProtoError::Unexpected("a second hello".into())),
             ClientMsg::Call { id, cred, req } => {
+                *calls += 1;
                 if jobs.send(Job { id, cred, req }).is_err() {
                     return Err(ProtoError::Closed);
                 }
