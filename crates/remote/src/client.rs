@@ -712,12 +712,30 @@ impl Backend for RemoteBackend {
             if let Some(l) = p.take(path) {
                 return Ok(l);
             }
-            p.enabled().then(|| (p.generation(), p.next_budget()))
+            p.enabled().then(|| {
+                let root = p.cut_root_for(path);
+                (p.generation(), p.next_budget(), root)
+            })
         };
-        if let Some((gen, budget)) = bulk {
+        if let Some((gen, budget, root)) = bulk {
+            // Below a bulk call cut short: that root again, with a bigger budget, so that
+            // its other unlisted directories come along too.
+            if let Some(root) = root.filter(|r| r != path) {
+                if let Ok((dirs, complete)) = self.subtree(&root, budget) {
+                    let mut p = self.prefetch.lock();
+                    if !complete {
+                        p.mark_cut(&root);
+                    }
+                    p.store(gen, &root, dirs, false);
+                    if let Some(l) = p.take(path) {
+                        return Ok(l);
+                    }
+                }
+            }
             // The whole subtree (bounded) in one round trip: this listing answers the call,
             // the rest waits in the prefetch buffer.
-            let (dirs, _) = self.subtree(path, budget)?;
+            let gen = self.prefetch.lock().generation();
+            let (dirs, complete) = self.subtree(path, budget)?;
             let mut own = Vec::new();
             let mut rest = Vec::with_capacity(dirs.len());
             for d in dirs {
@@ -727,7 +745,11 @@ impl Backend for RemoteBackend {
                     rest.push(d);
                 }
             }
-            self.prefetch.lock().store(gen, path, rest);
+            let mut p = self.prefetch.lock();
+            if !complete {
+                p.mark_cut(path);
+            }
+            p.store(gen, path, rest, false);
             return Ok(own);
         }
         let c = self.conn()?;

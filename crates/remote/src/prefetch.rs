@@ -40,7 +40,14 @@ pub struct Prefetch {
     budget: u64,
     /// Listings answered from here (for statistics and tests).
     pub hits: u64,
+    /// Roots of bulk calls cut short by their budget (a hint, not data: at most
+    /// [`MAX_CUT_ROOTS`]). A listing missed below one is fetched with the whole root again, with
+    /// the next (doubled) budget, rather than one subtree per missed directory.
+    cut: Vec<Vec<u8>>,
 }
+
+/// Most cut roots remembered.
+pub const MAX_CUT_ROOTS: usize = 64;
 
 /// The first bulk call's entry budget.
 pub const FIRST_BUDGET: u64 = 1024;
@@ -52,7 +59,8 @@ fn parent(p: &[u8]) -> &[u8] {
     }
 }
 
-pub(crate) fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
+/// `a/b` for backend paths (`b` alone when `a` is the root, `a` when `b` is empty).
+pub fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
     let mut p = Vec::with_capacity(a.len() + 1 + b.len());
     p.extend_from_slice(a);
     if !a.is_empty() && !b.is_empty() {
@@ -71,6 +79,7 @@ impl Prefetch {
             max,
             budget: FIRST_BUDGET,
             hits: 0,
+            cut: Vec::new(),
         }
     }
 
@@ -147,26 +156,46 @@ impl Prefetch {
         Some(l)
     }
 
-    /// Store the listings of a bulk reply for `root` (not `root`'s own: the caller returns
-    /// that) if nothing moved since generation `gen` and they fit.
-    pub fn store(&mut self, gen: u64, root: &[u8], dirs: Vec<SubtreeDir>) {
+    /// Store the listings of a bulk reply for `root` if nothing moved since generation `gen`,
+    /// as many whole listings as fit; `root`'s own only when `with_root`.
+    pub fn store(&mut self, gen: u64, root: &[u8], dirs: Vec<SubtreeDir>, with_root: bool) {
         if gen != self.gen || !self.enabled() {
             return;
         }
-        let n: usize = dirs.iter().map(|d| d.entries.len()).sum();
-        if self.entries + n > self.max {
-            return;
-        }
         for d in dirs {
-            if d.dir.is_empty() {
+            if d.dir.is_empty() && !with_root {
                 continue;
             }
             let key = join(root, &d.dir);
-            self.entries += d.entries.len();
-            if let Some(old) = self.listings.insert(key, d.entries) {
-                self.entries -= old.len();
+            let old = self.listings.get(&key).map_or(0, Vec::len);
+            if self.entries - old + d.entries.len() > self.max {
+                return;
             }
+            self.entries = self.entries - old + d.entries.len();
+            self.listings.insert(key, d.entries);
         }
+    }
+
+    /// A bulk call for `root` was cut short by its budget.
+    pub fn mark_cut(&mut self, root: &[u8]) {
+        if self.cut.iter().any(|r| r == root) {
+            return;
+        }
+        if self.cut.len() >= MAX_CUT_ROOTS {
+            self.cut.remove(0);
+        }
+        self.cut.push(root.to_vec());
+    }
+
+    /// The nearest cut root at or above `dir`, forgotten (the caller fetches it again).
+    pub fn cut_root_for(&mut self, dir: &[u8]) -> Option<Vec<u8>> {
+        let below = |r: &[u8]| {
+            r.is_empty() || dir == r || (dir.starts_with(r) && dir.get(r.len()) == Some(&b'/'))
+        };
+        let i = (0..self.cut.len())
+            .filter(|&i| below(&self.cut[i]))
+            .max_by_key(|&i| self.cut[i].len())?;
+        Some(self.cut.remove(i))
     }
 
     /// The listing of `dir`, handed over (once).
@@ -222,6 +251,7 @@ mod tests {
                 sd("a/b", &["c"]),
                 sd("a!", &["y"]),
             ],
+            false,
         );
         p
     }
@@ -262,16 +292,31 @@ mod tests {
         let mut p = Prefetch::new(100);
         let g = p.generation();
         p.touched(b"somewhere/else");
-        p.store(g, b"", vec![sd("d", &["x"])]);
+        p.store(g, b"", vec![sd("d", &["x"])], false);
         assert!(p.is_empty());
         let mut p = Prefetch::new(2);
         let g = p.generation();
-        p.store(g, b"", vec![sd("d", &["x", "y", "z"])]);
+        p.store(g, b"", vec![sd("d", &["x", "y", "z"])], false);
         assert!(p.is_empty());
-        p.store(g, b"", vec![sd("d", &["x", "y"])]);
+        p.store(g, b"", vec![sd("d", &["x", "y"])], false);
+        assert_eq!(p.entries(), 2);
+        // The same listing again replaces it (no double count).
+        p.store(g, b"", vec![sd("d", &["x", "y"])], false);
         assert_eq!(p.entries(), 2);
         p.clear();
         assert!(p.is_empty() && p.entries() == 0);
+    }
+
+    #[test]
+    fn misses_below_a_cut_root_refetch_the_root() {
+        let mut p = Prefetch::new(100);
+        p.mark_cut(b"a");
+        p.mark_cut(b"a/b");
+        p.mark_cut(b"");
+        assert_eq!(p.cut_root_for(b"a/b/c").as_deref(), Some(&b"a/b"[..]));
+        assert_eq!(p.cut_root_for(b"a/bc").as_deref(), Some(&b"a"[..]));
+        assert_eq!(p.cut_root_for(b"x").as_deref(), Some(&b""[..]));
+        assert_eq!(p.cut_root_for(b"x"), None);
     }
 
     #[test]

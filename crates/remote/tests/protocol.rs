@@ -583,3 +583,38 @@ fn bulk_replies_with_long_paths_fit_in_frames() {
     drop(r);
     server.finish().expect("clean end");
 }
+
+/// A tree bigger than the first bulk budget: a depth-first traversal (as `find` makes) needs a
+/// handful of round trips, not one per directory: a miss below a cut bulk call fetches that
+/// root again with a doubled budget.
+#[test]
+fn a_find_of_a_tree_bigger_than_the_first_budget_takes_few_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    for a in 0..20 {
+        for b in 0..10 {
+            let d = dir.path().join(format!("t{a}/s{b}"));
+            std::fs::create_dir_all(&d).unwrap();
+            for f in 0..10 {
+                std::fs::write(d.join(format!("f{f}")), b"").unwrap();
+            }
+        }
+    }
+    let (server, r) = client(dir.path());
+    let _feed = r.watch().unwrap();
+    let before = r.round_trips();
+    let mut stack = vec![Vec::<u8>::new()];
+    let mut seen = 0;
+    while let Some(d) = stack.pop() {
+        for e in r.readdir(&d, true).unwrap() {
+            seen += 1;
+            if e.kind == dircache_core::FileType::Directory {
+                stack.push(dircache_remote::prefetch::join(&d, &e.name));
+            }
+        }
+    }
+    assert_eq!(seen, 20 + 200 + 2000);
+    let trips = r.round_trips() - before;
+    assert!(trips <= 4, "{trips} round trips for 221 directories");
+    drop(r);
+    server.finish().expect("clean end");
+}
