@@ -736,20 +736,16 @@ impl Backend for RemoteBackend {
             // the rest waits in the prefetch buffer.
             let gen = self.prefetch.lock().generation();
             let (dirs, complete) = self.subtree(path, budget)?;
-            let mut own = Vec::new();
-            let mut rest = Vec::with_capacity(dirs.len());
-            for d in dirs {
-                if d.dir.is_empty() {
-                    own.extend(d.entries);
-                } else {
-                    rest.push(d);
-                }
-            }
+            let own: Vec<DirEntry> = dirs
+                .iter()
+                .filter(|d| d.dir.is_empty())
+                .flat_map(|d| d.entries.iter().cloned())
+                .collect();
             let mut p = self.prefetch.lock();
             if !complete {
                 p.mark_cut(path);
             }
-            p.store(gen, path, rest, false);
+            p.store(gen, path, dirs, false);
             return Ok(own);
         }
         let c = self.conn()?;
@@ -924,6 +920,13 @@ impl Backend for RemoteBackend {
 
     fn getxattr(&self, cred: &Cred, t: XattrTarget<'_>, name: &[u8]) -> Result<Vec<u8>> {
         self.xattrs()?;
+        // A file known to have no extended attributes has no ACL (no permission is needed to
+        // ask for one): `ls -l` asks for every entry.
+        if (name == b"system.posix_acl_access" || name == b"system.posix_acl_default")
+            && self.prefetch.lock().is_bare(t.path)
+        {
+            return Err(Error::Os(libc::ENODATA));
+        }
         want_data(self.conn()?.call_as(
             &cred.into(),
             Request::Getxattr {

@@ -22,7 +22,7 @@
 //!   be reported before the stale listing arrives). Mutations also drop everything.
 //! - Bounded: at most `max` entries in all; a reply that does not fit is dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use dircache_core::{Attr, DirEntry, Error};
 
@@ -44,6 +44,9 @@ pub struct Prefetch {
     /// [`MAX_CUT_ROOTS`]). A listing missed below one is fetched with the whole root again, with
     /// the next (doubled) budget, rather than one subtree per missed directory.
     cut: Vec<Vec<u8>>,
+    /// Paths known to have no extended attributes (from bulk replies; at most `max`), under
+    /// the same invariant as the listings.
+    bare: BTreeSet<Vec<u8>>,
 }
 
 /// Most cut roots remembered.
@@ -80,6 +83,7 @@ impl Prefetch {
             budget: FIRST_BUDGET,
             hits: 0,
             cut: Vec::new(),
+            bare: BTreeSet::new(),
         }
     }
 
@@ -117,6 +121,7 @@ impl Prefetch {
         self.gen += 1;
         self.listings.clear();
         self.entries = 0;
+        self.bare.clear();
     }
 
     /// A callback touching `path`: drop its parent's and grandparent's listings and everything
@@ -133,13 +138,19 @@ impl Prefetch {
         if path.is_empty() {
             self.listings.clear();
             self.entries = 0;
+            self.bare.clear();
             return;
         }
         self.remove(path);
+        self.bare.remove(path);
         let mut lo = path.to_vec();
         lo.push(b'/');
         let mut hi = path.to_vec();
         hi.push(b'/' + 1);
+        let bare_below: Vec<Vec<u8>> = self.bare.range(lo.clone()..hi.clone()).cloned().collect();
+        for k in bare_below {
+            self.bare.remove(&k);
+        }
         let below: Vec<Vec<u8>> = self
             .listings
             .range(lo..hi)
@@ -163,10 +174,17 @@ impl Prefetch {
             return;
         }
         for d in dirs {
+            let key = join(root, &d.dir);
+            if d.bare.len() == d.entries.len() {
+                for (e, bare) in d.entries.iter().zip(&d.bare) {
+                    if *bare && self.bare.len() < self.max {
+                        self.bare.insert(join(&key, &e.name));
+                    }
+                }
+            }
             if d.dir.is_empty() && !with_root {
                 continue;
             }
-            let key = join(root, &d.dir);
             let old = self.listings.get(&key).map_or(0, Vec::len);
             if self.entries - old + d.entries.len() > self.max {
                 return;
@@ -174,6 +192,15 @@ impl Prefetch {
             self.entries = self.entries - old + d.entries.len();
             self.listings.insert(key, d.entries);
         }
+    }
+
+    /// Whether `path` is known to have no extended attributes.
+    pub fn is_bare(&mut self, path: &[u8]) -> bool {
+        let b = self.bare.contains(path);
+        if b {
+            self.hits += 1;
+        }
+        b
     }
 
     /// A bulk call for `root` was cut short by its budget.
@@ -236,6 +263,7 @@ mod tests {
         SubtreeDir {
             dir: dir.as_bytes().to_vec(),
             entries: names.iter().map(|n| e(n)).collect(),
+            bare: names.iter().map(|n| n.starts_with('a')).collect(),
         }
     }
 
@@ -267,6 +295,13 @@ mod tests {
             Some(Err(Error::NotFound))
         ));
         assert!(p.lookup(b"r", b"a").is_none(), "not held");
+        // Bareness of the root's entries is kept though its listing is the caller's.
+        let mut q = filled();
+        assert!(q.is_bare(b"r/a") && q.is_bare(b"r/a!") && !q.is_bare(b"r/a/x"));
+        q.touched(b"r/a!");
+        assert!(!q.is_bare(b"r/a!") && q.is_bare(b"r/a"));
+        q.touched(b"r");
+        assert!(!q.is_bare(b"r/a"));
         // A change to r/a/b/c drops r/a/b (its parent) and r/a (the parent's attributes).
         p.touched(b"r/a/b/c");
         assert!(p.lookup(b"r/a/b", b"c").is_none());

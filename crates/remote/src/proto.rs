@@ -324,6 +324,10 @@ pub struct SubtreeDir {
     #[serde(with = "serde_bytes")]
     pub dir: Vec<u8>,
     pub entries: Vec<DirEntry>,
+    /// Per entry (same order), when the server could tell: the entry has no extended
+    /// attributes at all (so no ACL: `ls -l`'s `system.posix_acl_access` question is answered
+    /// without a round trip). Empty when not known.
+    pub bare: Vec<bool>,
 }
 
 /// What a call returns.

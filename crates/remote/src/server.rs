@@ -518,9 +518,11 @@ fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
             batch.push(SubtreeDir {
                 dir: rel.clone(),
                 entries: Vec::new(),
+                bare: Vec::new(),
             });
         }
-        for c in entries.chunks(ENTRIES_PER_FRAME) {
+        let bare = bare_entries(s, &path, &entries);
+        for (i, c) in entries.chunks(ENTRIES_PER_FRAME).enumerate() {
             // Frames stay far below the limit: at most ENTRIES_PER_FRAME entries and about
             // 1 MiB of names, paths and attributes.
             let bytes = rel.len() + c.iter().map(|e| e.name.len() + 160).sum::<usize>();
@@ -535,9 +537,11 @@ fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
             }
             in_batch += c.len();
             in_bytes += bytes;
+            let start = i * ENTRIES_PER_FRAME;
             batch.push(SubtreeDir {
                 dir: rel.clone(),
                 entries: c.to_vec(),
+                bare: bare[start..start + c.len()].to_vec(),
             });
         }
     }
@@ -572,4 +576,23 @@ fn with_umask<T>(mode: u32, umask: u32, f: impl FnOnce(u32) -> T) -> T {
     // SAFETY: as above; restores what was there.
     unsafe { libc::umask(old) };
     r
+}
+
+/// Which of `dir`'s entries have no extended attributes at all (one listxattr each, as the
+/// server itself: the answer is about the file, not about who asks).
+fn bare_entries(s: &Shared, dir: &[u8], entries: &[DirEntry]) -> Vec<bool> {
+    entries
+        .iter()
+        .map(|e| {
+            let path = join(dir, &e.name);
+            let t = XattrTarget {
+                path: &path,
+                expect: None,
+                open: None,
+            };
+            s.backend
+                .listxattr(&s.cfg.own, t)
+                .is_ok_and(|names| names.is_empty())
+        })
+        .collect()
 }

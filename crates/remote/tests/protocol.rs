@@ -618,3 +618,74 @@ fn a_find_of_a_tree_bigger_than_the_first_budget_takes_few_round_trips() {
     drop(r);
     server.finish().expect("clean end");
 }
+
+/// `ls -l` asks every entry for its access ACL: files a bulk reply showed to have no extended
+/// attributes answer without a round trip, until a change (here an ACL set on the server
+/// directly) is reported for them.
+#[test]
+fn acl_questions_about_bare_files_need_no_round_trip_until_they_change() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("d")).unwrap();
+    for f in ["a", "b"] {
+        std::fs::write(dir.path().join("d").join(f), b"").unwrap();
+    }
+    let (server, r) = client(dir.path());
+    let feed = r.watch().unwrap().expect("callbacks");
+    let _ = r.readdir(b"", true).unwrap();
+    let c = me();
+    let acl = |p: &'static [u8]| {
+        r.getxattr(
+            &c,
+            dircache_core::XattrTarget {
+                path: p,
+                expect: None,
+                open: None,
+            },
+            b"system.posix_acl_access",
+        )
+    };
+    let before = r.round_trips();
+    assert_eq!(acl(b"d/a"), Err(Error::Os(libc::ENODATA)));
+    assert_eq!(acl(b"d/b"), Err(Error::Os(libc::ENODATA)));
+    assert_eq!(r.round_trips(), before);
+    // An ACL set on the server (user 1000 may read): version 2, then (tag, perm, id) entries.
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (1u16, 6u16, u32::MAX),
+        (2, 4, 1000),
+        (4, 4, u32::MAX),
+        (0x10, 4, u32::MAX),
+        (0x20, 4, u32::MAX),
+    ] {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    let path = std::ffi::CString::new(dir.path().join("d/a").into_os_string().into_encoded_bytes())
+        .unwrap();
+    // SAFETY: valid NUL-terminated path and name, a buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            v.as_ptr().cast(),
+            v.len(),
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match feed.recv_timeout(Duration::from_secs(30)) {
+            Ok(Change::Attr { path } | Change::Entry { path }) if path == b"d/a" => break,
+            Ok(Change::Overflow | Change::Inode { .. }) => break,
+            Ok(_) => {}
+            Err(e) => panic!("no callback: {e}"),
+        }
+        assert!(Instant::now() < end);
+    }
+    assert_eq!(acl(b"d/a").map(|v| v.len()), Ok(v.len()), "stale: no ACL");
+    assert_eq!(acl(b"d/b"), Err(Error::Os(libc::ENODATA)));
+    drop(r);
+    server.finish().expect("clean end");
+}
