@@ -22,6 +22,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -578,21 +579,26 @@ fn with_umask<T>(mode: u32, umask: u32, f: impl FnOnce(u32) -> T) -> T {
     r
 }
 
-/// Which of `dir`'s entries have no extended attributes at all (one listxattr each, as the
-/// server itself: the answer is about the file, not about who asks).
+/// Which of `dir`'s entries have no extended attributes at all: `dir` opened once (through the
+/// backend, so confined), then one llistxattr per entry relative to that descriptor (through
+/// /proc/self/fd; the final component is never followed). Empty when it cannot tell.
 fn bare_entries(s: &Shared, dir: &[u8], entries: &[DirEntry]) -> Vec<bool> {
+    use std::os::fd::AsRawFd;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    let Ok(f) = s.backend.open(&s.cfg.own, dir, flags, 0) else {
+        return Vec::new();
+    };
+    let Some(fd) = f.fd() else {
+        return Vec::new();
+    };
+    let base = format!("/proc/self/fd/{}/", fd.as_raw_fd()).into_bytes();
     entries
         .iter()
         .map(|e| {
-            let path = join(dir, &e.name);
-            let t = XattrTarget {
-                path: &path,
-                expect: None,
-                open: None,
-            };
-            s.backend
-                .listxattr(&s.cfg.own, t)
-                .is_ok_and(|names| names.is_empty())
+            let mut p = base.clone();
+            p.extend_from_slice(&e.name);
+            let p = std::ffi::OsStr::from_bytes(&p);
+            rustix::fs::llistxattr_query(p).is_ok_and(|n| n == 0)
         })
         .collect()
 }
