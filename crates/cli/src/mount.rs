@@ -53,6 +53,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              one file with the same access share one); past it EMFILE
                              [half of what the process limit leaves after a reserve]
   socket=PATH                stats socket, an absolute path [/run/dircache/PID.sock]
+Remote SRC ([user@]host:[path], docs/remote.md): ssh_command=CMD, port=N, serve_command=PATH,
+  reconnect_timeout=SECS [10], prefetch=N [131072], and ssh options Key=Value (IdentityFile=...)
 Accepted and ignored (for mount(8) and fstab): defaults, auto, noauto, user, nouser,
   users, nofail, _netdev, subtype=dircache, x-*, comment=*; on remount also the options
   mount(8) reads back from /proc/mounts (user_id=, group_id=, rootmode=, ...)";
