@@ -4,7 +4,9 @@ mod bench;
 mod delay_proxy;
 mod demo;
 mod mount;
+mod remote;
 mod search;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +31,8 @@ enum Cmd {
     Stats(mount::StatsArgs),
     /// Find files by pattern across directories in one call.
     Search(search::SearchArgs),
+    /// Serve directory ROOT to a remote mount over stdin/stdout (started by ssh).
+    Serve(serve::ServeArgs),
     /// Benchmarks (side by side, medians).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -48,6 +52,7 @@ fn main() {
         Cmd::Mount(a) => mount::run_mount(a),
         Cmd::Stats(a) => mount::run_stats(a),
         Cmd::Search(a) => search::run(a),
+        Cmd::Serve(a) => serve::run(a),
         Cmd::Bench(b) => bench::run(b),
         Cmd::DelayProxy(a) => delay_proxy::run(a),
     };

@@ -64,6 +64,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              snapshot PATH (an absolute path; a file, 0600, root's) at mount,
                              each directory checked against the tree first, and write it
                              when the mount ends [none]
+Remote SRC ([user@]host:[path], docs/remote.md): ssh_command=CMD, port=N, serve_command=PATH,
+  reconnect_timeout=SECS [10], subtree=N [131072], and ssh options Key=Value (IdentityFile=...)
 Accepted and ignored (for mount(8) and fstab): defaults, auto, noauto, user, nouser,
   users, nofail, _netdev, subtype=dircache, x-*, comment=*; on remount also the options
   mount(8) reads back from /proc/mounts (user_id=, group_id=, rootmode=, ...)";
@@ -201,7 +203,7 @@ fn persist_path(v: Option<&str>) -> Result<PathBuf, Usage> {
 }
 
 /// Split an option list at commas outside double quotes (`context="a,b"`), as mount(8) does.
-fn split_options(list: &str) -> Vec<&str> {
+pub(crate) fn split_options(list: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let (mut start, mut quoted) = (0, false);
     for (i, c) in list.char_indices() {
@@ -545,11 +547,20 @@ fn report(w: &mut Option<std::fs::File>, code: i32, msg: &str) {
 }
 
 pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
-    let checked = parse_options(&a.options).and_then(|o| {
+    // A remote SRC (`host:path`): its options out of -o; its server checks the directory.
+    let (remote, options) = match crate::remote::split(&a.src, &a.options) {
+        Ok(x) => x,
+        Err(Usage(m)) => {
+            eprintln!("dircache: {m}");
+            return Ok(2);
+        }
+    };
+    let checked = parse_options(&options).and_then(|o| {
         if o.remount {
             remount(&a.mnt, &o)?;
         } else {
-            check_input(&a.src, &a.mnt, o.nonempty)?;
+            let src = if remote.is_some() { &a.mnt } else { &a.src };
+            check_input(src, &a.mnt, o.nonempty)?;
         }
         Ok(o)
     });
@@ -564,7 +575,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
     // The mount keeps nosuid/nodev where SRC's file systems have them (dircache_fuse::mount
     // enforces it); say so here, where the user sees it.
     let kept = kmount::src_restrictions(&a.src) & !opts.kernel().flags;
-    if kept != 0 {
+    if kept != 0 && remote.is_none() {
         eprintln!(
             "dircache: {}: its file system ignores {}: so does the mount",
             a.src.display(),
@@ -602,7 +613,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
         unsafe { libc::setsid() };
         status_pipe = Some(std::fs::File::from(w));
     }
-    match serve(&a, opts, &mut status_pipe) {
+    match serve(&a, opts, remote, &mut status_pipe) {
         Ok(()) => Ok(0),
         Err(e) => {
             let code = if e.downcast_ref::<Usage>().is_some() {
@@ -637,23 +648,34 @@ fn block_signals() -> libc::sigset_t {
     set
 }
 
-fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> anyhow::Result<()> {
+fn serve(
+    a: &MountArgs,
+    opts: Options,
+    remote: Option<crate::remote::Remote>,
+    status: &mut Option<std::fs::File>,
+) -> anyhow::Result<()> {
     // Signals are handled by one thread with sigwait; every other thread inherits the mask.
     let set = block_signals();
     // The process umask stays 0: request threads set their own to the caller's around each
     // creation (dircache_fuse's umask module), so the umask applies only without a default ACL.
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
-    let src = a
-        .src
-        .canonicalize()
-        .with_context(|| a.src.display().to_string())?;
     let mnt = a
         .mnt
         .canonicalize()
         .with_context(|| a.mnt.display().to_string())?;
-    let backend = dircache_local::LocalBackend::new(&src)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", src.display()))?;
+    let (src, backend): (PathBuf, Arc<dyn dircache_core::Backend>) = match &remote {
+        Some(r) => (a.src.clone(), Arc::new(r.connect()?)),
+        None => {
+            let src = a
+                .src
+                .canonicalize()
+                .with_context(|| a.src.display().to_string())?;
+            let backend = dircache_local::LocalBackend::new(&src)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", src.display()))?;
+            (src, Arc::new(backend))
+        }
+    };
     let mut config = if opts.policy.bypass {
         dircache_core::Config::bypass_mode()
     } else {
@@ -662,15 +684,21 @@ fn serve(a: &MountArgs, opts: Options, status: &mut Option<std::fs::File>) -> an
     if let Some(n) = opts.max_entries {
         config.max_entries = n;
     }
-    let cache = dircache_core::Cache::new(Arc::new(backend), config)
-        .map_err(|e| anyhow::anyhow!("cache: {e}"))?;
+    let cache =
+        dircache_core::Cache::new(backend, config).map_err(|e| anyhow::anyhow!("cache: {e}"))?;
     let socket = opts
         .socket
         .clone()
         .unwrap_or_else(dircache_fuse::stats::default_socket_path);
-    let mut cfg = MountConfig::new(&src, &mnt);
+    let mut cfg = match remote {
+        Some(_) => MountConfig::without_src(&mnt),
+        None => MountConfig::new(&src, &mnt),
+    };
     cfg.policy = opts.policy.clone();
     cfg.kernel = opts.kernel();
+    if cfg.src.is_none() && cfg.kernel.fsname.is_none() {
+        cfg.kernel.fsname = Some(src.display().to_string());
+    }
     cfg.allow_other = opts.allow_other;
     cfg.socket_path = Some(socket);
     cfg.persist = opts.persist.clone();

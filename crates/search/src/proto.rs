@@ -1,6 +1,7 @@
 //! The search wire protocol and delegation to a mount's daemon.
 //!
-//! **Framing** (the FUSE daemon's control-socket protocol): every message is a frame: a 4-byte
+//! **Framing** (the FUSE daemon's control-socket protocol): every message is a frame
+//! ([`dircache_remote::frame`], the one framing code, shared with the remote protocol): a 4-byte
 //! big-endian length, then that many bytes of JSON. A request is at most [`MAX_REQUEST`]
 //! bytes, a response frame at most [`MAX_RESPONSE`]; frames are read incrementally (memory
 //! grows with the bytes actually received, never with the declared length). The client sends
@@ -37,6 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dircache_core::Cred;
+use dircache_remote::frame::{self, FrameError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -174,45 +176,22 @@ impl From<WireResponse> for Response {
 
 pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), ProtoError> {
     let body = serde_json::to_vec(msg)?;
-    if body.len() > MAX_FRAME {
-        return Err(ProtoError::TooLarge(body.len()));
-    }
-    let len = u32::try_from(body.len()).map_err(|_| ProtoError::TooLarge(body.len()))?;
-    w.write_all(&len.to_be_bytes()).map_err(io_err)?;
-    w.write_all(&body).map_err(io_err)?;
-    Ok(())
+    frame::write_frame(w, &body, MAX_FRAME).map_err(frame_err)
 }
 
 /// Read one frame body of at most `max` bytes; `Ok(None)` on a clean end of stream before
-/// the frame. The body grows with the bytes received (never allocated at the declared length).
+/// the frame. The body grows with the bytes received (never allocated at the declared length):
+/// the framing is [`dircache_remote::frame`]'s, shared with the remote protocol.
 pub fn read_frame_bytes<R: Read>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, ProtoError> {
-    let mut len = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match r.read(&mut len[got..]) {
-            Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => return Err(ProtoError::Truncated),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_err(e)),
-        }
+    frame::read_frame(r, max).map_err(frame_err)
+}
+
+fn frame_err(e: FrameError) -> ProtoError {
+    match e {
+        FrameError::Io(e) => io_err(e),
+        FrameError::TooLarge { len, .. } => ProtoError::TooLarge(len),
+        FrameError::Truncated => ProtoError::Truncated,
     }
-    let n = u32::from_be_bytes(len) as usize;
-    if n > max {
-        return Err(ProtoError::TooLarge(n));
-    }
-    let mut body = Vec::with_capacity(n.min(8192));
-    let mut chunk = [0u8; 8192];
-    while body.len() < n {
-        let want = (n - body.len()).min(chunk.len());
-        match r.read(&mut chunk[..want]) {
-            Ok(0) => return Err(ProtoError::Truncated),
-            Ok(k) => body.extend_from_slice(&chunk[..k]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_err(e)),
-        }
-    }
-    Ok(Some(body))
 }
 
 /// Read one frame of at most `max` bytes and decode it.

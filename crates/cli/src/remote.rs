@@ -1,0 +1,264 @@
+//! `dircache mount [user@]host:[path] MNT`: a remote tree, served by `dircache serve --stdio
+//! path` on the other machine, started through ssh as sshfs starts sftp-server (ssh does the
+//! authentication and the encryption).
+//!
+//! A SRC with a `:` before any `/` is remote (as for sshfs and scp). Remote options, taken out
+//! of `-o` before the mount options are parsed:
+//! - `ssh_command=CMD` the ssh program and leading arguments, split at spaces [ssh]
+//! - `port=N` ssh's `-p N`
+//! - `serve_command=PATH` the dircache binary on the remote host [dircache]
+//! - `reconnect_timeout=SECS` after the connection is lost, how long calls wait while ssh is
+//!   started again (with backoff) before they fail with EIO; 0 = never reconnect [10]
+//! - `subtree=N` directory entries the client may hold from bulk subtree replies, 0 = no bulk
+//!   prefetching [131072] (dircache_remote::prefetch)
+//! - any option whose name starts with a capital letter (`IdentityFile=...`,
+//!   `StrictHostKeyChecking=no`, `ProxyCommand=...`, ...) is an ssh option, passed as
+//!   `-o Key=Value`.
+//!
+//! The command run is `CMD -x -a -o ClearAllForwardings=yes [-p N] [-o K=V ...] [user@]host
+//! 'PATH serve --stdio DIR'`: the last argument is the remote command line, one argument (ssh
+//! joins its arguments for the remote shell anyway), with DIR single-quoted (an empty `path`
+//! is `.`, the login directory, as for sshfs).
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::mount::Usage;
+
+/// Where a remote mount's server runs and how to reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    /// `[user@]host`.
+    pub host: String,
+    /// The directory on the host ("." when none was given).
+    pub path: String,
+    pub ssh_command: Vec<String>,
+    pub port: Option<u16>,
+    pub ssh_options: Vec<String>,
+    pub serve_command: String,
+    /// Entries the client's prefetch buffer holds (0 = no bulk prefetch).
+    pub prefetch: usize,
+    /// How long calls wait for a new connection after one is lost (0 = no reconnecting).
+    pub reconnect_timeout: std::time::Duration,
+}
+
+/// Whether `src` names a remote tree: a `:` before any `/`.
+pub fn is_remote(src: &Path) -> bool {
+    let s = src.as_os_str().as_encoded_bytes();
+    match s.iter().position(|&b| b == b':') {
+        Some(colon) => !s[..colon].contains(&b'/'),
+        None => false,
+    }
+}
+
+/// For a remote `src`: the remote spec and the `-o` lists without the remote options; for a
+/// local one `None` and the lists as given.
+pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String>), Usage> {
+    if !is_remote(src) {
+        return Ok((None, lists.to_vec()));
+    }
+    let s = src
+        .to_str()
+        .ok_or_else(|| Usage(format!("{}: not UTF-8", src.display())))?;
+    let (host, path) = s.split_once(':').unwrap_or((s, ""));
+    if host.is_empty() || host.starts_with('-') || host.starts_with('@') || host.ends_with('@') {
+        return Err(Usage(format!(
+            "{s}: bad host (expected [user@]host:[path])"
+        )));
+    }
+    let mut r = Remote {
+        host: host.to_string(),
+        path: if path.is_empty() {
+            ".".into()
+        } else {
+            path.into()
+        },
+        ssh_command: vec!["ssh".into()],
+        port: None,
+        ssh_options: Vec::new(),
+        serve_command: "dircache".into(),
+        prefetch: dircache_remote::ClientConfig::default().prefetch,
+        reconnect_timeout: dircache_remote::ClientConfig::default().reconnect_timeout,
+    };
+    let mut rest = Vec::new();
+    for list in lists {
+        let mut kept = Vec::new();
+        for opt in crate::mount::split_options(list) {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k.trim(), Some(v)),
+                None => (opt.trim(), None),
+            };
+            let need = || {
+                v.filter(|v| !v.is_empty())
+                    .ok_or_else(|| Usage(format!("-o {k} needs a value")))
+            };
+            match k {
+                "ssh_command" => {
+                    r.ssh_command = need()?.split_whitespace().map(str::to_string).collect();
+                }
+                "port" => {
+                    r.port = Some(
+                        need()?
+                            .parse()
+                            .ok()
+                            .filter(|&p: &u16| p > 0)
+                            .ok_or_else(|| Usage(format!("bad value for -o port: {v:?}")))?,
+                    )
+                }
+                "serve_command" => r.serve_command = need()?.to_string(),
+                "reconnect_timeout" => {
+                    r.reconnect_timeout = need()?
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|s| (0.0..=86400.0).contains(s))
+                        .map(std::time::Duration::from_secs_f64)
+                        .ok_or_else(|| {
+                            Usage(format!("bad value for -o reconnect_timeout: {v:?}"))
+                        })?
+                }
+                "subtree" => {
+                    r.prefetch = need()?
+                        .parse()
+                        .ok()
+                        .filter(|&n: &usize| n <= 1 << 24)
+                        .ok_or_else(|| Usage(format!("bad value for -o subtree: {v:?}")))?
+                }
+                k if k.starts_with(|c: char| c.is_ascii_uppercase()) => {
+                    let v = need()?;
+                    r.ssh_options.push(format!("{k}={}", v.trim_matches('"')));
+                }
+                _ => kept.push(opt),
+            }
+        }
+        if !kept.is_empty() {
+            rest.push(kept.join(","));
+        }
+    }
+    Ok((Some(r), rest))
+}
+
+/// `s` quoted for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+impl Remote {
+    /// The ssh command line (module docs).
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(&self.ssh_command[0]);
+        c.args(&self.ssh_command[1..]);
+        c.args(["-x", "-a", "-o", "ClearAllForwardings=yes"]);
+        if let Some(p) = self.port {
+            c.arg("-p").arg(p.to_string());
+        }
+        for o in &self.ssh_options {
+            c.arg("-o").arg(o);
+        }
+        c.arg(&self.host);
+        c.arg(format!(
+            "{} serve --stdio {}",
+            shell_quote(&self.serve_command),
+            shell_quote(&self.path)
+        ));
+        c
+    }
+
+    /// Start the server through ssh and do the handshake; the same again whenever the
+    /// connection is lost (up to `reconnect_timeout`).
+    pub fn connect(&self) -> anyhow::Result<dircache_remote::RemoteBackend> {
+        let cfg = dircache_remote::ClientConfig {
+            prefetch: self.prefetch,
+            reconnect_timeout: self.reconnect_timeout,
+        };
+        let me = self.clone();
+        let connector: dircache_remote::client::Connector = Box::new(move || {
+            let cmd = me.command();
+            tracing::info!("starting {cmd:?}");
+            let t = dircache_remote::ChildTransport::spawn(cmd).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("{}: {e}", me.ssh_command[0]))
+            })?;
+            Ok(Box::new(t) as Box<dyn dircache_remote::Transport>)
+        });
+        dircache_remote::RemoteBackend::connect_again(connector, &cfg).map_err(|e| {
+            anyhow::anyhow!(
+                "{}:{}: no dircache server: {e} (ssh's own messages, if any, are above)",
+                self.host,
+                self.path
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(c: &Command) -> Vec<String> {
+        std::iter::once(c.get_program())
+            .chain(c.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn remote_sources_are_told_apart() {
+        assert!(is_remote(Path::new("host:/x")));
+        assert!(is_remote(Path::new("u@host:")));
+        assert!(is_remote(Path::new("host:rel/dir")));
+        assert!(!is_remote(Path::new("/a:b")));
+        assert!(!is_remote(Path::new("./a:b")));
+        assert!(!is_remote(Path::new("dir/x:y")));
+        assert!(!is_remote(Path::new("plain")));
+    }
+
+    #[test]
+    fn options_become_an_ssh_command() {
+        let (r, rest) = split(
+            Path::new("me@box:/srv/my tree"),
+            &[
+                "ro,port=2222,IdentityFile=/k/id,ssh_command=/usr/bin/ssh -v".into(),
+                "serve_command=/opt/dc,StrictHostKeyChecking=no".into(),
+                "entry_timeout=5".into(),
+            ],
+        )
+        .unwrap();
+        let r = r.unwrap();
+        assert_eq!(rest, vec!["ro".to_string(), "entry_timeout=5".into()]);
+        assert_eq!(
+            args(&r.command()),
+            [
+                "/usr/bin/ssh",
+                "-v",
+                "-x",
+                "-a",
+                "-o",
+                "ClearAllForwardings=yes",
+                "-p",
+                "2222",
+                "-o",
+                "IdentityFile=/k/id",
+                "-o",
+                "StrictHostKeyChecking=no",
+                "me@box",
+                "'/opt/dc' serve --stdio '/srv/my tree'",
+            ]
+        );
+        let (r, _) = split(Path::new("box:"), &[]).unwrap();
+        assert_eq!(r.unwrap().path, ".");
+        let (r, _) = split(Path::new("box:it's"), &[]).unwrap();
+        assert!(args(&r.unwrap().command())
+            .last()
+            .unwrap()
+            .ends_with(r"'it'\''s'"));
+        for bad in [":x", "-oProxyCommand=evil:x", "@:x"] {
+            assert!(split(Path::new(bad), &[]).is_err(), "{bad}");
+        }
+        assert!(split(Path::new("h:x"), &["port=0".into()]).is_err());
+        assert!(split(Path::new("h:x"), &["port=x".into()]).is_err());
+        assert!(split(Path::new("h:x"), &["IdentityFile".into()]).is_err());
+        // Local sources keep every option.
+        let (r, rest) = split(Path::new("/src"), &["port=1".into()]).unwrap();
+        assert!(r.is_none());
+        assert_eq!(rest, vec!["port=1".to_string()]);
+    }
+}

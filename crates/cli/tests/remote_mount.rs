@@ -1,0 +1,440 @@
+//! Remote mounts end to end with real parts: `dircache mount localhost:SRC MNT` (the CLI, in
+//! the foreground, a child of the test) starts its server through `-o ssh_command=` pointing
+//! at a stand-in for ssh that records its arguments and runs the remote command line locally
+//! (so the ssh argument path is exercised without sshd); the server is `dircache serve --stdio
+//! SRC`, a child process speaking the protocol over the pipe; the client is a RemoteBackend
+//! under the core cache and the FUSE front end. Native behaviour in a temporary directory is
+//! the oracle.
+
+#[path = "../../fuse/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{can_mount, py, sh, sh_ok};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dircache");
+
+/// The POSIX checks of crates/fuse/tests/posix.rs (the same script, read from that file, not
+/// copied).
+fn posix_checks() -> &'static str {
+    let src = include_str!("../../fuse/tests/posix.rs");
+    let start = "const CHECKS: &str = r#\"";
+    let i = src.find(start).expect("CHECKS in posix.rs") + start.len();
+    let len = src[i..].find("\"#;").expect("end of CHECKS");
+    &src[i..i + len]
+}
+
+/// A remote mount served through the CLI. Drop unmounts and reaps the daemon (and so the
+/// server, whose input closes).
+struct RemoteMount {
+    dir: tempfile::TempDir,
+    src: PathBuf,
+    mnt: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl RemoteMount {
+    fn start(extra: &str) -> RemoteMount {
+        Self::start_as(extra, None)
+    }
+
+    /// With `as_user`, the server runs as that uid (through setpriv), over an SRC it owns.
+    fn start_as(extra: &str, as_user: Option<u32>) -> RemoteMount {
+        let dir = tempfile::Builder::new()
+            .prefix("dcremote")
+            .tempdir()
+            .expect("tempdir");
+        let src = dir.path().join("src");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&src).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        common::chmod(dir.path(), 0o755);
+        let fake = dir.path().join("fake-ssh");
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\n\
+                 # A stand-in for ssh: record the arguments, run the remote command here.\n\
+                 printf '%s\\n' \"$@\" > {args}\n\
+                 for last; do :; done\n\
+                 echo $$ > {pid}\n\
+                 exec sh -c \"exec $last\"\n",
+                args = dir.path().join("ssh-args").display(),
+                pid = dir.path().join("server-pid").display(),
+            ),
+        )
+        .unwrap();
+        common::chmod(&fake, 0o755);
+        let serve = match &as_user {
+            None => BIN.to_string(),
+            Some(uid) => {
+                // The server as an ordinary user, owning SRC.
+                let w = dir.path().join("serve-as-user");
+                std::fs::write(
+                    &w,
+                    format!(
+                        "#!/bin/sh\nexec setpriv --reuid={uid} --regid={uid} --clear-groups {BIN} \"$@\"\n"
+                    ),
+                )
+                .unwrap();
+                common::chmod(&w, 0o755);
+                std::os::unix::fs::chown(&src, Some(*uid), Some(*uid)).unwrap();
+                w.display().to_string()
+            }
+        };
+        let mut opts = format!(
+            "ssh_command={},serve_command={serve},port=2222,IdentityFile=/nonexistent/id",
+            fake.display()
+        );
+        if !extra.is_empty() {
+            opts.push(',');
+            opts.push_str(extra);
+        }
+        let daemon = Command::new(BIN)
+            .arg("mount")
+            .arg("-f")
+            .arg(format!("localhost:{}", src.display()))
+            .arg(&mnt)
+            .arg("-o")
+            .arg(opts)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("dircache mount");
+        let mut m = RemoteMount {
+            dir,
+            src,
+            mnt,
+            daemon: Some(daemon),
+        };
+        let end = Instant::now() + Duration::from_secs(60);
+        while !dircache_fuse::is_mount_point(&m.mnt) {
+            if let Some(Ok(Some(st))) = m.daemon.as_mut().map(|d| d.try_wait()) {
+                panic!("dircache mount exited: {st}");
+            }
+            assert!(Instant::now() < end, "the remote mount did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    fn m(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    fn s(&self, rel: &str) -> PathBuf {
+        self.src.join(rel)
+    }
+
+    fn server_pid(&self) -> i32 {
+        std::fs::read_to_string(self.dir.path().join("server-pid"))
+            .expect("server pid")
+            .trim()
+            .parse()
+            .expect("a pid")
+    }
+}
+
+impl Drop for RemoteMount {
+    fn drop(&mut self) {
+        if dircache_fuse::unmount(&self.mnt).is_err() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        if let Some(mut d) = self.daemon.take() {
+            let end = Instant::now() + Duration::from_secs(20);
+            loop {
+                match d.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > end => {
+                        eprintln!("daemon did not exit after unmount: killing it");
+                        let _ = d.kill();
+                        let _ = d.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }
+    }
+}
+
+/// Wait until `cond` holds, at most 10 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < end, "not within 10 s: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn ssh_gets_sshfs_style_arguments() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start("StrictHostKeyChecking=no");
+    let args = std::fs::read_to_string(t.dir.path().join("ssh-args")).unwrap();
+    // (serve_command is BIN here.)
+    let args: Vec<&str> = args.lines().collect();
+    let want = [
+        "-x".to_string(),
+        "-a".into(),
+        "-o".into(),
+        "ClearAllForwardings=yes".into(),
+        "-p".into(),
+        "2222".into(),
+        "-o".into(),
+        "IdentityFile=/nonexistent/id".into(),
+        "-o".into(),
+        "StrictHostKeyChecking=no".into(),
+        "localhost".into(),
+        format!("'{BIN}' serve --stdio '{}'", t.src.display()),
+    ];
+    assert_eq!(args, want);
+    // The mount shows its source as host:path.
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        mounts.contains(&format!(
+            "localhost:{} {}",
+            t.src.display(),
+            t.mnt.display()
+        )),
+        "{mounts}"
+    );
+}
+
+#[test]
+fn posix_checks_match_native_on_remote_mount() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start("");
+    let native = t.dir.path().join("native");
+    std::fs::create_dir(&native).unwrap();
+    std::fs::create_dir(t.m("w")).unwrap();
+    let checks = posix_checks();
+    let a = py(&native, checks, None);
+    let b = py(&t.m("w"), checks, None);
+    for (x, y) in a.lines().zip(b.lines()) {
+        assert_eq!(x, y, "native vs remote mount");
+    }
+    assert_eq!(
+        a.lines().count(),
+        b.lines().count(),
+        "native:\n{a}\nremote:\n{b}"
+    );
+    // The files are really on the server's side.
+    assert!(t.s("w/r3").exists());
+}
+
+/// A small tree with the usual kinds of entries.
+fn make_tree(dir: &Path) {
+    sh_ok(
+        dir,
+        "mkdir -p a/b/c e && echo one > a/f1 && head -c 300000 /dev/urandom > a/b/big && \
+         ln -s ../f1 a/b/l && ln a/f1 a/hard && mkfifo a/fifo && chmod 600 a/b/big && \
+         touch -d 2001-02-03 a/old && for i in $(seq 1 300); do echo $i > e/n$i; done",
+    );
+}
+
+#[test]
+fn tar_copies_through_the_mount_match_native() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start("");
+    make_tree(&t.src);
+    // Out of the mount: the copy equals the server's tree.
+    let out = t.dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    sh_ok(
+        t.dir.path(),
+        &format!(
+            "tar -C {} -cf - a e | tar -C {} -xf - && diff -r --no-dereference --exclude=fifo {} {}",
+            t.mnt.display(),
+            out.display(),
+            t.s("a").display(),
+            out.join("a").display()
+        ),
+    );
+    // Into the mount: the server's tree equals a native extraction.
+    let native = t.dir.path().join("native");
+    std::fs::create_dir(&native).unwrap();
+    std::fs::create_dir(t.m("in")).unwrap();
+    sh_ok(
+        t.dir.path(),
+        &format!(
+            "tar -C {src} -cf t.tar a e && tar -C {native} -xpf t.tar && tar -C {mnt} -xpf t.tar \
+             && diff -r --no-dereference --exclude=fifo {native} {srv} && diff -r --no-dereference --exclude=fifo {native} {mnt}",
+            src = t.src.display(),
+            native = native.display(),
+            mnt = t.m("in").display(),
+            srv = t.s("in").display(),
+        ),
+    );
+    // Types, modes, sizes, link counts, targets and mtimes (fifos included, which diff skips).
+    let listing = |d: &Path| {
+        sh_ok(
+            d,
+            "find . -mindepth 1 -printf '%p %y %m %s %n %l %T@\\n' | sort",
+        )
+    };
+    assert_eq!(listing(&native), listing(&t.s("in")));
+    assert_eq!(listing(&native), listing(&t.m("in")));
+}
+
+#[test]
+fn mutations_and_renames_reach_the_server() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start("");
+    sh_ok(
+        &t.mnt,
+        "mkdir -p d/sub && echo x > d/f && mv d/f d/sub/g && ln -s sub/g d/s && \
+         mv d d2 && chmod 700 d2/sub && touch -d 2010-01-01 d2/sub/g && echo y >> d2/sub/g && \
+         mkdir gone && rmdir gone && echo z > tmp && rm tmp",
+    );
+    assert_eq!(std::fs::read(t.s("d2/sub/g")).unwrap(), b"x\ny\n");
+    assert_eq!(std::fs::read_link(t.s("d2/s")).unwrap(), Path::new("sub/g"));
+    assert!(!t.s("d").exists() && !t.s("gone").exists() && !t.s("tmp").exists());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(t.s("d2/sub"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o700
+    );
+    // rename(2) over an existing file, and the mount agrees with the server afterwards.
+    sh_ok(&t.mnt, "echo new > n && mv -f n d2/sub/g");
+    assert_eq!(std::fs::read(t.s("d2/sub/g")).unwrap(), b"new\n");
+    assert_eq!(std::fs::read(t.m("d2/sub/g")).unwrap(), b"new\n");
+    let o = sh(&t.mnt, "mv d2 d2/sub/inside");
+    assert!(!o.status.success(), "moving a directory into itself");
+}
+
+/// Changes made on the server's side directly show through the mount, with the default
+/// (one-day) kernel TTLs: only a callback can have told the client.
+#[test]
+fn server_side_changes_show_through_callbacks() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start("");
+    std::fs::create_dir(t.s("d")).unwrap();
+    std::fs::write(t.s("d/f"), b"one").unwrap();
+    // Cache it all in the client and the kernel.
+    assert_eq!(std::fs::read(t.m("d/f")).unwrap(), b"one");
+    assert!(std::fs::metadata(t.m("d/missing")).is_err());
+    let names = |p: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&t.m("d")), ["f"]);
+    // On the server: new entry (was a cached negative), a changed file, a chmod, a removal.
+    std::fs::write(t.s("d/missing"), b"here").unwrap();
+    eventually("a created file appears", || t.m("d/missing").exists());
+    eventually("a new name shows in the listing", || {
+        names(&t.m("d")) == ["f", "missing"]
+    });
+    std::fs::write(t.s("d/f"), b"two!").unwrap();
+    eventually("new contents", || {
+        std::fs::read(t.m("d/f")).is_ok_and(|d| d == b"two!")
+    });
+    common::chmod(&t.s("d/f"), 0o600);
+    use std::os::unix::fs::PermissionsExt;
+    eventually("a chmod", || {
+        std::fs::metadata(t.m("d/f")).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o600)
+    });
+    std::fs::remove_file(t.s("d/missing")).unwrap();
+    eventually("a removal", || !t.m("d/missing").exists());
+    std::fs::rename(t.s("d"), t.s("e")).unwrap();
+    eventually("a rename", || !t.m("d").exists() && t.m("e/f").exists());
+}
+
+/// With the server gone (and no reconnecting), calls fail (EIO, never a hang) and unmounting
+/// works.
+#[test]
+fn server_killed_gives_errors_and_umount_works() {
+    if !can_mount() {
+        return;
+    }
+    let mut t = RemoteMount::start("reconnect_timeout=0");
+    std::fs::write(t.s("f"), b"x").unwrap();
+    assert!(t.m("f").exists());
+    let pid = t.server_pid();
+    // SAFETY: kill(2) of the server process this test started (through the fake ssh).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    // A name the client never asked about needs the server: EIO, not a hang.
+    eventually("calls fail with EIO once the server is gone", || {
+        std::fs::metadata(t.m("never-seen")).is_err_and(|e| e.raw_os_error() == Some(libc::EIO))
+    });
+    dircache_fuse::unmount(&t.mnt).expect("umount with the server gone");
+    let d = t.daemon.as_mut().unwrap();
+    eventually("the daemon exits after umount", || {
+        d.try_wait().is_ok_and(|s| s.is_some())
+    });
+}
+
+/// The server killed: the client starts ssh again and carries on; the cache forgot what it
+/// knew (every callback promise broken) and learns the tree again; callbacks flow on the new
+/// connection.
+#[test]
+fn the_client_reconnects_after_the_server_is_killed() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start("reconnect_timeout=30");
+    std::fs::write(t.s("f"), b"one").unwrap();
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), b"one");
+    let first = t.server_pid();
+    // SAFETY: kill(2) of the server process this test started (through the fake ssh).
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    // Changed while no server watched: the reconnected client must not serve "one".
+    std::fs::write(t.s("f"), b"two!").unwrap();
+    std::fs::write(t.s("g"), b"new").unwrap();
+    eventually("a new server", || {
+        std::fs::metadata(t.m("g")).is_ok() && t.server_pid() != first
+    });
+    eventually("what changed meanwhile", || {
+        std::fs::read(t.m("f")).is_ok_and(|d| d == b"two!")
+    });
+    // Callbacks on the new connection.
+    std::fs::write(t.s("h"), b"later").unwrap();
+    eventually("a change after reconnecting", || t.m("h").exists());
+}
+
+/// A server that is not root acts as its own user whatever the caller (like sftp-server):
+/// files created through the mount by root belong to the server's user, what that user may
+/// not do fails, and changes on the server still come back as callbacks (inotify).
+#[test]
+fn a_non_root_server_acts_as_its_own_user() {
+    if !can_mount() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let t = RemoteMount::start_as("", Some(1000));
+    std::fs::write(t.m("mine"), b"x").unwrap();
+    let m = std::fs::metadata(t.s("mine")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1000, 1000));
+    // Root on the client cannot chown through a non-root server.
+    let e = std::os::unix::fs::chown(t.m("mine"), Some(0), None).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    // A root-owned directory inside SRC the server's user cannot write.
+    std::fs::create_dir(t.s("roots")).unwrap();
+    common::chmod(&t.s("roots"), 0o755);
+    assert!(t.m("roots").is_dir());
+    let e = std::fs::write(t.m("roots/x"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+    // Server-side changes come back.
+    std::fs::write(t.s("outside"), b"o").unwrap();
+    eventually("a server-side change", || t.m("outside").exists());
+}

@@ -1,0 +1,1176 @@
+//! The client side: [`RemoteBackend`], a [`Backend`] whose files live behind a dircache server,
+//! over any [`Transport`] (a child process's stdin/stdout, such as `ssh host dircache serve
+//! --stdio DIR`; a TCP or unix stream).
+//!
+//! Calls from any number of threads are in flight at once: each gets a fresh id, registers a
+//! reply slot, writes its frame (under a short lock) and waits; one reader thread takes every
+//! frame the server sends and hands replies to their slots by id, and turns callbacks into the
+//! [`ChangeFeed`] that [`Backend::watch`] returns (so the core cache and the FUSE front end
+//! apply them as they apply a local backend's changes). When the connection ends, every call
+//! waiting gets EIO at once, later calls get EIO, and the change feed reports
+//! [`Change::Overflow`] (every callback promise is broken: the cache forgets what it knew).
+
+use std::collections::HashMap;
+use std::io::{BufWriter, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
+use dircache_core::{
+    Attr, Backend, BackendFile, Change, ChangeFeed, Cred, DirEntry, Error, RenameMode, Result,
+    SetAttr, StatFs, Walked, Whence, XattrTarget, XATTR_UNSUPPORTED,
+};
+use parking_lot::Mutex;
+
+use crate::frame::{read_frame, write_frame};
+use crate::prefetch::{join, Prefetch};
+use crate::proto::{
+    decode, encode, features, Bytes, ClientMsg, Hello, ProtoError, Reply, Request, ServerMsg,
+    SubtreeDir, Target, WireCred, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
+};
+
+/// The two directions of a byte stream, and whatever must live as long as they do.
+pub struct Halves {
+    pub read: Box<dyn Read + Send>,
+    pub write: Box<dyn Write + Send>,
+    /// Dropped after both halves (a child process to reap, say).
+    pub keep: Box<dyn Send>,
+    /// Ends the stream both ways (shutdown(2) of a socket whose halves are two descriptors),
+    /// so the reader sees end of file; `None` when dropping the write half is enough.
+    pub close: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// Any bidirectional byte stream a client can talk to a server over.
+pub trait Transport: Send {
+    fn into_halves(self: Box<Self>) -> std::io::Result<Halves>;
+}
+
+impl Transport for std::net::TcpStream {
+    fn into_halves(self: Box<Self>) -> std::io::Result<Halves> {
+        let _ = self.set_nodelay(true);
+        let s = self.try_clone()?;
+        Ok(Halves {
+            read: Box::new(self.try_clone()?),
+            write: Box::new(*self),
+            keep: Box::new(()),
+            close: Some(Box::new(move || {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            })),
+        })
+    }
+}
+
+impl Transport for std::os::unix::net::UnixStream {
+    fn into_halves(self: Box<Self>) -> std::io::Result<Halves> {
+        let s = self.try_clone()?;
+        Ok(Halves {
+            read: Box::new(self.try_clone()?),
+            write: Box::new(*self),
+            keep: Box::new(()),
+            close: Some(Box::new(move || {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            })),
+        })
+    }
+}
+
+/// A child process spoken to on its stdin and stdout (`ssh host dircache serve --stdio DIR`,
+/// or `dircache serve --stdio DIR` itself). Its stderr is inherited. When the connection is
+/// dropped the child's stdin closes (a server exits at end of input); a child still running
+/// [`ChildTransport::GRACE`] later is killed and reaped.
+pub struct ChildTransport {
+    child: Child,
+}
+
+impl ChildTransport {
+    /// How long a child may take to exit after its input closed.
+    pub const GRACE: Duration = Duration::from_secs(3);
+
+    /// Start `cmd` with piped stdin and stdout.
+    pub fn spawn(mut cmd: Command) -> std::io::Result<ChildTransport> {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        Ok(ChildTransport {
+            child: cmd.spawn()?,
+        })
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let end = Instant::now() + ChildTransport::GRACE;
+        loop {
+            match self.0.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) if Instant::now() >= end => break,
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Transport for ChildTransport {
+    fn into_halves(mut self: Box<Self>) -> std::io::Result<Halves> {
+        let missing = || std::io::Error::other("child without piped stdio");
+        let write = self.child.stdin.take().ok_or_else(missing)?;
+        let read = self.child.stdout.take().ok_or_else(missing)?;
+        Ok(Halves {
+            read: Box::new(read),
+            write: Box::new(write),
+            keep: Box::new(Reap(self.child)),
+            close: None,
+        })
+    }
+}
+
+/// One reply frame: whether it is the last, and its body; `Err(())` when the connection ended.
+type Frame = std::result::Result<(bool, std::result::Result<Reply, i32>), ()>;
+type Slot = Sender<Frame>;
+
+struct Conn {
+    writer: Mutex<BufWriter<Box<dyn Write + Send>>>,
+    pending: Mutex<HashMap<u64, Slot>>,
+    next: AtomicU64,
+    closed: AtomicBool,
+    /// The change feed (shared by every connection of one backend).
+    callbacks: Arc<Mutex<Option<Sender<Change>>>>,
+    /// A callback could not be queued (the feed was full): send Overflow before the next.
+    lost: Arc<AtomicBool>,
+    features: u64,
+    /// Credentials sent with calls that carry none (queries).
+    own: WireCred,
+    keep: Mutex<Option<Box<dyn Send>>>,
+    prefetch: Arc<Mutex<Prefetch>>,
+    close: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    round_trips: Arc<AtomicU64>,
+}
+
+/// Callbacks queued for the cache at most; past that they collapse into one Overflow.
+const FEED_CAPACITY: usize = 65536;
+
+fn eio() -> Error {
+    Error::Os(libc::EIO)
+}
+
+impl Conn {
+    /// Send a call; the receiver gets its reply frames, or an error if the connection ends.
+    fn start(&self, cred: &WireCred, req: Request) -> Result<Receiver<Frame>> {
+        if req.mutates() {
+            self.prefetch.lock().clear();
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded();
+        self.pending.lock().insert(id, tx);
+        if self.closed.load(Ordering::SeqCst) {
+            self.pending.lock().remove(&id);
+            return Err(eio());
+        }
+        let msg = ClientMsg::Call {
+            id,
+            cred: cred.clone(),
+            req,
+        };
+        let sent = encode(&msg).map_err(|e| {
+            tracing::error!("cannot encode a call: {e}");
+            Error::Invalid
+        })?;
+        let mut w = self.writer.lock();
+        let r = write_frame(&mut *w, &sent, MAX_CLIENT_FRAME)
+            .map_err(|e| match e {
+                crate::frame::FrameError::TooLarge { .. } => Error::Os(libc::E2BIG),
+                _ => eio(),
+            })
+            .and_then(|()| w.flush().map_err(|_| eio()));
+        drop(w);
+        if let Err(e) = r {
+            self.pending.lock().remove(&id);
+            return Err(e);
+        }
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        Ok(rx)
+    }
+
+    fn call_as(&self, cred: &WireCred, req: Request) -> Result<Reply> {
+        let mutates = req.mutates();
+        let rx = self.start(cred, req)?;
+        let r = rx.recv();
+        if mutates {
+            // Again at the end: a bulk reply read on the server while this ran is not kept.
+            self.prefetch.lock().clear();
+        }
+        match r {
+            Ok(Ok((_, Ok(r)))) => Ok(r),
+            Ok(Ok((_, Err(errno)))) => Err(Error::from_errno(errno)),
+            _ => Err(eio()),
+        }
+    }
+
+    fn call(&self, req: Request) -> Result<Reply> {
+        self.call_as(&self.own.clone(), req)
+    }
+
+    fn reader(self: Arc<Self>, mut read: Box<dyn Read + Send>) {
+        let why = loop {
+            let frame = match read_frame(&mut read, MAX_SERVER_FRAME) {
+                Ok(Some(f)) => f,
+                Ok(None) => break None,
+                Err(e) => break Some(ProtoError::from(e)),
+            };
+            match decode::<ServerMsg>(&frame) {
+                Ok(ServerMsg::Reply { id, last, body }) => {
+                    let slot = if last {
+                        self.pending.lock().remove(&id)
+                    } else {
+                        self.pending.lock().get(&id).cloned()
+                    };
+                    match slot {
+                        Some(s) => {
+                            let _ = s.send(Ok((last, body)));
+                        }
+                        None => break Some(ProtoError::Unexpected(format!("reply to {id}"))),
+                    }
+                }
+                Ok(ServerMsg::Callback(c)) => {
+                    let c = Change::from(c);
+                    // The prefetch buffer forgets first, before the cache hears of it.
+                    match &c {
+                        Change::Attr { path } | Change::Entry { path } => {
+                            self.prefetch.lock().touched(path)
+                        }
+                        Change::Inode { .. } | Change::Overflow => self.prefetch.lock().clear(),
+                    }
+                    self.callback(c)
+                }
+                Ok(other) => break Some(ProtoError::Unexpected(format!("{other:?}"))),
+                Err(e) => break Some(e),
+            }
+        };
+        match why {
+            None => tracing::warn!("the server closed the connection"),
+            Some(e) => tracing::error!("closing the connection to the server: {e}"),
+        }
+        self.closed.store(true, Ordering::SeqCst);
+        self.prefetch.lock().clear();
+        for (_, s) in self.pending.lock().drain() {
+            let _ = s.send(Err(()));
+        }
+        // Every callback promise is broken: the cache forgets what it knew, and learns it
+        // again from the next connection (Coda's revalidation on reconnect).
+        if let Some(tx) = self.callbacks.lock().as_ref() {
+            if tx.try_send(Change::Overflow).is_err() {
+                self.lost.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn callback(&self, c: Change) {
+        let guard = self.callbacks.lock();
+        let Some(tx) = guard.as_ref() else { return };
+        if self.lost.load(Ordering::Relaxed) {
+            if tx.try_send(Change::Overflow).is_err() {
+                return;
+            }
+            self.lost.store(false, Ordering::Relaxed);
+        }
+        match tx.try_send(c) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => self.lost.store(true, Ordering::Relaxed),
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+impl Conn {
+    /// End the connection from our side: the server sees end of input and exits; our reader
+    /// sees end of file, fails what is in flight and exits (dropping the connection, which
+    /// reaps a child transport).
+    fn shutdown(&self) {
+        let w = std::mem::replace(
+            &mut *self.writer.lock(),
+            BufWriter::new(Box::new(std::io::sink())),
+        );
+        drop(w);
+        if let Some(close) = self.close.lock().take() {
+            close();
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.shutdown();
+        drop(self.keep.lock().take());
+    }
+}
+
+impl Drop for RemoteBackend {
+    fn drop(&mut self) {
+        tracing::info!(
+            "remote: {} round trips, {} answers from prefetched listings",
+            self.round_trips(),
+            self.prefetch_hits()
+        );
+        self.conn.lock().shutdown();
+    }
+}
+
+/// The handshake over `t`, then a connection with its reader thread.
+fn new_conn(
+    t: Box<dyn Transport>,
+    cfg: &ClientConfig,
+    callbacks: Arc<Mutex<Option<Sender<Change>>>>,
+    lost: Arc<AtomicBool>,
+    prefetch: Arc<Mutex<Prefetch>>,
+    round_trips: Arc<AtomicU64>,
+) -> std::result::Result<Arc<Conn>, ProtoError> {
+    let Halves {
+        mut read,
+        write,
+        keep,
+        close,
+    } = t.into_halves().map_err(|e| ProtoError::Frame(e.into()))?;
+    let mut writer = BufWriter::with_capacity(256 * 1024, write);
+    let hello = encode(&ClientMsg::Hello(Hello::new(features::ALL)))?;
+    write_frame(&mut writer, &hello, MAX_CLIENT_FRAME)?;
+    writer.flush().map_err(|e| ProtoError::Frame(e.into()))?;
+    let Some(frame) = read_frame(&mut read, MAX_SERVER_FRAME)? else {
+        return Err(ProtoError::Closed);
+    };
+    let granted = match decode::<ServerMsg>(&frame) {
+        Ok(ServerMsg::Hello(h)) => {
+            h.check()?;
+            h.features
+        }
+        Ok(ServerMsg::Refused(why)) => return Err(ProtoError::Refused(why)),
+        Ok(other) => return Err(ProtoError::Unexpected(format!("{other:?}"))),
+        Err(_) => return Err(ProtoError::NotDircache),
+    };
+    {
+        let both = features::CALLBACKS | features::SUBTREE;
+        let mut p = prefetch.lock();
+        p.clear();
+        p.max = if granted & both == both {
+            cfg.prefetch
+        } else {
+            0
+        };
+    }
+    let conn = Arc::new(Conn {
+        writer: Mutex::new(writer),
+        pending: Mutex::new(HashMap::new()),
+        next: AtomicU64::new(1),
+        closed: AtomicBool::new(false),
+        callbacks,
+        lost,
+        features: granted,
+        own: WireCred {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+            groups: Vec::new(),
+        },
+        keep: Mutex::new(Some(keep)),
+        prefetch,
+        close: Mutex::new(close),
+        round_trips,
+    });
+    let c = conn.clone();
+    std::thread::Builder::new()
+        .name("dircache-remote-reader".into())
+        .spawn(move || c.reader(read))
+        .map_err(|e| ProtoError::Frame(e.into()))?;
+    Ok(conn)
+}
+
+/// Starts a new transport to the server (for reconnecting).
+pub type Connector = Box<dyn Fn() -> std::io::Result<Box<dyn Transport>> + Send + Sync>;
+
+/// A [`Backend`] served by a dircache server (module docs).
+pub struct RemoteBackend {
+    conn: Mutex<Arc<Conn>>,
+    watched: AtomicBool,
+    callbacks: Arc<Mutex<Option<Sender<Change>>>>,
+    lost: Arc<AtomicBool>,
+    prefetch: Arc<Mutex<Prefetch>>,
+    round_trips: Arc<AtomicU64>,
+    connector: Option<Connector>,
+    cfg: ClientConfig,
+    /// Held while reconnecting: one attempt at a time, the others wait for its outcome.
+    reconnecting: Mutex<()>,
+}
+
+/// How a client runs.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Most directory entries the prefetch buffer holds (crate::prefetch); 0 = no bulk
+    /// subtree prefetching.
+    pub prefetch: usize,
+    /// After the connection is lost, how long a call waits for a new one (reconnecting with
+    /// backoff through the [`Connector`]) before it fails with EIO; zero = no reconnecting.
+    pub reconnect_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> ClientConfig {
+        ClientConfig {
+            prefetch: 131072,
+            reconnect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RemoteBackend {
+    /// Talk to a server over `t` with the default configuration.
+    pub fn connect(t: Box<dyn Transport>) -> std::result::Result<RemoteBackend, ProtoError> {
+        Self::connect_with(t, &ClientConfig::default())
+    }
+
+    /// Talk to a server over `t`: the handshake, then a reader thread. No reconnecting.
+    pub fn connect_with(
+        t: Box<dyn Transport>,
+        cfg: &ClientConfig,
+    ) -> std::result::Result<RemoteBackend, ProtoError> {
+        Self::start(t, None, cfg)
+    }
+
+    /// Talk to a server over a transport from `connector`, and to a new one from it whenever
+    /// the connection is lost ([`ClientConfig::reconnect_timeout`]).
+    pub fn connect_again(
+        connector: Connector,
+        cfg: &ClientConfig,
+    ) -> std::result::Result<RemoteBackend, ProtoError> {
+        let t = connector().map_err(|e| ProtoError::Frame(e.into()))?;
+        Self::start(t, Some(connector), cfg)
+    }
+
+    fn start(
+        t: Box<dyn Transport>,
+        connector: Option<Connector>,
+        cfg: &ClientConfig,
+    ) -> std::result::Result<RemoteBackend, ProtoError> {
+        let callbacks = Arc::new(Mutex::new(None));
+        let lost = Arc::new(AtomicBool::new(false));
+        let prefetch = Arc::new(Mutex::new(Prefetch::new(0)));
+        let round_trips = Arc::new(AtomicU64::new(0));
+        let conn = new_conn(
+            t,
+            cfg,
+            callbacks.clone(),
+            lost.clone(),
+            prefetch.clone(),
+            round_trips.clone(),
+        )?;
+        Ok(RemoteBackend {
+            conn: Mutex::new(conn),
+            watched: AtomicBool::new(false),
+            callbacks,
+            lost,
+            prefetch,
+            round_trips,
+            connector,
+            cfg: cfg.clone(),
+            reconnecting: Mutex::new(()),
+        })
+    }
+
+    /// The live connection: the current one, or (after it was lost) a new one, waiting up to
+    /// the reconnect timeout with backoff; EIO when there is none.
+    fn conn(&self) -> Result<Arc<Conn>> {
+        let c = self.conn.lock().clone();
+        if !c.closed.load(Ordering::SeqCst) {
+            return Ok(c);
+        }
+        let Some(connect) = &self.connector else {
+            return Err(eio());
+        };
+        if self.cfg.reconnect_timeout.is_zero() {
+            return Err(eio());
+        }
+        let _one = self.reconnecting.lock();
+        let c = self.conn.lock().clone();
+        if !c.closed.load(Ordering::SeqCst) {
+            return Ok(c);
+        }
+        let deadline = Instant::now() + self.cfg.reconnect_timeout;
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let attempt = connect()
+                .map_err(|e| ProtoError::Frame(e.into()))
+                .and_then(|t| {
+                    new_conn(
+                        t,
+                        &self.cfg,
+                        self.callbacks.clone(),
+                        self.lost.clone(),
+                        self.prefetch.clone(),
+                        self.round_trips.clone(),
+                    )
+                });
+            match attempt {
+                Ok(new) => {
+                    tracing::warn!("reconnected to the server");
+                    *self.conn.lock() = new.clone();
+                    return Ok(new);
+                }
+                Err(e) => {
+                    tracing::warn!("reconnecting: {e}");
+                    if Instant::now() + delay > deadline {
+                        return Err(eio());
+                    }
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// The features the server granted.
+    pub fn features(&self) -> u64 {
+        self.conn.lock().features
+    }
+
+    /// Calls sent so far (each one round trip; streamed replies count once).
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Directory listings and lookups answered from the prefetch buffer so far.
+    pub fn prefetch_hits(&self) -> u64 {
+        self.prefetch.lock().hits
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.conn.lock().closed.load(Ordering::SeqCst)
+    }
+
+    /// Everything below `path` (at most `budget` entries) in one streamed reply, directory by
+    /// directory (paths relative to `path`); `true` when the whole subtree fit.
+    pub fn subtree(&self, path: &[u8], budget: u64) -> Result<(Vec<SubtreeDir>, bool)> {
+        if self.conn.lock().features & features::SUBTREE == 0 {
+            return Err(Error::NotSupported);
+        }
+        let c = self.conn()?;
+        let rx = c.start(
+            &c.own.clone(),
+            Request::Subtree {
+                path: path.to_vec(),
+                budget,
+            },
+        )?;
+        let mut dirs: Vec<SubtreeDir> = Vec::new();
+        loop {
+            match rx.recv() {
+                Ok(Ok((last, Ok(Reply::Subtree { dirs: d, complete })))) => {
+                    for sd in d {
+                        match dirs.last_mut() {
+                            Some(prev) if prev.dir == sd.dir => prev.entries.extend(sd.entries),
+                            _ => dirs.push(sd),
+                        }
+                    }
+                    if last {
+                        return Ok((dirs, complete));
+                    }
+                }
+                Ok(Ok((_, Err(e)))) => return Err(Error::from_errno(e)),
+                _ => return Err(eio()),
+            }
+        }
+    }
+
+    fn xattrs(&self) -> Result<()> {
+        if self.conn.lock().features & features::XATTRS == 0 {
+            return Err(XATTR_UNSUPPORTED);
+        }
+        Ok(())
+    }
+}
+
+/// The calling thread's umask, sent with creations: the FUSE front end sets a request thread's
+/// umask to its caller's around a creation (in a private fs context), as it does for the local
+/// backend, whose file system applies it there; here the server's must.
+fn thread_umask() -> u32 {
+    // SAFETY: umask(2) has no memory effects. Reading it means setting it: a thread with a
+    // private fs context (the FUSE request threads that set a caller's umask) races with no
+    // one; threads sharing the daemon's context see its umask, 0, set back at once.
+    let old = unsafe { libc::umask(0) };
+    // SAFETY: as above; puts back what was there.
+    unsafe { libc::umask(old) };
+    old as u32
+}
+
+fn target(t: &XattrTarget<'_>) -> Target {
+    Target {
+        path: t.path.to_vec(),
+        expect: t.expect,
+    }
+}
+
+fn want_attr(r: Reply) -> Result<Attr> {
+    match r {
+        Reply::Attr(a) => Ok(a),
+        _ => Err(Error::Os(libc::EPROTO)),
+    }
+}
+
+fn want_unit(r: Reply) -> Result<()> {
+    match r {
+        Reply::Unit => Ok(()),
+        _ => Err(Error::Os(libc::EPROTO)),
+    }
+}
+
+fn want_data(r: Reply) -> Result<Vec<u8>> {
+    match r {
+        Reply::Data(d) => Ok(d),
+        _ => Err(Error::Os(libc::EPROTO)),
+    }
+}
+
+fn want_count(r: Reply) -> Result<u64> {
+    match r {
+        Reply::Count(n) => Ok(n),
+        _ => Err(Error::Os(libc::EPROTO)),
+    }
+}
+
+impl Backend for RemoteBackend {
+    fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
+        if let Some(r) = self.prefetch.lock().lookup(dir, name) {
+            return r;
+        }
+        want_attr(self.conn()?.call(Request::Lookup {
+            dir: dir.to_vec(),
+            name: name.to_vec(),
+        })?)
+    }
+
+    fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        if names.is_empty() {
+            return Walked::default();
+        }
+        // As far as the prefetch buffer knows, then the rest in one round trip.
+        let mut known = Walked::default();
+        let mut at = dir.to_vec();
+        {
+            let mut p = self.prefetch.lock();
+            for (i, name) in names.iter().enumerate() {
+                match p.lookup(&at, name) {
+                    Some(Ok(a)) => {
+                        known.attrs.push(a);
+                        if i + 1 < names.len() && !a.is_dir() {
+                            known.error = Some(Error::NotDir);
+                            return known;
+                        }
+                        at = join(&at, name);
+                    }
+                    Some(Err(e)) => {
+                        known.error = Some(e);
+                        return known;
+                    }
+                    None => break,
+                }
+            }
+        }
+        let done = known.attrs.len();
+        if done == names.len() {
+            return known;
+        }
+        let mut rest = self.walk_remote(&at, &names[done..]);
+        known.attrs.append(&mut rest.attrs);
+        known.error = rest.error;
+        known
+    }
+
+    fn getattr(&self, path: &[u8]) -> Result<Attr> {
+        if !path.is_empty() {
+            let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
+                Some(i) => (&path[..i], &path[i + 1..]),
+                None => (&b""[..], path),
+            };
+            if let Some(r) = self.prefetch.lock().lookup(dir, name) {
+                return r;
+            }
+        }
+        want_attr(self.conn()?.call(Request::Getattr {
+            path: path.to_vec(),
+        })?)
+    }
+
+    fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
+        let bulk = {
+            let mut p = self.prefetch.lock();
+            if let Some(l) = p.take(path) {
+                return Ok(l);
+            }
+            p.enabled().then(|| {
+                let root = p.cut_root_for(path);
+                (p.generation(), p.next_budget(), root)
+            })
+        };
+        if let Some((gen, budget, root)) = bulk {
+            // Below a bulk call cut short: that root again, with a bigger budget, so that
+            // its other unlisted directories come along too.
+            if let Some(root) = root.filter(|r| r != path) {
+                if let Ok((dirs, complete)) = self.subtree(&root, budget) {
+                    let mut p = self.prefetch.lock();
+                    if !complete {
+                        p.mark_cut(&root);
+                    }
+                    p.store(gen, &root, dirs, false);
+                    if let Some(l) = p.take(path) {
+                        return Ok(l);
+                    }
+                }
+            }
+            // The whole subtree (bounded) in one round trip: this listing answers the call,
+            // the rest waits in the prefetch buffer.
+            let gen = self.prefetch.lock().generation();
+            let (dirs, complete) = self.subtree(path, budget)?;
+            let own: Vec<DirEntry> = dirs
+                .iter()
+                .filter(|d| d.dir.is_empty())
+                .flat_map(|d| d.entries.iter().cloned())
+                .collect();
+            let mut p = self.prefetch.lock();
+            if !complete {
+                p.mark_cut(path);
+            }
+            p.store(gen, path, dirs, false);
+            return Ok(own);
+        }
+        let c = self.conn()?;
+        let rx = c.start(
+            &c.own.clone(),
+            Request::Readdir {
+                path: path.to_vec(),
+                plus,
+            },
+        )?;
+        let mut out = Vec::new();
+        loop {
+            match rx.recv() {
+                Ok(Ok((last, Ok(Reply::Entries(e))))) => {
+                    out.extend(e);
+                    if last {
+                        return Ok(out);
+                    }
+                }
+                Ok(Ok((_, Err(e)))) => return Err(Error::from_errno(e)),
+                Ok(Ok(_)) => return Err(Error::Os(libc::EPROTO)),
+                _ => return Err(eio()),
+            }
+        }
+    }
+
+    fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
+        want_data(self.conn()?.call(Request::Readlink {
+            path: path.to_vec(),
+        })?)
+    }
+
+    fn mknod(&self, cred: &Cred, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
+        want_attr(self.conn()?.call_as(
+            &cred.into(),
+            Request::Mknod {
+                path: path.to_vec(),
+                mode,
+                rdev,
+                umask: thread_umask(),
+            },
+        )?)
+    }
+
+    fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
+        want_attr(self.conn()?.call_as(
+            &cred.into(),
+            Request::Mkdir {
+                path: path.to_vec(),
+                mode,
+                umask: thread_umask(),
+            },
+        )?)
+    }
+
+    fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
+        want_attr(self.conn()?.call_as(
+            &cred.into(),
+            Request::Symlink {
+                target: target.to_vec(),
+                path: path.to_vec(),
+            },
+        )?)
+    }
+
+    fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr> {
+        want_attr(self.conn()?.call_as(
+            &cred.into(),
+            Request::Link {
+                old: old.to_vec(),
+                new: new.to_vec(),
+            },
+        )?)
+    }
+
+    fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        want_unit(self.conn()?.call_as(
+            &cred.into(),
+            Request::Unlink {
+                path: path.to_vec(),
+            },
+        )?)
+    }
+
+    fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        want_unit(self.conn()?.call_as(
+            &cred.into(),
+            Request::Rmdir {
+                path: path.to_vec(),
+            },
+        )?)
+    }
+
+    fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
+        want_unit(self.conn()?.call_as(
+            &cred.into(),
+            Request::Rename {
+                old: old.to_vec(),
+                new: new.to_vec(),
+                mode,
+            },
+        )?)
+    }
+
+    fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
+        want_attr(self.conn()?.call_as(
+            &cred.into(),
+            Request::Setattr {
+                path: path.to_vec(),
+                set: *set,
+            },
+        )?)
+    }
+
+    fn statfs(&self, path: &[u8]) -> Result<StatFs> {
+        match self.conn()?.call(Request::Statfs {
+            path: path.to_vec(),
+        })? {
+            Reply::StatFs(s) => Ok(s),
+            _ => Err(Error::Os(libc::EPROTO)),
+        }
+    }
+
+    fn open(
+        &self,
+        cred: &Cred,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+    ) -> Result<Box<dyn BackendFile>> {
+        let r = self.conn()?.call_as(
+            &cred.into(),
+            Request::Open {
+                path: path.to_vec(),
+                flags,
+                mode,
+                umask: if flags & libc::O_CREAT != 0 {
+                    thread_umask()
+                } else {
+                    0
+                },
+            },
+        )?;
+        self.file(r)
+    }
+
+    fn open_verified(
+        &self,
+        cred: &Cred,
+        t: XattrTarget<'_>,
+        flags: i32,
+    ) -> Result<Box<dyn BackendFile>> {
+        let r = self.conn()?.call_as(
+            &cred.into(),
+            Request::OpenVerified {
+                target: target(&t),
+                flags,
+            },
+        )?;
+        self.file(r)
+    }
+
+    fn fsyncdir(&self, cred: &Cred, t: XattrTarget<'_>, datasync: bool) -> Result<()> {
+        want_unit(self.conn()?.call_as(
+            &cred.into(),
+            Request::Fsyncdir {
+                target: target(&t),
+                datasync,
+            },
+        )?)
+    }
+
+    fn getxattr(&self, cred: &Cred, t: XattrTarget<'_>, name: &[u8]) -> Result<Vec<u8>> {
+        self.xattrs()?;
+        // A file known to have no extended attributes has no ACL (no permission is needed to
+        // ask for one): `ls -l` asks for every entry.
+        if (name == b"system.posix_acl_access" || name == b"system.posix_acl_default")
+            && self.prefetch.lock().is_bare(t.path)
+        {
+            return Err(Error::Os(libc::ENODATA));
+        }
+        want_data(self.conn()?.call_as(
+            &cred.into(),
+            Request::Getxattr {
+                target: target(&t),
+                name: name.to_vec(),
+            },
+        )?)
+    }
+
+    fn listxattr(&self, cred: &Cred, t: XattrTarget<'_>) -> Result<Vec<u8>> {
+        self.xattrs()?;
+        want_data(
+            self.conn()?
+                .call_as(&cred.into(), Request::Listxattr { target: target(&t) })?,
+        )
+    }
+
+    fn setxattr(
+        &self,
+        cred: &Cred,
+        t: XattrTarget<'_>,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
+        self.xattrs()?;
+        want_unit(self.conn()?.call_as(
+            &cred.into(),
+            Request::Setxattr {
+                target: target(&t),
+                name: name.to_vec(),
+                value: value.to_vec(),
+                flags,
+            },
+        )?)
+    }
+
+    fn removexattr(&self, cred: &Cred, t: XattrTarget<'_>, name: &[u8]) -> Result<()> {
+        self.xattrs()?;
+        want_unit(self.conn()?.call_as(
+            &cred.into(),
+            Request::Removexattr {
+                target: target(&t),
+                name: name.to_vec(),
+            },
+        )?)
+    }
+
+    fn watch(&self) -> Result<Option<ChangeFeed>> {
+        if self.conn.lock().features & features::CALLBACKS == 0
+            || self.watched.swap(true, Ordering::SeqCst)
+        {
+            return Ok(None);
+        }
+        let (tx, rx) = bounded(FEED_CAPACITY);
+        if self.conn.lock().closed.load(Ordering::SeqCst) {
+            let _ = tx.try_send(Change::Overflow);
+            return Ok(Some(rx));
+        }
+        *self.callbacks.lock() = Some(tx);
+        Ok(Some(rx))
+    }
+}
+
+impl RemoteBackend {
+    fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        let r = self.conn().and_then(|c| {
+            c.call(Request::Walk {
+                dir: dir.to_vec(),
+                names: names.iter().map(|n| Bytes(n.to_vec())).collect(),
+            })
+        });
+        match r {
+            Ok(Reply::Walked { attrs, error }) if attrs.len() <= names.len() => Walked {
+                error: match error {
+                    Some(e) => Some(Error::from_errno(e)),
+                    None if attrs.len() < names.len() => Some(Error::Os(libc::EPROTO)),
+                    None => None,
+                },
+                attrs,
+            },
+            Ok(_) => Walked {
+                attrs: Vec::new(),
+                error: Some(Error::Os(libc::EPROTO)),
+            },
+            Err(e) => Walked {
+                attrs: Vec::new(),
+                error: Some(e),
+            },
+        }
+    }
+
+    fn file(&self, r: Reply) -> Result<Box<dyn BackendFile>> {
+        match r {
+            Reply::Opened { handle, writable } => Ok(Box::new(RemoteFile {
+                conn: self.conn.lock().clone(),
+                handle,
+                writable,
+            })),
+            _ => Err(Error::Os(libc::EPROTO)),
+        }
+    }
+}
+
+/// An open file on the server: a handle; closed when dropped.
+pub struct RemoteFile {
+    conn: Arc<Conn>,
+    handle: u64,
+    writable: bool,
+}
+
+impl Drop for RemoteFile {
+    fn drop(&mut self) {
+        if let Err(e) = self.conn.call(Request::Close {
+            handle: self.handle,
+        }) {
+            tracing::debug!("close of remote handle {}: {e}", self.handle);
+        }
+    }
+}
+
+impl BackendFile for RemoteFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        // Every chunk asked for at once; the answers are taken in order.
+        let mut calls = Vec::new();
+        for (i, c) in buf.chunks(MAX_IO).enumerate() {
+            calls.push((
+                c.len(),
+                self.conn.start(
+                    &self.conn.own.clone(),
+                    Request::Read {
+                        handle: self.handle,
+                        offset: offset + (i * MAX_IO) as u64,
+                        len: c.len() as u32,
+                    },
+                )?,
+            ));
+        }
+        let mut done = 0usize;
+        for (want, rx) in calls {
+            let data = match rx.recv() {
+                Ok(Ok((_, Ok(Reply::Data(d))))) => d,
+                Ok(Ok((_, Err(e)))) if done == 0 => return Err(Error::from_errno(e)),
+                Ok(Ok((_, Err(_)))) => break,
+                _ if done == 0 => return Err(eio()),
+                _ => break,
+            };
+            let n = data.len().min(want);
+            buf[done..done + n].copy_from_slice(&data[..n]);
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    fn write_at(&self, cred: &Cred, data: &[u8], offset: u64, append: bool) -> Result<usize> {
+        let mut done = 0usize;
+        for c in data.chunks(MAX_IO) {
+            let r = self.conn.call_as(
+                &cred.into(),
+                Request::Write {
+                    handle: self.handle,
+                    offset: offset + done as u64,
+                    data: c.to_vec(),
+                    append,
+                },
+            );
+            match r.and_then(want_count) {
+                Ok(n) => {
+                    done += n as usize;
+                    if (n as usize) < c.len() {
+                        break;
+                    }
+                }
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(done)
+    }
+
+    fn sync(&self, datasync: bool) -> Result<()> {
+        want_unit(self.conn.call(Request::Sync {
+            handle: self.handle,
+            datasync,
+        })?)
+    }
+
+    fn allocate(&self, cred: &Cred, mode: i32, offset: u64, len: u64) -> Result<()> {
+        want_unit(self.conn.call_as(
+            &cred.into(),
+            Request::Allocate {
+                handle: self.handle,
+                mode,
+                offset,
+                len,
+            },
+        )?)
+    }
+
+    fn seek(&self, offset: i64, whence: Whence) -> Result<u64> {
+        let whence = match whence {
+            Whence::Set => libc::SEEK_SET,
+            Whence::Cur => libc::SEEK_CUR,
+            Whence::End => libc::SEEK_END,
+            Whence::Data => libc::SEEK_DATA,
+            Whence::Hole => libc::SEEK_HOLE,
+        };
+        want_count(self.conn.call(Request::Seek {
+            handle: self.handle,
+            offset,
+            whence,
+        })?)
+    }
+
+    fn set_size(&self, cred: &Cred, size: u64) -> Result<()> {
+        want_unit(self.conn.call_as(
+            &cred.into(),
+            Request::SetSize {
+                handle: self.handle,
+                size,
+            },
+        )?)
+    }
+
+    fn setattr(&self, cred: &Cred, set: &SetAttr) -> Result<Attr> {
+        want_attr(self.conn.call_as(
+            &cred.into(),
+            Request::FileSetattr {
+                handle: self.handle,
+                set: *set,
+            },
+        )?)
+    }
+
+    fn attr(&self) -> Result<Attr> {
+        want_attr(self.conn.call(Request::FileAttr {
+            handle: self.handle,
+        })?)
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+}

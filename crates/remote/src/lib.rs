@@ -1,0 +1,15 @@
+//! # dircache-remote
+//!
+//! Remote trees: the dircache protocol ([`proto`], over [`frame`]s; docs/protocol.md), the
+//! server ([`server::serve`], behind `dircache serve --stdio ROOT`) and the client
+//! ([`client::RemoteBackend`], a [`dircache_core::Backend`] the core cache and the FUSE front
+//! end serve like any other).
+
+pub mod client;
+pub mod frame;
+pub mod prefetch;
+pub mod proto;
+pub mod server;
+
+pub use client::{ChildTransport, ClientConfig, RemoteBackend, Transport};
+pub use server::{serve, ServerConfig};

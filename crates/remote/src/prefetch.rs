@@ -1,0 +1,366 @@
+//! The client's prefetch buffer: directory listings (with attributes) that came in bulk with a
+//! [`Subtree`](crate::proto::Request::Subtree) reply and that no one asked for yet. When the
+//! core cache first lists directory D, the client asks for D's whole subtree (bounded by an
+//! entry budget that doubles with every bulk call, up to the buffer's size) in one round trip;
+//! D's own listing answers the call, the rest waits here for the `readdir`, `lookup`, `walk`
+//! and `getattr` calls that a `find`, `du`, `ls -lR` or `git status` makes next, which are
+//! then answered without a round trip. A listing is handed to `readdir` once (the core cache
+//! owns it from then on, and keeps it coherent with the callbacks it gets); lookups only read.
+//!
+//! **Invariant.** Every listing here was complete and current on the server at some moment
+//! after (a) the last callback the client received that could touch it and (b) the last
+//! mutation this client made; it is dropped before any later callback touching it reaches the
+//! cache. How:
+//! - Only with the `CALLBACKS` feature (without callbacks nothing could keep it current).
+//! - The reader thread applies each callback here first, synchronously, before queueing it
+//!   for the cache: `Entry`/`Attr` of `p` drop the listings of `p`'s parent (which names `p`)
+//!   and grandparent (which holds the parent's attributes, moved by an entry change) and every
+//!   listing at or below `p`; `Inode` and `Overflow` drop everything.
+//! - Every callback and every mutation this client sends (at its start and again at its end)
+//!   bumps a generation; a bulk reply is kept only if the generation did not move between
+//!   sending the call and storing the reply (a change racing the server's walk could otherwise
+//!   be reported before the stale listing arrives). Mutations also drop everything.
+//! - Bounded: at most `max` entries in all; a reply that does not fit is dropped.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use dircache_core::{Attr, DirEntry, Error};
+
+use crate::proto::SubtreeDir;
+
+/// Listings waiting to be asked for (module docs).
+#[derive(Debug)]
+pub struct Prefetch {
+    listings: BTreeMap<Vec<u8>, Vec<DirEntry>>,
+    entries: usize,
+    gen: u64,
+    /// Most entries held; 0 turns prefetching off.
+    pub max: usize,
+    /// Budget of the next bulk call.
+    budget: u64,
+    /// Listings answered from here (for statistics and tests).
+    pub hits: u64,
+    /// Roots of bulk calls cut short by their budget (a hint, not data: at most
+    /// [`MAX_CUT_ROOTS`]). A listing missed below one is fetched with the whole root again, with
+    /// the next (doubled) budget, rather than one subtree per missed directory.
+    cut: Vec<Vec<u8>>,
+    /// Paths known to have no extended attributes (from bulk replies; at most `max`), under
+    /// the same invariant as the listings.
+    bare: BTreeSet<Vec<u8>>,
+}
+
+/// Most cut roots remembered.
+pub const MAX_CUT_ROOTS: usize = 64;
+
+/// The first bulk call's entry budget.
+pub const FIRST_BUDGET: u64 = 1024;
+
+fn parent(p: &[u8]) -> &[u8] {
+    match p.iter().rposition(|&b| b == b'/') {
+        Some(i) => &p[..i],
+        None => b"",
+    }
+}
+
+/// `a/b` for backend paths (`b` alone when `a` is the root, `a` when `b` is empty).
+pub fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(a.len() + 1 + b.len());
+    p.extend_from_slice(a);
+    if !a.is_empty() && !b.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(b);
+    p
+}
+
+impl Prefetch {
+    pub fn new(max: usize) -> Prefetch {
+        Prefetch {
+            listings: BTreeMap::new(),
+            entries: 0,
+            gen: 0,
+            max,
+            budget: FIRST_BUDGET,
+            hits: 0,
+            cut: Vec::new(),
+            bare: BTreeSet::new(),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.max > 0
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.gen
+    }
+
+    /// Listings held.
+    pub fn len(&self) -> usize {
+        self.listings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.listings.is_empty()
+    }
+
+    /// Entries held.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// The budget for the next bulk call (doubling each time, up to `max`).
+    pub fn next_budget(&mut self) -> u64 {
+        let b = self.budget.min(self.max as u64);
+        self.budget = (self.budget * 2).min(self.max as u64).max(FIRST_BUDGET);
+        b
+    }
+
+    /// Forget everything (a mutation by this client, `Overflow`, `Inode`).
+    pub fn clear(&mut self) {
+        self.gen += 1;
+        self.listings.clear();
+        self.entries = 0;
+        self.bare.clear();
+    }
+
+    /// A callback touching `path`: drop its parent's and grandparent's listings and everything
+    /// at or below it.
+    pub fn touched(&mut self, path: &[u8]) {
+        self.gen += 1;
+        // The parent's listing names `path`; the grandparent's holds the parent's own
+        // attributes (mtime, ctime, link count), which an entry change moves too.
+        let par = parent(path);
+        self.remove(par);
+        if !par.is_empty() {
+            self.remove(parent(par));
+        }
+        if path.is_empty() {
+            self.listings.clear();
+            self.entries = 0;
+            self.bare.clear();
+            return;
+        }
+        self.remove(path);
+        self.bare.remove(path);
+        let mut lo = path.to_vec();
+        lo.push(b'/');
+        let mut hi = path.to_vec();
+        hi.push(b'/' + 1);
+        let bare_below: Vec<Vec<u8>> = self.bare.range(lo.clone()..hi.clone()).cloned().collect();
+        for k in bare_below {
+            self.bare.remove(&k);
+        }
+        let below: Vec<Vec<u8>> = self
+            .listings
+            .range(lo..hi)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in below {
+            self.remove(&k);
+        }
+    }
+
+    fn remove(&mut self, dir: &[u8]) -> Option<Vec<DirEntry>> {
+        let l = self.listings.remove(dir)?;
+        self.entries -= l.len();
+        Some(l)
+    }
+
+    /// Store the listings of a bulk reply for `root` if nothing moved since generation `gen`,
+    /// as many whole listings as fit; `root`'s own only when `with_root`.
+    pub fn store(&mut self, gen: u64, root: &[u8], dirs: Vec<SubtreeDir>, with_root: bool) {
+        if gen != self.gen || !self.enabled() {
+            return;
+        }
+        for d in dirs {
+            let key = join(root, &d.dir);
+            if d.bare.len() == d.entries.len() {
+                for (e, bare) in d.entries.iter().zip(&d.bare) {
+                    if *bare && self.bare.len() < self.max {
+                        self.bare.insert(join(&key, &e.name));
+                    }
+                }
+            }
+            if d.dir.is_empty() && !with_root {
+                continue;
+            }
+            let old = self.listings.get(&key).map_or(0, Vec::len);
+            if self.entries - old + d.entries.len() > self.max {
+                return;
+            }
+            self.entries = self.entries - old + d.entries.len();
+            self.listings.insert(key, d.entries);
+        }
+    }
+
+    /// Whether `path` is known to have no extended attributes.
+    pub fn is_bare(&mut self, path: &[u8]) -> bool {
+        let b = self.bare.contains(path);
+        if b {
+            self.hits += 1;
+        }
+        b
+    }
+
+    /// A bulk call for `root` was cut short by its budget.
+    pub fn mark_cut(&mut self, root: &[u8]) {
+        if self.cut.iter().any(|r| r == root) {
+            return;
+        }
+        if self.cut.len() >= MAX_CUT_ROOTS {
+            self.cut.remove(0);
+        }
+        self.cut.push(root.to_vec());
+    }
+
+    /// The nearest cut root at or above `dir`, forgotten (the caller fetches it again).
+    pub fn cut_root_for(&mut self, dir: &[u8]) -> Option<Vec<u8>> {
+        let below = |r: &[u8]| {
+            r.is_empty() || dir == r || (dir.starts_with(r) && dir.get(r.len()) == Some(&b'/'))
+        };
+        let i = (0..self.cut.len())
+            .filter(|&i| below(&self.cut[i]))
+            .max_by_key(|&i| self.cut[i].len())?;
+        Some(self.cut.remove(i))
+    }
+
+    /// The listing of `dir`, handed over (once).
+    pub fn take(&mut self, dir: &[u8]) -> Option<Vec<DirEntry>> {
+        let l = self.remove(dir)?;
+        self.hits += 1;
+        Some(l)
+    }
+
+    /// `dir/name` from a held listing of `dir`: its attributes, NotFound if the complete
+    /// listing lacks it, `None` when `dir` is not held (or the entry has no attributes).
+    pub fn lookup(&mut self, dir: &[u8], name: &[u8]) -> Option<Result<Attr, Error>> {
+        let l = self.listings.get(dir)?;
+        let r = match l.iter().find(|e| e.name == name) {
+            Some(e) => Ok(e.attr?),
+            None => Err(Error::NotFound),
+        };
+        self.hits += 1;
+        Some(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dircache_core::FileType;
+
+    fn e(name: &str) -> DirEntry {
+        DirEntry {
+            name: name.as_bytes().to_vec(),
+            kind: FileType::Directory,
+            ino: 1,
+            attr: Some(Attr::default()),
+        }
+    }
+
+    fn sd(dir: &str, names: &[&str]) -> SubtreeDir {
+        SubtreeDir {
+            dir: dir.as_bytes().to_vec(),
+            entries: names.iter().map(|n| e(n)).collect(),
+            bare: names.iter().map(|n| n.starts_with('a')).collect(),
+        }
+    }
+
+    fn filled() -> Prefetch {
+        let mut p = Prefetch::new(100);
+        let g = p.generation();
+        p.store(
+            g,
+            b"r",
+            vec![
+                sd("", &["a", "a!"]),
+                sd("a", &["b", "x"]),
+                sd("a/b", &["c"]),
+                sd("a!", &["y"]),
+            ],
+            false,
+        );
+        p
+    }
+
+    #[test]
+    fn callbacks_drop_the_parent_and_everything_below() {
+        let mut p = filled();
+        assert_eq!(p.len(), 3, "the root's own listing is the caller's");
+        assert_eq!(p.entries(), 4);
+        assert!(matches!(p.lookup(b"r/a", b"x"), Some(Ok(_))));
+        assert!(matches!(
+            p.lookup(b"r/a", b"zz"),
+            Some(Err(Error::NotFound))
+        ));
+        assert!(p.lookup(b"r", b"a").is_none(), "not held");
+        // Bareness of the root's entries is kept though its listing is the caller's.
+        let mut q = filled();
+        assert!(q.is_bare(b"r/a") && q.is_bare(b"r/a!") && !q.is_bare(b"r/a/x"));
+        q.touched(b"r/a!");
+        assert!(!q.is_bare(b"r/a!") && q.is_bare(b"r/a"));
+        q.touched(b"r");
+        assert!(!q.is_bare(b"r/a"));
+        // A change to r/a/b/c drops r/a/b (its parent) and r/a (the parent's attributes).
+        p.touched(b"r/a/b/c");
+        assert!(p.lookup(b"r/a/b", b"c").is_none());
+        assert!(p.lookup(b"r/a", b"x").is_none());
+        assert!(p.lookup(b"r/a!", b"y").is_some());
+        let mut p = filled();
+        // A change to r/a/x drops r/a (its parent), not r/a/b.
+        p.touched(b"r/a/x");
+        assert!(p.lookup(b"r/a", b"x").is_none());
+        assert!(p.lookup(b"r/a/b", b"c").is_some());
+        // A change to r/a drops r/a/b below it, not the sibling r/a! (which sorts between).
+        p.touched(b"r/a");
+        assert!(p.lookup(b"r/a/b", b"c").is_none());
+        assert!(p.lookup(b"r/a!", b"y").is_some());
+        assert_eq!(p.entries(), 1);
+        assert_eq!(p.take(b"r/a!").map(|l| l.len()), Some(1));
+        assert!(p.take(b"r/a!").is_none(), "handed over once");
+        assert_eq!(p.entries(), 0);
+    }
+
+    #[test]
+    fn a_reply_older_than_a_callback_or_too_big_is_not_stored() {
+        let mut p = Prefetch::new(100);
+        let g = p.generation();
+        p.touched(b"somewhere/else");
+        p.store(g, b"", vec![sd("d", &["x"])], false);
+        assert!(p.is_empty());
+        let mut p = Prefetch::new(2);
+        let g = p.generation();
+        p.store(g, b"", vec![sd("d", &["x", "y", "z"])], false);
+        assert!(p.is_empty());
+        p.store(g, b"", vec![sd("d", &["x", "y"])], false);
+        assert_eq!(p.entries(), 2);
+        // The same listing again replaces it (no double count).
+        p.store(g, b"", vec![sd("d", &["x", "y"])], false);
+        assert_eq!(p.entries(), 2);
+        p.clear();
+        assert!(p.is_empty() && p.entries() == 0);
+    }
+
+    #[test]
+    fn misses_below_a_cut_root_refetch_the_root() {
+        let mut p = Prefetch::new(100);
+        p.mark_cut(b"a");
+        p.mark_cut(b"a/b");
+        p.mark_cut(b"");
+        assert_eq!(p.cut_root_for(b"a/b/c").as_deref(), Some(&b"a/b"[..]));
+        assert_eq!(p.cut_root_for(b"a/bc").as_deref(), Some(&b"a"[..]));
+        assert_eq!(p.cut_root_for(b"x").as_deref(), Some(&b""[..]));
+        assert_eq!(p.cut_root_for(b"x"), None);
+    }
+
+    #[test]
+    fn budgets_double_up_to_the_size() {
+        let mut p = Prefetch::new(5000);
+        assert_eq!(p.next_budget(), 1024);
+        assert_eq!(p.next_budget(), 2048);
+        assert_eq!(p.next_budget(), 4096);
+        assert_eq!(p.next_budget(), 5000);
+        assert_eq!(p.next_budget(), 5000);
+    }
+}

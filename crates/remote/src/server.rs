@@ -1,0 +1,604 @@
+//! The server side: `dircache serve --stdio ROOT` speaks the protocol over any pair of byte
+//! streams, answering from a [`Backend`] (the local backend over ROOT, which confines every
+//! path to ROOT: no symlink, `..` or rename-race escape; see dircache_local).
+//!
+//! **Concurrency and memory.** One reader thread decodes frames (each at most
+//! [`MAX_CLIENT_FRAME`](crate::proto::MAX_CLIENT_FRAME) bytes) and queues calls on a bounded
+//! queue ([`ServerConfig::queue`]) served by a small pool of workers
+//! ([`ServerConfig::workers`]); when the queue is full the reader stops reading, so a client
+//! that floods the server is slowed down, never buffered without bound. Replies go through a
+//! bounded queue to one writer thread. Open files are limited to
+//! [`ServerConfig::max_handles`] per connection (EMFILE beyond).
+//!
+//! **Errors.** A malformed frame (undecodable, oversized, a second hello, trailing bytes)
+//! closes the connection with an error logged; the server never panics on input.
+//!
+//! **Credentials.** A server running as root (the client logged in as root) acts with the
+//! credentials each call carries, as the local FUSE daemon does for its callers; any other
+//! server acts as its own user whatever the call says, as sftp-server does (docs/security.md).
+//!
+//! **Callbacks.** With the `CALLBACKS` feature the server forwards its backend's change feed
+//! ([`Backend::watch`]: fanotify as root, inotify otherwise) as [`ServerMsg::Callback`]s.
+
+use std::collections::HashMap;
+use std::io::{BufWriter, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::{bounded, select, Receiver, Sender};
+use dircache_core::{Backend, BackendFile, Cred, DirEntry, Error, Whence, XattrTarget};
+use parking_lot::Mutex;
+
+use crate::frame::{encode_frame, read_frame};
+use crate::prefetch::join;
+use crate::proto::{
+    decode, encode, features, Callback, ClientMsg, Hello, ProtoError, Reply, Request, ServerMsg,
+    SubtreeDir, Target, WireCred, ENTRIES_PER_FRAME, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
+};
+
+/// How a server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Worker threads answering calls.
+    pub workers: usize,
+    /// Calls decoded but not yet taken by a worker.
+    pub queue: usize,
+    /// Open files per connection.
+    pub max_handles: usize,
+    /// Act with the credentials calls carry (root servers); else as `own`.
+    pub act_as_client: bool,
+    /// The server's own credentials.
+    pub own: Cred,
+    /// Features this server offers.
+    pub features: u64,
+    /// Largest subtree budget a client may ask for.
+    pub max_subtree: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        let uid = rustix::process::geteuid().as_raw();
+        let gid = rustix::process::getegid().as_raw();
+        ServerConfig {
+            workers: 4,
+            queue: 64,
+            max_handles: 4096,
+            act_as_client: uid == 0,
+            own: Cred::new(uid, gid, []),
+            features: features::ALL,
+            max_subtree: 1 << 20,
+        }
+    }
+}
+
+struct Shared {
+    backend: Arc<dyn Backend>,
+    cfg: ServerConfig,
+    out: Sender<Vec<u8>>,
+    handles: Mutex<HashMap<u64, Arc<dyn BackendFile>>>,
+    next_handle: AtomicU64,
+}
+
+struct Job {
+    id: u64,
+    cred: WireCred,
+    req: Request,
+}
+
+fn send(out: &Sender<Vec<u8>>, msg: &ServerMsg) -> bool {
+    match encode(msg).and_then(|p| Ok(encode_frame(&p, MAX_SERVER_FRAME)?)) {
+        Ok(f) => out.send(f).is_ok(),
+        Err(e) => {
+            tracing::error!("cannot encode a reply: {e}");
+            // A reply that cannot be sent still ends its call (EIO), or the client would wait
+            // for it forever.
+            if let ServerMsg::Reply { id, .. } = msg {
+                return send(
+                    out,
+                    &ServerMsg::Reply {
+                        id: *id,
+                        last: true,
+                        body: Err(libc::EIO),
+                    },
+                );
+            }
+            false
+        }
+    }
+}
+
+/// Serve one connection until the client closes it (`Ok`) or breaks the protocol (`Err`,
+/// also logged). Returns when every worker has finished.
+pub fn serve<R, W>(
+    backend: Arc<dyn Backend>,
+    mut input: R,
+    output: W,
+    cfg: ServerConfig,
+) -> Result<(), ProtoError>
+where
+    R: Read,
+    W: Write + Send + 'static,
+{
+    let (out_tx, out_rx) = bounded::<Vec<u8>>(256);
+    let writer = std::thread::Builder::new()
+        .name("dircache-serve-writer".into())
+        .spawn(move || write_loop(output, out_rx))
+        .map_err(|e| ProtoError::Frame(e.into()))?;
+    let result = (|| {
+        let granted = handshake(&mut input, &out_tx, cfg.features)?;
+        let shared = Arc::new(Shared {
+            backend,
+            cfg,
+            out: out_tx.clone(),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        });
+        let (stop_tx, stop_rx) = bounded::<()>(0);
+        let mut threads = Vec::new();
+        if granted & features::CALLBACKS != 0 {
+            match shared.backend.watch() {
+                Ok(Some(feed)) => {
+                    let out = out_tx.clone();
+                    let stop = stop_rx.clone();
+                    threads.push(
+                        std::thread::Builder::new()
+                            .name("dircache-serve-callbacks".into())
+                            .spawn(move || callback_loop(feed, stop, out))
+                            .map_err(|e| ProtoError::Frame(e.into()))?,
+                    );
+                }
+                Ok(None) => tracing::info!("backend reports no changes: no callbacks"),
+                Err(e) => tracing::warn!("no change feed, no callbacks: {e}"),
+            }
+        }
+        let (job_tx, job_rx) = bounded::<Job>(shared.cfg.queue.max(1));
+        for i in 0..shared.cfg.workers.max(1) {
+            let s = shared.clone();
+            let rx = job_rx.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("dircache-serve-{i}"))
+                    .spawn(move || {
+                        while let Ok(job) = rx.recv() {
+                            answer(&s, job);
+                        }
+                    })
+                    .map_err(|e| ProtoError::Frame(e.into()))?,
+            );
+        }
+        let mut calls = 0u64;
+        let read = read_loop(&mut input, &job_tx, &mut calls);
+        tracing::info!("connection ends after {calls} calls");
+        if let Err(e) = &read {
+            tracing::error!("closing the connection: {e}");
+        }
+        drop(job_tx);
+        drop(stop_tx);
+        for t in threads {
+            let _ = t.join();
+        }
+        shared.handles.lock().clear();
+        read
+    })();
+    if let Err(ProtoError::Version { .. } | ProtoError::NotDircache) = &result {
+        if let Err(e) = &result {
+            send(&out_tx, &ServerMsg::Refused(e.to_string()));
+        }
+    }
+    drop(out_tx);
+    let _ = writer.join();
+    result
+}
+
+fn handshake<R: Read>(input: &mut R, out: &Sender<Vec<u8>>, ours: u64) -> Result<u64, ProtoError> {
+    let Some(frame) = read_frame(input, MAX_CLIENT_FRAME)? else {
+        return Err(ProtoError::Closed);
+    };
+    let hello = match decode::<ClientMsg>(&frame) {
+        Ok(ClientMsg::Hello(h)) => h,
+        Ok(_) => return Err(ProtoError::Unexpected("a call before the hello".into())),
+        Err(_) => return Err(ProtoError::NotDircache),
+    };
+    hello.check()?;
+    let granted = hello.features & ours;
+    if !send(out, &ServerMsg::Hello(Hello::new(granted))) {
+        return Err(ProtoError::Closed);
+    }
+    Ok(granted)
+}
+
+fn read_loop<R: Read>(
+    input: &mut R,
+    jobs: &Sender<Job>,
+    calls: &mut u64,
+) -> Result<(), ProtoError> {
+    loop {
+        let Some(frame) = read_frame(input, MAX_CLIENT_FRAME)? else {
+            return Ok(());
+        };
+        match decode::<ClientMsg>(&frame)? {
+            ClientMsg::Hello(_) => return Err(ProtoError::Unexpected("a second hello".into())),
+            ClientMsg::Call { id, cred, req } => {
+                *calls += 1;
+                if jobs.send(Job { id, cred, req }).is_err() {
+                    return Err(ProtoError::Closed);
+                }
+            }
+        }
+    }
+}
+
+fn write_loop<W: Write>(output: W, rx: Receiver<Vec<u8>>) {
+    let mut w = BufWriter::with_capacity(256 * 1024, output);
+    while let Ok(frame) = rx.recv() {
+        if w.write_all(&frame).is_err() {
+            return;
+        }
+        // Flush when nothing else is waiting: replies queued together leave together.
+        while let Ok(more) = rx.try_recv() {
+            if w.write_all(&more).is_err() {
+                return;
+            }
+        }
+        if w.flush().is_err() {
+            return;
+        }
+    }
+}
+
+fn callback_loop(feed: dircache_core::ChangeFeed, stop: Receiver<()>, out: Sender<Vec<u8>>) {
+    loop {
+        select! {
+            recv(feed) -> c => match c {
+                Ok(c) => {
+                    tracing::debug!("callback {c:?}");
+                    if !send(&out, &ServerMsg::Callback(Callback::from(&c))) {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            },
+            recv(stop) -> _ => return,
+        }
+    }
+}
+
+fn target(t: &Target) -> XattrTarget<'_> {
+    XattrTarget {
+        path: &t.path,
+        expect: t.expect,
+        open: None,
+    }
+}
+
+fn errno(e: Error) -> i32 {
+    e.errno()
+}
+
+fn answer(s: &Shared, job: Job) {
+    let Job { id, cred, req } = job;
+    let cred = if s.cfg.act_as_client {
+        Cred::from(&cred)
+    } else {
+        s.cfg.own.clone()
+    };
+    let reply = |body: Result<Reply, i32>| {
+        send(
+            &s.out,
+            &ServerMsg::Reply {
+                id,
+                last: true,
+                body,
+            },
+        );
+    };
+    let b = &*s.backend;
+    let r: dircache_core::Result<Reply> = match req {
+        Request::Readdir { path, plus } => {
+            match b.readdir(&path, plus) {
+                Ok(entries) => stream_entries(s, id, entries),
+                Err(e) => reply(Err(errno(e))),
+            }
+            return;
+        }
+        Request::Subtree { path, budget } => {
+            subtree(s, id, &path, budget.min(s.cfg.max_subtree));
+            return;
+        }
+        Request::Walk { dir, names } => {
+            let names: Vec<&[u8]> = names.iter().map(|n| n.0.as_slice()).collect();
+            let w = b.walk(&dir, &names);
+            Ok(Reply::Walked {
+                attrs: w.attrs,
+                error: w.error.map(errno),
+            })
+        }
+        Request::Lookup { dir, name } => b.lookup(&dir, &name).map(Reply::Attr),
+        Request::Getattr { path } => b.getattr(&path).map(Reply::Attr),
+        Request::Readlink { path } => b.readlink(&path).map(Reply::Data),
+        Request::Mknod {
+            path,
+            mode,
+            rdev,
+            umask,
+        } => with_umask(mode, umask, |m| b.mknod(&cred, &path, m, rdev)).map(Reply::Attr),
+        Request::Mkdir { path, mode, umask } => {
+            with_umask(mode, umask, |m| b.mkdir(&cred, &path, m)).map(Reply::Attr)
+        }
+        Request::Symlink { target, path } => b.symlink(&cred, &target, &path).map(Reply::Attr),
+        Request::Link { old, new } => b.link(&cred, &old, &new).map(Reply::Attr),
+        Request::Unlink { path } => b.unlink(&cred, &path).map(|()| Reply::Unit),
+        Request::Rmdir { path } => b.rmdir(&cred, &path).map(|()| Reply::Unit),
+        Request::Rename { old, new, mode } => {
+            b.rename(&cred, &old, &new, mode).map(|()| Reply::Unit)
+        }
+        Request::Setattr { path, set } => b.setattr(&cred, &path, &set).map(Reply::Attr),
+        Request::Statfs { path } => b.statfs(&path).map(Reply::StatFs),
+        Request::Getxattr { target: t, name } => {
+            b.getxattr(&cred, target(&t), &name).map(Reply::Data)
+        }
+        Request::Listxattr { target: t } => b.listxattr(&cred, target(&t)).map(Reply::Data),
+        Request::Setxattr {
+            target: t,
+            name,
+            value,
+            flags,
+        } => b
+            .setxattr(&cred, target(&t), &name, &value, flags)
+            .map(|()| Reply::Unit),
+        Request::Removexattr { target: t, name } => b
+            .removexattr(&cred, target(&t), &name)
+            .map(|()| Reply::Unit),
+        Request::Fsyncdir {
+            target: t,
+            datasync,
+        } => b
+            .fsyncdir(&cred, target(&t), datasync)
+            .map(|()| Reply::Unit),
+        Request::Open {
+            path,
+            flags,
+            mode,
+            umask,
+        } => with_umask(mode, umask, |m| b.open(&cred, &path, flags, m)).and_then(|f| opened(s, f)),
+        Request::OpenVerified { target: t, flags } => b
+            .open_verified(&cred, target(&t), flags)
+            .and_then(|f| opened(s, f)),
+        Request::Close { handle } => match s.handles.lock().remove(&handle) {
+            Some(_) => Ok(Reply::Unit),
+            None => Err(Error::Os(libc::EBADF)),
+        },
+        Request::Read {
+            handle,
+            offset,
+            len,
+        } => file(s, handle).and_then(|f| {
+            let mut buf = vec![0u8; (len as usize).min(MAX_IO)];
+            let n = f.read_at(&mut buf, offset)?;
+            buf.truncate(n);
+            Ok(Reply::Data(buf))
+        }),
+        Request::Write {
+            handle,
+            offset,
+            data,
+            append,
+        } => file(s, handle)
+            .and_then(|f| f.write_at(&cred, &data, offset, append))
+            .map(|n| Reply::Count(n as u64)),
+        Request::Sync { handle, datasync } => file(s, handle)
+            .and_then(|f| f.sync(datasync))
+            .map(|()| Reply::Unit),
+        Request::Allocate {
+            handle,
+            mode,
+            offset,
+            len,
+        } => file(s, handle)
+            .and_then(|f| f.allocate(&cred, mode, offset, len))
+            .map(|()| Reply::Unit),
+        Request::Seek {
+            handle,
+            offset,
+            whence,
+        } => Whence::from_raw(whence)
+            .and_then(|w| file(s, handle).and_then(|f| f.seek(offset, w)))
+            .map(Reply::Count),
+        Request::SetSize { handle, size } => file(s, handle)
+            .and_then(|f| f.set_size(&cred, size))
+            .map(|()| Reply::Unit),
+        Request::FileSetattr { handle, set } => file(s, handle)
+            .and_then(|f| f.setattr(&cred, &set))
+            .map(Reply::Attr),
+        Request::FileAttr { handle } => file(s, handle).and_then(|f| f.attr()).map(Reply::Attr),
+    };
+    reply(r.map_err(errno));
+}
+
+fn file(s: &Shared, handle: u64) -> dircache_core::Result<Arc<dyn BackendFile>> {
+    s.handles
+        .lock()
+        .get(&handle)
+        .cloned()
+        .ok_or(Error::Os(libc::EBADF))
+}
+
+fn opened(s: &Shared, f: Box<dyn BackendFile>) -> dircache_core::Result<Reply> {
+    let writable = f.writable();
+    let mut h = s.handles.lock();
+    if h.len() >= s.cfg.max_handles {
+        return Err(Error::Os(libc::EMFILE));
+    }
+    let handle = s.next_handle.fetch_add(1, Ordering::Relaxed);
+    h.insert(handle, Arc::from(f));
+    Ok(Reply::Opened { handle, writable })
+}
+
+fn stream_entries(s: &Shared, id: u64, entries: Vec<DirEntry>) {
+    let mut chunks = entries.chunks(ENTRIES_PER_FRAME).peekable();
+    if chunks.peek().is_none() {
+        send(
+            &s.out,
+            &ServerMsg::Reply {
+                id,
+                last: true,
+                body: Ok(Reply::Entries(Vec::new())),
+            },
+        );
+        return;
+    }
+    while let Some(c) = chunks.next() {
+        let last = chunks.peek().is_none();
+        if !send(
+            &s.out,
+            &ServerMsg::Reply {
+                id,
+                last,
+                body: Ok(Reply::Entries(c.to_vec())),
+            },
+        ) {
+            return;
+        }
+    }
+}
+
+/// Breadth-first listing of `root` and everything below it (at most `budget` entries below
+/// `root`, whole directories only), streamed in
+/// frames of at most [`ENTRIES_PER_FRAME`] entries. Directories that cannot be read are
+/// skipped (the client lists them itself when it needs them).
+fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
+    let mut queue = std::collections::VecDeque::from([Vec::<u8>::new()]);
+    let mut left = budget;
+    let mut batch: Vec<SubtreeDir> = Vec::new();
+    let mut in_batch = 0usize;
+    let mut in_bytes = 0usize;
+    let mut complete = true;
+    let flush = |batch: &mut Vec<SubtreeDir>, last: bool, complete: bool| {
+        send(
+            &s.out,
+            &ServerMsg::Reply {
+                id,
+                last,
+                body: Ok(Reply::Subtree {
+                    dirs: std::mem::take(batch),
+                    complete,
+                }),
+            },
+        )
+    };
+    while let Some(rel) = queue.pop_front() {
+        let path = join(root, &rel);
+        let entries = match s.backend.readdir(&path, true) {
+            Ok(e) => e,
+            Err(e) if rel.is_empty() => {
+                send(
+                    &s.out,
+                    &ServerMsg::Reply {
+                        id,
+                        last: true,
+                        body: Err(e.errno()),
+                    },
+                );
+                return;
+            }
+            Err(_) => continue,
+        };
+        // The root's own listing always comes; the budget bounds what is below it.
+        if !rel.is_empty() && entries.len() as u64 > left {
+            complete = false;
+            break;
+        }
+        left = left.saturating_sub(entries.len() as u64);
+        for e in &entries {
+            if e.kind == dircache_core::FileType::Directory {
+                queue.push_back(join(&rel, &e.name));
+            }
+        }
+        if entries.is_empty() {
+            batch.push(SubtreeDir {
+                dir: rel.clone(),
+                entries: Vec::new(),
+                bare: Vec::new(),
+            });
+        }
+        let bare = bare_entries(s, &path, &entries);
+        for (i, c) in entries.chunks(ENTRIES_PER_FRAME).enumerate() {
+            // Frames stay far below the limit: at most ENTRIES_PER_FRAME entries and about
+            // 1 MiB of names, paths and attributes.
+            let bytes = rel.len() + c.iter().map(|e| e.name.len() + 160).sum::<usize>();
+            if (in_batch + c.len() > ENTRIES_PER_FRAME || in_bytes + bytes > 1 << 20)
+                && !batch.is_empty()
+            {
+                if !flush(&mut batch, false, false) {
+                    return;
+                }
+                in_batch = 0;
+                in_bytes = 0;
+            }
+            in_batch += c.len();
+            in_bytes += bytes;
+            let start = i * ENTRIES_PER_FRAME;
+            batch.push(SubtreeDir {
+                dir: rel.clone(),
+                entries: c.to_vec(),
+                bare: bare[start..start + c.len()].to_vec(),
+            });
+        }
+    }
+    flush(&mut batch, true, complete);
+}
+
+thread_local! {
+    /// Whether this worker has a file-system context (umask) of its own: None until tried.
+    static OWN_FS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run creation `f` under the caller's `umask`: with this thread's umask set to it (each
+/// worker unshares its fs context once), so the file system applies it unless the parent has
+/// a default ACL, as for a local caller; without a private context, the umask is applied to
+/// the mode here.
+fn with_umask<T>(mode: u32, umask: u32, f: impl FnOnce(u32) -> T) -> T {
+    let own = OWN_FS.with(|c| {
+        if let Some(v) = c.get() {
+            return v;
+        }
+        // SAFETY: unshare(CLONE_FS) gives this thread a private root, cwd and umask only.
+        let ok = unsafe { libc::unshare(libc::CLONE_FS) } == 0;
+        c.set(Some(ok));
+        ok
+    });
+    if !own {
+        return f(mode & !(umask & 0o777));
+    }
+    // SAFETY: umask changes only this thread's private fs context.
+    let old = unsafe { libc::umask((umask & 0o777) as libc::mode_t) };
+    let r = f(mode);
+    // SAFETY: as above; restores what was there.
+    unsafe { libc::umask(old) };
+    r
+}
+
+/// Which of `dir`'s entries have no extended attributes at all: `dir` opened once (through the
+/// backend, so confined), then one llistxattr per entry relative to that descriptor (through
+/// /proc/self/fd; the final component is never followed). Empty when it cannot tell.
+fn bare_entries(s: &Shared, dir: &[u8], entries: &[DirEntry]) -> Vec<bool> {
+    use std::os::fd::AsRawFd;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    let Ok(f) = s.backend.open(&s.cfg.own, dir, flags, 0) else {
+        return Vec::new();
+    };
+    let Some(fd) = f.fd() else {
+        return Vec::new();
+    };
+    let base = format!("/proc/self/fd/{}/", fd.as_raw_fd()).into_bytes();
+    entries
+        .iter()
+        .map(|e| {
+            let mut p = base.clone();
+            p.extend_from_slice(&e.name);
+            let p = std::ffi::OsStr::from_bytes(&p);
+            rustix::fs::llistxattr_query(p).is_ok_and(|n| n == 0)
+        })
+        .collect()
+}

@@ -1,0 +1,691 @@
+//! The protocol end to end in one process: a server over a local backend on a temporary
+//! directory, a RemoteBackend talking to it over a unix socket pair; malformed input and
+//! confinement attacks against the server.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dircache_core::{Backend, Change, Cred, Error, RenameMode, SetAttr};
+use dircache_local::LocalBackend;
+use dircache_remote::frame::{read_frame, write_frame};
+use dircache_remote::proto::{
+    decode, encode, features, ClientMsg, Hello, ProtoError, Request, ServerMsg, WireCred,
+    MAX_CLIENT_FRAME, MAX_SERVER_FRAME, VERSION,
+};
+use dircache_remote::{serve, RemoteBackend, ServerConfig};
+
+struct Server {
+    thread: Option<std::thread::JoinHandle<Result<(), ProtoError>>>,
+}
+
+impl Server {
+    fn start(root: &std::path::Path) -> (Server, UnixStream) {
+        let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(root).expect("backend"));
+        Self::start_with(backend)
+    }
+
+    fn start_with(backend: Arc<dyn Backend>) -> (Server, UnixStream) {
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        let r = b.try_clone().expect("clone");
+        let thread = std::thread::spawn(move || serve(backend, r, b, ServerConfig::default()));
+        (
+            Server {
+                thread: Some(thread),
+            },
+            a,
+        )
+    }
+
+    /// The server's result once its client is gone (waits at most 30 s).
+    fn finish(mut self) -> Result<(), ProtoError> {
+        let t = self.thread.take().expect("thread");
+        let end = Instant::now() + Duration::from_secs(30);
+        while !t.is_finished() {
+            assert!(Instant::now() < end, "server did not finish");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        t.join().expect("server panicked")
+    }
+}
+
+fn me() -> Cred {
+    Cred::new(
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+        [],
+    )
+}
+
+fn client(root: &std::path::Path) -> (Server, RemoteBackend) {
+    let (s, sock) = Server::start(root);
+    let c = RemoteBackend::connect(Box::new(sock)).expect("connect");
+    (s, c)
+}
+
+#[test]
+fn operations_match_the_local_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+    std::fs::write(root.join("a/b/c/f"), b"hello").unwrap();
+    std::os::unix::fs::symlink("b/c/f", root.join("a/l")).unwrap();
+    let local = LocalBackend::new(root).unwrap();
+    let (server, r) = client(root);
+    assert_eq!(r.features(), features::ALL);
+
+    // walk: every component in one round trip, the first missing one reported.
+    let before = r.round_trips();
+    let w = r.walk(b"", &[b"a", b"b", b"c", b"f"]);
+    assert_eq!(r.round_trips() - before, 1);
+    assert_eq!(w, local.walk(b"", &[b"a", b"b", b"c", b"f"]));
+    assert_eq!(w.attrs.len(), 4);
+    let w = r.walk(b"a", &[b"b", b"nope", b"x"]);
+    assert_eq!(w.attrs.len(), 1);
+    assert_eq!(w.error, Some(Error::NotFound));
+    let w = r.walk(b"a", &[b"b", b"c", b"f", b"x"]);
+    assert_eq!(w.error, Some(Error::NotDir));
+
+    assert_eq!(r.getattr(b"a/b").unwrap(), local.getattr(b"a/b").unwrap());
+    assert_eq!(
+        r.lookup(b"a", b"l").unwrap(),
+        local.lookup(b"a", b"l").unwrap()
+    );
+    assert_eq!(r.readlink(b"a/l").unwrap(), b"b/c/f");
+    // (Access times aside: the listing's bulk prefetch read the directories below it.)
+    let no_atime = |mut v: Vec<dircache_core::DirEntry>| {
+        v.sort_by(|x, y| x.name.cmp(&y.name));
+        for e in &mut v {
+            if let Some(a) = &mut e.attr {
+                a.atime = Default::default();
+            }
+        }
+        v
+    };
+    let got = no_atime(r.readdir(b"a", true).unwrap());
+    let want = no_atime(local.readdir(b"a", true).unwrap());
+    assert_eq!(got, want);
+    let (a, b) = (r.statfs(b"").unwrap(), local.statfs(b"").unwrap());
+    assert_eq!(
+        (a.blocks, a.files, a.bsize, a.namelen),
+        (b.blocks, b.files, b.bsize, b.namelen)
+    );
+
+    // Mutations.
+    let c = me();
+    r.mkdir(&c, b"d", 0o750).unwrap();
+    assert!(std::fs::metadata(root.join("d")).unwrap().is_dir());
+    r.mknod(&c, b"d/n", libc::S_IFREG | 0o640, 0).unwrap();
+    r.symlink(&c, b"n", b"d/s").unwrap();
+    assert_eq!(
+        std::fs::read_link(root.join("d/s")).unwrap().as_os_str(),
+        "n"
+    );
+    let a = r.link(&c, b"d/n", b"d/h").unwrap();
+    assert_eq!(a.nlink, 2);
+    r.rename(&c, b"d/h", b"d/h2", RenameMode::NoReplace)
+        .unwrap();
+    assert_eq!(
+        r.rename(&c, b"d/n", b"d/h2", RenameMode::NoReplace),
+        Err(Error::Exists)
+    );
+    r.rename(&c, b"d/n", b"d/s", RenameMode::Exchange).unwrap();
+    let set = SetAttr {
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    assert_eq!(r.setattr(&c, b"d/h2", &set).unwrap().perm(), 0o600);
+    r.unlink(&c, b"d/h2").unwrap();
+    assert_eq!(r.rmdir(&c, b"d"), Err(Error::NotEmpty));
+    r.unlink(&c, b"d/n").unwrap();
+    r.unlink(&c, b"d/s").unwrap();
+    r.rmdir(&c, b"d").unwrap();
+    assert!(!root.join("d").exists());
+
+    // xattrs.
+    let t = dircache_core::XattrTarget {
+        path: b"a/b/c/f",
+        expect: None,
+        open: None,
+    };
+    match r.setxattr(&c, t, b"user.k", b"v", 0) {
+        Ok(()) => {
+            assert_eq!(r.getxattr(&c, t, b"user.k").unwrap(), b"v");
+            assert!(r
+                .listxattr(&c, t)
+                .unwrap()
+                .windows(7)
+                .any(|w| w == b"user.k\0"));
+            r.removexattr(&c, t, b"user.k").unwrap();
+        }
+        Err(e) => assert_eq!(Err(e), local.setxattr(&c, t, b"user.k", b"v", 0)),
+    }
+
+    // Files: large chunks, several chunks in one read.
+    let f = r
+        .open(
+            &c,
+            b"big",
+            libc::O_CREAT | libc::O_RDWR | libc::O_EXCL,
+            0o644,
+        )
+        .unwrap();
+    assert!(f.writable());
+    let data: Vec<u8> = (0..3_500_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(f.write_at(&c, &data, 0, false).unwrap(), data.len());
+    let mut back = vec![0u8; data.len() + 100];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), data.len());
+    assert!(back[..data.len()] == data[..]);
+    assert_eq!(f.write_at(&c, b"!", 0, true).unwrap(), 1);
+    assert_eq!(f.attr().unwrap().size, data.len() as u64 + 1);
+    f.set_size(&c, 10).unwrap();
+    f.sync(false).unwrap();
+    assert_eq!(
+        f.seek(0, dircache_core::Whence::End).unwrap(),
+        10,
+        "SEEK_END"
+    );
+    drop(f);
+    assert_eq!(std::fs::metadata(root.join("big")).unwrap().len(), 10);
+
+    drop(r);
+    server.finish().expect("clean end");
+}
+
+#[test]
+fn huge_directories_stream_in_several_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("h")).unwrap();
+    for i in 0..10_000 {
+        std::fs::write(dir.path().join(format!("h/file-{i:05}")), b"").unwrap();
+    }
+    let (server, r) = client(dir.path());
+    let e = r.readdir(b"h", true).unwrap();
+    assert_eq!(e.len(), 10_000);
+    assert!(e.iter().all(|e| e.attr.is_some()));
+    // The subtree of the root in one call, bounded.
+    let (dirs, complete) = r.subtree(b"", 1 << 20).unwrap();
+    assert!(complete);
+    let n: usize = dirs.iter().map(|d| d.entries.len()).sum();
+    assert_eq!(n, 10_001);
+    let (_, complete) = r.subtree(b"", 100).unwrap();
+    assert!(!complete);
+    drop(r);
+    server.finish().expect("clean end");
+}
+
+#[test]
+fn many_calls_in_flight_from_many_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..50 {
+        std::fs::write(dir.path().join(format!("f{i}")), vec![b'x'; i]).unwrap();
+    }
+    let (server, r) = client(dir.path());
+    let r = Arc::new(r);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                for k in 0..200 {
+                    let i = (t * 7 + k) % 50;
+                    let a = r.getattr(format!("f{i}").as_bytes()).unwrap();
+                    assert_eq!(a.size, i as u64);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    drop(r);
+    server.finish().expect("clean end");
+}
+
+#[test]
+fn confinement_holds_against_hostile_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(dir.path().join("secret"), b"outside").unwrap();
+    std::os::unix::fs::symlink("/etc", root.join("etc")).unwrap();
+    std::os::unix::fs::symlink("../secret", root.join("up")).unwrap();
+    let (server, r) = client(&root);
+    let c = me();
+    // Through a symlink: never followed.
+    assert!(r.getattr(b"etc/passwd").is_err());
+    assert!(r.walk(b"", &[b"etc", b"passwd"]).error.is_some());
+    assert!(r.readdir(b"etc", false).is_err());
+    assert!(r.open(&c, b"up", libc::O_RDONLY, 0).is_err());
+    assert!(r.open(&c, b"etc/passwd", libc::O_RDONLY, 0).is_err());
+    // `..` and names with '/'.
+    for bad in [
+        &b".."[..],
+        b"../secret",
+        b"a/../../secret",
+        b"/etc/passwd",
+        b".",
+    ] {
+        assert!(
+            r.getattr(bad).is_err(),
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
+        assert!(r.open(&c, bad, libc::O_RDONLY, 0).is_err());
+    }
+    assert!(r.lookup(b"", b"..").is_err());
+    assert!(r.lookup(b"", b"up/../../secret").is_err());
+    assert!(r.walk(b"", &[b".."]).error.is_some());
+    assert!(r.walk(b"", &[b"../secret"]).error.is_some());
+    assert!(r.mkdir(&c, b"../escaped", 0o755).is_err());
+    assert!(r.symlink(&c, b"x", b"../escaped").is_err());
+    assert!(r
+        .rename(&c, b"up", b"../moved", RenameMode::Replace)
+        .is_err());
+    assert!(r.link(&c, b"../secret", b"stolen").is_err());
+    assert!(!dir.path().join("escaped").exists());
+    assert!(!dir.path().join("moved").exists());
+    assert!(!root.join("stolen").exists());
+    assert_eq!(
+        std::fs::read(dir.path().join("secret")).unwrap(),
+        b"outside"
+    );
+    drop(r);
+    server.finish().expect("clean end");
+}
+
+fn raw_hello(s: &mut UnixStream, version: u32) -> ServerMsg {
+    let mut h = Hello::new(features::ALL);
+    h.version = version;
+    write_frame(s, &encode(&ClientMsg::Hello(h)).unwrap(), MAX_CLIENT_FRAME).unwrap();
+    let f = read_frame(s, MAX_SERVER_FRAME).unwrap().expect("an answer");
+    decode(&f).unwrap()
+}
+
+#[test]
+fn version_mismatch_is_a_clear_error_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    // The server refuses another version, saying why.
+    let (server, mut s) = Server::start(dir.path());
+    match raw_hello(&mut s, VERSION + 1) {
+        ServerMsg::Refused(why) => assert!(why.contains("version"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    drop(s);
+    assert!(matches!(server.finish(), Err(ProtoError::Version { .. })));
+    // The client refuses a server of another version.
+    let (mut a, b) = UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || {
+        let _ = read_frame(&mut a, MAX_CLIENT_FRAME);
+        let mut h = Hello::new(features::ALL);
+        h.version = VERSION + 7;
+        write_frame(
+            &mut a,
+            &encode(&ServerMsg::Hello(h)).unwrap(),
+            MAX_SERVER_FRAME,
+        )
+        .unwrap();
+        a
+    });
+    let e = RemoteBackend::connect(Box::new(b)).err().expect("refused");
+    assert!(e.to_string().contains("version mismatch"), "{e}");
+    drop(t.join());
+    // Something that is not a dircache server at all (a login banner).
+    let (mut a, b) = UnixStream::pair().unwrap();
+    a.write_all(b"Welcome to host!\n").unwrap();
+    let e = RemoteBackend::connect(Box::new(b)).err().expect("refused");
+    assert!(
+        matches!(e, ProtoError::Frame(_) | ProtoError::NotDircache),
+        "{e}"
+    );
+}
+
+/// A connection after the handshake, for raw frames.
+fn raw_session(root: &std::path::Path) -> (Server, UnixStream) {
+    let (server, mut s) = Server::start(root);
+    assert!(matches!(raw_hello(&mut s, VERSION), ServerMsg::Hello(_)));
+    (server, s)
+}
+
+/// The server closes the stream: reading gives end of file (after any pending replies).
+fn closed(s: &mut UnixStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn malformed_frames_close_the_connection_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    // Oversized: refused from the header alone (4 GiB declared, nothing sent).
+    let (server, mut s) = raw_session(dir.path());
+    s.write_all(&u32::MAX.to_be_bytes()).unwrap();
+    assert!(closed(&mut s));
+    assert!(matches!(
+        server.finish(),
+        Err(ProtoError::Frame(
+            dircache_remote::frame::FrameError::TooLarge { .. }
+        ))
+    ));
+    // Garbage payload.
+    let (server, mut s) = raw_session(dir.path());
+    write_frame(&mut s, &[0xff; 40], 100).unwrap();
+    assert!(closed(&mut s));
+    assert!(matches!(server.finish(), Err(ProtoError::Decode(_))));
+    // A valid call followed by trailing bytes in its frame.
+    let (server, mut s) = raw_session(dir.path());
+    let mut p = encode(&ClientMsg::Call {
+        id: 1,
+        cred: WireCred {
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+        },
+        req: Request::Getattr { path: vec![] },
+    })
+    .unwrap();
+    p.extend_from_slice(b"junk");
+    write_frame(&mut s, &p, MAX_CLIENT_FRAME).unwrap();
+    assert!(closed(&mut s));
+    assert!(server.finish().is_err());
+    // A second hello.
+    let (server, mut s) = raw_session(dir.path());
+    write_frame(
+        &mut s,
+        &encode(&ClientMsg::Hello(Hello::new(0))).unwrap(),
+        MAX_CLIENT_FRAME,
+    )
+    .unwrap();
+    assert!(closed(&mut s));
+    assert!(matches!(server.finish(), Err(ProtoError::Unexpected(_))));
+    // Ends mid-frame.
+    let (server, mut s) = raw_session(dir.path());
+    s.write_all(&[0, 0, 0, 10, 1, 2]).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closed(&mut s));
+    assert!(matches!(
+        server.finish(),
+        Err(ProtoError::Frame(
+            dircache_remote::frame::FrameError::Truncated
+        ))
+    ));
+}
+
+#[test]
+fn calls_in_flight_get_eio_when_the_server_goes_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, b) = UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || {
+        let _ = read_frame(&mut a, MAX_CLIENT_FRAME);
+        write_frame(
+            &mut a,
+            &encode(&ServerMsg::Hello(Hello::new(features::ALL))).unwrap(),
+            MAX_SERVER_FRAME,
+        )
+        .unwrap();
+        // Take one call, then hang up without answering.
+        let _ = read_frame(&mut a, MAX_CLIENT_FRAME);
+    });
+    let r = RemoteBackend::connect(Box::new(b)).unwrap();
+    let feed = r.watch().unwrap().expect("feed");
+    assert_eq!(r.getattr(b""), Err(Error::Os(libc::EIO)));
+    t.join().unwrap();
+    assert_eq!(r.getattr(b""), Err(Error::Os(libc::EIO)));
+    assert!(r.is_closed());
+    // Every callback promise is broken.
+    assert_eq!(
+        feed.recv_timeout(Duration::from_secs(30)),
+        Ok(Change::Overflow)
+    );
+    drop(dir);
+}
+
+/// Bulk subtree prefetching: a whole traversal in one round trip, and the prefetched
+/// listings never answer with what a later change (a callback, or this client's own
+/// mutation) made stale.
+#[test]
+fn prefetched_listings_save_round_trips_and_stay_coherent() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for d in ["a/b/c", "a/d", "e"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    for f in ["a/f", "a/b/g", "a/b/c/h", "e/i"] {
+        std::fs::write(root.join(f), b"x").unwrap();
+    }
+    let (server, r) = client(root);
+    let feed = r.watch().unwrap().expect("callbacks");
+    // A find: list every directory; after the first listing, stats of anything below are
+    // answered from the held listings too.
+    let before = r.round_trips();
+    let mut queue = vec![Vec::<u8>::new()];
+    let mut seen = 0;
+    let mut first = true;
+    while let Some(d) = queue.pop() {
+        for e in r.readdir(&d, true).unwrap() {
+            seen += 1;
+            if e.kind == dircache_core::FileType::Directory {
+                let mut p = d.clone();
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(&e.name);
+                queue.push(p);
+            }
+        }
+        if first {
+            first = false;
+            // (The first listing itself went to the caller, as a cache above would keep it.)
+            assert_eq!(r.walk(b"a", &[b"b", b"c", b"h"]).attrs.len(), 3);
+            let w = r.walk(b"a", &[b"f", b"x"]);
+            assert_eq!((w.attrs.len(), w.error), (1, Some(Error::NotDir)));
+            assert_eq!(r.getattr(b"a/b/g").unwrap().size, 1);
+            assert_eq!(r.lookup(b"a/b", b"nope"), Err(Error::NotFound));
+        }
+    }
+    assert_eq!(seen, 9);
+    assert_eq!(
+        r.round_trips() - before,
+        1,
+        "one bulk call for the whole tree"
+    );
+    assert!(r.prefetch_hits() >= 9);
+
+    // Prefetch again (a second tree walk from `a`'s parent, listings handed over once).
+    let refill = |r: &RemoteBackend| {
+        let _ = r.readdir(b"", true).unwrap();
+    };
+    refill(&r);
+    // A change on the server: once its callback has arrived, the held listing is gone.
+    std::fs::write(root.join("a/b/new"), b"yy").unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match feed.recv_timeout(Duration::from_secs(30)) {
+            Ok(Change::Entry { path }) | Ok(Change::Attr { path }) if path.starts_with(b"a/b") => {
+                break
+            }
+            Ok(Change::Overflow) => break,
+            Ok(_) => {}
+            Err(e) => panic!("no callback: {e}"),
+        }
+        assert!(Instant::now() < end);
+    }
+    let names: Vec<Vec<u8>> = r
+        .readdir(b"a/b", true)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&b"new".to_vec()), "stale prefetched listing");
+    assert_eq!(r.getattr(b"a/b/new").unwrap().size, 2);
+    // The directory's own attributes (held in its parent's listing) moved too.
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(root.join("a/b")).unwrap();
+    let a = r.getattr(b"a/b").unwrap();
+    assert_eq!(
+        (a.mtime.sec, a.mtime.nsec as i64),
+        (m.mtime(), m.mtime_nsec()),
+        "stale mtime"
+    );
+    // This client's own mutation (a root server with fanotify does not echo it back).
+    refill(&r);
+    let c = me();
+    r.mkdir(&c, b"e/made", 0o755).unwrap();
+    let names: Vec<Vec<u8>> = r
+        .readdir(b"e", true)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&b"made".to_vec()), "stale after own mkdir");
+    refill(&r);
+    let f = r.open(&c, b"a/f", libc::O_WRONLY, 0).unwrap();
+    f.write_at(&c, b"longer", 0, false).unwrap();
+    drop(f);
+    assert_eq!(
+        r.lookup(b"a", b"f").unwrap().size,
+        6,
+        "stale size after own write"
+    );
+    drop(r);
+    server.finish().expect("clean end");
+}
+
+/// Bulk replies stay within the frame limit however long the paths: 3,600 directories
+/// with ~2 KiB paths (about 8 MiB of paths in all) come in many frames, not one too large to
+/// send (which would end the call with EIO).
+#[test]
+fn bulk_replies_with_long_paths_fit_in_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut deep = dir.path().to_path_buf();
+    for i in 0..8 {
+        deep.push(format!("{i}{}", "d".repeat(240)));
+    }
+    for p in ["p", "q"] {
+        std::fs::create_dir_all(deep.join(p)).unwrap();
+        for i in 0..1800 {
+            let d = deep.join(p).join(format!("{i:04}{}", "s".repeat(200)));
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("f"), b"").unwrap();
+        }
+    }
+    let (server, r) = client(dir.path());
+    let (dirs, complete) = r.subtree(b"", 1 << 20).unwrap();
+    assert!(complete);
+    let n: usize = dirs.iter().map(|d| d.entries.len()).sum();
+    assert_eq!(n, 8 + 2 + 3600 + 3600);
+    drop(r);
+    server.finish().expect("clean end");
+}
+
+/// A tree bigger than the first bulk budget: a depth-first traversal (as `find` makes) needs a
+/// handful of round trips, not one per directory: a miss below a cut bulk call fetches that
+/// root again with a doubled budget.
+#[test]
+fn a_find_of_a_tree_bigger_than_the_first_budget_takes_few_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    for a in 0..20 {
+        for b in 0..10 {
+            let d = dir.path().join(format!("t{a}/s{b}"));
+            std::fs::create_dir_all(&d).unwrap();
+            for f in 0..10 {
+                std::fs::write(d.join(format!("f{f}")), b"").unwrap();
+            }
+        }
+    }
+    let (server, r) = client(dir.path());
+    let _feed = r.watch().unwrap();
+    let before = r.round_trips();
+    let mut stack = vec![Vec::<u8>::new()];
+    let mut seen = 0;
+    while let Some(d) = stack.pop() {
+        for e in r.readdir(&d, true).unwrap() {
+            seen += 1;
+            if e.kind == dircache_core::FileType::Directory {
+                stack.push(dircache_remote::prefetch::join(&d, &e.name));
+            }
+        }
+    }
+    assert_eq!(seen, 20 + 200 + 2000);
+    let trips = r.round_trips() - before;
+    assert!(trips <= 4, "{trips} round trips for 221 directories");
+    drop(r);
+    server.finish().expect("clean end");
+}
+
+/// `ls -l` asks every entry for its access ACL: files a bulk reply showed to have no extended
+/// attributes answer without a round trip, until a change (here an ACL set on the server
+/// directly) is reported for them.
+#[test]
+fn acl_questions_about_bare_files_need_no_round_trip_until_they_change() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("d")).unwrap();
+    for f in ["a", "b"] {
+        std::fs::write(dir.path().join("d").join(f), b"").unwrap();
+    }
+    let (server, r) = client(dir.path());
+    let feed = r.watch().unwrap().expect("callbacks");
+    let _ = r.readdir(b"", true).unwrap();
+    let c = me();
+    let acl = |p: &'static [u8]| {
+        r.getxattr(
+            &c,
+            dircache_core::XattrTarget {
+                path: p,
+                expect: None,
+                open: None,
+            },
+            b"system.posix_acl_access",
+        )
+    };
+    let before = r.round_trips();
+    assert_eq!(acl(b"d/a"), Err(Error::Os(libc::ENODATA)));
+    assert_eq!(acl(b"d/b"), Err(Error::Os(libc::ENODATA)));
+    assert_eq!(r.round_trips(), before);
+    // An ACL set on the server (user 1000 may read): version 2, then (tag, perm, id) entries.
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (1u16, 6u16, u32::MAX),
+        (2, 4, 1000),
+        (4, 4, u32::MAX),
+        (0x10, 4, u32::MAX),
+        (0x20, 4, u32::MAX),
+    ] {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    let path = std::ffi::CString::new(dir.path().join("d/a").into_os_string().into_encoded_bytes())
+        .unwrap();
+    // SAFETY: valid NUL-terminated path and name, a buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            v.as_ptr().cast(),
+            v.len(),
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match feed.recv_timeout(Duration::from_secs(30)) {
+            Ok(Change::Attr { path } | Change::Entry { path }) if path == b"d/a" => break,
+            Ok(Change::Overflow | Change::Inode { .. }) => break,
+            Ok(_) => {}
+            Err(e) => panic!("no callback: {e}"),
+        }
+        assert!(Instant::now() < end);
+    }
+    assert_eq!(acl(b"d/a").map(|v| v.len()), Ok(v.len()), "stale: no ACL");
+    assert_eq!(acl(b"d/b"), Err(Error::Os(libc::ENODATA)));
+    drop(r);
+    server.finish().expect("clean end");
+}
