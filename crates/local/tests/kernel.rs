@@ -846,9 +846,10 @@ fn concurrent_lookups_and_renames() {
     let fds_before = fs::read_dir("/proc/self/fd").unwrap().count();
     let b = Arc::new(LocalBackend::with_options(r, 8, WatchMode::Off).unwrap());
     let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut hs = Vec::new();
     for k in 0..3 {
-        let (b, stop) = (b.clone(), stop.clone());
+        let (b, stop, done) = (b.clone(), stop.clone(), done.clone());
         hs.push(std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -868,12 +869,19 @@ fn concurrent_lookups_and_renames() {
                     assert!(matches!(e, Error::NotFound | Error::NotDir), "{e:?}");
                 }
                 n += 1;
+                done.fetch_add(1, Ordering::Relaxed);
             }
             n
         }));
     }
     let c = Cred::root();
-    for round in 0..300 {
+    // At least 300 rounds, and on until the lookup threads have run a while too (on a loaded
+    // machine they may not be scheduled at all during the first 300).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut round = 0;
+    while round < 300 || (done.load(Ordering::Relaxed) < 30 && std::time::Instant::now() < deadline)
+    {
+        round += 1;
         let i = round % 8;
         let (a, z) = (format!("d{i}"), format!("moved{i}"));
         b.rename(&c, a.as_bytes(), z.as_bytes(), RenameMode::NoReplace)
