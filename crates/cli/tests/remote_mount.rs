@@ -17,11 +17,11 @@ use common::{can_mount, py, sh, sh_ok};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
-/// The POSIX checks of crates/fuse/tests/posix.rs (the same script, read from that file, not
-/// copied).
+/// The POSIX checks of crates/fuse/tests/posix.rs (the same script, read from the file they
+/// share, crates/fuse/tests/common/posix_checks.rs, not copied).
 fn posix_checks() -> &'static str {
-    let src = include_str!("../../fuse/tests/posix.rs");
-    let start = "const CHECKS: &str = r#\"";
+    let src = include_str!("../../fuse/tests/common/posix_checks.rs");
+    let start = "pub const CHECKS: &str = r#\"";
     let i = src.find(start).expect("CHECKS in posix.rs") + start.len();
     let len = src[i..].find("\"#;").expect("end of CHECKS");
     &src[i..i + len]
