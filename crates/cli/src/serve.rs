@@ -22,7 +22,7 @@ pub struct ServeArgs {
     /// Do not push invalidations (callbacks) for changes made behind the client's back.
     #[arg(long)]
     pub no_callbacks: bool,
-    /// Most directory entries the server's cache keeps (its memory bound: about 0.5 KiB
+    /// Most directory entries the server's cache keeps (its memory bound: about 0.35 KiB
     /// each, see docs/remote.md); least recently used leaves are evicted beyond it.
     #[arg(long, default_value_t = 262_144)]
     pub max_entries: usize,

@@ -64,8 +64,8 @@ const FORWARD_QUEUE: usize = 4096;
 pub struct CachedBackend {
     cache: Arc<Cache>,
     inner: Arc<dyn Backend>,
-    /// The credentials metadata queries are made with (the server's own).
-    own: Cred,
+    /// The credentials metadata queries are made with (the server's own), interned once.
+    meta: Creds,
     /// Where applied changes are forwarded (the server's callback threads).
     subscribers: Arc<Mutex<Vec<Sender<Change>>>>,
     /// Whether the cache follows a change feed (else it runs in bypass mode).
@@ -111,10 +111,11 @@ impl CachedBackend {
                 .spawn(move || apply_loop(feed, weak, subs))
                 .map_err(|e| Error::Os(e.raw_os_error().unwrap_or(libc::EAGAIN)))?;
         }
+        let meta = cache.kernel_checked(own);
         Ok(Arc::new(CachedBackend {
             cache,
             inner,
-            own,
+            meta,
             subscribers,
             coherent,
         }))
@@ -136,7 +137,7 @@ impl CachedBackend {
     }
 
     fn meta(&self) -> Creds {
-        self.cache.kernel_checked(self.own.clone())
+        self.meta.clone()
     }
 
     fn creds(&self, cred: &Cred) -> Creds {

@@ -200,3 +200,37 @@ fn native_changes_on_the_server_reach_the_client_fresh_with_a_callback() {
     let w = r.walk(b"", &[b"a", b"b", b"f"]);
     assert_eq!((w.attrs.len(), w.error), (2, Some(Error::NotFound)));
 }
+
+#[test]
+fn the_servers_cache_stays_within_max_entries_and_answers_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for d in 0..30 {
+        let p = root.join(format!("d{d:02}"));
+        std::fs::create_dir(&p).unwrap();
+        for f in 0..100 {
+            std::fs::write(p.join(format!("f{f:03}")), vec![b'x'; f]).unwrap();
+        }
+    }
+    let local: Arc<dyn Backend> = Arc::new(LocalBackend::new(root).expect("backend"));
+    let config = dircache_core::Config {
+        max_entries: 1024,
+        ..Default::default()
+    };
+    let cached = CachedBackend::new(local, config, me()).expect("cached");
+    for round in 0..2 {
+        for d in 0..30 {
+            let dname = format!("d{d:02}");
+            assert_eq!(cached.readdir(dname.as_bytes(), true).unwrap().len(), 100);
+            for f in (0..100).step_by(7) {
+                let fname = format!("f{f:03}");
+                let w = cached.walk(b"", &[dname.as_bytes(), fname.as_bytes()]);
+                assert_eq!((w.attrs.len(), w.error), (2, None), "round {round}");
+                assert_eq!(w.attrs[1].size, f as u64);
+            }
+        }
+        let s = cached.stats();
+        assert!(s.entries <= 1024 + 128, "bounded: {s:?}");
+        assert!(s.evictions > 0, "{s:?}");
+    }
+}
