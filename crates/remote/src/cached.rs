@@ -45,7 +45,7 @@
 
 use std::sync::{Arc, Weak};
 
-use crossbeam_channel::{bounded, Sender};
+use crossbeam_channel::{bounded, Sender, TrySendError};
 use dircache_core::{
     At, Attr, Backend, BackendFile, Cache, Change, ChangeFeed, Config, Cred, Creds, DirEntry,
     Error, LookupFlags, NodeKind, NodeRef, RenameMode, Result, SetAttr, StatFs, StatsSnapshot,
@@ -57,7 +57,7 @@ use parking_lot::Mutex;
 /// longer backend paths are walked one component at a time.
 const PATH_API_MAX: usize = 4000;
 
-/// Changes waiting for the server's callback thread.
+/// Changes waiting for the server's callback thread (beyond: `Overflow`, see `Subscriber`).
 const FORWARD_QUEUE: usize = 4096;
 
 /// A [`Backend`] answering through a core [`Cache`] over another backend (module docs).
@@ -67,7 +67,7 @@ pub struct CachedBackend {
     /// The credentials metadata queries are made with (the server's own), interned once.
     meta: Creds,
     /// Where applied changes are forwarded (the server's callback threads).
-    subscribers: Arc<Mutex<Vec<Sender<Change>>>>,
+    subscribers: Arc<Mutex<Vec<Subscriber>>>,
     /// Whether the cache follows a change feed (else it runs in bypass mode).
     coherent: bool,
 }
@@ -101,7 +101,7 @@ impl CachedBackend {
             }
         };
         let cache = Cache::new(inner.clone(), config)?;
-        let subscribers: Arc<Mutex<Vec<Sender<Change>>>> = Arc::default();
+        let subscribers: Arc<Mutex<Vec<Subscriber>>> = Arc::default();
         let coherent = feed.is_some();
         if let Some(feed) = feed {
             let weak = Arc::downgrade(&cache);
@@ -229,15 +229,44 @@ impl CachedBackend {
 
 /// Apply each change of `feed` to the cache, then forward it to the subscribers. Ends when
 /// the feed ends or the cache is gone.
-fn apply_loop(feed: ChangeFeed, cache: Weak<Cache>, subs: Arc<Mutex<Vec<Sender<Change>>>>) {
+fn apply_loop(feed: ChangeFeed, cache: Weak<Cache>, subs: Arc<Mutex<Vec<Subscriber>>>) {
     for change in feed {
         let Some(cache) = cache.upgrade() else {
             return;
         };
         cache.apply_change(&change);
         drop(cache);
-        let mut subs = subs.lock();
-        subs.retain(|s| s.send(change.clone()).is_ok());
+        subs.lock().retain_mut(|s| s.forward(&change));
+    }
+}
+
+/// One receiver of applied changes. The apply thread never waits for it (the cache must
+/// stay coherent while a slow client's callbacks back up): a change that does not fit is
+/// dropped and an `Overflow` (forget everything) goes first once there is room.
+struct Subscriber {
+    tx: Sender<Change>,
+    lost: bool,
+}
+
+impl Subscriber {
+    /// Forward `change`; false once the receiver is gone.
+    fn forward(&mut self, change: &Change) -> bool {
+        if self.lost {
+            match self.tx.try_send(Change::Overflow) {
+                Ok(()) => self.lost = false,
+                Err(TrySendError::Full(_)) => return true,
+                Err(TrySendError::Disconnected(_)) => return false,
+            }
+        }
+        match self.tx.try_send(change.clone()) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                tracing::warn!("callbacks back up: the client will be told to forget everything");
+                self.lost = true;
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        }
     }
 }
 
@@ -500,7 +529,7 @@ impl Backend for CachedBackend {
             return Ok(None);
         }
         let (tx, rx) = bounded(FORWARD_QUEUE);
-        self.subscribers.lock().push(tx);
+        self.subscribers.lock().push(Subscriber { tx, lost: false });
         Ok(Some(rx))
     }
 }
@@ -598,5 +627,37 @@ impl BackendFile for CachedFile {
         len: u64,
     ) -> Result<usize> {
         self.f.copy_to(cred, offset_in, dst, offset_out, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(p: &str) -> Change {
+        Change::Entry {
+            path: p.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_backed_up_subscriber_gets_an_overflow_not_a_hole() {
+        let (tx, rx) = bounded(2);
+        let mut s = Subscriber { tx, lost: false };
+        for p in ["a", "b", "c"] {
+            assert!(s.forward(&entry(p)));
+        }
+        assert!(s.lost, "c did not fit");
+        assert_eq!(rx.try_recv(), Ok(entry("a")));
+        assert_eq!(rx.try_recv(), Ok(entry("b")));
+        assert!(s.forward(&entry("d")));
+        assert_eq!(
+            rx.try_recv(),
+            Ok(Change::Overflow),
+            "c was lost: forget everything"
+        );
+        assert_eq!(rx.try_recv(), Ok(entry("d")));
+        drop(rx);
+        assert!(!s.forward(&entry("e")), "a gone receiver is dropped");
     }
 }
