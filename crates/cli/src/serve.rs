@@ -1,7 +1,7 @@
 //! `dircache serve --stdio ROOT`: the server end of a remote mount, speaking the dircache
 //! protocol (docs/protocol.md) on stdin and stdout, as sftp-server does for sshfs. It answers
-//! from the local backend over ROOT, so every path stays inside ROOT (no symlink, `..` or
-//! rename-race escape). Logs go to stderr (which ssh passes back to the client's terminal).
+//! through the core cache over the local backend over ROOT (dircache_remote::cached), so every
+//! path stays inside ROOT (no symlink, `..` or rename-race escape). Logs go to stderr (which ssh passes back to the client's terminal).
 
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -22,6 +22,14 @@ pub struct ServeArgs {
     /// Do not push invalidations (callbacks) for changes made behind the client's back.
     #[arg(long)]
     pub no_callbacks: bool,
+    /// Most directory entries the server's cache keeps (its memory bound: about 0.35 KiB
+    /// each, see docs/remote.md); least recently used leaves are evicted beyond it.
+    #[arg(long, default_value_t = 262_144)]
+    pub max_entries: usize,
+    /// Answer from the local backend directly, without the server's cache (every call is
+    /// one or more system calls; for comparisons).
+    #[arg(long)]
+    pub no_cache: bool,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
@@ -44,11 +52,38 @@ pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
         eprintln!("dircache serve: {}: not a directory", root.display());
         return Ok(2);
     }
-    let backend = dircache_local::LocalBackend::new(&root)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", root.display()))?;
+    if a.max_entries < 1024 {
+        eprintln!("dircache serve: --max-entries must be at least 1024");
+        return Ok(2);
+    }
+    let local: Arc<dyn dircache_core::Backend> = Arc::new(
+        dircache_local::LocalBackend::new(&root)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", root.display()))?,
+    );
     let mut cfg = dircache_remote::ServerConfig {
         workers: a.workers,
         ..Default::default()
+    };
+    // The core cache over the local backend answers (docs/remote.md, "The server's cache"),
+    // kept coherent by the local change feed.
+    let cached = if a.no_cache {
+        None
+    } else {
+        Some(
+            dircache_remote::CachedBackend::new(
+                local.clone(),
+                dircache_core::Config {
+                    max_entries: a.max_entries,
+                    ..Default::default()
+                },
+                cfg.own.clone(),
+            )
+            .map_err(|e| anyhow::anyhow!("{}: {e}", root.display()))?,
+        )
+    };
+    let backend: Arc<dyn dircache_core::Backend> = match &cached {
+        Some(c) => c.clone(),
+        None => local,
     };
     if a.no_callbacks {
         cfg.features &= !dircache_remote::proto::features::CALLBACKS;
@@ -71,7 +106,25 @@ pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
     let stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
     // SAFETY: dup2 of this process's own standard descriptors.
     unsafe { libc::dup2(2, 1) };
-    match dircache_remote::serve(Arc::new(backend), stdin, stdout, cfg) {
+    let r = dircache_remote::serve(backend, stdin, stdout, cfg);
+    if let Some(c) = &cached {
+        let s = c.stats();
+        tracing::info!(
+            "server cache: {} entries (~{} KiB), {} fast-path hits, backend calls: {} lookup, \
+             {} walk, {} getattr, {} readdir, {} readlink, {} mutation; {} evictions",
+            s.entries,
+            s.bytes / 1024,
+            s.fastpath_hits,
+            s.backend_lookup,
+            s.backend_walk,
+            s.backend_getattr,
+            s.backend_readdir,
+            s.backend_readlink,
+            s.backend_mutation,
+            s.evictions
+        );
+    }
+    match r {
         Ok(()) => Ok(0),
         Err(e) => {
             eprintln!("dircache serve: {e}");

@@ -5,11 +5,13 @@
 //! ([`client::RemoteBackend`], a [`dircache_core::Backend`] the core cache and the FUSE front
 //! end serve like any other).
 
+pub mod cached;
 pub mod client;
 pub mod frame;
 pub mod prefetch;
 pub mod proto;
 pub mod server;
 
+pub use cached::CachedBackend;
 pub use client::{ChildTransport, ClientConfig, RemoteBackend, Transport};
 pub use server::{serve, ServerConfig};

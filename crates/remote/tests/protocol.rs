@@ -22,7 +22,10 @@ struct Server {
 
 impl Server {
     fn start(root: &std::path::Path) -> (Server, UnixStream) {
-        let backend: Arc<dyn Backend> = Arc::new(LocalBackend::new(root).expect("backend"));
+        // As `dircache serve` does: the core cache over the local backend.
+        let local: Arc<dyn Backend> = Arc::new(LocalBackend::new(root).expect("backend"));
+        let backend = dircache_remote::CachedBackend::new(local, Default::default(), me())
+            .expect("cached backend");
         Self::start_with(backend)
     }
 
