@@ -1,7 +1,7 @@
 //! The search wire protocol and delegation to a mount's daemon.
 //!
 //! **Framing** (the FUSE daemon's control-socket protocol): every message is a frame
-//! ([`dircache_remote::frame`], the one framing code, shared with the remote protocol): a 4-byte
+//! ([`dircache_frame`], the one framing code, shared with the remote protocol): a 4-byte
 //! big-endian length, then that many bytes of JSON. A request is at most [`MAX_REQUEST`]
 //! bytes, a response frame at most [`MAX_RESPONSE`]; frames are read incrementally (memory
 //! grows with the bytes actually received, never with the declared length). The client sends
@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dircache_core::Cred;
-use dircache_remote::frame::{self, FrameError};
+use dircache_frame::{self as frame, FrameError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -181,7 +181,7 @@ pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), Pro
 
 /// Read one frame body of at most `max` bytes; `Ok(None)` on a clean end of stream before
 /// the frame. The body grows with the bytes received (never allocated at the declared length):
-/// the framing is [`dircache_remote::frame`]'s, shared with the remote protocol.
+/// the framing is [`dircache_frame`]'s, shared with the remote protocol.
 pub fn read_frame_bytes<R: Read>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, ProtoError> {
     frame::read_frame(r, max).map_err(frame_err)
 }
