@@ -322,6 +322,18 @@ pub fn answer<S: Source>(
             return w.flush().map_err(io_err);
         }
     };
+    answer_batches(sock, |wait| Ok(stream.next_batch(wait)))
+}
+
+/// The streaming half of [`answer`], for any source of batches (`next` waits at most the
+/// given time; an `Err` ends the answer with an Error frame): result frames (an empty one at
+/// once and at least every [`HEARTBEAT`]), then End. Returns as soon as the client hangs up
+/// or a write fails (dropping what `next` reads from, which cancels it).
+pub fn answer_batches(
+    sock: &UnixStream,
+    mut next: impl FnMut(Duration) -> Result<Batch, String>,
+) -> Result<(), ProtoError> {
+    let mut w = BufWriter::new(sock);
     let poll = Duration::from_millis(100);
     let send = |w: &mut BufWriter<&UnixStream>, results: Vec<SearchResult>| {
         write_frame(w, &Response::Results { results })?;
@@ -332,7 +344,17 @@ pub fn answer<S: Source>(
     let mut last = Instant::now();
     let mut batch: Vec<SearchResult> = Vec::new();
     loop {
-        match stream.next_batch(poll) {
+        let b = match next(poll) {
+            Ok(b) => b,
+            Err(message) => {
+                if !batch.is_empty() {
+                    send(&mut w, batch)?;
+                }
+                write_frame(&mut w, &Response::Error { message })?;
+                return w.flush().map_err(io_err);
+            }
+        };
+        match b {
             Batch::Results(rs) => {
                 batch.extend(rs);
                 while batch.len() >= RESULTS_PER_FRAME {
