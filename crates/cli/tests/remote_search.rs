@@ -30,6 +30,11 @@ impl RemoteMount {
     /// `fill` makes the tree in SRC before the mount (so the server's log counts only what
     /// the tests do).
     fn start(fill: impl FnOnce(&Path)) -> RemoteMount {
+        Self::start_as(fill, None)
+    }
+
+    /// With `server_uid`, the server runs as that user (setpriv), over an SRC it owns.
+    fn start_as(fill: impl FnOnce(&Path), server_uid: Option<u32>) -> RemoteMount {
         let dir = tempfile::Builder::new()
             .prefix("dcrsearch")
             .tempdir()
@@ -41,6 +46,13 @@ impl RemoteMount {
         std::fs::create_dir(&mnt).unwrap();
         common::chmod(dir.path(), 0o755);
         fill(&src);
+        if let Some(u) = server_uid {
+            sh_ok(&src, &format!("chown -R {u}:{u} ."));
+        }
+        let setpriv = match server_uid {
+            Some(u) => format!("setpriv --reuid={u} --regid={u} --clear-groups "),
+            None => String::new(),
+        };
         let fake = dir.path().join("fake-ssh");
         std::fs::write(
             &fake,
@@ -53,7 +65,7 @@ impl RemoteMount {
         std::fs::write(
             &serve,
             format!(
-                "#!/bin/sh\nDIRCACHE_LOG=info exec {BIN} \"$@\" 2>>{}\n",
+                "#!/bin/sh\nDIRCACHE_LOG=info exec {setpriv}{BIN} \"$@\" 2>>{}\n",
                 log.display()
             ),
         )
@@ -225,7 +237,7 @@ fn search_on_a_remote_mount_is_one_call_and_matches_find() {
         got, want,
         "dircache search on the mount vs find on SRC\n{err}"
     );
-    assert!(err.contains("delegated"), "not delegated: {err}");
+    assert!(err.contains("delegated to"), "not delegated: {err}");
     // The server ran it, once; and answered three calls in all: the mount root's getattr,
     // the daemon's socket attribute, the search (a walk through the mount lists directories).
     assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
@@ -254,7 +266,7 @@ fn a_denied_directory_is_not_searched_for_a_non_root_caller() {
     );
     let (got, err) = search(Some(1000), &t.mnt, "*.c");
     assert_eq!(got, want, "uid 1000: search vs find\n{err}");
-    assert!(err.contains("delegated"), "not delegated: {err}");
+    assert!(err.contains("delegated to"), "not delegated: {err}");
     assert!(every.len() > got.len());
     assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
 }
@@ -299,4 +311,23 @@ fn a_client_that_hangs_up_cancels_the_search_on_the_server() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(t.search_lines("cancel requested"), 1, "{}", t.log());
+}
+
+#[test]
+fn a_non_root_server_searches_only_for_its_own_uid() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start_as(make_tree, Some(1000));
+    // The server's own uid: delegated.
+    let (got, err) = search(Some(1000), &t.mnt, "*.c");
+    assert_eq!(got, find_names(Some(1000), &t.src, "*.c"), "{err}");
+    assert!(err.contains("delegated to"), "not delegated: {err}");
+    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
+    // Another uid: the server refuses, the search walks the mount (the client's kernel
+    // checks every step), with the same results here (everything is world-readable).
+    let (got, err) = search(Some(1001), &t.mnt, "*.c");
+    assert_eq!(got, find_names(Some(1001), &t.src, "*.c"), "{err}");
+    assert!(!err.contains("delegated to"), "delegated: {err}");
+    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
 }
