@@ -85,6 +85,15 @@ pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
         Some(c) => c.clone(),
         None => local,
     };
+    // Delegated searches run beneath ROOT (crates/remote/src/server/search.rs).
+    cfg.search_root = Some(Arc::new(
+        rustix::fs::open(
+            &root,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .with_context(|| root.display().to_string())?,
+    ));
     if a.no_callbacks {
         cfg.features &= !dircache_remote::proto::features::CALLBACKS;
     }

@@ -218,6 +218,18 @@ pub trait Backend: Send + Sync + 'static {
         Err(XATTR_UNSUPPORTED)
     }
 
+    /// Run a search next to the files, for `cred` ([`crate::delegated`]): `None` when this
+    /// backend cannot (the caller then searches through the cache, directory by directory).
+    /// A backend that runs it confines it to its root and applies `cred` as its other
+    /// operations do.
+    fn search(
+        &self,
+        _cred: &Cred,
+        _call: &crate::SearchCall,
+    ) -> Option<Result<Box<dyn crate::SearchHits>>> {
+        None
+    }
+
     /// Start reporting changes made behind the cache's back. `None` if the backend cannot.
     fn watch(&self) -> Result<Option<ChangeFeed>> {
         Ok(None)

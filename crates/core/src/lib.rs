@@ -16,6 +16,7 @@ mod backend;
 mod cache;
 mod config;
 mod cred;
+pub mod delegated;
 mod error;
 pub mod file;
 pub mod memory;
@@ -30,6 +31,7 @@ pub use cache::{
 };
 pub use config::{Config, DotDot};
 pub use cred::Cred;
+pub use delegated::{SearchCall, SearchEvent, SearchHit, SearchHits};
 pub use error::{Error, Result};
 pub use file::{BackendFile, FdFile, Whence};
 pub use policy::{AccessPolicy, PosixPolicy};

@@ -405,8 +405,24 @@ fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
             let resp = match serde_json::from_value::<dircache_search::SearchRequest>(req) {
                 Err(e) => json!({"ok": false, "error": e.to_string()}),
                 Ok(sr) => match (&srv.base, srv.slots.take(cred.uid, true)) {
-                    (None, _) => json!({"ok": false, "error": "searches are not served here"}),
                     (_, None) => json!({"ok": false, "error": "busy: too many searches"}),
+                    // No SRC: a backend that searches itself (remote) answers in one call.
+                    (None, Some(_slot)) => {
+                        let _ = s.set_read_timeout(None);
+                        match dircache_search::delegated::answer_backend(
+                            &s,
+                            &sr,
+                            &**srv.stats.cache.backend(),
+                            &cred,
+                            dircache_search::proto::mount_access(&srv.stats.mnt),
+                        ) {
+                            None => {
+                                json!({"ok": false, "error": "searches are not served here"})
+                            }
+                            Some(Ok(())) => continue,
+                            Some(Err(_)) => return,
+                        }
+                    }
                     (Some(base), Some(_slot)) => {
                         match dircache_search::proto::source_for(base.clone(), &cred) {
                             Err(e) => json!({"ok": false, "error": e.to_string()}),

@@ -24,6 +24,8 @@ use dircache_core::{
 };
 use parking_lot::Mutex;
 
+mod search;
+
 use crate::frame::{read_frame, write_frame};
 use crate::prefetch::{join, Prefetch};
 use crate::proto::{
@@ -165,6 +167,11 @@ fn eio() -> Error {
 impl Conn {
     /// Send a call; the receiver gets its reply frames, or an error if the connection ends.
     fn start(&self, cred: &WireCred, req: Request) -> Result<Receiver<Frame>> {
+        self.start_id(cred, req).map(|(_, rx)| rx)
+    }
+
+    /// [`Conn::start`], also returning the call's id.
+    fn start_id(&self, cred: &WireCred, req: Request) -> Result<(u64, Receiver<Frame>)> {
         if req.mutates() {
             self.prefetch.lock().clear();
         }
@@ -197,7 +204,7 @@ impl Conn {
             return Err(e);
         }
         self.round_trips.fetch_add(1, Ordering::Relaxed);
-        Ok(rx)
+        Ok((id, rx))
     }
 
     fn call_as(&self, cred: &WireCred, req: Request) -> Result<Reply> {
@@ -644,6 +651,14 @@ fn want_count(r: Reply) -> Result<u64> {
 }
 
 impl Backend for RemoteBackend {
+    fn search(
+        &self,
+        cred: &Cred,
+        call: &dircache_core::SearchCall,
+    ) -> Option<Result<Box<dyn dircache_core::SearchHits>>> {
+        self.search_remote(cred, call)
+    }
+
     fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
         if let Some(r) = self.prefetch.lock().lookup(dir, name) {
             return r;

@@ -7,11 +7,14 @@
 
 pub mod cached;
 pub mod client;
-pub mod frame;
 pub mod prefetch;
 pub mod proto;
 pub mod server;
 
 pub use cached::CachedBackend;
+/// The framing layer, its own crate ([`dircache_frame`]) so the control socket shares it
+/// without depending on this one.
+pub use dircache_frame as frame;
+
 pub use client::{ChildTransport, ClientConfig, RemoteBackend, Transport};
 pub use server::{serve, ServerConfig};

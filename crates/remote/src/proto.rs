@@ -28,8 +28,10 @@ pub mod features {
     pub const SUBTREE: u64 = 1 << 1;
     /// Extended attributes.
     pub const XATTRS: u64 = 1 << 2;
+    /// [`Request::Search`] (delegated search) and [`Request::Cancel`].
+    pub const SEARCH: u64 = 1 << 3;
     /// Everything this build knows.
-    pub const ALL: u64 = CALLBACKS | SUBTREE | XATTRS;
+    pub const ALL: u64 = CALLBACKS | SUBTREE | XATTRS | SEARCH;
 }
 
 /// Largest frame a client sends (a write's data chunk plus its header fits).
@@ -289,6 +291,20 @@ pub enum Request {
     Close {
         handle: u64,
     },
+    /// A delegated search (dircache_search): the server runs it over its root for the call's
+    /// credentials. `paths` are backend paths (relative to the served root). Streamed:
+    /// [`Reply::Found`] frames (an empty one at least every few seconds while it runs), the
+    /// last with `last: true`; or one error.
+    Search {
+        paths: Vec<Bytes>,
+        pattern: String,
+        flags: u32,
+    },
+    /// Stop the search that call `call` started (its stream then ends with ECANCELED or
+    /// whatever it had reached); answered with [`Reply::Unit`] at once.
+    Cancel {
+        call: u64,
+    },
 }
 
 impl Request {
@@ -310,7 +326,9 @@ impl Request {
             | Request::Sync { .. }
             | Request::Seek { .. }
             | Request::FileAttr { .. }
-            | Request::Close { .. } => false,
+            | Request::Close { .. }
+            | Request::Search { .. }
+            | Request::Cancel { .. } => false,
             Request::Open { flags, .. } => flags & (libc::O_CREAT | libc::O_TRUNC) != 0,
             _ => true,
         }
@@ -353,6 +371,19 @@ pub enum Reply {
         writable: bool,
     },
     Count(u64),
+    /// Part of a search's results.
+    Found(Vec<Found>),
+}
+
+/// One result of a [`Request::Search`] ([`dircache_core::SearchHit`] on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Found {
+    pub root: u32,
+    #[serde(with = "serde_bytes")]
+    pub path: Vec<u8>,
+    pub attr: Option<Attr>,
+    /// `(source, errno)` of an error met on the way.
+    pub error: Option<(u8, i32)>,
 }
 
 /// A change pushed by the server ([`Change`] on the wire).

@@ -30,6 +30,8 @@ use crossbeam_channel::{bounded, select, Receiver, Sender};
 use dircache_core::{Backend, BackendFile, Cred, DirEntry, Error, Whence, XattrTarget};
 use parking_lot::Mutex;
 
+mod search;
+
 use crate::frame::{encode_frame, read_frame};
 use crate::prefetch::join;
 use crate::proto::{
@@ -54,6 +56,9 @@ pub struct ServerConfig {
     pub features: u64,
     /// Largest subtree budget a client may ask for.
     pub max_subtree: u64,
+    /// The served root (an `O_PATH` descriptor) delegated searches run beneath; `None`: no
+    /// searches (EOPNOTSUPP).
+    pub search_root: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +73,7 @@ impl Default for ServerConfig {
             own: Cred::new(uid, gid, []),
             features: features::ALL,
             max_subtree: 1 << 20,
+            search_root: None,
         }
     }
 }
@@ -78,6 +84,7 @@ struct Shared {
     out: Sender<Vec<u8>>,
     handles: Mutex<HashMap<u64, Arc<dyn BackendFile>>>,
     next_handle: AtomicU64,
+    searches: Arc<search::Running>,
 }
 
 struct Job {
@@ -133,6 +140,7 @@ where
             out: out_tx.clone(),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
+            searches: Arc::default(),
         });
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut threads = Vec::new();
@@ -175,6 +183,7 @@ where
         }
         drop(job_tx);
         drop(stop_tx);
+        shared.searches.cancel_all();
         for t in threads {
             let _ = t.join();
         }
@@ -278,8 +287,9 @@ fn errno(e: Error) -> i32 {
 
 fn answer(s: &Shared, job: Job) {
     let Job { id, cred, req } = job;
+    let wire = cred;
     let cred = if s.cfg.act_as_client {
-        Cred::from(&cred)
+        Cred::from(&wire)
     } else {
         s.cfg.own.clone()
     };
@@ -305,6 +315,18 @@ fn answer(s: &Shared, job: Job) {
         Request::Subtree { path, budget } => {
             subtree(s, id, &path, budget.min(s.cfg.max_subtree));
             return;
+        }
+        Request::Search {
+            paths,
+            pattern,
+            flags,
+        } => {
+            search::start(s, id, &wire, paths, pattern, flags);
+            return;
+        }
+        Request::Cancel { call } => {
+            s.searches.cancel(call);
+            Ok(Reply::Unit)
         }
         Request::Walk { dir, names } => {
             let names: Vec<&[u8]> = names.iter().map(|n| n.0.as_slice()).collect();

@@ -43,6 +43,7 @@
 //!   one lstat per name instead of a full listing.
 #![forbid(unsafe_code)]
 
+pub mod delegated;
 pub mod pattern;
 pub mod proto;
 pub mod source;

@@ -1,7 +1,7 @@
 //! The search wire protocol and delegation to a mount's daemon.
 //!
 //! **Framing** (the FUSE daemon's control-socket protocol): every message is a frame
-//! ([`dircache_remote::frame`], the one framing code, shared with the remote protocol): a 4-byte
+//! ([`dircache_frame`], the one framing code, shared with the remote protocol): a 4-byte
 //! big-endian length, then that many bytes of JSON. A request is at most [`MAX_REQUEST`]
 //! bytes, a response frame at most [`MAX_RESPONSE`]; frames are read incrementally (memory
 //! grows with the bytes actually received, never with the declared length). The client sends
@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dircache_core::Cred;
-use dircache_remote::frame::{self, FrameError};
+use dircache_frame::{self as frame, FrameError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -181,7 +181,7 @@ pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), Pro
 
 /// Read one frame body of at most `max` bytes; `Ok(None)` on a clean end of stream before
 /// the frame. The body grows with the bytes received (never allocated at the declared length):
-/// the framing is [`dircache_remote::frame`]'s, shared with the remote protocol.
+/// the framing is [`dircache_frame`]'s, shared with the remote protocol.
 pub fn read_frame_bytes<R: Read>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, ProtoError> {
     frame::read_frame(r, max).map_err(frame_err)
 }
@@ -322,6 +322,18 @@ pub fn answer<S: Source>(
             return w.flush().map_err(io_err);
         }
     };
+    answer_batches(sock, |wait| Ok(stream.next_batch(wait)))
+}
+
+/// The streaming half of [`answer`], for any source of batches (`next` waits at most the
+/// given time; an `Err` ends the answer with an Error frame): result frames (an empty one at
+/// once and at least every [`HEARTBEAT`]), then End. Returns as soon as the client hangs up
+/// or a write fails (dropping what `next` reads from, which cancels it).
+pub fn answer_batches(
+    sock: &UnixStream,
+    mut next: impl FnMut(Duration) -> Result<Batch, String>,
+) -> Result<(), ProtoError> {
+    let mut w = BufWriter::new(sock);
     let poll = Duration::from_millis(100);
     let send = |w: &mut BufWriter<&UnixStream>, results: Vec<SearchResult>| {
         write_frame(w, &Response::Results { results })?;
@@ -332,7 +344,17 @@ pub fn answer<S: Source>(
     let mut last = Instant::now();
     let mut batch: Vec<SearchResult> = Vec::new();
     loop {
-        match stream.next_batch(poll) {
+        let b = match next(poll) {
+            Ok(b) => b,
+            Err(message) => {
+                if !batch.is_empty() {
+                    send(&mut w, batch)?;
+                }
+                write_frame(&mut w, &Response::Error { message })?;
+                return w.flush().map_err(io_err);
+            }
+        };
+        match b {
             Batch::Results(rs) => {
                 batch.extend(rs);
                 while batch.len() >= RESULTS_PER_FRAME {

@@ -1,5 +1,8 @@
+//! # dircache-frame
+//!
 //! Length-delimited frames: the one framing implementation of dircache's wire protocols
-//! (the remote protocol here, and the FUSE daemon's control socket in `dircache_search::proto`).
+//! (the remote protocol in `dircache_remote`, and the FUSE daemon's control socket in
+//! `dircache_search::proto`). Its own crate so that both use it without depending on each other.
 //!
 //! A frame is a 4-byte big-endian length `n`, then `n` bytes of payload. Every reader states
 //! the largest payload it accepts; a longer declared length is refused before any of the

@@ -1,0 +1,333 @@
+//! Delegated search on a remote mount, end to end with real parts: `dircache mount
+//! localhost:SRC MNT` through a stand-in for ssh (as crates/cli/tests/remote_mount.rs), the
+//! server `dircache serve --stdio SRC` logging to a file, and `dircache search MNT PATTERN`
+//! as a separate process. The search must run on the server in ONE call (the server's log
+//! names each search call and counts every call of the connection) and return exactly what
+//! `find SRC -name PATTERN` returns, with the caller's permissions.
+
+#[path = "../../fuse/tests/common/mod.rs"]
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{can_mount, sh_ok};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dircache");
+
+/// A remote mount whose server logs (DIRCACHE_LOG=info) to `log`. Drop unmounts and reaps.
+struct RemoteMount {
+    _dir: tempfile::TempDir,
+    src: PathBuf,
+    mnt: PathBuf,
+    log: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl RemoteMount {
+    /// `fill` makes the tree in SRC before the mount (so the server's log counts only what
+    /// the tests do).
+    fn start(fill: impl FnOnce(&Path)) -> RemoteMount {
+        Self::start_as(fill, None)
+    }
+
+    /// With `server_uid`, the server runs as that user (setpriv), over an SRC it owns.
+    fn start_as(fill: impl FnOnce(&Path), server_uid: Option<u32>) -> RemoteMount {
+        let dir = tempfile::Builder::new()
+            .prefix("dcrsearch")
+            .tempdir()
+            .expect("tempdir");
+        let src = dir.path().join("src");
+        let mnt = dir.path().join("mnt");
+        let log = dir.path().join("server.log");
+        std::fs::create_dir(&src).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        common::chmod(dir.path(), 0o755);
+        fill(&src);
+        if let Some(u) = server_uid {
+            sh_ok(&src, &format!("chown -R {u}:{u} ."));
+        }
+        let setpriv = match server_uid {
+            Some(u) => format!("setpriv --reuid={u} --regid={u} --clear-groups "),
+            None => String::new(),
+        };
+        let fake = dir.path().join("fake-ssh");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\n# A stand-in for ssh: run the remote command here.\n\
+             for last; do :; done\nexec sh -c \"exec $last\"\n",
+        )
+        .unwrap();
+        common::chmod(&fake, 0o755);
+        let serve = dir.path().join("serve-logged");
+        std::fs::write(
+            &serve,
+            format!(
+                "#!/bin/sh\nDIRCACHE_LOG=info exec {setpriv}{BIN} \"$@\" 2>>{}\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        common::chmod(&serve, 0o755);
+        let daemon = Command::new(BIN)
+            .arg("mount")
+            .arg("-f")
+            .arg(format!("localhost:{}", src.display()))
+            .arg(&mnt)
+            .arg("-o")
+            .arg(format!(
+                "ssh_command={},serve_command={}",
+                fake.display(),
+                serve.display()
+            ))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("dircache mount");
+        let mut m = RemoteMount {
+            _dir: dir,
+            src,
+            mnt,
+            log,
+            daemon: Some(daemon),
+        };
+        let end = Instant::now() + Duration::from_secs(60);
+        while !dircache_fuse::is_mount_point(&m.mnt) {
+            if let Some(Ok(Some(st))) = m.daemon.as_mut().map(|d| d.try_wait()) {
+                panic!("dircache mount exited: {st}");
+            }
+            assert!(Instant::now() < end, "the remote mount did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Lines of the server's log about search calls that match `what`.
+    fn search_lines(&self, what: &str) -> usize {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("search call") && l.contains(what))
+            .count()
+    }
+
+    /// Unmount, wait for the server to end, and return how many calls it answered in all.
+    fn calls_at_unmount(mut self) -> u64 {
+        self.stop();
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = self.log();
+            if let Some(i) = log.find("connection ends after ") {
+                let rest = &log[i + "connection ends after ".len()..];
+                let n: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+                return n.parse().expect("a call count");
+            }
+            assert!(
+                Instant::now() < end,
+                "no call count in the server log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if self.daemon.is_none() {
+            return;
+        }
+        if dircache_fuse::unmount(&self.mnt).is_err() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        if let Some(mut d) = self.daemon.take() {
+            let end = Instant::now() + Duration::from_secs(20);
+            loop {
+                match d.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > end => {
+                        let _ = d.kill();
+                        let _ = d.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RemoteMount {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Run `cmd` (as `uid` through setpriv when given); stdout and stderr.
+fn run_as(uid: Option<u32>, cmd: &[&str]) -> (String, String) {
+    let mut c = match uid {
+        Some(u) => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={u}"))
+                .arg(format!("--regid={u}"))
+                .arg("--clear-groups")
+                .args(cmd);
+            c
+        }
+        None => {
+            let mut c = Command::new(cmd[0]);
+            c.args(&cmd[1..]);
+            c
+        }
+    };
+    let out = c.output().expect("run");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `find ROOT -name PATTERN` as `uid`: the matches, relative to ROOT, sorted.
+fn find_names(uid: Option<u32>, root: &Path, pattern: &str) -> Vec<String> {
+    let root_s = root.display().to_string();
+    let (out, _) = run_as(uid, &["find", &root_s, "-mindepth", "1", "-name", pattern]);
+    let mut v: Vec<String> = out
+        .lines()
+        .map(|l| {
+            l.strip_prefix(&format!("{root_s}/"))
+                .expect("under root")
+                .to_string()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `dircache search --verbose MNT PATTERN` as `uid`: the results, sorted, and stderr.
+fn search(uid: Option<u32>, mnt: &Path, pattern: &str) -> (Vec<String>, String) {
+    let mnt_s = mnt.display().to_string();
+    let (out, err) = run_as(uid, &[BIN, "search", "--verbose", &mnt_s, pattern]);
+    let mut v: Vec<String> = out.lines().map(str::to_string).collect();
+    v.sort();
+    (v, err)
+}
+
+fn make_tree(src: &Path) {
+    sh_ok(
+        src,
+        "for d in a b c; do for e in 1 2 3 4; do mkdir -p $d/x$e/deep/er; \
+           for f in 1 2 3; do echo $f > $d/x$e/f$f.c; echo $f > $d/x$e/deep/er/g$f.h; done; \
+           echo m > $d/x$e/deep/main.c; done; done; \
+         mkdir dir.c && echo s > 'space name.c' && ln -s a/x1/f1.c link.c && echo t > top.txt",
+    );
+}
+
+#[test]
+fn search_on_a_remote_mount_is_one_call_and_matches_find() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start(make_tree);
+    let want = find_names(Some(1000), &t.src, "*.c");
+    assert!(want.len() > 50, "{want:?}");
+    // (Not as root: `dircache search` does not delegate for a caller with CAP_DAC_*.)
+    let (got, err) = search(Some(1000), &t.mnt, "*.c");
+    assert_eq!(
+        got, want,
+        "dircache search on the mount vs find on SRC\n{err}"
+    );
+    assert!(err.contains("delegated to"), "not delegated: {err}");
+    // The server ran it, once; and answered three calls in all: the mount root's getattr,
+    // the daemon's socket attribute, the search (a walk through the mount lists directories).
+    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
+    let calls = t.calls_at_unmount();
+    assert!(calls <= 3, "the server answered {calls} calls");
+}
+
+#[test]
+fn a_denied_directory_is_not_searched_for_a_non_root_caller() {
+    if !can_mount() {
+        return;
+    }
+    // The server runs as root: it searches with the caller's credentials.
+    let t = RemoteMount::start(|src| {
+        make_tree(src);
+        sh_ok(src, "chmod 700 a/x2 && chmod 711 b && chmod 600 c/x3/deep");
+    });
+    let every = find_names(None, &t.src, "*.c");
+    assert!(every.iter().any(|p| p.starts_with("a/x2/")));
+    assert!(every.iter().any(|p| p.starts_with("c/x3/deep/")));
+    let want = find_names(Some(1000), &t.src, "*.c");
+    assert!(!want.iter().any(|p| p.starts_with("a/x2/")), "{want:?}");
+    assert!(
+        !want.iter().any(|p| p.starts_with("c/x3/deep/")),
+        "{want:?}"
+    );
+    let (got, err) = search(Some(1000), &t.mnt, "*.c");
+    assert_eq!(got, want, "uid 1000: search vs find\n{err}");
+    assert!(err.contains("delegated to"), "not delegated: {err}");
+    assert!(every.len() > got.len());
+    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
+}
+
+#[test]
+fn a_client_that_hangs_up_cancels_the_search_on_the_server() {
+    if !can_mount() {
+        return;
+    }
+    // Many results: every name matches, and the client stops reading after the first line.
+    let t = RemoteMount::start(|src| {
+        sh_ok(
+            src,
+            "python3 -c \"import os\nfor i in range(400):\n d='d%d/e/f'%i; os.makedirs(d)\n \
+             [open('%s/n%d'%(d,j),'w').close() for j in range(100)]\"",
+        );
+    });
+    let mut c = Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups", BIN])
+        .arg("search")
+        .arg(&t.mnt)
+        .arg("*")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("dircache search");
+    let mut first = String::new();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(!first.is_empty());
+    // The client goes away mid-stream (its stdout pipe closed above; kill it outright).
+    let _ = c.kill();
+    let _ = c.wait();
+    // The daemon notices, drops the delegated search and tells the server to stop it (the
+    // server's own cancellation is crates/remote/src/server/search.rs's unit test: the
+    // search here may have finished on the server before the cancel arrives).
+    let end = Instant::now() + Duration::from_secs(30);
+    while t.search_lines("cancel requested") == 0
+        || t.search_lines("cancelled") + t.search_lines("complete") == 0
+    {
+        assert!(Instant::now() < end, "no cancel, or no end:\n{}", t.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(t.search_lines("cancel requested"), 1, "{}", t.log());
+}
+
+#[test]
+fn a_non_root_server_searches_only_for_its_own_uid() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start_as(make_tree, Some(1000));
+    // The server's own uid: delegated.
+    let (got, err) = search(Some(1000), &t.mnt, "*.c");
+    assert_eq!(got, find_names(Some(1000), &t.src, "*.c"), "{err}");
+    assert!(err.contains("delegated to"), "not delegated: {err}");
+    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
+    // Another uid: the server refuses, the search walks the mount (the client's kernel
+    // checks every step), with the same results here (everything is world-readable).
+    let (got, err) = search(Some(1001), &t.mnt, "*.c");
+    assert_eq!(got, find_names(Some(1001), &t.src, "*.c"), "{err}");
+    assert!(!err.contains("delegated to"), "delegated: {err}");
+    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
+}
