@@ -173,6 +173,8 @@ impl CacheFs {
         let start = list.resume_at(off.max(AFTER_DOTDOT));
         let mut finished = true;
         let mut added = false;
+        let mut sent_lean = false;
+        let mut dir_dev: Option<u64> = None;
         for (i, (cookie, e)) in list.entries().iter().enumerate().skip(start) {
             if list.ends_chunk_before(i, added) {
                 finished = false;
@@ -181,6 +183,35 @@ impl CacheFs {
             let Some(node) = self.child(&c, &dir, OsStr::from_bytes(&e.name)) else {
                 continue;
             };
+            // A lean listing (`lean.rs`): a file the cache has no attributes for goes out
+            // with getdents' number and type only.
+            if e.attr.is_none() && e.kind != FileType::Directory && node.cached_attr().is_none() {
+                let dev = *dir_dev
+                    .get_or_insert_with(|| self.cache.getattr(&dir).map(|a| a.dev).unwrap_or(0));
+                let d_ino = self.inodes.ino_of(dev, e.ino).max(2);
+                if add(DirEntryPlus {
+                    ino: INodeNo(d_ino),
+                    offset: *cookie,
+                    name: OsStr::from_bytes(&e.name),
+                    ttl,
+                    attr: FileAttr {
+                        ino: INodeNo(d_ino),
+                        kind: fuse_kind(e.kind),
+                        ..negative_attr()
+                    },
+                    generation: Generation(0),
+                    unlinked: true,
+                }) {
+                    finished = false;
+                    break;
+                }
+                if !sent_lean {
+                    sent_lean = true;
+                    self.lean.sent_lean(ino.0);
+                }
+                added = true;
+                continue;
+            }
             let a = match e.attr {
                 Some(a) if a.nlink <= 1 || a.is_dir() => a,
                 _ => match self.cache.attr_of_name(&node) {
@@ -260,7 +291,20 @@ impl CacheFs {
         let c = self.read_creds(req);
         // Being listed ahead of us: take that listing rather than make a second one.
         self.prefetch.wait_for(&dir);
-        let l = self.cache.readdir_node(&c, &dir, plus).map_err(errno)?;
+        // Lean (`lean.rs`): read the directory only, statx its subdirectories alone.
+        let lean = plus
+            && if offset <= AFTER_DOTDOT {
+                self.lean.take_listing()
+            } else {
+                self.lean.is_lean()
+            };
+        let l = self
+            .cache
+            .readdir_node(&c, &dir, plus && !lean)
+            .map_err(errno)?;
+        if lean {
+            crate::lean::stat_subdirs(&self.cache, &c, &dir, &l);
+        }
         let snap = self.listings.store(ino.0, fh.0, ticket, l);
         if offset <= AFTER_DOTDOT {
             // A new stream: a walker may go into these subdirectories next (prefetch.rs).
