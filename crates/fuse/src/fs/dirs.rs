@@ -59,7 +59,7 @@ impl CacheFs {
         offset: u64,
         mut add: impl FnMut(DirEntry<'_>) -> bool,
     ) -> Result<(), Errno> {
-        let list = self.listing(req, ino, fh, offset, false)?;
+        let (list, _) = self.listing(req, ino, fh, offset, false)?;
         let dir = self.inodes.get(ino.0);
         let dev = dir
             .as_ref()
@@ -133,7 +133,7 @@ impl CacheFs {
         offset: u64,
         mut add: impl FnMut(DirEntryPlus<'_>) -> bool,
     ) -> Result<(), Errno> {
-        let list = self.listing(req, ino, fh, offset, true)?;
+        let (list, lean) = self.listing(req, ino, fh, offset, true)?;
         let dir = self.node(ino)?;
         let ttl = self.policy.entry_ttl;
         let mut off = offset;
@@ -185,7 +185,11 @@ impl CacheFs {
             };
             // A lean listing (`lean.rs`): a file the cache has no attributes for goes out
             // with getdents' number and type only.
-            if e.attr.is_none() && e.kind != FileType::Directory && node.cached_attr().is_none() {
+            if lean
+                && e.attr.is_none()
+                && e.kind != FileType::Directory
+                && node.cached_attr().is_none()
+            {
                 let dev = *dir_dev
                     .get_or_insert_with(|| self.cache.getattr(&dir).map(|a| a.dev).unwrap_or(0));
                 let d_ino = self.inodes.ino_of(dev, e.ino).max(2);
@@ -274,7 +278,8 @@ impl CacheFs {
             .map_err(|e| self.xattr_error(ino, &x, e))
     }
 
-    /// The snapshot a READDIR(PLUS) of `ino` at `offset` on handle `fh` is served from.
+    /// The snapshot a READDIR(PLUS) of `ino` at `offset` on handle `fh` is served from, and
+    /// whether its files go out lean (`lean.rs`).
     fn listing(
         &self,
         req: &Request,
@@ -282,9 +287,9 @@ impl CacheFs {
         fh: FileHandle,
         offset: u64,
         plus: bool,
-    ) -> Result<Arc<Snapshot>, Errno> {
+    ) -> Result<(Arc<Snapshot>, bool), Errno> {
         if let Some(s) = self.listings.resume(ino.0, fh.0, offset) {
-            return Ok(s);
+            return Ok((s, plus && self.lean.is_lean()));
         }
         let ticket = self.listings.ticket();
         let dir = self.node(ino)?;
@@ -298,10 +303,11 @@ impl CacheFs {
             } else {
                 self.lean.is_lean()
             };
-        let l = self
-            .cache
-            .readdir_node(&c, &dir, plus && !lean)
-            .map_err(errno)?;
+        // Full entries of a directory the core holds complete (e.g. listed lean ahead of the
+        // walker): the names from the cache, and only the attributes it lacks are fetched
+        // (per entry, in `readdirplus`), instead of listing the backend again.
+        let want = plus && !lean && !dir.is_complete();
+        let l = self.cache.readdir_node(&c, &dir, want).map_err(errno)?;
         if lean {
             crate::lean::stat_subdirs(&self.cache, &c, &dir, &l);
         }
@@ -314,6 +320,6 @@ impl CacheFs {
                 .filter_map(|(_, e)| (e.kind == FileType::Directory).then_some(&e.name[..]));
             self.prefetch.listed(&c, &dir, subdirs);
         }
-        Ok(snap)
+        Ok((snap, lean))
     }
 }
