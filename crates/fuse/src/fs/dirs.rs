@@ -303,12 +303,14 @@ impl CacheFs {
             } else {
                 self.lean.is_lean()
             };
-        // Full entries with `-o lean`: the names from getdents (or the cache, e.g. a listing
-        // made lean ahead of the walker), the attributes of children the cache holds reused
-        // (e.g. files `git status` looked up before listing their directory) and only the
-        // others fetched, per entry in `readdirplus`, instead of a backend listing that
-        // statx'es every entry again.
-        let want = plus && !lean && !self.policy.lean && !dir.is_complete();
+        // Full entries with `-o lean` of a directory with cached children: the names from
+        // getdents (or the cache, e.g. a listing made lean ahead of the walker), the
+        // attributes of children the cache holds reused (e.g. files `git status` looked up
+        // before listing their directory) and only the others fetched, per entry in
+        // `readdirplus`, instead of a backend listing that statx'es every entry again. A
+        // directory without any is listed with attributes by the backend (one pass).
+        let reuse = self.policy.lean && dir.has_children();
+        let want = plus && !lean && !reuse && !dir.is_complete();
         let l = self.cache.readdir_node(&c, &dir, want).map_err(errno)?;
         if lean {
             crate::lean::stat_subdirs(&self.cache, &c, &dir, &l);
