@@ -46,6 +46,7 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   bypass                     ByVFS: no metadata cache; each request is one backend call
                              (TTLs 0, plain readdir, listings uncached; for tmpfs/pmem SRC)
   readdirplus / noreaddirplus  listings carry attributes [readdirplus]
+  lean / nolean              READDIRPLUS without attributes for files until they are looked up [lean]
   cache_dir / nocache_dir    listings cached in the kernel [cache_dir]
   opendir / noopendir        noopendir = no OPENDIR/RELEASEDIR round trips [noopendir]
   keep_cache / nokeep_cache  file data kept across opens [keep_cache]
@@ -336,10 +337,10 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 "socket" => o.socket = Some(socket_path(v)?),
                 "persist" => o.persist = Some(persist_path(v)?),
                 "threads" | "max_open_per_user" | "entry_timeout" | "attr_timeout"
-                | "negative_timeout" | "readdirplus" | "noreaddirplus" | "cache_dir"
-                | "nocache_dir" | "opendir" | "noopendir" | "keep_cache" | "nokeep_cache"
-                | "passthrough" | "nopassthrough" | "acl" | "noacl" | "security_xattrs"
-                | "nosecurity_xattrs" | "open" | "prefetch" | "noprefetch" => {
+                | "negative_timeout" | "readdirplus" | "noreaddirplus" | "lean" | "nolean"
+                | "cache_dir" | "nocache_dir" | "opendir" | "noopendir" | "keep_cache"
+                | "nokeep_cache" | "passthrough" | "nopassthrough" | "acl" | "noacl"
+                | "security_xattrs" | "nosecurity_xattrs" | "open" | "prefetch" | "noprefetch" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -396,6 +397,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 };
                 match name {
                     "readdirplus" => p.readdirplus = on,
+                    "lean" => p.lean = on,
                     "cache_dir" => p.cache_dir = on,
                     "opendir" => p.no_opendir = !on,
                     "keep_cache" => p.keep_cache = on,

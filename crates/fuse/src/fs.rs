@@ -210,6 +210,8 @@ struct CacheFs {
     orphans: parking_lot::Mutex<HashMap<u64, u64>>,
     /// Lists subdirectories ahead of a walker (cold walks).
     prefetch: Prefetcher,
+    /// Lean READDIRPLUS state (`lean.rs`).
+    lean: Arc<crate::lean::Lean>,
 }
 
 /// What the front end needs besides the cache.
@@ -236,6 +238,8 @@ impl DircacheFs {
         let counters = Arc::new(RequestCounters::default());
         let fds = OpenFds::new(policy.max_open_per_user);
         let prefetch = Prefetcher::new(cache.clone(), policy.prefetch_threads, counters.clone());
+        let lean = Arc::new(crate::lean::Lean::new(policy.lean && policy.readdirplus));
+        prefetch.set_lean(lean.clone());
         let fs = CacheFs {
             cache,
             policy,
@@ -252,6 +256,7 @@ impl DircacheFs {
             noatime: false,
             orphans: Default::default(),
             prefetch,
+            lean,
         };
         (DircacheFs { fs }, FsParts { inodes, counters })
     }
@@ -364,6 +369,7 @@ impl fuser::Filesystem for DircacheFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.count(Op::lookup);
+        self.fs.lean.looked_up(parent.0);
         reply_entry(self.fs.lookup(req, parent, name), reply)
     }
 

@@ -40,6 +40,7 @@ pub mod creds;
 pub mod fs;
 pub mod inodes;
 pub mod kmount;
+mod lean;
 mod listings;
 pub mod notifier;
 mod openfds;

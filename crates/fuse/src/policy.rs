@@ -27,6 +27,12 @@ pub struct CachePolicy {
     /// Entries the kernel already holds go out with nodeid 0 (`fs/dirs.rs`): a full entry
     /// for a known inode makes the kernel forget its cached ACLs.
     pub readdirplus: bool,
+    /// Lean READDIRPLUS (`lean.rs`): a first listing reads only the directory (getdents) and
+    /// sends entries of non-directories without attributes (nodeid 0: the kernel shows the
+    /// name, inode number and type and instantiates nothing), so a cold `find -name` makes no
+    /// statx per file; directories and entries whose attributes the cache holds go out full.
+    /// Switches to full entries for a while when names sent lean are looked up (`ls -l`, `du`).
+    pub lean: bool,
     /// Directory listings cached in the kernel's page cache (FOPEN_CACHE_DIR + FOPEN_KEEP_CACHE)
     /// and revalidated only through explicit `inval_inode` (the kernel resets a cached
     /// listing when the directory's mtime it holds changes, or drops its pages under memory
@@ -87,6 +93,7 @@ impl Default for CachePolicy {
             attr_ttl: LONG_TTL,
             negative_ttl: LONG_TTL,
             readdirplus: true,
+            lean: true,
             cache_dir: true,
             no_opendir: true,
             keep_cache: true,
@@ -135,6 +142,7 @@ impl CachePolicy {
             attr_ttl: Duration::ZERO,
             negative_ttl: Duration::ZERO,
             readdirplus: false,
+            lean: false,
             cache_dir: false,
             no_opendir: false,
             keep_cache: false,

@@ -81,6 +81,8 @@ struct Shared {
     /// making the same one.
     inflight: Mutex<HashSet<u64>>,
     listed: Condvar,
+    /// The mount's lean-listing state (`lean.rs`): listings ahead of a lean walker are lean.
+    lean: std::sync::OnceLock<Arc<crate::lean::Lean>>,
 }
 
 /// How long a request waits for a prefetch of its directory before listing it itself.
@@ -103,6 +105,7 @@ impl Prefetcher {
             counters,
             inflight: Mutex::new(HashSet::new()),
             listed: Condvar::new(),
+            lean: std::sync::OnceLock::new(),
         });
         let mut handles = Vec::new();
         for i in 0..threads {
@@ -120,6 +123,11 @@ impl Prefetcher {
             shared,
             threads: handles,
         }
+    }
+
+    /// Make listings lean while `lean` says so (set once, by the front end).
+    pub(crate) fn set_lean(&self, lean: Arc<crate::lean::Lean>) {
+        let _ = self.shared.lean.set(lean);
     }
 
     /// A directory `dir` was just listed from the start by a request with credentials
@@ -267,7 +275,16 @@ fn prefetch(s: &Shared, job: &Job) {
         }
         Err(_) => return,
     }
-    let ok = s.cache.readdir_node(&job.creds, &child, true).is_ok();
+    let lean = s.lean.get().is_some_and(|l| l.is_lean());
+    let ok = match s.cache.readdir_node(&job.creds, &child, !lean) {
+        Ok(l) => {
+            if lean {
+                crate::lean::stat_subdirs(&s.cache, &job.creds, &child, &l);
+            }
+            true
+        }
+        Err(_) => false,
+    };
     if let Ok(mut g) = s.inflight.lock() {
         g.remove(&id);
     }

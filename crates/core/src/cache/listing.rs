@@ -87,18 +87,26 @@ impl Cache {
                 return;
             }
             let mut seen = hashbrown::HashSet::with_capacity(entries.len());
+            // A plain listing gives getdents' numbers: for a mount point (attributes on
+            // another device) the covered directory's, not the one its attributes hold.
+            let dir_dev = node.attr.dev();
             for e in entries {
                 seen.insert(&e.name[..]);
                 let existing = inner.child(&e.name).cloned();
                 match existing {
                     Some(d)
                         if d.kind == NodeKind::Positive(e.kind)
-                            && d.attr_copy().is_none_or(|a| a.ino == e.ino) =>
+                            && d.attr_copy().is_none_or(|a| {
+                                a.ino == e.ino
+                                    || (e.attr.is_none() && dir_dev != 0 && a.dev != dir_dev)
+                            }) =>
                     {
                         if let Some(a) = e.attr {
                             d.set_attr(Some(a));
                         }
-                        d.attr.set_ino(e.ino);
+                        if d.attr_copy().is_none() {
+                            d.attr.set_ino(e.ino);
+                        }
                         continue;
                     }
                     Some(d) => stale.push(d),

@@ -152,6 +152,10 @@ impl Dentry {
     pub fn is_complete(&self) -> bool {
         self.has(dentry::COMPLETE)
     }
+    /// Whether children were cached under this directory (by lookups or a listing).
+    pub fn has_children(&self) -> bool {
+        self.has(dentry::HAS_CHILDREN)
+    }
     /// The version counter (changes whenever this entry or an ancestor is invalidated).
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)

@@ -59,7 +59,7 @@ impl CacheFs {
         offset: u64,
         mut add: impl FnMut(DirEntry<'_>) -> bool,
     ) -> Result<(), Errno> {
-        let list = self.listing(req, ino, fh, offset, false)?;
+        let (list, _) = self.listing(req, ino, fh, offset, false)?;
         let dir = self.inodes.get(ino.0);
         let dev = dir
             .as_ref()
@@ -133,7 +133,7 @@ impl CacheFs {
         offset: u64,
         mut add: impl FnMut(DirEntryPlus<'_>) -> bool,
     ) -> Result<(), Errno> {
-        let list = self.listing(req, ino, fh, offset, true)?;
+        let (list, lean) = self.listing(req, ino, fh, offset, true)?;
         let dir = self.node(ino)?;
         let ttl = self.policy.entry_ttl;
         let mut off = offset;
@@ -173,6 +173,8 @@ impl CacheFs {
         let start = list.resume_at(off.max(AFTER_DOTDOT));
         let mut finished = true;
         let mut added = false;
+        let mut sent_lean = false;
+        let mut dir_dev: Option<u64> = None;
         for (i, (cookie, e)) in list.entries().iter().enumerate().skip(start) {
             if list.ends_chunk_before(i, added) {
                 finished = false;
@@ -181,6 +183,39 @@ impl CacheFs {
             let Some(node) = self.child(&c, &dir, OsStr::from_bytes(&e.name)) else {
                 continue;
             };
+            // A lean listing (`lean.rs`): a file the cache has no attributes for goes out
+            // with getdents' number and type only.
+            if lean
+                && e.attr.is_none()
+                && e.kind != FileType::Directory
+                && node.cached_attr().is_none()
+            {
+                let dev = *dir_dev
+                    .get_or_insert_with(|| self.cache.getattr(&dir).map(|a| a.dev).unwrap_or(0));
+                let d_ino = self.inodes.ino_of(dev, e.ino).max(2);
+                if add(DirEntryPlus {
+                    ino: INodeNo(d_ino),
+                    offset: *cookie,
+                    name: OsStr::from_bytes(&e.name),
+                    ttl,
+                    attr: FileAttr {
+                        ino: INodeNo(d_ino),
+                        kind: fuse_kind(e.kind),
+                        ..negative_attr()
+                    },
+                    generation: Generation(0),
+                    unlinked: true,
+                }) {
+                    finished = false;
+                    break;
+                }
+                if !sent_lean {
+                    sent_lean = true;
+                    self.lean.sent_lean(ino.0);
+                }
+                added = true;
+                continue;
+            }
             let a = match e.attr {
                 Some(a) if a.nlink <= 1 || a.is_dir() => a,
                 _ => match self.cache.attr_of_name(&node) {
@@ -243,7 +278,8 @@ impl CacheFs {
             .map_err(|e| self.xattr_error(ino, &x, e))
     }
 
-    /// The snapshot a READDIR(PLUS) of `ino` at `offset` on handle `fh` is served from.
+    /// The snapshot a READDIR(PLUS) of `ino` at `offset` on handle `fh` is served from, and
+    /// whether its files go out lean (`lean.rs`).
     fn listing(
         &self,
         req: &Request,
@@ -251,16 +287,34 @@ impl CacheFs {
         fh: FileHandle,
         offset: u64,
         plus: bool,
-    ) -> Result<Arc<Snapshot>, Errno> {
+    ) -> Result<(Arc<Snapshot>, bool), Errno> {
         if let Some(s) = self.listings.resume(ino.0, fh.0, offset) {
-            return Ok(s);
+            return Ok((s, plus && self.lean.is_lean()));
         }
         let ticket = self.listings.ticket();
         let dir = self.node(ino)?;
         let c = self.read_creds(req);
         // Being listed ahead of us: take that listing rather than make a second one.
         self.prefetch.wait_for(&dir);
-        let l = self.cache.readdir_node(&c, &dir, plus).map_err(errno)?;
+        // Lean (`lean.rs`): read the directory only, statx its subdirectories alone.
+        let lean = plus
+            && if offset <= AFTER_DOTDOT {
+                self.lean.take_listing()
+            } else {
+                self.lean.is_lean()
+            };
+        // Full entries with `-o lean` of a directory with cached children: the names from
+        // getdents (or the cache, e.g. a listing made lean ahead of the walker), the
+        // attributes of children the cache holds reused (e.g. files `git status` looked up
+        // before listing their directory) and only the others fetched, per entry in
+        // `readdirplus`, instead of a backend listing that statx'es every entry again. A
+        // directory without any is listed with attributes by the backend (one pass).
+        let reuse = self.policy.lean && dir.has_children();
+        let want = plus && !lean && !reuse && !dir.is_complete();
+        let l = self.cache.readdir_node(&c, &dir, want).map_err(errno)?;
+        if lean {
+            crate::lean::stat_subdirs(&self.cache, &c, &dir, &l);
+        }
         let snap = self.listings.store(ino.0, fh.0, ticket, l);
         if offset <= AFTER_DOTDOT {
             // A new stream: a walker may go into these subdirectories next (prefetch.rs).
@@ -270,6 +324,6 @@ impl CacheFs {
                 .filter_map(|(_, e)| (e.kind == FileType::Directory).then_some(&e.name[..]));
             self.prefetch.listed(&c, &dir, subdirs);
         }
-        Ok(snap)
+        Ok((snap, lean))
     }
 }
