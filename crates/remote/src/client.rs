@@ -158,6 +158,14 @@ struct Conn {
 /// Callbacks queued for the cache at most; past that they collapse into one Overflow.
 const FEED_CAPACITY: usize = 65536;
 
+/// The request's name and path argument, for the trace log (what a workload's round trips
+/// are).
+fn kind_of(msg: &ClientMsg) -> String {
+    let d = format!("{msg:?}");
+    let d = d.split_once("req: ").map(|x| x.1).unwrap_or(&d);
+    d.chars().take(60).collect()
+}
+
 fn eio() -> Error {
     Error::Os(libc::EIO)
 }
@@ -197,6 +205,7 @@ impl Conn {
             return Err(e);
         }
         self.round_trips.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(call = %kind_of(&msg), "remote call");
         Ok(rx)
     }
 
@@ -648,6 +657,11 @@ impl Backend for RemoteBackend {
         if let Some(r) = self.prefetch.lock().lookup(dir, name) {
             return r;
         }
+        if self.bulk_after_misses(dir) {
+            if let Some(r) = self.prefetch.lock().lookup(dir, name) {
+                return r;
+            }
+        }
         want_attr(self.conn()?.call(Request::Lookup {
             dir: dir.to_vec(),
             name: name.to_vec(),
@@ -664,6 +678,11 @@ impl Backend for RemoteBackend {
         {
             let mut p = self.prefetch.lock();
             for (i, name) in names.iter().enumerate() {
+                if !p.holds(&at) && p.missed_again(&at) {
+                    drop(p);
+                    self.bulk(&at);
+                    p = self.prefetch.lock();
+                }
                 match p.lookup(&at, name) {
                     Some(Ok(a)) => {
                         known.attrs.push(a);
@@ -699,6 +718,11 @@ impl Backend for RemoteBackend {
             };
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                 return r;
+            }
+            if self.bulk_after_misses(dir) {
+                if let Some(r) = self.prefetch.lock().lookup(dir, name) {
+                    return r;
+                }
             }
         }
         want_attr(self.conn()?.call(Request::Getattr {
@@ -992,6 +1016,50 @@ impl Backend for RemoteBackend {
 }
 
 impl RemoteBackend {
+    /// A lookup in `dir` missed the prefetch buffer: on the second such miss (see
+    /// [`Prefetch::missed_again`](crate::prefetch::Prefetch::missed_again)) fetch `dir`'s
+    /// subtree in bulk. Whether `dir`'s listing is held now.
+    fn bulk_after_misses(&self, dir: &[u8]) -> bool {
+        if !self.prefetch.lock().missed_again(dir) {
+            return false;
+        }
+        self.bulk(dir);
+        self.prefetch.lock().holds(dir)
+    }
+
+    /// Fetch `dir`'s subtree (bounded) into the prefetch buffer, its own listing included;
+    /// below a cut bulk call, that call's root again with the doubled budget, as `readdir`
+    /// does. Errors leave the buffer as it was (the caller asks the server directly).
+    fn bulk(&self, dir: &[u8]) {
+        let (gen, budget, root) = {
+            let mut p = self.prefetch.lock();
+            if !p.enabled() {
+                return;
+            }
+            (p.generation(), p.next_budget(), p.cut_root_for(dir))
+        };
+        if let Some(root) = root.filter(|r| r != dir) {
+            if let Ok((dirs, complete)) = self.subtree(&root, budget) {
+                let mut p = self.prefetch.lock();
+                if !complete {
+                    p.mark_cut(&root);
+                }
+                p.store(gen, &root, dirs, false);
+                if p.holds(dir) {
+                    return;
+                }
+            }
+        }
+        let gen = self.prefetch.lock().generation();
+        if let Ok((dirs, complete)) = self.subtree(dir, budget) {
+            let mut p = self.prefetch.lock();
+            if !complete {
+                p.mark_cut(dir);
+            }
+            p.store(gen, dir, dirs, true);
+        }
+    }
+
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
         let r = self.conn().and_then(|c| {
             c.call(Request::Walk {
