@@ -256,7 +256,12 @@ impl Conn {
                         Change::Attr { path } | Change::Entry { path } => {
                             self.prefetch.lock().touched(path)
                         }
-                        Change::Inode { .. } | Change::Overflow => self.prefetch.lock().clear(),
+                        Change::Inode { .. } => self.prefetch.lock().clear(),
+                        Change::Overflow => {
+                            let mut p = self.prefetch.lock();
+                            p.clear();
+                            p.forget_listed();
+                        }
                     }
                     self.callback(c)
                 }
@@ -269,7 +274,11 @@ impl Conn {
             Some(e) => tracing::error!("closing the connection to the server: {e}"),
         }
         self.closed.store(true, Ordering::SeqCst);
-        self.prefetch.lock().clear();
+        {
+            let mut p = self.prefetch.lock();
+            p.clear();
+            p.forget_listed();
+        }
         for (_, s) in self.pending.lock().drain() {
             let _ = s.send(Err(()));
         }
@@ -293,7 +302,11 @@ impl Conn {
         }
         match tx.try_send(c) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.lost.store(true, Ordering::Relaxed),
+            Err(TrySendError::Full(_)) => {
+                // An Overflow follows: the cache will forget everything.
+                self.prefetch.lock().forget_listed();
+                self.lost.store(true, Ordering::Relaxed)
+            }
             Err(TrySendError::Disconnected(_)) => {}
         }
     }
@@ -368,6 +381,7 @@ fn new_conn(
         let both = features::CALLBACKS | features::SUBTREE;
         let mut p = prefetch.lock();
         p.clear();
+        p.forget_listed();
         p.max = if granted & both == both {
             cfg.prefetch
         } else {
@@ -540,6 +554,11 @@ impl RemoteBackend {
                 }
             }
         }
+    }
+
+    /// Directory entries waiting in the prefetch buffer (for statistics and tests).
+    pub fn prefetched_entries(&self) -> usize {
+        self.prefetch.lock().entries()
     }
 
     /// The features the server granted.
@@ -734,9 +753,12 @@ impl Backend for RemoteBackend {
         let bulk = {
             let mut p = self.prefetch.lock();
             if let Some(l) = p.take(path) {
+                p.mark_listed(path);
                 return Ok(l);
             }
-            p.enabled().then(|| {
+            let again = p.was_listed(path);
+            p.mark_listed(path);
+            (p.enabled() && !again).then(|| {
                 let root = p.cut_root_for(path);
                 (p.generation(), p.next_budget(), root)
             })
@@ -1036,7 +1058,13 @@ impl RemoteBackend {
             if !p.enabled() {
                 return;
             }
-            (p.generation(), p.next_budget(), p.cut_root_for(dir))
+            if p.was_listed(dir) {
+                // The cache had this listing and dropped it after a change: the listings below
+                // are still there; this one alone.
+                (p.generation(), 0, None)
+            } else {
+                (p.generation(), p.next_budget(), p.cut_root_for(dir))
+            }
         };
         if let Some(root) = root.filter(|r| r != dir) {
             if let Ok((dirs, complete)) = self.subtree(&root, budget) {
@@ -1053,7 +1081,7 @@ impl RemoteBackend {
         let gen = self.prefetch.lock().generation();
         if let Ok((dirs, complete)) = self.subtree(dir, budget) {
             let mut p = self.prefetch.lock();
-            if !complete {
+            if !complete && budget > 0 {
                 p.mark_cut(dir);
             }
             p.store(gen, dir, dirs, true);

@@ -52,7 +52,15 @@ pub struct Prefetch {
     /// programs that stat paths without listing first (`git status` stats every file of its
     /// index) then pay a round trip per directory level, not one per entry.
     missed: BTreeSet<Vec<u8>>,
+    /// Directories whose listing this client handed to the cache since the cache last forgot
+    /// everything (a hint: at most [`MAX_LISTED_DIRS`]). Listing one again (the cache dropped
+    /// just that listing after a change) is a plain `Readdir`: the subtree below is still in
+    /// the cache, and a bulk call would fetch all of it again.
+    listed: BTreeSet<Vec<u8>>,
 }
+
+/// Most directories remembered as listed.
+pub const MAX_LISTED_DIRS: usize = 1 << 16;
 
 /// Most directories remembered in [`Prefetch`]'s lookup misses.
 pub const MAX_MISSED_DIRS: usize = 4096;
@@ -93,6 +101,7 @@ impl Prefetch {
             cut: Vec::new(),
             bare: BTreeSet::new(),
             missed: BTreeSet::new(),
+            listed: BTreeSet::new(),
         }
     }
 
@@ -226,6 +235,24 @@ impl Prefetch {
         }
         self.missed.insert(dir.to_vec());
         false
+    }
+
+    /// `dir`'s listing was handed to the cache.
+    pub fn mark_listed(&mut self, dir: &[u8]) {
+        if self.listed.len() >= MAX_LISTED_DIRS {
+            self.listed.clear();
+        }
+        self.listed.insert(dir.to_vec());
+    }
+
+    /// Whether `dir`'s listing was handed to the cache before (see `listed`).
+    pub fn was_listed(&self, dir: &[u8]) -> bool {
+        self.listed.contains(dir)
+    }
+
+    /// The cache forgets everything (`Overflow`, a new connection): every directory is new.
+    pub fn forget_listed(&mut self) {
+        self.listed.clear();
     }
 
     /// Whether the listing of `dir` is held.

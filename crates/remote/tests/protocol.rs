@@ -770,3 +770,46 @@ fn lookups_in_unlisted_directories_take_few_round_trips_and_stay_coherent() {
     drop(r);
     server.finish().expect("clean end");
 }
+
+/// A directory listed again (its cached listing dropped after a change, as `git status`'s
+/// own index.lock makes happen to the root) is one plain listing, not its whole subtree again:
+/// the listings below are still in the cache above.
+#[test]
+fn listing_a_directory_again_does_not_fetch_its_subtree_again() {
+    let dir = tempfile::tempdir().unwrap();
+    for a in 0..10 {
+        let d = dir.path().join(format!("t{a}"));
+        std::fs::create_dir_all(&d).unwrap();
+        for f in 0..20 {
+            std::fs::write(d.join(format!("f{f}")), b"").unwrap();
+        }
+    }
+    let (server, r) = client(dir.path());
+    let _feed = r.watch().unwrap().expect("callbacks");
+    assert_eq!(r.readdir(b"", true).unwrap().len(), 10);
+    assert_eq!(
+        r.prefetched_entries(),
+        200,
+        "the first listing brings the subtree"
+    );
+    for a in 0..10 {
+        assert_eq!(
+            r.readdir(format!("t{a}").as_bytes(), true).unwrap().len(),
+            20
+        );
+    }
+    assert_eq!(r.prefetched_entries(), 0, "all handed over");
+    // A mutation of this client drops what the buffer held; the cache above drops the
+    // root's listing, and lists it again.
+    r.mkdir(&me(), b"new", 0o755).unwrap();
+    let before = r.round_trips();
+    assert_eq!(r.readdir(b"", true).unwrap().len(), 11);
+    assert_eq!(r.round_trips() - before, 1);
+    assert_eq!(
+        r.prefetched_entries(),
+        0,
+        "the subtree below (already listed) was fetched again"
+    );
+    drop(r);
+    server.finish().expect("clean end");
+}
