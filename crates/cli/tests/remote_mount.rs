@@ -17,14 +17,10 @@ use common::{can_mount, py, sh, sh_ok};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
-/// The POSIX checks of crates/fuse/tests/posix.rs (the same script, read from the file they
-/// share with the other mounts' suites, not copied).
+/// The POSIX checks of crates/fuse/tests/posix.rs (common/posix_checks.rs, shared, not
+/// copied).
 fn posix_checks() -> &'static str {
-    let src = include_str!("../../fuse/tests/common/posix_checks.rs");
-    let start = "pub const CHECKS: &str = r#\"";
-    let i = src.find(start).expect("CHECKS in posix_checks.rs") + start.len();
-    let len = src[i..].find("\"#;").expect("end of CHECKS");
-    &src[i..i + len]
+    common::posix_checks::CHECKS
 }
 
 /// A remote mount served through the CLI. Drop unmounts and reaps the daemon (and so the

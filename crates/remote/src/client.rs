@@ -160,6 +160,14 @@ struct Conn {
 /// Callbacks queued for the cache at most; past that they collapse into one Overflow.
 const FEED_CAPACITY: usize = 65536;
 
+/// The request's name and path argument, for the trace log (what a workload's round trips
+/// are).
+fn kind_of(msg: &ClientMsg) -> String {
+    let d = format!("{msg:?}");
+    let d = d.split_once("req: ").map(|x| x.1).unwrap_or(&d);
+    d.chars().take(60).collect()
+}
+
 fn eio() -> Error {
     Error::Os(libc::EIO)
 }
@@ -204,6 +212,7 @@ impl Conn {
             return Err(e);
         }
         self.round_trips.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(call = %kind_of(&msg), "remote call");
         Ok((id, rx))
     }
 
@@ -254,7 +263,12 @@ impl Conn {
                         Change::Attr { path } | Change::Entry { path } => {
                             self.prefetch.lock().touched(path)
                         }
-                        Change::Inode { .. } | Change::Overflow => self.prefetch.lock().clear(),
+                        Change::Inode { .. } => self.prefetch.lock().clear(),
+                        Change::Overflow => {
+                            let mut p = self.prefetch.lock();
+                            p.clear();
+                            p.forget_listed();
+                        }
                     }
                     self.callback(c)
                 }
@@ -267,7 +281,11 @@ impl Conn {
             Some(e) => tracing::error!("closing the connection to the server: {e}"),
         }
         self.closed.store(true, Ordering::SeqCst);
-        self.prefetch.lock().clear();
+        {
+            let mut p = self.prefetch.lock();
+            p.clear();
+            p.forget_listed();
+        }
         for (_, s) in self.pending.lock().drain() {
             let _ = s.send(Err(()));
         }
@@ -291,7 +309,11 @@ impl Conn {
         }
         match tx.try_send(c) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.lost.store(true, Ordering::Relaxed),
+            Err(TrySendError::Full(_)) => {
+                // An Overflow follows: the cache will forget everything.
+                self.prefetch.lock().forget_listed();
+                self.lost.store(true, Ordering::Relaxed)
+            }
             Err(TrySendError::Disconnected(_)) => {}
         }
     }
@@ -366,6 +388,7 @@ fn new_conn(
         let both = features::CALLBACKS | features::SUBTREE;
         let mut p = prefetch.lock();
         p.clear();
+        p.forget_listed();
         p.max = if granted & both == both {
             cfg.prefetch
         } else {
@@ -540,6 +563,11 @@ impl RemoteBackend {
         }
     }
 
+    /// Directory entries waiting in the prefetch buffer (for statistics and tests).
+    pub fn prefetched_entries(&self) -> usize {
+        self.prefetch.lock().entries()
+    }
+
     /// The features the server granted.
     pub fn features(&self) -> u64 {
         self.conn.lock().features
@@ -663,6 +691,11 @@ impl Backend for RemoteBackend {
         if let Some(r) = self.prefetch.lock().lookup(dir, name) {
             return r;
         }
+        if self.bulk_after_misses(dir) {
+            if let Some(r) = self.prefetch.lock().lookup(dir, name) {
+                return r;
+            }
+        }
         want_attr(self.conn()?.call(Request::Lookup {
             dir: dir.to_vec(),
             name: name.to_vec(),
@@ -679,6 +712,11 @@ impl Backend for RemoteBackend {
         {
             let mut p = self.prefetch.lock();
             for (i, name) in names.iter().enumerate() {
+                if !p.holds(&at) && p.missed_again(&at) {
+                    drop(p);
+                    self.bulk(&at);
+                    p = self.prefetch.lock();
+                }
                 match p.lookup(&at, name) {
                     Some(Ok(a)) => {
                         known.attrs.push(a);
@@ -715,6 +753,11 @@ impl Backend for RemoteBackend {
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                 return r;
             }
+            if self.bulk_after_misses(dir) {
+                if let Some(r) = self.prefetch.lock().lookup(dir, name) {
+                    return r;
+                }
+            }
         }
         want_attr(self.conn()?.call(Request::Getattr {
             path: path.to_vec(),
@@ -725,9 +768,12 @@ impl Backend for RemoteBackend {
         let bulk = {
             let mut p = self.prefetch.lock();
             if let Some(l) = p.take(path) {
+                p.mark_listed(path);
                 return Ok(l);
             }
-            p.enabled().then(|| {
+            let again = p.was_listed(path);
+            p.mark_listed(path);
+            (p.enabled() && !again).then(|| {
                 let root = p.cut_root_for(path);
                 (p.generation(), p.next_budget(), root)
             })
@@ -1007,6 +1053,56 @@ impl Backend for RemoteBackend {
 }
 
 impl RemoteBackend {
+    /// A lookup in `dir` missed the prefetch buffer: on the second such miss (see
+    /// [`Prefetch::missed_again`](crate::prefetch::Prefetch::missed_again)) fetch `dir`'s
+    /// subtree in bulk. Whether `dir`'s listing is held now.
+    fn bulk_after_misses(&self, dir: &[u8]) -> bool {
+        if !self.prefetch.lock().missed_again(dir) {
+            return false;
+        }
+        self.bulk(dir);
+        self.prefetch.lock().holds(dir)
+    }
+
+    /// Fetch `dir`'s subtree (bounded) into the prefetch buffer, its own listing included;
+    /// below a cut bulk call, that call's root again with the doubled budget, as `readdir`
+    /// does. Errors leave the buffer as it was (the caller asks the server directly).
+    fn bulk(&self, dir: &[u8]) {
+        let (gen, budget, root) = {
+            let mut p = self.prefetch.lock();
+            if !p.enabled() {
+                return;
+            }
+            if p.was_listed(dir) {
+                // The cache had this listing and dropped it after a change: the listings below
+                // are still there; this one alone.
+                (p.generation(), 0, None)
+            } else {
+                (p.generation(), p.next_budget(), p.cut_root_for(dir))
+            }
+        };
+        if let Some(root) = root.filter(|r| r != dir) {
+            if let Ok((dirs, complete)) = self.subtree(&root, budget) {
+                let mut p = self.prefetch.lock();
+                if !complete {
+                    p.mark_cut(&root);
+                }
+                p.store(gen, &root, dirs, false);
+                if p.holds(dir) {
+                    return;
+                }
+            }
+        }
+        let gen = self.prefetch.lock().generation();
+        if let Ok((dirs, complete)) = self.subtree(dir, budget) {
+            let mut p = self.prefetch.lock();
+            if !complete && budget > 0 {
+                p.mark_cut(dir);
+            }
+            p.store(gen, dir, dirs, true);
+        }
+    }
+
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
         let r = self.conn().and_then(|c| {
             c.call(Request::Walk {

@@ -47,7 +47,23 @@ pub struct Prefetch {
     /// Paths known to have no extended attributes (from bulk replies; at most `max`), under
     /// the same invariant as the listings.
     bare: BTreeSet<Vec<u8>>,
+    /// Directories not held here that a lookup had to ask the server about (a hint, not
+    /// data: at most [`MAX_MISSED_DIRS`]). A second miss in one of them fetches it in bulk:
+    /// programs that stat paths without listing first (`git status` stats every file of its
+    /// index) then pay a round trip per directory level, not one per entry.
+    missed: BTreeSet<Vec<u8>>,
+    /// Directories whose listing this client handed to the cache since the cache last forgot
+    /// everything (a hint: at most [`MAX_LISTED_DIRS`]). Listing one again (the cache dropped
+    /// just that listing after a change) is a plain `Readdir`: the subtree below is still in
+    /// the cache, and a bulk call would fetch all of it again.
+    listed: BTreeSet<Vec<u8>>,
 }
+
+/// Most directories remembered as listed.
+pub const MAX_LISTED_DIRS: usize = 1 << 16;
+
+/// Most directories remembered in [`Prefetch`]'s lookup misses.
+pub const MAX_MISSED_DIRS: usize = 4096;
 
 /// Most cut roots remembered.
 pub const MAX_CUT_ROOTS: usize = 64;
@@ -84,6 +100,8 @@ impl Prefetch {
             hits: 0,
             cut: Vec::new(),
             bare: BTreeSet::new(),
+            missed: BTreeSet::new(),
+            listed: BTreeSet::new(),
         }
     }
 
@@ -201,6 +219,45 @@ impl Prefetch {
             self.hits += 1;
         }
         b
+    }
+
+    /// A lookup in `dir` (not held) missed: whether an earlier one did too (then the caller
+    /// fetches `dir` in bulk; it is forgotten here). Always false when prefetching is off.
+    pub fn missed_again(&mut self, dir: &[u8]) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        if self.missed.remove(dir) {
+            return true;
+        }
+        if self.missed.len() >= MAX_MISSED_DIRS {
+            self.missed.clear();
+        }
+        self.missed.insert(dir.to_vec());
+        false
+    }
+
+    /// `dir`'s listing was handed to the cache.
+    pub fn mark_listed(&mut self, dir: &[u8]) {
+        if self.listed.len() >= MAX_LISTED_DIRS {
+            self.listed.clear();
+        }
+        self.listed.insert(dir.to_vec());
+    }
+
+    /// Whether `dir`'s listing was handed to the cache before (see `listed`).
+    pub fn was_listed(&self, dir: &[u8]) -> bool {
+        self.listed.contains(dir)
+    }
+
+    /// The cache forgets everything (`Overflow`, a new connection): every directory is new.
+    pub fn forget_listed(&mut self) {
+        self.listed.clear();
+    }
+
+    /// Whether the listing of `dir` is held.
+    pub fn holds(&self, dir: &[u8]) -> bool {
+        self.listings.contains_key(dir)
     }
 
     /// A bulk call for `root` was cut short by its budget.
@@ -352,6 +409,16 @@ mod tests {
         assert_eq!(p.cut_root_for(b"a/bc").as_deref(), Some(&b"a"[..]));
         assert_eq!(p.cut_root_for(b"x").as_deref(), Some(&b""[..]));
         assert_eq!(p.cut_root_for(b"x"), None);
+    }
+
+    #[test]
+    fn a_second_lookup_miss_in_a_directory_asks_for_it_in_bulk() {
+        let mut p = Prefetch::new(100);
+        assert!(!p.missed_again(b"a"));
+        assert!(!p.missed_again(b"b"));
+        assert!(p.missed_again(b"a"));
+        assert!(!p.missed_again(b"a"), "forgotten once fetched");
+        assert!(!Prefetch::new(0).missed_again(b"a") && !Prefetch::new(0).holds(b"a"));
     }
 
     #[test]
