@@ -137,6 +137,17 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
     t0.elapsed()
 }
 
+/// The names in `p`, or `None` if listing it fails.
+fn try_names(p: &Path) -> Option<Vec<String>> {
+    let mut v = std::fs::read_dir(p)
+        .ok()?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<Vec<String>>>()
+        .ok()?;
+    v.sort();
+    Some(v)
+}
+
 fn names(p: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(p)
         .unwrap()
@@ -265,8 +276,11 @@ fn two_clients_see_each_others_changes_through_callbacks() {
     warm(&a);
     let mut lat = changes_show_in(&b, &a.mnt, "through A");
     reset_tree(&srv.src);
+    // While the tree is being replaced on the server, B's listing may fail (the directory
+    // it read vanished); only the end state is asserted here. One CI dry run saw EIO
+    // from B's readdir in this window (not reproduced in 21 runs; noted in issue 10).
     eventually("B sees the reset tree", || {
-        names(&b.p("d")) == ["f", "h"]
+        try_names(&b.p("d")).is_some_and(|n| n == ["f", "h"])
             && std::fs::read(b.p("d/h")).is_ok_and(|d| d == b"hhh")
             && mode(&b.p("d/h")) == Some(0o644)
     });
