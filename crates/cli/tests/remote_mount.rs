@@ -397,9 +397,17 @@ fn the_client_reconnects_after_the_server_is_killed() {
     // Changed while no server watched: the reconnected client must not serve "one".
     std::fs::write(t.s("f"), b"two!").unwrap();
     std::fs::write(t.s("g"), b"new").unwrap();
+    // Looked for by listing, not by name: a LOOKUP of `g` answered before the client has
+    // noticed the lost connection gets ENOENT from the still-complete listing, and that
+    // negative entry stays in the kernel (a known gap, issue 10's note: the kernel's negative
+    // entries are not dropped when callback promises break).
     eventually("a new server", || {
-        std::fs::metadata(t.m("g")).is_ok() && t.server_pid() != first
+        std::fs::read_dir(t.m("")).is_ok_and(|d| {
+            d.filter_map(|e| e.ok())
+                .any(|e| e.file_name() == std::ffi::OsStr::new("g"))
+        }) && t.server_pid() != first
     });
+    assert!(std::fs::metadata(t.m("g")).is_ok());
     eventually("what changed meanwhile", || {
         std::fs::read(t.m("f")).is_ok_and(|d| d == b"two!")
     });

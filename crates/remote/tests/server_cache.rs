@@ -30,7 +30,14 @@ fn start(root: &std::path::Path) -> (Arc<CachedBackend>, RemoteBackend) {
     let backend: Arc<dyn Backend> = cached.clone();
     // The server thread ends when the client (the RemoteBackend) is dropped.
     std::thread::spawn(move || serve(backend, r, b, ServerConfig::default()));
-    let client = RemoteBackend::connect(Box::new(a)).expect("connect");
+    // No bulk subtree prefetching by the client: these tests are about the server's cache,
+    // and a client's bulk fetch (after two misses in a directory) lists directories on the
+    // server, which counts backend readdirs there and moves directory atimes.
+    let cfg = dircache_remote::ClientConfig {
+        prefetch: 0,
+        ..Default::default()
+    };
+    let client = RemoteBackend::connect_with(Box::new(a), &cfg).expect("connect");
     (cached, client)
 }
 
