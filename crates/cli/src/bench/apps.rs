@@ -689,27 +689,7 @@ fn generate(base: &Path, quick: bool) -> Result<(PathBuf, PathBuf)> {
     }
     fs::write(t.join("deep/file.c"), "int x;\n")?;
     std::os::unix::fs::symlink("deep/a/b/c", t.join("lnk"))?;
-    let git = |args: &[&str]| -> Result<()> {
-        let o = Command::new("git")
-            .arg("-C")
-            .arg(&t)
-            .args([
-                "-c",
-                "user.name=bench",
-                "-c",
-                "user.email=bench@example.invalid",
-                "-c",
-                "init.defaultBranch=main",
-            ])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .context("running git")?;
-        if !o.status.success() {
-            bail!("git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-        }
-        Ok(())
-    };
+    let git = |args: &[&str]| tree::git(&t, args);
     git(&["init", "-q"])?;
     git(&["add", "-A"])?;
     git(&["commit", "-q", "-m", "initial import"])?;

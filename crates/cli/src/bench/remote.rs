@@ -330,27 +330,7 @@ fn generate(dir: &Path, entries: usize) -> Result<()> {
     let modules = entries.div_ceil(per_module).max(1);
     tree::source_tree(dir, "src", modules, parts, files)?;
     fs::write(dir.join("README"), "a generated source-like tree\n")?;
-    let git = |args: &[&str]| -> Result<()> {
-        let o = Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args([
-                "-c",
-                "user.name=bench",
-                "-c",
-                "user.email=bench@example.invalid",
-                "-c",
-                "init.defaultBranch=main",
-            ])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .context("running git")?;
-        if !o.status.success() {
-            bail!("git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-        }
-        Ok(())
-    };
+    let git = |args: &[&str]| tree::git(dir, args);
     git(&["init", "-q"])?;
     git(&["add", "-A"])?;
     git(&["commit", "-q", "-m", "initial import"])?;

@@ -131,3 +131,26 @@ pub fn nested_dir(dir: &Path, n: usize) -> Result<Vec<String>> {
     }
     Ok(out)
 }
+
+/// Run `git -C dir ARGS` with a fixed identity and default branch (bench repositories).
+pub fn git(dir: &Path, args: &[&str]) -> Result<()> {
+    let o = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "user.name=bench",
+            "-c",
+            "user.email=bench@example.invalid",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running git")?;
+    if !o.status.success() {
+        anyhow::bail!("git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(())
+}
