@@ -49,8 +49,15 @@ pub struct CachePolicy {
     /// to the real file, as Coda's MiniCache redirected `rdwr` to the container file.
     /// Warm cost: every passthrough read marks the kernel's atime stale
     /// (`fuse_invalidate_atime`), so the next `stat` of a file that was read sends a GETATTR;
-    /// without passthrough, warm reads are page-cache hits and send nothing.
+    /// page-cache hits send nothing, hence `cached_reads_max` for small files.
     pub passthrough: bool,
+    /// With passthrough: read-only opens of regular files of at most this many bytes are
+    /// served from the kernel's page cache (FOPEN_KEEP_CACHE: the first read is one READ to
+    /// the daemon, later ones page-cache hits) instead of passthrough. Every passthrough read
+    /// marks the kernel's atime stale, so the next `stat` of a file read (git status, make,
+    /// Python imports) was a GETATTR; a page-cache hit touches nothing. An inode is open in
+    /// one of the two modes at a time (`fs/handles.rs`, `IoModes`). 0: every open passthrough.
+    pub cached_reads_max: u64,
     /// `-o open=noopen`: answer the first OPEN with ENOSYS (FUSE_NO_OPEN_SUPPORT), so the
     /// kernel opens files itself and never sends OPEN or RELEASE again: an open and close
     /// cost no request. No passthrough; each data request opens the file for itself
@@ -98,6 +105,7 @@ impl Default for CachePolicy {
             no_opendir: true,
             keep_cache: true,
             passthrough: true,
+            cached_reads_max: 1 << 20,
             no_open: false,
             parallel_dirops: true,
             cache_symlinks: true,
@@ -147,6 +155,7 @@ impl CachePolicy {
             no_opendir: false,
             keep_cache: false,
             passthrough: false,
+            cached_reads_max: 0,
             no_open: false,
             parallel_dirops: true,
             cache_symlinks: false,

@@ -73,6 +73,11 @@ fn open_read_close(t: &TestMount) -> BTreeMap<String, u64> {
     for _ in 0..N {
         read();
     }
+    // The kernel sends the last RELEASE after close returns (in the background).
+    let _ = wait_for(std::time::Duration::from_secs(5), || {
+        let d = delta(&a, &requests(t));
+        d.get("release") >= d.get("open")
+    });
     delta(&a, &requests(t))
 }
 

@@ -9,7 +9,7 @@
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use dircache_core::Whence;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use super::*;
 
@@ -35,16 +35,52 @@ pub(super) fn is_writable(flags: i32) -> bool {
 /// no request in flight holds it), not at some later reclamation.
 pub(super) struct OpenFiles {
     shards: Box<[Shard]>,
+    /// The kernel's io mode of each inode with open handles, by nodeid, in shards.
+    modes: Box<[Mutex<HashMap<u64, IoModes>>]>,
 }
 
 type Shard = RwLock<HashMap<u64, Arc<OpenFile>>>;
 
 const SHARDS: usize = 64;
 
+/// The handles of one inode that put the kernel's inode in each of its io modes
+/// (fs/fuse/iomode.c): while a passthrough handle is open the kernel refuses a cached open
+/// of the inode, and while a cached one is open it refuses a passthrough open (both fail the
+/// open(2) with EIO). Counted from the reply that makes a handle to its RELEASE; the kernel
+/// leaves a mode when the file is closed, before it sends RELEASE, so these counts are
+/// never below the kernel's and an open answered by them is always accepted.
+#[derive(Default)]
+pub(super) struct IoModes {
+    pub(super) cached: u32,
+    pub(super) passthrough: u32,
+}
+
 impl OpenFiles {
     pub(super) fn new() -> OpenFiles {
         OpenFiles {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            modes: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    /// The io modes of `nodeid`, locked: an open decides its mode and counts it under it.
+    pub(super) fn modes(&self, nodeid: u64) -> MutexGuard<'_, HashMap<u64, IoModes>> {
+        self.modes[(nodeid % SHARDS as u64) as usize].lock()
+    }
+
+    /// A handle of `nodeid` in mode `passthrough` (or cached) was released.
+    fn mode_closed(&self, nodeid: u64, passthrough: bool) {
+        let mut g = self.modes(nodeid);
+        if let Some(m) = g.get_mut(&nodeid) {
+            let n = if passthrough {
+                &mut m.passthrough
+            } else {
+                &mut m.cached
+            };
+            *n = n.saturating_sub(1);
+            if m.cached == 0 && m.passthrough == 0 {
+                g.remove(&nodeid);
+            }
         }
     }
 
@@ -340,27 +376,36 @@ impl CacheFs {
         }
         let cred = c.cred().clone();
         if self.passthrough {
-            match self.backing_for(ino.0, &fd, &cred, register) {
-                Ok(b) => {
-                    let fh = self.add_open(OpenFile {
-                        fd,
-                        nodeid: ino.0,
-                        node,
-                        writable,
-                        backing: true,
-                        cred,
-                    });
-                    self.counters
-                        .passthrough_opens
-                        .fetch_add(1, Ordering::Relaxed);
-                    return Ok(Opened {
-                        fh: FileHandle(fh),
-                        flags: FopenFlags::empty(),
-                        backing: Some(b),
-                    });
+            let small_read = !writable && flags.0 & libc::O_DIRECT == 0 && self.read_cached(&fd);
+            let mut modes = self.files.modes(ino.0);
+            let m = modes.entry(ino.0).or_default();
+            if m.cached == 0 && (m.passthrough > 0 || !small_read) {
+                match self.backing_for(ino.0, &fd, &cred, register) {
+                    Ok(b) => {
+                        m.passthrough += 1;
+                        drop(modes);
+                        let fh = self.add_open(OpenFile {
+                            fd,
+                            nodeid: ino.0,
+                            node,
+                            writable,
+                            backing: true,
+                            cred,
+                        });
+                        self.counters
+                            .passthrough_opens
+                            .fetch_add(1, Ordering::Relaxed);
+                        return Ok(Opened {
+                            fh: FileHandle(fh),
+                            flags: FopenFlags::empty(),
+                            backing: Some(b),
+                        });
+                    }
+                    Err(e) => tracing::debug!("passthrough open failed: {e}"),
                 }
-                Err(e) => tracing::debug!("passthrough open failed: {e}"),
             }
+            // Through the page cache: a small file read, or the inode is open so already.
+            m.cached += 1;
         }
         let fh = self.add_open(OpenFile {
             fd,
@@ -375,6 +420,18 @@ impl CacheFs {
             flags: self.fopen_flags_for(flags.0),
             backing: None,
         })
+    }
+
+    /// Whether a read-only open of `fd` goes through the page cache rather than passthrough
+    /// (`CachePolicy::cached_reads_max`): a regular file small enough, with pages kept
+    /// across opens.
+    fn read_cached(&self, fd: &SharedFd) -> bool {
+        let max = self.policy.cached_reads_max;
+        self.policy.keep_cache
+            && max > 0
+            && fd
+                .attr()
+                .is_ok_and(|a| a.kind() == FileType::Regular && a.size <= max)
     }
 
     pub(super) fn read(
@@ -449,6 +506,9 @@ impl CacheFs {
             if of.backing {
                 self.inodes.release_backing(ino.0);
             }
+            if self.passthrough {
+                self.files.mode_closed(ino.0, of.backing);
+            }
         }
     }
 
@@ -508,27 +568,34 @@ impl CacheFs {
             opened,
         };
         if self.passthrough {
-            match self.backing_for(id, &fd, &cred, register) {
-                Ok(b) => {
-                    let fh = self.add_open(OpenFile {
-                        fd,
-                        nodeid: id,
-                        node,
-                        writable,
-                        backing: true,
-                        cred,
-                    });
-                    self.counters
-                        .passthrough_opens
-                        .fetch_add(1, Ordering::Relaxed);
-                    return Ok(created(Opened {
-                        fh: FileHandle(fh),
-                        flags: FopenFlags::empty(),
-                        backing: Some(b),
-                    }));
+            let mut modes = self.files.modes(id);
+            let m = modes.entry(id).or_default();
+            if m.cached == 0 {
+                match self.backing_for(id, &fd, &cred, register) {
+                    Ok(b) => {
+                        m.passthrough += 1;
+                        drop(modes);
+                        let fh = self.add_open(OpenFile {
+                            fd,
+                            nodeid: id,
+                            node,
+                            writable,
+                            backing: true,
+                            cred,
+                        });
+                        self.counters
+                            .passthrough_opens
+                            .fetch_add(1, Ordering::Relaxed);
+                        return Ok(created(Opened {
+                            fh: FileHandle(fh),
+                            flags: FopenFlags::empty(),
+                            backing: Some(b),
+                        }));
+                    }
+                    Err(e) => tracing::debug!("passthrough create failed: {e}"),
                 }
-                Err(e) => tracing::debug!("passthrough create failed: {e}"),
             }
+            m.cached += 1;
         }
         let fh = self.add_open(OpenFile {
             fd,
