@@ -3,6 +3,7 @@
 mod bench;
 mod delay_proxy;
 mod demo;
+mod lsline;
 mod mount;
 mod remote;
 mod search;
