@@ -8,6 +8,7 @@ mod mount;
 mod remote;
 mod search;
 mod serve;
+mod umount;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,8 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Serve directory SRC at MNT through the cache (FUSE).
     Mount(mount::MountArgs),
+    /// Unmount a dircache mount and wait for its daemon to exit.
+    Umount(umount::UmountArgs),
     /// Live statistics of a running mount.
     Stats(mount::StatsArgs),
     /// Find files by pattern across directories in one call.
@@ -51,6 +54,7 @@ fn main() {
     let code = match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Mount(a) => mount::run_mount(a),
+        Cmd::Umount(a) => umount::run(a),
         Cmd::Stats(a) => mount::run_stats(a),
         Cmd::Search(a) => search::run(a),
         Cmd::Serve(a) => serve::run(a),
