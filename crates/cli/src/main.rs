@@ -3,6 +3,7 @@
 mod bench;
 mod delay_proxy;
 mod demo;
+mod install;
 mod lsline;
 mod mount;
 mod remote;
@@ -10,7 +11,7 @@ mod search;
 mod serve;
 mod umount;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +38,10 @@ enum Cmd {
     Search(search::SearchArgs),
     /// Serve directory ROOT to a remote mount over stdin/stdout (started by ssh).
     Serve(serve::ServeArgs),
+    /// Install the binary, the mount(8) helper, man pages and shell completions.
+    Install(install::InstallArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(install::CompletionsArgs),
     /// Benchmarks (side by side, medians).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -58,6 +63,8 @@ fn main() {
         Cmd::Stats(a) => mount::run_stats(a),
         Cmd::Search(a) => search::run(a),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Install(a) => install::run(a, Cli::command()),
+        Cmd::Completions(a) => install::completions(a, Cli::command()),
         Cmd::Bench(b) => bench::run(b),
         Cmd::DelayProxy(a) => delay_proxy::run(a),
     };
