@@ -4,6 +4,7 @@ mod bench;
 mod delay_proxy;
 mod demo;
 mod install;
+mod logs;
 mod lsline;
 mod mount;
 mod remote;
@@ -52,10 +53,10 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DIRCACHE_LOG"))
-        .with_writer(std::io::stderr)
-        .init();
+    // A mount sets up its own log (a file once it runs in the background: logs.rs).
+    if !matches!(cli.cmd, Cmd::Mount(_)) {
+        logs::init(logs::QUIET);
+    }
     let code = match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Mount(a) => mount::run_mount(a),
