@@ -10,9 +10,34 @@ use anyhow::{bail, Context};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
-    /// Keep the example tree here instead of a temporary directory.
+    /// Build the example tree (DIR/src-tree, mounted at DIR/mnt) here instead of a temporary
+    /// directory.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Leave the example tree behind when done (by default it is removed, also on error).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Removes what the demo created when dropped (after `Mounted` has unmounted), unless kept.
+struct Created {
+    paths: Vec<PathBuf>,
+    keep: bool,
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        for p in &self.paths {
+            if let Err(e) = std::fs::remove_dir_all(p) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    eprintln!("dircache demo: could not remove {}: {e}", p.display());
+                }
+            }
+        }
+    }
 }
 
 /// Unmounts (and waits for the daemon to go) when dropped, also on error.
@@ -80,16 +105,29 @@ pub fn run(a: DemoArgs) -> anyhow::Result<i32> {
         eprintln!("Without FUSE, try the core cache alone: dircache bench lookup --quick");
         return Ok(2);
     }
-    let tmp;
-    let base = match a.dir {
-        Some(d) => d,
-        None => {
-            tmp = std::env::temp_dir().join(format!("dircache-demo-{}", std::process::id()));
-            tmp
-        }
+    let (base, temporary) = match a.dir {
+        Some(d) => (d, false),
+        None => (
+            std::env::temp_dir().join(format!("dircache-demo-{}", std::process::id())),
+            true,
+        ),
     };
     let src = base.join("src-tree");
     let mnt = base.join("mnt");
+    for d in [&src, &mnt] {
+        if d.exists() {
+            bail!("{} exists already: choose another --dir", d.display());
+        }
+    }
+    // Dropped after `guard` below (declared first): the tree goes once it is unmounted.
+    let _created = Created {
+        paths: if temporary {
+            vec![base.clone()]
+        } else {
+            vec![src.clone(), mnt.clone()]
+        },
+        keep: a.keep,
+    };
     std::fs::create_dir_all(&src)?;
     std::fs::create_dir_all(&mnt)?;
     let files = example_tree(&src)?;
@@ -147,9 +185,13 @@ pub fn run(a: DemoArgs) -> anyhow::Result<i32> {
     println!("\n$ dircache stats {}", mnt.display());
     let _ = Command::new(&exe).arg("stats").arg(&mnt).status();
     drop(guard);
-    println!(
-        "\nunmounted. The tree stays in {} (remove it when done).",
-        base.display()
-    );
+    if a.keep {
+        println!(
+            "\nunmounted. The tree stays in {} (--keep).",
+            base.display()
+        );
+    } else {
+        println!("\nunmounted and removed {}.", base.display());
+    }
     Ok(0)
 }

@@ -3,12 +3,16 @@
 mod bench;
 mod delay_proxy;
 mod demo;
+mod install;
+mod logs;
+mod lsline;
 mod mount;
 mod remote;
 mod search;
 mod serve;
+mod umount;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -27,12 +31,18 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Serve directory SRC at MNT through the cache (FUSE).
     Mount(mount::MountArgs),
+    /// Unmount a dircache mount and wait for its daemon to exit.
+    Umount(umount::UmountArgs),
     /// Live statistics of a running mount.
     Stats(mount::StatsArgs),
     /// Find files by pattern across directories in one call.
     Search(search::SearchArgs),
     /// Serve directory ROOT to a remote mount over stdin/stdout (started by ssh).
     Serve(serve::ServeArgs),
+    /// Install the binary, the mount(8) helper, man pages and shell completions.
+    Install(install::InstallArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(install::CompletionsArgs),
     /// Benchmarks (side by side, medians).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -43,16 +53,19 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DIRCACHE_LOG"))
-        .with_writer(std::io::stderr)
-        .init();
+    // A mount sets up its own log (a file once it runs in the background: logs.rs).
+    if !matches!(cli.cmd, Cmd::Mount(_)) {
+        logs::init(logs::QUIET);
+    }
     let code = match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Mount(a) => mount::run_mount(a),
+        Cmd::Umount(a) => umount::run(a),
         Cmd::Stats(a) => mount::run_stats(a),
         Cmd::Search(a) => search::run(a),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Install(a) => install::run(a, Cli::command()),
+        Cmd::Completions(a) => install::completions(a, Cli::command()),
         Cmd::Bench(b) => bench::run(b),
         Cmd::DelayProxy(a) => delay_proxy::run(a),
     };

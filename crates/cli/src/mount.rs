@@ -61,6 +61,10 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              one file with the same access share one); past it EMFILE
                              [half of what the process limit leaves after a reserve]
   socket=PATH                stats socket, an absolute path [/run/dircache/PID.sock]
+  log=PATH                   the background daemon's log file (an absolute path)
+                             [/var/log/dircache/MNT.log for root, else
+                             $XDG_STATE_HOME/dircache/MNT.log; the journal under systemd]
+  debug                      log every FUSE request (level debug) [off]
   persist=PATH               warm restart: load the cache's listings and negatives from the
                              snapshot PATH (an absolute path; a file, 0600, root's) at mount,
                              each directory checked against the tree first, and write it
@@ -134,6 +138,10 @@ pub struct Options {
     pub nonempty: bool,
     /// `-o persist=PATH`: the warm-restart snapshot.
     pub persist: Option<PathBuf>,
+    /// `-o log=PATH`: the background daemon's log (logs.rs has the default).
+    pub log: Option<PathBuf>,
+    /// `-o debug`: log every request.
+    pub debug: bool,
 }
 
 impl Options {
@@ -188,16 +196,21 @@ fn socket_path(v: Option<&str>) -> Result<PathBuf, Usage> {
 }
 
 fn persist_path(v: Option<&str>) -> Result<PathBuf, Usage> {
+    file_path(v, "persist")
+}
+
+/// The value of `-o opt=PATH` naming a file: absolute, not a directory.
+fn file_path(v: Option<&str>, opt: &str) -> Result<PathBuf, Usage> {
     let v = v.unwrap_or("");
     if !v.starts_with('/') || v.ends_with('/') {
         return Err(Usage(format!(
-            "bad value for -o persist: {v:?} (an absolute path of a file expected)"
+            "bad value for -o {opt}: {v:?} (an absolute path of a file expected)"
         )));
     }
     let p = PathBuf::from(v);
     if p.is_dir() {
         return Err(Usage(format!(
-            "-o persist={v}: a directory (a file expected)"
+            "-o {opt}={v}: a directory (a file expected)"
         )));
     }
     Ok(p)
@@ -234,6 +247,8 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         remount: false,
         nonempty: false,
         persist: None,
+        log: None,
+        debug: false,
     };
     let mut cache_off = false;
     let mut bypass = false;
@@ -336,6 +351,8 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 "max_entries" => o.max_entries = Some(num(v.unwrap_or(""), k, usize::MAX)?),
                 "socket" => o.socket = Some(socket_path(v)?),
                 "persist" => o.persist = Some(persist_path(v)?),
+                "log" => o.log = Some(file_path(v, "log")?),
+                "debug" => o.debug = true,
                 "threads" | "max_open_per_user" | "entry_timeout" | "attr_timeout"
                 | "negative_timeout" | "readdirplus" | "noreaddirplus" | "lean" | "nolean"
                 | "cache_dir" | "nocache_dir" | "opendir" | "noopendir" | "keep_cache"
@@ -584,6 +601,28 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
             kmount::restriction_names(kept)
         );
     }
+    let level = if opts.debug { "debug" } else { "info" };
+    let mut log = None;
+    if a.foreground {
+        crate::logs::init(if opts.debug {
+            level
+        } else {
+            crate::logs::QUIET
+        });
+    } else {
+        let mnt = kmount::mount_path(&a.mnt).unwrap_or_else(|_| a.mnt.clone());
+        log = match crate::logs::open(opts.log.as_deref(), &mnt) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("dircache: {e:#}");
+                return Ok(1);
+            }
+        };
+    }
+    let log_hint = log
+        .as_ref()
+        .map(|l| format!(" (the daemon's log: {})", l.path.display()))
+        .unwrap_or_default();
     let mut status_pipe: Option<std::fs::File> = None;
     if !a.foreground {
         let (r, w) = pipe()?;
@@ -601,11 +640,13 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
             return match code.parse::<i32>() {
                 Ok(0) => Ok(0),
                 Ok(c) => {
-                    eprintln!("dircache: {msg}");
+                    eprintln!("dircache: {msg}{log_hint}");
                     Ok(c)
                 }
                 Err(_) => {
-                    eprintln!("dircache: the mount daemon exited before the mount was ready");
+                    eprintln!(
+                        "dircache: the mount daemon exited before the mount was ready{log_hint}"
+                    );
                     Ok(1)
                 }
             };
@@ -614,10 +655,22 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<i32> {
         // SAFETY: setsid has no preconditions; detaches from the controlling terminal.
         unsafe { libc::setsid() };
         status_pipe = Some(std::fs::File::from(w));
+        if let Some(l) = &log {
+            l.redirect_stderr();
+        }
+        crate::logs::init(level);
+        tracing::info!(
+            "dircache {} mounting {} on {} (pid {})",
+            env!("CARGO_PKG_VERSION"),
+            a.src.display(),
+            a.mnt.display(),
+            std::process::id()
+        );
     }
     match serve(&a, opts, remote, &mut status_pipe) {
         Ok(()) => Ok(0),
         Err(e) => {
+            tracing::error!("{e:#}");
             let code = if e.downcast_ref::<Usage>().is_some() {
                 2
             } else {
@@ -729,7 +782,8 @@ fn serve(
             .write(true)
             .open("/dev/null")
         {
-            for fd in 0..3 {
+            // Standard error stays where logs.rs put it (the log file, or the journal).
+            for fd in 0..2 {
                 // SAFETY: dup2 onto the standard descriptors, which this process owns.
                 unsafe { libc::dup2(null.as_raw_fd(), fd) };
             }

@@ -27,7 +27,8 @@ pub struct SearchArgs {
     /// Stop at the first match (STOPATFIRST).
     #[arg(long)]
     pub first: bool,
-    /// Attributes of every result, `ls -l`-like (METADATA).
+    /// Attributes of every result, as `ls -l` prints them (METADATA; `--json` keeps the raw
+    /// numbers).
     #[arg(long)]
     pub stat: bool,
     /// Prefix results with the directory they were found in (INCLUDEROOT).
@@ -74,27 +75,6 @@ fn flags_of(a: &SearchArgs) -> Flags {
         }
     }
     f
-}
-
-fn mode_string(mode: u32) -> String {
-    let t = match mode & libc::S_IFMT {
-        libc::S_IFDIR => 'd',
-        libc::S_IFLNK => 'l',
-        libc::S_IFCHR => 'c',
-        libc::S_IFBLK => 'b',
-        libc::S_IFIFO => 'p',
-        libc::S_IFSOCK => 's',
-        _ => '-',
-    };
-    let mut s = String::with_capacity(10);
-    s.push(t);
-    for shift in [6u32, 3, 0] {
-        let b = (mode >> shift) & 7;
-        s.push(if b & 4 != 0 { 'r' } else { '-' });
-        s.push(if b & 2 != 0 { 'w' } else { '-' });
-        s.push(if b & 1 != 0 { 'x' } else { '-' });
-    }
-    s
 }
 
 fn shown_path(r: &SearchResult, roots: &[&str]) -> String {
@@ -179,6 +159,7 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, stdout.lock());
     let mut status = 0;
+    let mut ls = crate::lsline::LsLine::new();
     for r in stream {
         if let Some(e) = r.error {
             status = 1;
@@ -210,19 +191,9 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
             });
             writeln!(out, "{line}")
         } else if let Some(st) = r.stat.filter(|_| a.stat) {
-            write!(
-                out,
-                "{} {:>3} {:>5} {:>5} {:>10} {:>11}.{:09} ",
-                mode_string(st.mode),
-                st.nlink,
-                st.uid,
-                st.gid,
-                st.size,
-                st.mtime.sec,
-                st.mtime.nsec
-            )
-            .and_then(|_| out.write_all(&r.path))
-            .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))
+            out.write_all(ls.prefix(&st).as_bytes())
+                .and_then(|_| out.write_all(&r.path))
+                .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))
         } else {
             out.write_all(&r.path)
                 .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))

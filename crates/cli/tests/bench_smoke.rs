@@ -57,3 +57,80 @@ fn bench_lookup_quick_json_has_every_key() {
     );
     positive(&v["bytes_per_dentry"], "bytes_per_dentry");
 }
+
+/// `--only` runs the named sections and reports the others as skipped: no NaN, no verdict on
+/// a target whose section did not run, and the JSON lists the skipped sections.
+#[test]
+fn bench_lookup_only_reports_skipped_sections_as_skipped() {
+    let run = |json: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_dircache"));
+        c.args(["bench", "lookup", "--quick", "--only", "memory"]);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().expect("running dircache");
+        assert!(
+            out.status.success(),
+            "dircache bench lookup --only memory failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let human = run(false);
+    let text = String::from_utf8_lossy(&human.stdout);
+    let notes = String::from_utf8_lossy(&human.stderr);
+    assert!(!text.contains("NaN"), "NaN in the report:\n{text}");
+    for section in [
+        "lookup (ns)",
+        "readdir (us)",
+        "invalidate (us)",
+        "throughput",
+    ] {
+        assert!(
+            text.contains(&format!("{section}: skipped (--only)")),
+            "{section} not reported as skipped:\n{text}"
+        );
+    }
+    for target in ["8-component fast lookup", "2 threads", "chmod, 10,000"] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(target))
+            .unwrap_or_else(|| panic!("no target line for {target}:\n{text}"));
+        assert!(line.trim_start().starts_with("SKIP"), "{line}");
+    }
+    let mem = text
+        .lines()
+        .find(|l| l.contains("bytes per dentry:"))
+        .expect("the memory target");
+    assert!(
+        mem.contains("PASS") || mem.contains("MISS"),
+        "the memory section ran, its target has a verdict: {mem}"
+    );
+    assert!(
+        notes.contains("lookups: skipped (--only)") && !notes.contains("bench lookup: lookups\n"),
+        "progress notes claim skipped sections ran:\n{notes}"
+    );
+
+    let v: Value = serde_json::from_slice(&run(true).stdout).expect("one JSON object");
+    let skipped: Vec<&str> = v["skipped_sections"]
+        .as_array()
+        .expect("skipped_sections")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(skipped, ["lookups", "readdir", "invalidate", "threads"]);
+    assert!(v["lookup_ns"]["fast"]["8"].is_null(), "{}", v["lookup_ns"]);
+    positive(&v["bytes_per_dentry"], "bytes_per_dentry");
+}
+
+/// An unknown section name is bad input: a clear error and exit status 2.
+#[test]
+fn bench_lookup_only_rejects_unknown_sections() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dircache"))
+        .args(["bench", "lookup", "--quick", "--only", "lookup"])
+        .output()
+        .expect("running dircache");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid value 'lookup'"), "{err}");
+}

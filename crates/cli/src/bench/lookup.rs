@@ -40,10 +40,14 @@ pub struct Args {
     #[arg(long)]
     pub quick: bool,
     /// Run only these sections (comma-separated: lookups, readdir, invalidate, threads,
-    /// memory), e.g. for profiling one of them; the others report NaN / null.
-    #[arg(long, value_delimiter = ',')]
+    /// memory), e.g. for profiling one of them; the others are reported as skipped (null in
+    /// --json, listed in "skipped_sections").
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(SECTIONS))]
     pub only: Vec<String>,
 }
+
+/// The sections of the benchmark, in the order they run (the names `--only` takes).
+const SECTIONS: [&str; 5] = ["lookups", "readdir", "invalidate", "threads", "memory"];
 
 /// Sizes of one run.
 struct Params {
@@ -392,6 +396,14 @@ pub fn run(a: Args) -> Result<i32> {
             eprintln!("bench lookup: {s}");
         }
     };
+    // Announces a section as it starts, or says that `--only` skips it.
+    let section = |name: &str, what: &str| {
+        if want(name) {
+            note(what);
+        } else {
+            note(&format!("{what}: skipped (--only)"));
+        }
+    };
     note("generating the tree");
     let t = build_tree(&p)?;
     let root = t.tmp.path();
@@ -443,7 +455,7 @@ pub fn run(a: Args) -> Result<i32> {
     }
 
     // ---------------------------------------------------------------- single-path lookups
-    note("lookups");
+    section("lookups", "lookups");
     let lk = if want("lookups") {
         let mut s = Sampler::new();
         for (key, path, _) in &cases {
@@ -479,7 +491,7 @@ pub fn run(a: Args) -> Result<i32> {
     };
 
     // ---------------------------------------------------------------- readdir
-    note("readdir");
+    section("readdir", "readdir");
     let rd = if want("readdir") {
         for n in READDIR_SIZES {
             let path = format!("big/n{n}");
@@ -524,7 +536,7 @@ pub fn run(a: Args) -> Result<i32> {
     };
 
     // ---------------------------------------------------------------- invalidation
-    note("invalidation (chmod, rename)");
+    section("invalidate", "invalidation (chmod, rename)");
     let inv = if want("invalidate") {
         bench_invalidate(&t, &p)?
     } else {
@@ -532,7 +544,7 @@ pub fn run(a: Args) -> Result<i32> {
     };
 
     // ---------------------------------------------------------------- threads
-    note("throughput on 1 and 2 threads");
+    section("threads", "throughput on 1 and 2 threads");
     let paths: Vec<Vec<u8>> = t.src_files.iter().map(|f| f.as_bytes().to_vec()).collect();
     let mut tp: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
     let mut tcpu: BTreeMap<String, Vec<f64>> = BTreeMap::new();
@@ -582,7 +594,7 @@ pub fn run(a: Args) -> Result<i32> {
     drop(slow);
 
     // ---------------------------------------------------------------- memory
-    note("bytes per dentry");
+    section("memory", "bytes per dentry");
     let mem = if want("memory") {
         bytes_per_dentry(&t, &user)?
     } else {
@@ -616,7 +628,9 @@ pub fn run(a: Args) -> Result<i32> {
             )
         })
         .collect();
+    let skipped: Vec<&str> = SECTIONS.into_iter().filter(|s| !want(s)).collect();
     let out = json!({
+        "skipped_sections": skipped,
         "lookup_ns": {
             "fast": keyed(&lk, "fast.d", &DEPTHS, 1),
             "slow": keyed(&lk, "slow.d", &DEPTHS, 1),
@@ -691,6 +705,7 @@ pub fn run(a: Args) -> Result<i32> {
             },
             &mem,
             &p,
+            &want,
         );
     }
     Ok(0)
@@ -1029,7 +1044,9 @@ fn print_human(
     th: &Threads<'_>,
     mem: &Mem,
     p: &Params,
+    ran: &dyn Fn(&str) -> bool,
 ) {
+    let skipped = |what: &str| println!("{what}: skipped (--only)");
     let (t1, t2, tcpu, fast_hit_rate) = (th.t1, th.t2, th.tcpu, th.fast_hit_rate);
     println!(
         "dircache bench lookup: medians of {} rounds x {} lookups, uid 1000, Cache::stat vs fstatat(2); load average {}\n",
@@ -1037,87 +1054,109 @@ fn print_human(
         p.batch,
         loadavg()
     );
-    println!(
-        "{:<36} {:>9} {:>9} {:>9} {:>10} {:>11}",
-        "lookup (ns)", "fast", "slow", "kernel", "slow/fast", "kernel/fast"
-    );
-    let mut rows: Vec<(String, String)> = DEPTHS
-        .iter()
-        .map(|d| (format!("depth {d}"), format!("d{d}")))
-        .collect();
-    for s in &SPECIALS {
-        rows.push((
-            format!("{} ({})", s.key, s.what.split(',').next().unwrap_or("")),
-            s.key.to_string(),
-        ));
-    }
-    for (label, key) in rows {
-        let (f, s, k) = (
-            get(lk, &format!("fast.{key}")),
-            get(lk, &format!("slow.{key}")),
-            get(lk, &format!("kernel.{key}")),
-        );
+    if !ran("lookups") {
+        skipped("lookup (ns)");
+    } else {
         println!(
-            "{label:<36} {f:>9.1} {s:>9.1} {k:>9.1} {:>9.2}x {:>10.2}x",
-            s / f,
-            k / f
+            "{:<36} {:>9} {:>9} {:>9} {:>10} {:>11}",
+            "lookup (ns)", "fast", "slow", "kernel", "slow/fast", "kernel/fast"
         );
-    }
-    println!(
-        "{:<36} {:>9.1} {:>9.1}   (Cache::lookup, returns a dentry reference)",
-        "depth 8, NodeRef",
-        get(lk, "fast_noderef.d8"),
-        get(lk, "slow_noderef.d8")
-    );
-    println!(
-        "\n{:<36} {:>9} {:>9} {:>10}",
-        "readdir (us)", "cache", "getdents", "gd/cache"
-    );
-    for n in READDIR_SIZES {
-        let (c, g) = (
-            get(rd, &format!("cache.{n}")),
-            get(rd, &format!("getdents.{n}")),
-        );
-        println!(
-            "{:<36} {c:>9.2} {g:>9.2} {:>9.2}x",
-            format!("{n} entries"),
-            g / c
-        );
-    }
-    println!(
-        "\n{:<36} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "invalidate (us)", "total", "cache", "backend", "syscall", "entries"
-    );
-    println!("{:<36}", "  total = Cache op on the local backend; cache = same with the backend's mutations stubbed;\n  backend = LocalBackend op alone, no cache; syscall = bare fchmodat/renameat; entries = invalidated_entries counted by the cache");
-    for op in ["chmod", "rename"] {
-        for n in INV_SIZES {
+        let mut rows: Vec<(String, String)> = DEPTHS
+            .iter()
+            .map(|d| (format!("depth {d}"), format!("d{d}")))
+            .collect();
+        for s in &SPECIALS {
+            rows.push((
+                format!("{} ({})", s.key, s.what.split(',').next().unwrap_or("")),
+                s.key.to_string(),
+            ));
+        }
+        for (label, key) in rows {
+            let (f, s, k) = (
+                get(lk, &format!("fast.{key}")),
+                get(lk, &format!("slow.{key}")),
+                get(lk, &format!("kernel.{key}")),
+            );
             println!(
-                "{:<36} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0}",
-                format!("{op}, {n} cached descendants"),
-                get(inv, &format!("{op}.cache.{n}")),
-                get(inv, &format!("{op}.stub.{n}")),
-                get(inv, &format!("{op}.backend.{n}")),
-                get(inv, &format!("{op}.sys.{n}")),
-                get(inv, &format!("{op}.invalidated.{n}"))
+                "{label:<36} {f:>9.1} {s:>9.1} {k:>9.1} {:>9.2}x {:>10.2}x",
+                s / f,
+                k / f
+            );
+        }
+        println!(
+            "{:<36} {:>9.1} {:>9.1}   (Cache::lookup, returns a dentry reference)",
+            "depth 8, NodeRef",
+            get(lk, "fast_noderef.d8"),
+            get(lk, "slow_noderef.d8")
+        );
+    }
+    println!();
+    if !ran("readdir") {
+        skipped("readdir (us)");
+    } else {
+        println!(
+            "{:<36} {:>9} {:>9} {:>10}",
+            "readdir (us)", "cache", "getdents", "gd/cache"
+        );
+        for n in READDIR_SIZES {
+            let (c, g) = (
+                get(rd, &format!("cache.{n}")),
+                get(rd, &format!("getdents.{n}")),
+            );
+            println!(
+                "{:<36} {c:>9.2} {g:>9.2} {:>9.2}x",
+                format!("{n} entries"),
+                g / c
             );
         }
     }
-    println!(
-        "\nthroughput (lookups/s, source-tree paths round-robin): 1 thread {t1:.0}, 2 threads {t2:.0} ({:.2}x)",
+    println!();
+    if !ran("invalidate") {
+        skipped("invalidate (us)");
+    } else {
+        println!(
+            "{:<36} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "invalidate (us)", "total", "cache", "backend", "syscall", "entries"
+        );
+        println!("{:<36}", "  total = Cache op on the local backend; cache = same with the backend's mutations stubbed;\n  backend = LocalBackend op alone, no cache; syscall = bare fchmodat/renameat; entries = invalidated_entries counted by the cache");
+        for op in ["chmod", "rename"] {
+            for n in INV_SIZES {
+                println!(
+                    "{:<36} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.0}",
+                    format!("{op}, {n} cached descendants"),
+                    get(inv, &format!("{op}.cache.{n}")),
+                    get(inv, &format!("{op}.stub.{n}")),
+                    get(inv, &format!("{op}.backend.{n}")),
+                    get(inv, &format!("{op}.sys.{n}")),
+                    get(inv, &format!("{op}.invalidated.{n}"))
+                );
+            }
+        }
+    }
+    println!();
+    if !ran("threads") {
+        skipped("throughput");
+    } else {
+        println!(
+        "throughput (lookups/s, source-tree paths round-robin): 1 thread {t1:.0}, 2 threads {t2:.0} ({:.2}x)",
         t2 / t1
     );
-    println!(
+        println!(
         "  {fast_hit_rate:.1}% of these lookups were fast-path hits (the rest: prefix-check cache misses, slow path)"
     );
-    let (c1, c2) = (get(tcpu, "cache.cpu.1"), get(tcpu, "cache.cpu.2"));
-    let (k1, k2) = (get(tcpu, "kernel.wall.1"), get(tcpu, "kernel.wall.2"));
-    let (kc1, kc2) = (get(tcpu, "kernel.cpu.1"), get(tcpu, "kernel.cpu.2"));
-    println!("  per CPU-second of the threads: 1 thread {c1:.0}, 2 threads {c2:.0} ({:.2}x: below 1 = contention)", c2 / c1);
-    println!(
+        let (c1, c2) = (get(tcpu, "cache.cpu.1"), get(tcpu, "cache.cpu.2"));
+        let (k1, k2) = (get(tcpu, "kernel.wall.1"), get(tcpu, "kernel.wall.2"));
+        let (kc1, kc2) = (get(tcpu, "kernel.cpu.1"), get(tcpu, "kernel.cpu.2"));
+        println!("  per CPU-second of the threads: 1 thread {c1:.0}, 2 threads {c2:.0} ({:.2}x: below 1 = contention)", c2 / c1);
+        println!(
         "  control, kernel fstatat: 1 thread {k1:.0}/s, 2 threads {k2:.0}/s ({:.2}x); per CPU-second {kc1:.0} vs {kc2:.0}",
         k2 / k1
     );
-    println!(
+    }
+    if !ran("memory") {
+        skipped("memory");
+    } else {
+        println!(
         "memory: {} live bytes for {} dentries = {:.1} bytes/dentry ({:.1} excluding Cache::new's {} bytes; cache's own estimate {} bytes)",
         mem.bytes,
         if mem.entries_reported > 0 { mem.entries_reported } else { mem.entries_expected },
@@ -1126,6 +1165,7 @@ fn print_human(
         mem.after_new,
         mem.stats_bytes
     );
+    }
 
     let f8 = get(lk, "fast.d8");
     let s8 = get(lk, "slow.d8");
@@ -1136,36 +1176,53 @@ fn print_human(
     let chs = get(inv, "chmod.stub.10000");
     let rns = get(inv, "rename.stub.10000");
     println!("\ntargets (issue 2):");
-    println!(
-        "  {} 8-component fast lookup <= 60 ns: {f8:.1} ns",
-        verdict(f8 <= 60.0)
+    // One verdict line per target; a target whose section did not run says so.
+    let target = |section: &str, ok: bool, text: String| {
+        if ran(section) {
+            println!("  {} {text}", verdict(ok));
+        } else {
+            println!(
+                "  SKIP {} (section {section} not run)",
+                text.split(':').next().unwrap_or(&text)
+            );
+        }
+    };
+    target(
+        "lookups",
+        f8 <= 60.0,
+        format!("8-component fast lookup <= 60 ns: {f8:.1} ns"),
     );
-    println!(
-        "  {} 8-component fast >= 3x slow path: {:.2}x",
-        verdict(s8 / f8 >= 3.0),
-        s8 / f8
+    target(
+        "lookups",
+        s8 / f8 >= 3.0,
+        format!("8-component fast >= 3x slow path: {:.2}x", s8 / f8),
     );
-    println!(
-        "  {} depth 16 <= 1.5x depth 1: {:.2}x ({f16:.1} / {f1:.1} ns)",
-        verdict(f16 <= 1.5 * f1),
-        f16 / f1
+    target(
+        "lookups",
+        f16 <= 1.5 * f1,
+        format!(
+            "depth 16 <= 1.5x depth 1: {:.2}x ({f16:.1} / {f1:.1} ns)",
+            f16 / f1
+        ),
     );
-    println!(
-        "  {} chmod, 10,000 cached descendants <= 33 us: {ch:.1} us (cache part {chs:.1} us)",
-        verdict(ch <= 33.0)
+    target(
+        "invalidate",
+        ch <= 33.0,
+        format!("chmod, 10,000 cached descendants <= 33 us: {ch:.1} us (cache part {chs:.1} us)"),
     );
-    println!(
-        "  {} rename, 10,000 cached descendants <= 33 us: {rn:.1} us (cache part {rns:.1} us)",
-        verdict(rn <= 33.0)
+    target(
+        "invalidate",
+        rn <= 33.0,
+        format!("rename, 10,000 cached descendants <= 33 us: {rn:.1} us (cache part {rns:.1} us)"),
     );
-    println!(
-        "  {} 2 threads >= 1.8x 1 thread: {:.2}x",
-        verdict(t2 >= 1.8 * t1),
-        t2 / t1
+    target(
+        "threads",
+        t2 >= 1.8 * t1,
+        format!("2 threads >= 1.8x 1 thread: {:.2}x", t2 / t1),
     );
-    println!(
-        "  {} <= 256 bytes per dentry: {:.1}",
-        verdict(mem.per_dentry <= 256.0),
-        mem.per_dentry
+    target(
+        "memory",
+        mem.per_dentry <= 256.0,
+        format!("<= 256 bytes per dentry: {:.1}", mem.per_dentry),
     );
 }
