@@ -83,7 +83,8 @@ pub fn is_below(dir: &[u8], root: &[u8]) -> bool {
     root.is_empty() || dir == root || (dir.starts_with(root) && dir.get(root.len()) == Some(&b'/'))
 }
 
-fn parent(p: &[u8]) -> &[u8] {
+/// The parent of backend path `p` (the root for a top-level name).
+pub fn parent(p: &[u8]) -> &[u8] {
     match p.iter().rposition(|&b| b == b'/') {
         Some(i) => &p[..i],
         None => b"",

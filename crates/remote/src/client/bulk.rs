@@ -22,7 +22,7 @@ use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex};
 
 use super::{Frame, RemoteBackend};
-use crate::prefetch::Prefetch;
+use crate::prefetch::{parent, Prefetch};
 use crate::proto::{features, Reply, Request, SubtreeDir};
 
 /// Longest a caller waits for a listing a bulk call in flight may bring; then it asks the
@@ -113,8 +113,9 @@ impl RemoteBackend {
     }
 
     /// `dir`'s listing through a bulk call: below a cut bulk call, that call's root again with
-    /// the next budget (so that its other unlisted directories come along), else `dir`'s own
-    /// subtree; waits for `dir`'s part. Whether `dir`'s listing is held now.
+    /// the next budget (so that its other unlisted directories come along), else the subtree
+    /// of `dir`'s parent when its listing is known, else `dir`'s own subtree; waits for
+    /// `dir`'s part. Whether `dir`'s listing is held now.
     pub(super) fn bulk(&self, dir: &[u8]) -> bool {
         if self.wait_for_listing(dir) {
             return true;
@@ -130,7 +131,15 @@ impl RemoteBackend {
                 (0, None)
             } else {
                 let b = p.next_budget();
-                (b, p.cut_root_for(dir, b))
+                // Below a cut call that will not be asked again (its budget was the largest):
+                // the parent's subtree when the parent's listing is known (held, or handed
+                // to the cache), so that the siblings a walker lists next come along (one
+                // call per parent, not one per directory: a 1M-entry tree's leaves).
+                let par = parent(dir);
+                let root = p.cut_root_for(dir, b).or_else(|| {
+                    (!dir.is_empty() && (p.holds(par) || p.was_listed(par))).then(|| par.to_vec())
+                });
+                (b, root)
             }
         };
         if let Some(root) = root.filter(|r| r != dir) {
