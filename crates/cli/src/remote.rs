@@ -179,13 +179,18 @@ impl Remote {
             })?;
             Ok(Box::new(t) as Box<dyn dircache_remote::Transport>)
         });
-        dircache_remote::RemoteBackend::connect_again(connector, &cfg).map_err(|e| {
-            anyhow::anyhow!(
-                "{}:{}: no dircache server: {e} (ssh's own messages, if any, are above)",
-                self.host,
-                self.path
-            )
-        })
+        let backend =
+            dircache_remote::RemoteBackend::connect_again(connector, &cfg).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}:{}: no dircache server: {e} (ssh's own messages, if any, are above)",
+                    self.host,
+                    self.path
+                )
+            })?;
+        // The whole tree starts coming in bulk now, while the mount is being set up
+        // (dircache_remote::client::bulk).
+        backend.prefetch_root();
+        Ok(backend)
     }
 }
 

@@ -365,7 +365,8 @@ fn server_killed_gives_errors_and_umount_works() {
     }
     let mut t = RemoteMount::start("reconnect_timeout=0");
     std::fs::write(t.s("f"), b"x").unwrap();
-    assert!(t.m("f").exists());
+    // (Seen once its callback arrived: the mount fetched the root's listing in bulk.)
+    eventually("f created on the server", || t.m("f").exists());
     let pid = t.server_pid();
     // SAFETY: kill(2) of the server process this test started (through the fake ssh).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);

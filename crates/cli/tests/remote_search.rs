@@ -238,11 +238,12 @@ fn search_on_a_remote_mount_is_one_call_and_matches_find() {
         "dircache search on the mount vs find on SRC\n{err}"
     );
     assert!(err.contains("delegated to"), "not delegated: {err}");
-    // The server ran it, once; and answered three calls in all: the mount root's getattr,
-    // the daemon's socket attribute, the search (a walk through the mount lists directories).
+    // The server ran it, once; and answered four calls in all: the bulk fetch of the tree
+    // the mount starts (one call), the mount root's getattr, the daemon's socket attribute,
+    // the search (a walk through the mount lists directories).
     assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
     let calls = t.calls_at_unmount();
-    assert!(calls <= 3, "the server answered {calls} calls");
+    assert!(calls <= 4, "the server answered {calls} calls");
 }
 
 #[test]

@@ -83,11 +83,15 @@ fn mix(dev: u64, ino: u64) -> u64 {
 /// A real inode's identity: (dev, ino).
 pub type Key = (u64, u64);
 
+/// The tables' hasher: foldhash, randomly seeded (SipHash, the default, was a tenth of a cold
+/// walk's request-thread time: every entry of a READDIRPLUS is registered here).
+type Hasher = foldhash::quality::RandomState;
+
 /// The nodeid table. See the module invariants and locks.
 pub struct Inodes {
-    inodes: papaya::HashMap<u64, Arc<Inode>>,
-    by_key: papaya::HashMap<Key, u64>,
-    by_dentry: papaya::HashMap<u64, u64>,
+    inodes: papaya::HashMap<u64, Arc<Inode>, Hasher>,
+    by_key: papaya::HashMap<Key, u64, Hasher>,
+    by_dentry: papaya::HashMap<u64, u64, Hasher>,
     /// Taken to change the structure (see the module doc); holds the next counted nodeid.
     structure: Mutex<u64>,
     /// SRC's root: its device (whose inode numbers are used as they are) and its key.
@@ -100,9 +104,9 @@ impl Inodes {
         let key = held.key();
         let root = held.node();
         let t = Inodes {
-            inodes: papaya::HashMap::new(),
-            by_key: papaya::HashMap::new(),
-            by_dentry: papaya::HashMap::new(),
+            inodes: papaya::HashMap::with_hasher(Hasher::default()),
+            by_key: papaya::HashMap::with_hasher(Hasher::default()),
+            by_dentry: papaya::HashMap::with_hasher(Hasher::default()),
             structure: Mutex::new(COUNTED),
             root_key: key,
         };

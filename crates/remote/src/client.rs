@@ -24,6 +24,7 @@ use dircache_core::{
 };
 use parking_lot::Mutex;
 
+mod bulk;
 mod search;
 
 use crate::frame::{read_frame, write_frame};
@@ -431,6 +432,8 @@ pub struct RemoteBackend {
     callbacks: Arc<Mutex<Option<Sender<Change>>>>,
     lost: Arc<AtomicBool>,
     prefetch: Arc<Mutex<Prefetch>>,
+    /// Signalled when a streamed bulk call stores a part or ends (client/bulk.rs).
+    arrived: Arc<parking_lot::Condvar>,
     round_trips: Arc<AtomicU64>,
     connector: Option<Connector>,
     cfg: ClientConfig,
@@ -505,6 +508,7 @@ impl RemoteBackend {
             callbacks,
             lost,
             prefetch,
+            arrived: Arc::default(),
             round_trips,
             connector,
             cfg: cfg.clone(),
@@ -608,7 +612,10 @@ impl RemoteBackend {
                 Ok(Ok((last, Ok(Reply::Subtree { dirs: d, complete })))) => {
                     for sd in d {
                         match dirs.last_mut() {
-                            Some(prev) if prev.dir == sd.dir => prev.entries.extend(sd.entries),
+                            Some(prev) if prev.dir == sd.dir => {
+                                prev.entries.extend(sd.entries);
+                                prev.bare.extend(sd.bare);
+                            }
                             _ => dirs.push(sd),
                         }
                     }
@@ -691,7 +698,7 @@ impl Backend for RemoteBackend {
         if let Some(r) = self.prefetch.lock().lookup(dir, name) {
             return r;
         }
-        if self.bulk_after_misses(dir) {
+        if self.wait_for_listing(dir) || self.bulk_after_misses(dir) {
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                 return r;
             }
@@ -712,6 +719,11 @@ impl Backend for RemoteBackend {
         {
             let mut p = self.prefetch.lock();
             for (i, name) in names.iter().enumerate() {
+                if p.coming(&at) {
+                    drop(p);
+                    self.wait_for_listing(&at);
+                    p = self.prefetch.lock();
+                }
                 if !p.holds(&at) && p.missed_again(&at) {
                     drop(p);
                     self.bulk(&at);
@@ -753,7 +765,7 @@ impl Backend for RemoteBackend {
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                 return r;
             }
-            if self.bulk_after_misses(dir) {
+            if self.wait_for_listing(dir) || self.bulk_after_misses(dir) {
                 if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                     return r;
                 }
@@ -765,49 +777,26 @@ impl Backend for RemoteBackend {
     }
 
     fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
-        let bulk = {
+        let first = {
             let mut p = self.prefetch.lock();
             if let Some(l) = p.take(path) {
                 p.mark_listed(path);
                 return Ok(l);
             }
-            let again = p.was_listed(path);
-            p.mark_listed(path);
-            (p.enabled() && !again).then(|| {
-                let root = p.cut_root_for(path);
-                (p.generation(), p.next_budget(), root)
-            })
+            p.enabled() && !p.was_listed(path)
         };
-        if let Some((gen, budget, root)) = bulk {
-            // Below a bulk call cut short: that root again, with a bigger budget, so that
-            // its other unlisted directories come along too.
-            if let Some(root) = root.filter(|r| r != path) {
-                if let Ok((dirs, complete)) = self.subtree(&root, budget) {
-                    let mut p = self.prefetch.lock();
-                    if !complete {
-                        p.mark_cut(&root);
-                    }
-                    p.store(gen, &root, dirs, false);
-                    if let Some(l) = p.take(path) {
-                        return Ok(l);
-                    }
+        // The first listing of a directory: its whole subtree (bounded) in one streamed bulk
+        // call (or the one in flight that brings it); this listing answers the call, the rest
+        // waits in the prefetch buffer (client/bulk.rs).
+        let got = first && self.bulk(path);
+        {
+            let mut p = self.prefetch.lock();
+            p.mark_listed(path);
+            if got {
+                if let Some(l) = p.take(path) {
+                    return Ok(l);
                 }
             }
-            // The whole subtree (bounded) in one round trip: this listing answers the call,
-            // the rest waits in the prefetch buffer.
-            let gen = self.prefetch.lock().generation();
-            let (dirs, complete) = self.subtree(path, budget)?;
-            let own: Vec<DirEntry> = dirs
-                .iter()
-                .filter(|d| d.dir.is_empty())
-                .flat_map(|d| d.entries.iter().cloned())
-                .collect();
-            let mut p = self.prefetch.lock();
-            if !complete {
-                p.mark_cut(path);
-            }
-            p.store(gen, path, dirs, false);
-            return Ok(own);
         }
         let c = self.conn()?;
         let rx = c.start(
@@ -1060,47 +1049,7 @@ impl RemoteBackend {
         if !self.prefetch.lock().missed_again(dir) {
             return false;
         }
-        self.bulk(dir);
-        self.prefetch.lock().holds(dir)
-    }
-
-    /// Fetch `dir`'s subtree (bounded) into the prefetch buffer, its own listing included;
-    /// below a cut bulk call, that call's root again with the doubled budget, as `readdir`
-    /// does. Errors leave the buffer as it was (the caller asks the server directly).
-    fn bulk(&self, dir: &[u8]) {
-        let (gen, budget, root) = {
-            let mut p = self.prefetch.lock();
-            if !p.enabled() {
-                return;
-            }
-            if p.was_listed(dir) {
-                // The cache had this listing and dropped it after a change: the listings below
-                // are still there; this one alone.
-                (p.generation(), 0, None)
-            } else {
-                (p.generation(), p.next_budget(), p.cut_root_for(dir))
-            }
-        };
-        if let Some(root) = root.filter(|r| r != dir) {
-            if let Ok((dirs, complete)) = self.subtree(&root, budget) {
-                let mut p = self.prefetch.lock();
-                if !complete {
-                    p.mark_cut(&root);
-                }
-                p.store(gen, &root, dirs, false);
-                if p.holds(dir) {
-                    return;
-                }
-            }
-        }
-        let gen = self.prefetch.lock().generation();
-        if let Ok((dirs, complete)) = self.subtree(dir, budget) {
-            let mut p = self.prefetch.lock();
-            if !complete && budget > 0 {
-                p.mark_cut(dir);
-            }
-            p.store(gen, dir, dirs, true);
-        }
+        self.bulk(dir)
     }
 
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {

@@ -40,10 +40,17 @@ pub struct Prefetch {
     budget: u64,
     /// Listings answered from here (for statistics and tests).
     pub hits: u64,
-    /// Roots of bulk calls cut short by their budget (a hint, not data: at most
-    /// [`MAX_CUT_ROOTS`]). A listing missed below one is fetched with the whole root again, with
-    /// the next (doubled) budget, rather than one subtree per missed directory.
-    cut: Vec<Vec<u8>>,
+    /// Roots of bulk calls cut short by their budget, with that budget (a hint, not data: at
+    /// most [`MAX_CUT_ROOTS`]). A listing missed below one is fetched with the whole root again,
+    /// with the next (larger) budget, rather than one subtree per missed directory; never again
+    /// with a budget no larger (the same listings would come again).
+    cut: Vec<(Vec<u8>, u64)>,
+    /// Streamed bulk calls whose frames are still arriving: (token, root). A caller that wants
+    /// a listing below one of them waits for it instead of asking the server itself
+    /// (crate::client::bulk). Any callback or mutation ends them all (their later frames are
+    /// not stored: the generation moved).
+    inflight: Vec<(u64, Vec<u8>)>,
+    next_token: u64,
     /// Paths known to have no extended attributes (from bulk replies; at most `max`), under
     /// the same invariant as the listings.
     bare: BTreeSet<Vec<u8>>,
@@ -71,7 +78,13 @@ pub const MAX_CUT_ROOTS: usize = 64;
 /// The first bulk call's entry budget.
 pub const FIRST_BUDGET: u64 = 1024;
 
-fn parent(p: &[u8]) -> &[u8] {
+/// Whether backend path `dir` is `root` or below it.
+pub fn is_below(dir: &[u8], root: &[u8]) -> bool {
+    root.is_empty() || dir == root || (dir.starts_with(root) && dir.get(root.len()) == Some(&b'/'))
+}
+
+/// The parent of backend path `p` (the root for a top-level name).
+pub fn parent(p: &[u8]) -> &[u8] {
     match p.iter().rposition(|&b| b == b'/') {
         Some(i) => &p[..i],
         None => b"",
@@ -99,6 +112,8 @@ impl Prefetch {
             budget: FIRST_BUDGET,
             hits: 0,
             cut: Vec::new(),
+            inflight: Vec::new(),
+            next_token: 1,
             bare: BTreeSet::new(),
             missed: BTreeSet::new(),
             listed: BTreeSet::new(),
@@ -137,6 +152,7 @@ impl Prefetch {
     /// Forget everything (a mutation by this client, `Overflow`, `Inode`).
     pub fn clear(&mut self) {
         self.gen += 1;
+        self.inflight.clear();
         self.listings.clear();
         self.entries = 0;
         self.bare.clear();
@@ -146,6 +162,7 @@ impl Prefetch {
     /// at or below it.
     pub fn touched(&mut self, path: &[u8]) {
         self.gen += 1;
+        self.inflight.clear();
         // The parent's listing names `path`; the grandparent's holds the parent's own
         // attributes (mtime, ctime, link count), which an entry change moves too.
         let par = parent(path);
@@ -191,6 +208,28 @@ impl Prefetch {
         if gen != self.gen || !self.enabled() {
             return;
         }
+        self.put(root, dirs, with_root);
+    }
+
+    /// [`Prefetch::store`] for one part of streamed bulk call `token` (whole listings only):
+    /// false when the call is no longer in flight (a callback or mutation ended it, or the
+    /// generation moved since `gen`): nothing stored, the caller stops.
+    pub fn store_part(
+        &mut self,
+        gen: u64,
+        token: u64,
+        root: &[u8],
+        dirs: Vec<SubtreeDir>,
+        with_root: bool,
+    ) -> bool {
+        if gen != self.gen || !self.enabled() || !self.inflight.iter().any(|(t, _)| *t == token) {
+            return false;
+        }
+        self.put(root, dirs, with_root);
+        true
+    }
+
+    fn put(&mut self, root: &[u8], dirs: Vec<SubtreeDir>, with_root: bool) {
         for d in dirs {
             let key = join(root, &d.dir);
             if d.bare.len() == d.entries.len() {
@@ -260,26 +299,48 @@ impl Prefetch {
         self.listings.contains_key(dir)
     }
 
-    /// A bulk call for `root` was cut short by its budget.
-    pub fn mark_cut(&mut self, root: &[u8]) {
-        if self.cut.iter().any(|r| r == root) {
+    /// A bulk call for `root` with `budget` was cut short by it.
+    pub fn mark_cut(&mut self, root: &[u8], budget: u64) {
+        if let Some(c) = self.cut.iter_mut().find(|(r, _)| r == root) {
+            c.1 = c.1.max(budget);
             return;
         }
         if self.cut.len() >= MAX_CUT_ROOTS {
             self.cut.remove(0);
         }
-        self.cut.push(root.to_vec());
+        self.cut.push((root.to_vec(), budget));
     }
 
-    /// The nearest cut root at or above `dir`, forgotten (the caller fetches it again).
-    pub fn cut_root_for(&mut self, dir: &[u8]) -> Option<Vec<u8>> {
-        let below = |r: &[u8]| {
-            r.is_empty() || dir == r || (dir.starts_with(r) && dir.get(r.len()) == Some(&b'/'))
-        };
+    /// The nearest cut root at or above `dir` whose bulk call had a budget smaller than
+    /// `budget`, forgotten (the caller fetches it again with `budget`).
+    pub fn cut_root_for(&mut self, dir: &[u8], budget: u64) -> Option<Vec<u8>> {
         let i = (0..self.cut.len())
-            .filter(|&i| below(&self.cut[i]))
-            .max_by_key(|&i| self.cut[i].len())?;
-        Some(self.cut.remove(i))
+            .filter(|&i| self.cut[i].1 < budget && is_below(dir, &self.cut[i].0))
+            .max_by_key(|&i| self.cut[i].0.len())?;
+        Some(self.cut.remove(i).0)
+    }
+
+    /// A streamed bulk call for `root` starts: its token.
+    pub fn begin(&mut self, root: &[u8]) -> u64 {
+        let t = self.next_token;
+        self.next_token += 1;
+        self.inflight.push((t, root.to_vec()));
+        t
+    }
+
+    /// Streamed bulk call `token` is over.
+    pub fn end(&mut self, token: u64) {
+        self.inflight.retain(|(t, _)| *t != token);
+    }
+
+    /// Whether a streamed bulk call is in flight.
+    pub fn in_flight(&self) -> bool {
+        !self.inflight.is_empty()
+    }
+
+    /// Whether a streamed bulk call in flight may still bring `dir`'s listing.
+    pub fn coming(&self, dir: &[u8]) -> bool {
+        !self.listings.contains_key(dir) && self.inflight.iter().any(|(_, r)| is_below(dir, r))
     }
 
     /// The listing of `dir`, handed over (once).
@@ -402,13 +463,41 @@ mod tests {
     #[test]
     fn misses_below_a_cut_root_refetch_the_root() {
         let mut p = Prefetch::new(100);
-        p.mark_cut(b"a");
-        p.mark_cut(b"a/b");
-        p.mark_cut(b"");
-        assert_eq!(p.cut_root_for(b"a/b/c").as_deref(), Some(&b"a/b"[..]));
-        assert_eq!(p.cut_root_for(b"a/bc").as_deref(), Some(&b"a"[..]));
-        assert_eq!(p.cut_root_for(b"x").as_deref(), Some(&b""[..]));
-        assert_eq!(p.cut_root_for(b"x"), None);
+        p.mark_cut(b"a", 10);
+        p.mark_cut(b"a/b", 10);
+        p.mark_cut(b"", 10);
+        assert_eq!(p.cut_root_for(b"a/b/c", 20).as_deref(), Some(&b"a/b"[..]));
+        assert_eq!(p.cut_root_for(b"a/bc", 20).as_deref(), Some(&b"a"[..]));
+        assert_eq!(
+            p.cut_root_for(b"x", 10),
+            None,
+            "not again with the same budget"
+        );
+        assert_eq!(p.cut_root_for(b"x", 20).as_deref(), Some(&b""[..]));
+        assert_eq!(p.cut_root_for(b"x", 40), None);
+    }
+
+    #[test]
+    fn streamed_parts_are_kept_only_while_their_call_is_in_flight() {
+        let mut p = Prefetch::new(100);
+        let g = p.generation();
+        let t = p.begin(b"r");
+        assert!(p.coming(b"r/a") && p.coming(b"r") && !p.coming(b"ra") && !p.coming(b"x"));
+        assert!(p.store_part(g, t, b"r", vec![sd("a", &["b"])], false));
+        assert!(!p.coming(b"r/a"), "held now");
+        assert!(p.lookup(b"r/a", b"b").is_some());
+        // A callback ends every call in flight: later parts are not kept, nobody waits.
+        p.touched(b"r/x/y");
+        assert!(!p.coming(b"r/z"));
+        let g2 = p.generation();
+        assert!(!p.store_part(g2, t, b"r", vec![sd("z", &["b"])], false));
+        assert!(p.lookup(b"r/z", b"b").is_none());
+        let t2 = p.begin(b"");
+        p.end(t2);
+        assert!(!p.coming(b"q"));
+        let t3 = p.begin(b"");
+        p.clear();
+        assert!(!p.store_part(p.generation(), t3, b"", vec![sd("q", &["b"])], false));
     }
 
     #[test]

@@ -22,7 +22,6 @@
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -31,12 +30,12 @@ use dircache_core::{Backend, BackendFile, Cred, DirEntry, Error, Whence, XattrTa
 use parking_lot::Mutex;
 
 mod search;
+mod subtree;
 
 use crate::frame::{encode_frame, read_frame};
-use crate::prefetch::join;
 use crate::proto::{
     decode, encode, features, Callback, ClientMsg, Hello, ProtoError, Reply, Request, ServerMsg,
-    SubtreeDir, Target, WireCred, ENTRIES_PER_FRAME, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
+    Target, WireCred, ENTRIES_PER_FRAME, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
 };
 
 /// How a server runs.
@@ -313,7 +312,7 @@ fn answer(s: &Shared, job: Job) {
             return;
         }
         Request::Subtree { path, budget } => {
-            subtree(s, id, &path, budget.min(s.cfg.max_subtree));
+            subtree::run(s, id, &path, budget.min(s.cfg.max_subtree));
             return;
         }
         Request::Search {
@@ -485,92 +484,6 @@ fn stream_entries(s: &Shared, id: u64, entries: Vec<DirEntry>) {
     }
 }
 
-/// Breadth-first listing of `root` and everything below it (at most `budget` entries below
-/// `root`, whole directories only), streamed in
-/// frames of at most [`ENTRIES_PER_FRAME`] entries. Directories that cannot be read are
-/// skipped (the client lists them itself when it needs them).
-fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
-    let mut queue = std::collections::VecDeque::from([Vec::<u8>::new()]);
-    let mut left = budget;
-    let mut batch: Vec<SubtreeDir> = Vec::new();
-    let mut in_batch = 0usize;
-    let mut in_bytes = 0usize;
-    let mut complete = true;
-    let flush = |batch: &mut Vec<SubtreeDir>, last: bool, complete: bool| {
-        send(
-            &s.out,
-            &ServerMsg::Reply {
-                id,
-                last,
-                body: Ok(Reply::Subtree {
-                    dirs: std::mem::take(batch),
-                    complete,
-                }),
-            },
-        )
-    };
-    while let Some(rel) = queue.pop_front() {
-        let path = join(root, &rel);
-        let entries = match s.backend.readdir(&path, true) {
-            Ok(e) => e,
-            Err(e) if rel.is_empty() => {
-                send(
-                    &s.out,
-                    &ServerMsg::Reply {
-                        id,
-                        last: true,
-                        body: Err(e.errno()),
-                    },
-                );
-                return;
-            }
-            Err(_) => continue,
-        };
-        // The root's own listing always comes; the budget bounds what is below it.
-        if !rel.is_empty() && entries.len() as u64 > left {
-            complete = false;
-            break;
-        }
-        left = left.saturating_sub(entries.len() as u64);
-        for e in &entries {
-            if e.kind == dircache_core::FileType::Directory {
-                queue.push_back(join(&rel, &e.name));
-            }
-        }
-        if entries.is_empty() {
-            batch.push(SubtreeDir {
-                dir: rel.clone(),
-                entries: Vec::new(),
-                bare: Vec::new(),
-            });
-        }
-        let bare = bare_entries(s, &path, &entries);
-        for (i, c) in entries.chunks(ENTRIES_PER_FRAME).enumerate() {
-            // Frames stay far below the limit: at most ENTRIES_PER_FRAME entries and about
-            // 1 MiB of names, paths and attributes.
-            let bytes = rel.len() + c.iter().map(|e| e.name.len() + 160).sum::<usize>();
-            if (in_batch + c.len() > ENTRIES_PER_FRAME || in_bytes + bytes > 1 << 20)
-                && !batch.is_empty()
-            {
-                if !flush(&mut batch, false, false) {
-                    return;
-                }
-                in_batch = 0;
-                in_bytes = 0;
-            }
-            in_batch += c.len();
-            in_bytes += bytes;
-            let start = i * ENTRIES_PER_FRAME;
-            batch.push(SubtreeDir {
-                dir: rel.clone(),
-                entries: c.to_vec(),
-                bare: bare[start..start + c.len()].to_vec(),
-            });
-        }
-    }
-    flush(&mut batch, true, complete);
-}
-
 thread_local! {
     /// Whether this worker has a file-system context (umask) of its own: None until tried.
     static OWN_FS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
@@ -599,28 +512,4 @@ fn with_umask<T>(mode: u32, umask: u32, f: impl FnOnce(u32) -> T) -> T {
     // SAFETY: as above; restores what was there.
     unsafe { libc::umask(old) };
     r
-}
-
-/// Which of `dir`'s entries have no extended attributes at all: `dir` opened once (through the
-/// backend, so confined), then one llistxattr per entry relative to that descriptor (through
-/// /proc/self/fd; the final component is never followed). Empty when it cannot tell.
-fn bare_entries(s: &Shared, dir: &[u8], entries: &[DirEntry]) -> Vec<bool> {
-    use std::os::fd::AsRawFd;
-    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
-    let Ok(f) = s.backend.open(&s.cfg.own, dir, flags, 0) else {
-        return Vec::new();
-    };
-    let Some(fd) = f.fd() else {
-        return Vec::new();
-    };
-    let base = format!("/proc/self/fd/{}/", fd.as_raw_fd()).into_bytes();
-    entries
-        .iter()
-        .map(|e| {
-            let mut p = base.clone();
-            p.extend_from_slice(&e.name);
-            let p = std::ffi::OsStr::from_bytes(&p);
-            rustix::fs::llistxattr_query(p).is_ok_and(|n| n == 0)
-        })
-        .collect()
 }

@@ -332,6 +332,9 @@ fn generate(dir: &Path, entries: usize) -> Result<()> {
     fs::write(dir.join("README"), "a generated source-like tree\n")?;
     let git = |args: &[&str]| tree::git(dir, args);
     git(&["init", "-q"])?;
+    // No automatic gc in the background after the commit: the `gc` below would find it
+    // running and fail ("gc is already running").
+    git(&["config", "gc.auto", "0"])?;
     git(&["add", "-A"])?;
     git(&["commit", "-q", "-m", "initial import"])?;
     git(&["gc", "-q"])?;

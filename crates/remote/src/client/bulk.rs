@@ -1,0 +1,209 @@
+//! Streamed bulk subtree calls (crate::prefetch): a `Subtree` call runs on a thread of its own
+//! and stores each directory's listing in the prefetch buffer as soon as its frame arrives, so
+//! a walker is served while the rest of the subtree is still on the wire (or still being read
+//! on the server). Whoever wants a listing that a call in flight may still bring waits for it
+//! ([`RemoteBackend::wait_for_listing`]) instead of asking the server itself: a cold walk pays
+//! no round trip per directory, and no second bulk call races the first.
+//!
+//! Coherence is the prefetch buffer's invariant, part by part: each part is stored only while
+//! its call is still in flight and the buffer's generation has not moved since the call was
+//! sent (`Prefetch::store_part`); a callback or a mutation by this client ends every call in
+//! flight (their later parts are dropped, their waiters ask the server). A directory's listing
+//! may come in pieces over several frames: the last directory of a frame is held back until
+//! the next frame shows whether it continues, so only whole listings are stored.
+//!
+//! [`RemoteBackend::prefetch_root`] starts one for the whole tree when a mount starts, so the
+//! first walk finds its listings arriving or already there.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use parking_lot::{Condvar, Mutex};
+
+use super::{Frame, RemoteBackend};
+use crate::prefetch::{parent, Prefetch};
+use crate::proto::{features, Reply, Request, SubtreeDir};
+
+/// Longest a caller waits for a listing a bulk call in flight may bring; then it asks the
+/// server itself.
+pub const MAX_WAIT: Duration = Duration::from_secs(15);
+
+impl RemoteBackend {
+    /// Start streaming `root`'s subtree (at most `budget` entries below it; `root`'s own
+    /// listing kept when `with_root`) into the prefetch buffer on a thread of its own. False
+    /// when no call was started (prefetching off, no connection, no thread).
+    pub(super) fn bulk_start(&self, root: &[u8], budget: u64, with_root: bool) -> bool {
+        let Ok(c) = self.conn() else { return false };
+        if c.features & features::SUBTREE == 0 {
+            return false;
+        }
+        let (gen, token) = {
+            let mut p = self.prefetch.lock();
+            if !p.enabled() {
+                return false;
+            }
+            (p.generation(), p.begin(root))
+        };
+        let end = |p: &Mutex<Prefetch>, cv: &Condvar| {
+            p.lock().end(token);
+            cv.notify_all();
+        };
+        let rx = match c.start(
+            &c.own.clone(),
+            Request::Subtree {
+                path: root.to_vec(),
+                budget,
+            },
+        ) {
+            Ok(rx) => rx,
+            Err(_) => {
+                end(&self.prefetch, &self.arrived);
+                return false;
+            }
+        };
+        let call = Call {
+            prefetch: self.prefetch.clone(),
+            arrived: self.arrived.clone(),
+            root: root.to_vec(),
+            budget,
+            with_root,
+            gen,
+            token,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("dircache-remote-bulk".into())
+            .spawn(move || call.run(rx));
+        if spawned.is_err() {
+            end(&self.prefetch, &self.arrived);
+            return false;
+        }
+        true
+    }
+
+    /// Wait while a streamed bulk call in flight may still bring `dir`'s listing (at most
+    /// [`MAX_WAIT`]); whether the listing is held now.
+    pub(super) fn wait_for_listing(&self, dir: &[u8]) -> bool {
+        let mut p = self.prefetch.lock();
+        let deadline = Instant::now() + MAX_WAIT;
+        while p.coming(dir) && Instant::now() < deadline {
+            // Parts are announced; a callback ending the calls is not (it is rare): poll too.
+            self.arrived.wait_for(&mut p, Duration::from_millis(20));
+        }
+        p.holds(dir)
+    }
+
+    /// Whether a streamed bulk call is in flight (for tests and statistics).
+    pub fn bulk_in_flight(&self) -> bool {
+        self.prefetch.lock().in_flight()
+    }
+
+    /// Start fetching the whole tree in bulk (as much as the prefetch buffer holds), so the
+    /// first walk of a fresh mount finds its listings arriving or there (the mount calls this
+    /// once connected). False when prefetching is off.
+    pub fn prefetch_root(&self) -> bool {
+        let budget = {
+            let p = self.prefetch.lock();
+            if !p.enabled() || p.holds(b"") || p.coming(b"") || p.was_listed(b"") {
+                return false;
+            }
+            p.max as u64
+        };
+        self.bulk_start(b"", budget, true)
+    }
+
+    /// `dir`'s listing through a bulk call: below a cut bulk call, that call's root again with
+    /// the next budget (so that its other unlisted directories come along), else the subtree
+    /// of `dir`'s parent when its listing is known, else `dir`'s own subtree; waits for
+    /// `dir`'s part. Whether `dir`'s listing is held now.
+    pub(super) fn bulk(&self, dir: &[u8]) -> bool {
+        if self.wait_for_listing(dir) {
+            return true;
+        }
+        let (budget, root) = {
+            let mut p = self.prefetch.lock();
+            if !p.enabled() {
+                return false;
+            }
+            if p.was_listed(dir) {
+                // The cache had this listing and dropped it after a change: the listings
+                // below are still there; this one alone.
+                (0, None)
+            } else {
+                let b = p.next_budget();
+                // Below a cut call that will not be asked again (its budget was the largest):
+                // the parent's subtree when the parent's listing is known (held, or handed
+                // to the cache), so that the siblings a walker lists next come along (one
+                // call per parent, not one per directory: a 1M-entry tree's leaves).
+                let par = parent(dir);
+                let root = p.cut_root_for(dir, b).or_else(|| {
+                    (!dir.is_empty() && (p.holds(par) || p.was_listed(par))).then(|| par.to_vec())
+                });
+                (b, root)
+            }
+        };
+        if let Some(root) = root.filter(|r| r != dir) {
+            if self.bulk_start(&root, budget, false) && self.wait_for_listing(dir) {
+                return true;
+            }
+        }
+        self.bulk_start(dir, budget, true) && self.wait_for_listing(dir)
+    }
+}
+
+/// One streamed bulk call.
+struct Call {
+    prefetch: Arc<Mutex<Prefetch>>,
+    arrived: Arc<Condvar>,
+    root: Vec<u8>,
+    budget: u64,
+    with_root: bool,
+    gen: u64,
+    token: u64,
+}
+
+impl Call {
+    fn run(self, rx: Receiver<Frame>) {
+        // The last directory of the previous frame: it may continue in the next one.
+        let mut held: Option<SubtreeDir> = None;
+        let t0 = Instant::now();
+        let (mut listings, mut entries, mut kept_all) = (0usize, 0usize, true);
+        while let Ok(Ok((last, Ok(Reply::Subtree { dirs, complete })))) = rx.recv() {
+            let mut whole = Vec::with_capacity(dirs.len());
+            for sd in dirs {
+                match &mut held {
+                    Some(h) if h.dir == sd.dir => {
+                        h.entries.extend(sd.entries);
+                        h.bare.extend(sd.bare);
+                    }
+                    _ => whole.extend(held.replace(sd)),
+                }
+            }
+            if last {
+                whole.extend(held.take());
+            }
+            listings += whole.len();
+            entries += whole.iter().map(|d| d.entries.len()).sum::<usize>();
+            let mut p = self.prefetch.lock();
+            let kept = p.store_part(self.gen, self.token, &self.root, whole, self.with_root);
+            kept_all &= kept;
+            if kept && last && !complete && self.budget > 0 {
+                p.mark_cut(&self.root, self.budget);
+            }
+            drop(p);
+            self.arrived.notify_all();
+            if !kept || last {
+                break;
+            }
+        }
+        // Dropping `rx` discards whatever else comes for this call.
+        self.prefetch.lock().end(self.token);
+        self.arrived.notify_all();
+        tracing::debug!(
+            "bulk call for {:?}: {listings} listings, {entries} entries in {:.3} s{}",
+            String::from_utf8_lossy(&self.root),
+            t0.elapsed().as_secs_f64(),
+            if kept_all { "" } else { " (ended by a change)" }
+        );
+    }
+}
