@@ -61,7 +61,32 @@ impl SigKey {
 
 #[inline]
 pub(crate) fn finish(h: &SipHasher13) -> Sig {
-    h.finish128().as_u128()
+    let sig = h.finish128().as_u128();
+    #[cfg(test)]
+    if COLLIDE.with(std::cell::Cell::get) {
+        // 4 signatures in all; the PCC set index (high half) is the same for every one.
+        return sig & 3;
+    }
+    sig
+}
+
+#[cfg(test)]
+thread_local! {
+    static COLLIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests: make every signature this thread computes collide with many others, until the
+/// returned guard is dropped (`collision_tests.rs`).
+#[cfg(test)]
+pub(crate) fn force_collisions() -> impl Drop {
+    struct Off;
+    impl Drop for Off {
+        fn drop(&mut self) {
+            COLLIDE.with(|c| c.set(false));
+        }
+    }
+    COLLIDE.with(|c| c.set(true));
+    Off
 }
 
 /// Signature of `path` hashed after `h`.

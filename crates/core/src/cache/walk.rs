@@ -710,7 +710,7 @@ impl Cache {
         loop {
             tries += 1;
             let (r, gen0, ver0) = self.by_path(dir, |dpath| {
-                let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+                let (gen0, ver0) = (dir.inner.read().gen(), dir.version());
                 self.stats.backend.lookup.inc();
                 (dir.sb.backend.lookup(dpath, name), gen0, ver0)
             })?;
@@ -800,7 +800,7 @@ impl Cache {
         if let Some(c) = inner.child(name) {
             return (c.clone(), None);
         }
-        let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
+        let fresh = inner.gen() == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
         let revived = match (kind, attr) {
             (NodeKind::Positive(FileType::Directory), Some(a)) if fresh => {
                 self.revive(dir, name, &a)
