@@ -97,7 +97,7 @@ impl Cache {
         names.extend_from_slice(&ahead);
         *missed = true;
         let (walked, gen0, ver0) = self.by_path(dir, |dpath| {
-            let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+            let (gen0, ver0) = (dir.inner.read().gen(), dir.version());
             self.stats.backend.walk.inc();
             (dir.sb.backend.walk(dpath, &names), gen0, ver0)
         })?;

@@ -31,7 +31,7 @@ impl Cache {
         loop {
             tries += 1;
             let (r, gen0, ver0) = self.by_path(dir, |dpath| {
-                let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+                let (gen0, ver0) = (dir.inner.read().gen(), dir.version());
                 self.stats.backend.lookup.inc();
                 (dir.sb.backend.lookup(dpath, name), gen0, ver0)
             })?;
@@ -77,15 +77,15 @@ impl Cache {
     fn drop_cached_name(&self, dir: &NodeRef, name: &[u8], c: &NodeRef, gen0: u64) -> Option<u64> {
         let (removed, gen) = {
             let mut inner = dir.inner.write();
-            let unchanged = inner.gen == gen0;
+            let unchanged = inner.gen() == gen0;
             let removed = inner
                 .children
                 .as_mut()
                 .is_some_and(|ch| ch.remove_node(name, c));
             if removed {
-                inner.gen += 1;
+                inner.bump_gen();
             }
-            (removed, unchanged.then_some(inner.gen))
+            (removed, unchanged.then_some(inner.gen()))
         };
         if removed {
             let _w = self.inval_window();
@@ -105,7 +105,7 @@ impl Cache {
         }
         if let Some(p) = node.parent_ref() {
             let name = node.link.load().name.clone();
-            let gen = p.inner.read().gen;
+            let gen = p.inner.read().gen();
             self.drop_cached_name(&p, &name, node, gen);
         }
         Err(Error::NotFound)

@@ -67,6 +67,9 @@ pub(crate) struct ChildMap {
     pub(crate) interior: Vec<Weak<Dentry>>,
     /// Target of a symbolic link (symlinks have no children; they share this box).
     pub(crate) target: Option<Box<[u8]>>,
+    /// See [`Inner::gen`]. Kept here rather than in every dentry: only directories whose
+    /// children changed need it (the box, once made, is never dropped, so it never goes back).
+    gen: u64,
 }
 
 impl ChildMap {
@@ -166,14 +169,24 @@ impl ChildMap {
 
 #[derive(Default)]
 pub(crate) struct Inner {
-    /// Children (positive entries, negative entries, deep negatives) and a symlink's target.
+    /// Children (positive entries, negative entries, deep negatives), a symlink's target and
+    /// the generation ([`Inner::gen`]). Once made, never set back to `None`.
     pub(crate) children: Option<Box<ChildMap>>,
-    /// Bumped whenever `children` changes; lets a backend call made without the lock detect
-    /// that the directory changed meanwhile.
-    pub(crate) gen: u64,
 }
 
 impl Inner {
+    /// Bumped whenever the children change; lets a backend call made without the lock detect
+    /// that the directory changed meanwhile. 0 until the first bump; never decreases.
+    #[inline]
+    pub(crate) fn gen(&self) -> u64 {
+        self.children.as_ref().map_or(0, |c| c.gen)
+    }
+    /// Record a change of the children (see [`Inner::gen`]); returns the new generation.
+    pub(crate) fn bump_gen(&mut self) -> u64 {
+        let c = self.children_mut();
+        c.gen += 1;
+        c.gen
+    }
     pub(crate) fn child(&self, name: &[u8]) -> Option<&NodeRef> {
         self.children.as_ref().and_then(|c| c.get(name))
     }
@@ -202,8 +215,7 @@ pub struct Dentry {
     pub(crate) link: ArcSwap<Link>,
     pub(crate) version: AtomicU64,
     pub(crate) flags: AtomicU32,
-    /// Front-end pins (e.g. inodes the kernel holds): pinned dentries are never evicted.
-    pub(crate) pins: AtomicU32,
+    /// Attributes, and the front-end pins (`attr.pins`, in the cell's padding).
     pub(crate) attr: AttrCell,
     pub(crate) inner: RwLock<Inner>,
 }
@@ -228,7 +240,6 @@ impl Dentry {
             }),
             version: AtomicU64::new(version),
             flags: AtomicU32::new(0),
-            pins: AtomicU32::new(0),
             attr: AttrCell::new(attr, attr.map_or(0, |a| a.ino)),
             inner: RwLock::new(Inner::default()),
         }
@@ -292,6 +303,10 @@ impl Drop for Dentry {
 /// writes of this one dentry during one read to be fooled. 104 bytes (it was 112).
 pub(crate) struct AttrCell {
     seq: AtomicU32,
+    /// Not an attribute: the dentry's front-end pins (e.g. inodes the kernel holds; pinned
+    /// dentries are never evicted), kept here because the cell has 4 bytes of padding after
+    /// `seq` (8 bytes less per dentry than a field of its own). The seqlock does not cover it.
+    pub(crate) pins: AtomicU32,
     w: [AtomicU64; 12],
 }
 
@@ -302,6 +317,7 @@ impl AttrCell {
     pub(crate) fn new(a: Option<Attr>, ino: u64) -> AttrCell {
         let c = AttrCell {
             seq: AtomicU32::new(0),
+            pins: AtomicU32::new(0),
             w: std::array::from_fn(|_| AtomicU64::new(0)),
         };
         c.w[0].store(ino, Ordering::Relaxed);
@@ -529,9 +545,14 @@ mod tests {
     /// `Arc` header (16). Fails if a field grows it back.
     #[test]
     fn dentry_size() {
+        // 104: the 4-byte sequence, the pins in its padding, 12 words.
         assert_eq!(std::mem::size_of::<AttrCell>(), 104);
+        // 168 (was 176): `gen` moved into the children box (only directories whose children
+        // changed need one), the pins into the attribute cell's padding. (`NodeKind` is 8
+        // bytes, 4-aligned, because of `Error::Os(i32)`: with `flags` 12 bytes, so 4 are left
+        // over.)
         assert!(
-            std::mem::size_of::<Dentry>() <= 176,
+            std::mem::size_of::<Dentry>() <= 168,
             "Dentry is {} bytes",
             std::mem::size_of::<Dentry>()
         );

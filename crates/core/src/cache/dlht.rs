@@ -61,15 +61,43 @@ impl SigKey {
 
 #[inline]
 pub(crate) fn finish(h: &SipHasher13) -> Sig {
-    h.finish128().as_u128()
+    collide(h.finish128().as_u128())
 }
 
-/// Signature of `path` hashed after `h`.
+#[inline]
+fn collide(sig: Sig) -> Sig {
+    #[cfg(test)]
+    if COLLIDE.with(std::cell::Cell::get) {
+        // 4 signatures in all; the PCC set index (high half) is the same for every one.
+        return sig & 3;
+    }
+    sig
+}
+
+#[cfg(test)]
+thread_local! {
+    static COLLIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests: make every signature this thread computes collide with many others, until the
+/// returned guard is dropped (`collision_tests.rs`).
+#[cfg(test)]
+pub(crate) fn force_collisions() -> impl Drop {
+    struct Off;
+    impl Drop for Off {
+        fn drop(&mut self) {
+            COLLIDE.with(|c| c.set(false));
+        }
+    }
+    COLLIDE.with(|c| c.set(true));
+    Off
+}
+
+/// Signature of `path` hashed after `h`: the same value as `write(path)` then [`finish`],
+/// computed in one pass (no tail buffering, no copy of the state when `h` ends on a word).
 #[inline]
 pub(crate) fn sig_of(h: &SipHasher13, path: &[u8]) -> Sig {
-    let mut h = *h;
-    h.write(path);
-    finish(&h)
+    collide(h.hash(path).as_u128())
 }
 
 /// A dentry as a walk saw it: its version and its parent's. Invalidations bump the versions
@@ -258,6 +286,21 @@ mod tests {
         h.write(b"usr/include/");
         assert_eq!(sig_of(&h, b"linux/fs.h"), whole);
         assert_ne!(sig_of(&k.hasher(), b"usr/include/linux/fs.g"), whole);
+    }
+
+    #[test]
+    fn one_shot_and_streaming_signatures_agree() {
+        let k = SigKey::random();
+        for prefix in [&b""[..], b"a", b"usr/include/", b"0123456"] {
+            let mut h = k.hasher();
+            h.write(prefix);
+            for len in 0..40 {
+                let p: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+                let mut s = h;
+                s.write(&p);
+                assert_eq!(sig_of(&h, &p), finish(&s), "prefix {prefix:?}, len {len}");
+            }
+        }
     }
 
     #[test]

@@ -54,7 +54,7 @@ impl Cache {
                 .children
                 .as_ref()
                 .is_none_or(|c| c.is_empty());
-            if !leaf || f & MOUNTED != 0 || n.pins.load(Ordering::Acquire) > 0 {
+            if !leaf || f & MOUNTED != 0 || n.attr.pins.load(Ordering::Acquire) > 0 {
                 q.push_back(w);
                 continue;
             }

@@ -38,7 +38,7 @@ impl Cache {
             }
         }
         let (r, gen0, ver0) = self.by_path(node, |p| {
-            let (gen0, ver0) = (node.inner.read().gen, node.version());
+            let (gen0, ver0) = (node.inner.read().gen(), node.version());
             self.stats.backend.readdir.inc();
             (node.sb.backend.readdir(p, want_attrs), gen0, ver0)
         })?;
@@ -83,7 +83,7 @@ impl Cache {
         let mut added: Vec<NodeRef> = Vec::new();
         {
             let mut inner = node.inner.write();
-            if inner.gen != gen0 || node.version() != ver0 || node.has(DEAD) {
+            if inner.gen() != gen0 || node.version() != ver0 || node.has(DEAD) {
                 return;
             }
             let mut seen = hashbrown::HashSet::with_capacity(entries.len());
@@ -137,7 +137,7 @@ impl Cache {
                 node.set(COMPLETE);
             }
             if !stale.is_empty() {
-                inner.gen += 1;
+                inner.bump_gen();
             }
         }
         for d in &added {

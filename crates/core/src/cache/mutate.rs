@@ -85,7 +85,7 @@ impl Cache {
         }
         let old = {
             let mut inner = parent.inner.write();
-            inner.gen += 1;
+            inner.bump_gen();
             parent.set(HAS_CHILDREN);
             inner.children_mut().insert(node.clone())
         };
@@ -224,7 +224,7 @@ impl Cache {
             .then(|| self.new_dentry(parent, name, NodeKind::Negative(Error::NotFound), None));
         {
             let mut inner = parent.inner.write();
-            inner.gen += 1;
+            inner.bump_gen();
             let ch = inner.children_mut();
             match &neg {
                 Some(n) => {
@@ -453,11 +453,11 @@ impl Cache {
                     name: n.into(),
                 })
             };
-            pi.gen += 1;
+            pi.bump_gen();
             pi.children_mut().remove_node(name, &src);
             match ni {
                 Some(ni) => {
-                    ni.gen += 1;
+                    ni.bump_gen();
                     if exchange {
                         ni.children_mut().remove_node(newname, &dst);
                     }

@@ -12,7 +12,7 @@ impl Cache {
     /// A negative child of `dir` (deep negatives under negatives and non-directories, or a
     /// miss in a complete directory).
     pub(crate) fn negative_child(&self, dir: &NodeRef, name: &[u8], err: Error) -> NodeRef {
-        let gen0 = dir.inner.read().gen;
+        let gen0 = dir.inner.read().gen();
         self.insert_child(
             dir,
             name,
@@ -43,7 +43,7 @@ impl Cache {
         let _w = self.inval_window();
         let removed = {
             let mut pi = parent.inner.write();
-            pi.gen += 1;
+            pi.bump_gen();
             pi.children.as_mut().and_then(|ch| ch.remove(&name[..]))
         };
         parent.clear(COMPLETE);

@@ -59,7 +59,7 @@ impl Cache {
                 let _w = self.inval_window();
                 let children = {
                     let mut inner = root.inner.write();
-                    inner.gen += 1;
+                    inner.bump_gen();
                     inner.take_children()
                 };
                 root.clear(COMPLETE);
@@ -122,7 +122,7 @@ impl Cache {
                 // before the change. Bumping `gen` in the same critical section as finding
                 // the name absent keeps that answer out of the map (`insert_child`), also for
                 // an attribute-only change.
-                pi.gen += 1;
+                pi.bump_gen();
             }
             node
         };
@@ -176,7 +176,7 @@ impl Cache {
         let _w = self.inval_window();
         let removed = {
             let mut pi = parent.inner.write();
-            pi.gen += 1;
+            pi.bump_gen();
             pi.children.as_mut().and_then(|ch| ch.remove(&name[..]))
         };
         parent.clear(COMPLETE);
@@ -345,7 +345,7 @@ impl Cache {
         for n in below {
             let name = n.name();
             let Ok((r, gen0, ver0)) = self.by_path(dir, |dpath| {
-                let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+                let (gen0, ver0) = (dir.inner.read().gen(), dir.version());
                 self.stats.backend.lookup.inc();
                 (dir.sb.backend.lookup(dpath, &name), gen0, ver0)
             }) else {

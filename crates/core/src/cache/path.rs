@@ -28,14 +28,34 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-static DOTDOT: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b".."));
-
 /// Whether a path may contain a `..` component (any `..` substring counts: a rare name like
-/// `a..b` only costs the slower normalizing fast path).
+/// `a..b` only costs the slower normalizing fast path). Eight bytes at a time without
+/// branches per byte (a substring searcher's setup, or a `memchr` per dot, was 6-7 % of a
+/// fast-path hit on an 8-component path).
 #[inline]
 pub(crate) fn has_dotdot(p: &[u8]) -> bool {
-    DOTDOT.find(p).is_some()
+    const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const DOTS: u64 = 0x2e2e_2e2e_2e2e_2e2e;
+    // The high bit of each byte that is a `.` (exact: no carries between bytes).
+    let dots = |w: u64| {
+        let y = w ^ DOTS;
+        !(((y & LO7) + LO7) | y | LO7)
+    };
+    let mut carry = 0u64; // the high bit of the previous chunk's last byte, if a dot
+    let mut chunks = p.chunks_exact(8);
+    for c in &mut chunks {
+        let m = dots(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])));
+        // A dot whose next byte (8 bits up) is a dot too, or the first byte after a dot.
+        if m & (m >> 8) != 0 || (carry & m) != 0 {
+            return true;
+        }
+        carry = (m >> 56) & 0x80;
+    }
+    let rest = chunks.remainder();
+    let mut last = [b'/'; 8];
+    last[..rest.len()].copy_from_slice(rest);
+    let m = dots(u64::from_le_bytes(last));
+    m & (m >> 8) != 0 || (carry & m) != 0
 }
 
 /// Iterate the non-empty components of a path.
@@ -134,6 +154,32 @@ mod tests {
         assert!(has_dotdot(b"a/../b"));
         assert!(has_dotdot(b".."));
         assert!(has_dotdot(b"a..b"));
+        // Every position, across the 8-byte chunk boundaries, against a plain scan.
+        let plain = |p: &[u8]| p.windows(2).any(|w| w == b"..");
+        for len in 0..40 {
+            for i in 0..len {
+                for j in 0..len {
+                    let mut p = vec![b'x'; len];
+                    p[i] = b'.';
+                    p[j] = b'.';
+                    assert_eq!(
+                        has_dotdot(&p),
+                        plain(&p),
+                        "{:?}",
+                        String::from_utf8_lossy(&p)
+                    );
+                    p[j] = b'/';
+                    assert_eq!(
+                        has_dotdot(&p),
+                        plain(&p),
+                        "{:?}",
+                        String::from_utf8_lossy(&p)
+                    );
+                    p[j] = 0x2f ^ 0x80;
+                    assert_eq!(has_dotdot(&p), plain(&p));
+                }
+            }
+        }
     }
 
     #[test]

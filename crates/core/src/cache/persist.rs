@@ -476,7 +476,7 @@ impl Cache {
             }
             if !matches!(d.contents, Contents::Untrusted) {
                 // Installed at the directory's first use, if it has not changed by then.
-                let (gen, ver) = (node.inner.read().gen, node.version());
+                let (gen, ver) = (node.inner.read().gen(), node.version());
                 pending.push((node.clone(), gen, ver, i));
             }
             nodes.push(Some(node));
@@ -560,7 +560,7 @@ impl Cache {
             Some(n) => n,
             None if parent.has(COMPLETE) => return None,
             None => {
-                let (gen0, ver0) = (parent.inner.read().gen, parent.version());
+                let (gen0, ver0) = (parent.inner.read().gen(), parent.version());
                 self.insert_child(
                     parent,
                     name,

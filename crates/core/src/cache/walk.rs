@@ -176,7 +176,9 @@ impl Cache {
         // Paths without `..` are keyed by their bytes as given (`a//b/./c` is its own key,
         // published by the slow path when it resolved exactly that string); only `..` needs the
         // lexical form, checked against the prefix it climbs out of.
-        let (h, full): (SipHasher13, Option<Vec<u8>>) = match path::has_dotdot(rel) {
+        // The key is hashed after `hb` (the namespace's keyed state, or a handle's state after
+        // its lexical path): one-shot (`hash128`), cheaper than streaming `write` + `finish`.
+        let (hb, full): (&SipHasher13, Option<Vec<u8>>) = match path::has_dotdot(rel) {
             false => {
                 if rel.last() == Some(&b'/') {
                     must_dir = true;
@@ -186,9 +188,7 @@ impl Cache {
                     follow = true;
                     x_final = true;
                 }
-                let mut h = *base;
-                h.write(rel);
-                (h, None)
+                (base, None)
             }
             true => {
                 normalized = self.fast_normalize(cs, ns, lex, rel)?;
@@ -198,12 +198,11 @@ impl Cache {
                     follow = true;
                 }
                 x_final = xf;
-                let mut h = ns.base;
-                h.write(&buf);
-                (h, Some(buf))
+                (&ns.base, Some(buf))
             }
         };
-        let sig = finish(&h);
+        let key = full.as_deref().unwrap_or(rel);
+        let sig = sig_of(hb, key);
         let guard = ns.dlht.guard();
         let e = ns.dlht.get(&sig, &guard)?;
         if !self.fast_entry_ok(cs, e, sig, lex, rel, full.as_deref()) {
@@ -212,7 +211,8 @@ impl Cache {
         let mut e = e;
         if let NodeKind::Positive(FileType::Symlink) = e.node.kind {
             if follow || must_dir {
-                let mut hf = h;
+                let mut hf = *hb;
+                hf.write(key);
                 hf.write(FOLLOW_MARK);
                 let sigf = finish(&hf);
                 let ef = ns.dlht.get(&sigf, &guard)?;
@@ -710,7 +710,7 @@ impl Cache {
         loop {
             tries += 1;
             let (r, gen0, ver0) = self.by_path(dir, |dpath| {
-                let (gen0, ver0) = (dir.inner.read().gen, dir.version());
+                let (gen0, ver0) = (dir.inner.read().gen(), dir.version());
                 self.stats.backend.lookup.inc();
                 (dir.sb.backend.lookup(dpath, name), gen0, ver0)
             })?;
@@ -800,7 +800,7 @@ impl Cache {
         if let Some(c) = inner.child(name) {
             return (c.clone(), None);
         }
-        let fresh = inner.gen == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
+        let fresh = inner.gen() == gen0 && dir.version() == ver0 && !dir.has(DEAD | EVICTED);
         let revived = match (kind, attr) {
             (NodeKind::Positive(FileType::Directory), Some(a)) if fresh => {
                 self.revive(dir, name, &a)
