@@ -1,6 +1,7 @@
 //! `dircache`: mount a directory through the cache, search, statistics, benchmarks.
 
 mod bench;
+mod coreopts;
 mod delay_proxy;
 mod demo;
 mod install;

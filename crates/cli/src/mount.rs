@@ -57,6 +57,18 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   acl / noacl                POSIX ACLs cached by the kernel [acl]
   security_xattrs / nosecurity_xattrs  pass security.* xattrs [nosecurity_xattrs]
   max_entries=N              core cache size in dentries [1048576]
+  pcc_slots=N                core: prefix-check cache slots per credential [65536]
+  Core cache optimizations, each on by default (nofoo turns foo off; docs/core.md):
+  completeness / nocompleteness    complete listings answer readdir and misses [on]
+  negatives / nonegatives          names known missing answer ENOENT [on]
+  deep_negatives / nodeep_negatives  below a missing name, ENOTDIR under files [on]
+  protected_hardlinks / noprotected_hardlinks  fs.protected_hardlinks=1 for link [on]
+  fastpath / nofastpath            full-path direct lookup + prefix-check cache [on]
+  symlink_aliases / nosymlink_aliases  paths through symlinks on the fast path [on]
+  walk_batch / nowalk_batch        missing components walked in one backend call [on]
+  verify_path / noverify_path      compare full paths on fast-path hits [off]
+                             (the last four act on whole-path lookups: the control socket,
+                             a remote server; FUSE requests name one component each)
   max_open_per_user=N        backend descriptors one uid may make the daemon hold (opens of
                              one file with the same access share one); past it EMFILE
                              [half of what the process limit leaves after a reserve]
@@ -138,6 +150,10 @@ pub struct Options {
     pub nonempty: bool,
     /// `-o persist=PATH`: the warm-restart snapshot.
     pub persist: Option<PathBuf>,
+    /// Core `Config` switches in the order given (`-o nocompleteness`, ...).
+    pub core: Vec<(bool, &'static crate::coreopts::Switch)>,
+    /// `-o pcc_slots=N`.
+    pub pcc_slots: Option<usize>,
     /// `-o log=PATH`: the background daemon's log (logs.rs has the default).
     pub log: Option<PathBuf>,
     /// `-o debug`: log every request.
@@ -249,6 +265,8 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         persist: None,
         log: None,
         debug: false,
+        core: Vec::new(),
+        pcc_slots: None,
     };
     let mut cache_off = false;
     let mut bypass = false;
@@ -349,6 +367,13 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                     kernel_shown.push(opt.to_string());
                 }
                 "max_entries" => o.max_entries = Some(num(v.unwrap_or(""), k, usize::MAX)?),
+                "pcc_slots" => {
+                    o.pcc_slots = Some(num(v.unwrap_or(""), k, crate::coreopts::MAX_PCC_SLOTS)?)
+                }
+                _ if crate::coreopts::parse(k).is_some() => {
+                    no_value()?;
+                    o.core.extend(crate::coreopts::parse(k));
+                }
                 "socket" => o.socket = Some(socket_path(v)?),
                 "persist" => o.persist = Some(persist_path(v)?),
                 "log" => o.log = Some(file_path(v, "log")?),
@@ -376,6 +401,12 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
     }
     if bypass {
         o.policy = o.policy.bypassing();
+        if let Some((_, s)) = o.core.iter().find(|(on, _)| *on) {
+            return Err(Usage(format!(
+                "-o {}: the core caches nothing with -o bypass",
+                s.name
+            )));
+        }
     }
     for (k, v) in overrides {
         let p = &mut o.policy;
@@ -739,6 +770,10 @@ fn serve(
     if let Some(n) = opts.max_entries {
         config.max_entries = n;
     }
+    if let Some(n) = opts.pcc_slots {
+        config.pcc_slots = n;
+    }
+    crate::coreopts::apply(&mut config, &opts.core);
     let cache =
         dircache_core::Cache::new(backend, config).map_err(|e| anyhow::anyhow!("cache: {e}"))?;
     let socket = opts
