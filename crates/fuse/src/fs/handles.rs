@@ -342,6 +342,7 @@ impl CacheFs {
         if self.passthrough {
             match self.backing_for(ino.0, &fd, &cred, register) {
                 Ok(b) => {
+                    let own = self.own_writes_file(writable, &node, &fd);
                     let fh = self.add_open(OpenFile {
                         fd,
                         nodeid: ino.0,
@@ -350,6 +351,7 @@ impl CacheFs {
                         backing: true,
                         cred,
                     });
+                    self.own_writes_begin(req, fh, own);
                     self.counters
                         .passthrough_opens
                         .fetch_add(1, Ordering::Relaxed);
@@ -447,6 +449,9 @@ impl CacheFs {
                 self.queue_inval_inode(of.nodeid);
             }
             if of.backing {
+                if of.writable {
+                    self.own_writes_end(fh.0);
+                }
                 self.inodes.release_backing(ino.0);
             }
         }
@@ -510,6 +515,7 @@ impl CacheFs {
         if self.passthrough {
             match self.backing_for(id, &fd, &cred, register) {
                 Ok(b) => {
+                    let own = self.own_writes_file(writable, &node, &fd);
                     let fh = self.add_open(OpenFile {
                         fd,
                         nodeid: id,
@@ -518,6 +524,7 @@ impl CacheFs {
                         backing: true,
                         cred,
                     });
+                    self.own_writes_begin(req, fh, own);
                     self.counters
                         .passthrough_opens
                         .fetch_add(1, Ordering::Relaxed);
