@@ -241,4 +241,20 @@ pub trait Backend: Send + Sync + 'static {
     /// stale, or the cache's promise that the change is reflected once `apply_change`
     /// returns cannot hold. Default: nothing to forget.
     fn changed(&self, _change: &Change) {}
+
+    /// A front end lets thread `tid` write `file` without seeing the writes (FUSE
+    /// passthrough: the kernel writes the backing file in the writer's context), from now
+    /// until [`Backend::own_writes_end`] with the same `token`. A backend whose change feed
+    /// can tell those writes apart (fanotify reports the writing thread and the file) marks
+    /// their reports so that [`Backend::own_write_change`] recognises them. Default: nothing.
+    fn own_writes_begin(&self, _token: u64, _tid: i32, _file: &dyn crate::BackendFile) {}
+
+    /// End the registration `token` of [`Backend::own_writes_begin`].
+    fn own_writes_end(&self, _token: u64) {}
+
+    /// Whether the feed reported `change` for nothing but a write of a registered thread to
+    /// its registered file (consumes the mark). Default: no.
+    fn own_write_change(&self, _change: &Change) -> bool {
+        false
+    }
 }

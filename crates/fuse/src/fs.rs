@@ -53,6 +53,7 @@ mod handles;
 mod init;
 mod nodes;
 mod noopen;
+mod own_writes;
 mod xattrs;
 
 use handles::OpenFiles;

@@ -108,6 +108,10 @@ impl NotifierState {
         // core's `apply_change` forgets its xattr-absence memo.
         // Resolve the parent before the core drops it (a removed directory's own entry).
         let (path, attr_only) = match change {
+            Change::Attr { path } if self.cache.backend().own_write_change(change) => {
+                self.own_write(path, &mut b);
+                return b;
+            }
             Change::Attr { path } => (Some(path.clone()), true),
             Change::Entry { path } => (Some(path.clone()), false),
             Change::Inode { dev, ino } => {
@@ -163,6 +167,39 @@ impl NotifierState {
             }
         }
         b
+    }
+
+    /// `path` was written through the mount (a passthrough write, `fs/own_writes.rs`): the
+    /// kernel invalidated its own copy of the size and times at the write, so only the core
+    /// forgets its attributes (of every name of the inode).
+    ///
+    /// The backend marks reports, not events: a report of `path` made for another change
+    /// may take the mark of an own write reported after it, in which case that later report
+    /// is handled in full; a change is thus never left unreported to the kernel, only its
+    /// invalidation sent with a later report of the same path.
+    fn own_write(&self, path: &[u8], b: &mut Batch) {
+        self.counters.own_writes.fetch_add(1, Ordering::Relaxed);
+        let (dir, name) = split_path(path);
+        let pre = self.dir_nodeid(dir);
+        let invals = self.cache.apply_change(&Change::Attr {
+            path: path.to_vec(),
+        });
+        // What the core dropped besides the file's attributes (nothing, for a file): told.
+        self.plan_invalidations(
+            &invals
+                .into_iter()
+                .filter(|i| !i.attr_only)
+                .collect::<Vec<_>>(),
+            b,
+        );
+        let c = self.cache.kernel_checked(Cred::root());
+        if let Some(h) = pre
+            .and_then(|d| self.inodes.get(d))
+            .and_then(|d| self.cache.lookup_child(&c, &d, name).ok())
+            .and_then(|n| self.inodes.held_of(&n))
+        {
+            self.cache.held_changed(&h);
+        }
     }
 
     /// The inode `(dev, ino)` changed: if the kernel knows it, its attributes are fetched

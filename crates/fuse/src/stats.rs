@@ -104,6 +104,9 @@ pub struct RequestCounters {
     pub notify_errors: AtomicU64,
     /// Changes received from the backend's change feed.
     pub changes: AtomicU64,
+    /// Of those, reports of passthrough writes made through the mount (`fs/own_writes.rs`):
+    /// applied to the core only, no kernel invalidation.
+    pub own_writes: AtomicU64,
     /// Opens answered with FUSE passthrough.
     pub passthrough_opens: AtomicU64,
     /// POSIX ACL fetches answered from the daemon's memo of known absences (no syscall).
@@ -124,6 +127,7 @@ impl Default for RequestCounters {
             notify_inval_inode: AtomicU64::new(0),
             notify_errors: AtomicU64::new(0),
             changes: AtomicU64::new(0),
+            own_writes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
             acl_memo_hits: AtomicU64::new(0),
             prefetch_listings: AtomicU64::new(0),
@@ -201,6 +205,7 @@ impl StatsSource {
             "kernel_inodes": (self.kernel_inodes)(),
             "notifier": {
                 "changes": r.changes.load(Ordering::Relaxed),
+                "own_writes": r.own_writes.load(Ordering::Relaxed),
                 "inval_entry": r.notify_inval_entry.load(Ordering::Relaxed),
                 "inval_inode": r.notify_inval_inode.load(Ordering::Relaxed),
                 "errors": r.notify_errors.load(Ordering::Relaxed),

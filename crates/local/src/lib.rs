@@ -45,6 +45,7 @@
 //!   root, recursive inotify otherwise.
 
 pub mod creds;
+mod own;
 mod watch;
 mod xattr;
 
@@ -57,8 +58,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dircache_core::{
-    Attr, Backend, BackendFile, ChangeFeed, Cred, DirEntry, Error, FdFile, FileType, RenameMode,
-    Result, SetAttr, StatFs, TimeSet, Walked, XattrTarget, NAME_MAX, PATH_MAX,
+    Attr, Backend, BackendFile, Change, ChangeFeed, Cred, DirEntry, Error, FdFile, FileType,
+    RenameMode, Result, SetAttr, StatFs, TimeSet, Walked, XattrTarget, NAME_MAX, PATH_MAX,
 };
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
@@ -217,6 +218,9 @@ pub struct LocalBackend {
     /// Threads that made changes through this backend: the change feed skips their events
     /// (the cache applied those changes already).
     pub(crate) mutators: Arc<Mutex<std::collections::HashSet<i32>>>,
+    /// Passthrough writes a front end registered (`own.rs`): the fanotify feed marks their
+    /// events.
+    pub(crate) own: Arc<own::OwnWrites>,
     watchers: Mutex<Vec<watch::Watcher>>,
 }
 
@@ -441,6 +445,7 @@ impl LocalBackend {
             watch_mode,
             report_own_changes: std::sync::atomic::AtomicBool::new(false),
             mutators: Arc::default(),
+            own: Arc::default(),
             watchers: Mutex::new(Vec::new()),
         })
     }
@@ -1051,6 +1056,23 @@ impl Backend for LocalBackend {
         let (w, rx) = watch::Watcher::start(self, self.watch_mode)?;
         self.watchers.lock().push(w);
         Ok(Some(rx))
+    }
+
+    fn own_writes_begin(&self, token: u64, tid: i32, file: &dyn BackendFile) {
+        if let Some(fd) = file.fd() {
+            self.own.begin(token, tid, fd);
+        }
+    }
+
+    fn own_writes_end(&self, token: u64) {
+        self.own.end(token);
+    }
+
+    fn own_write_change(&self, change: &Change) -> bool {
+        match change {
+            Change::Attr { path } => self.own.take(path),
+            _ => false,
+        }
     }
 }
 

@@ -23,7 +23,8 @@
 //!
 //! The thread sends `Change::Entry` for create/delete/move (old and new names), `Change::Attr`
 //! for attrib/modify, `Change::Inode` for inode-only attribute events (fanotify) and
-//! `Change::Overflow` when the kernel lost events. It empties the
+//! `Change::Overflow` when the kernel lost events (a front end's own passthrough writes are
+//! reported marked, `own.rs`). It empties the
 //! backend's directory-descriptor cache on every directory create/delete/move and on overflow.
 //! It stops when the backend is dropped (an eventfd wakes it) or, when the receiver is dropped,
 //! at the next event it tries to send; its descriptors close when it returns.
@@ -252,6 +253,9 @@ struct Fan {
     /// cache's own changes, applied already. Re-reporting them would make the cache drop
     /// entries a front end (a kernel) is still using. `None`: report everything.
     mutators: Option<Arc<parking_lot::Mutex<std::collections::HashSet<i32>>>>,
+    /// Passthrough writes a front end registered (`own.rs`): their reports are marked.
+    /// `None` with `report_own_changes`.
+    own: Option<Arc<crate::own::OwnWrites>>,
 }
 
 const FAN_MASK: u64 = libc::FAN_CREATE
@@ -404,6 +408,10 @@ impl Fan {
                 .report_own_changes
                 .load(std::sync::atomic::Ordering::Relaxed))
             .then(|| b.mutators.clone()),
+            own: (!b
+                .report_own_changes
+                .load(std::sync::atomic::Ordering::Relaxed))
+            .then(|| b.own.clone()),
         };
         Fan::mark(&me.fd, &mut me.marked, me.mount.as_fd(), root_fsid)?;
         me.mounts.push(MountRef {
@@ -782,6 +790,15 @@ impl Fan {
                 }
                 continue;
             };
+            // A write the front end let a thread make on a file (FUSE passthrough), and
+            // nothing else: marked as its own (`own.rs`). Only a FAN_MODIFY alone, by a
+            // registered thread, on its registered file (the object's own id): an event of
+            // any other thread or file, or merged with another kind, is not.
+            let own_write = m.mask & (FAN_MASK | libc::FAN_Q_OVERFLOW) == libc::FAN_MODIFY
+                && match (&self.own, &object) {
+                    (Some(own), Some(obj)) => own.is_own(m.pid, obj),
+                    _ => false,
+                };
             for dir in self.resolve(&fsid, &handle) {
                 let path = match &name {
                     Some(n) => {
@@ -797,6 +814,11 @@ impl Fan {
                 if entry_ev {
                     out.push(Change::Entry { path });
                 } else {
+                    if own_write {
+                        if let Some(own) = &self.own {
+                            own.mark(&path);
+                        }
+                    }
                     out.push(Change::Attr { path });
                 }
             }

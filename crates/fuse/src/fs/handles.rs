@@ -384,6 +384,7 @@ impl CacheFs {
                     Ok(b) => {
                         m.passthrough += 1;
                         drop(modes);
+                        let own = self.own_writes_file(writable, &node, &fd);
                         let fh = self.add_open(OpenFile {
                             fd,
                             nodeid: ino.0,
@@ -392,6 +393,7 @@ impl CacheFs {
                             backing: true,
                             cred,
                         });
+                        self.own_writes_begin(req, fh, own);
                         self.counters
                             .passthrough_opens
                             .fetch_add(1, Ordering::Relaxed);
@@ -504,6 +506,9 @@ impl CacheFs {
                 self.queue_inval_inode(of.nodeid);
             }
             if of.backing {
+                if of.writable {
+                    self.own_writes_end(fh.0);
+                }
                 self.inodes.release_backing(ino.0);
             }
             if self.passthrough {
@@ -568,6 +573,7 @@ impl CacheFs {
             opened,
         };
         if self.passthrough {
+<<<<<<< HEAD
             let mut modes = self.files.modes(id);
             let m = modes.entry(id).or_default();
             if m.cached == 0 {
@@ -593,6 +599,28 @@ impl CacheFs {
                         }));
                     }
                     Err(e) => tracing::debug!("passthrough create failed: {e}"),
+=======
+            match self.backing_for(id, &fd, &cred, register) {
+                Ok(b) => {
+                    let own = self.own_writes_file(writable, &node, &fd);
+                    let fh = self.add_open(OpenFile {
+                        fd,
+                        nodeid: id,
+                        node,
+                        writable,
+                        backing: true,
+                        cred,
+                    });
+                    self.own_writes_begin(req, fh, own);
+                    self.counters
+                        .passthrough_opens
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(created(Opened {
+                        fh: FileHandle(fh),
+                        flags: FopenFlags::empty(),
+                        backing: Some(b),
+                    }));
+>>>>>>> create
                 }
             }
             m.cached += 1;

@@ -104,6 +104,11 @@ impl TestMount {
         Self::local(policy, dircache_local::WatchMode::Off)
     }
 
+    /// A mount whose change feed uses `watch` (fanotify, inotify).
+    pub fn with_watch(watch: dircache_local::WatchMode) -> TestMount {
+        Self::local(Default::default(), watch)
+    }
+
     fn local(policy: dircache_fuse::CachePolicy, watch: dircache_local::WatchMode) -> TestMount {
         Self::local_with(policy, watch, 0, |_| {})
     }
