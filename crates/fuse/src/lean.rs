@@ -22,6 +22,10 @@
 //! starts again; a walk that stats everything pays the lookups of about one directory per
 //! [`FULL_LISTINGS`] listings.
 //!
+//! A GETXATTR of a POSIX ACL (`ls -l` asks for each inode's) keeps listings full as well
+//! ([`Lean::acl_asked`]), and while such requests come, listings fetch their entries' ACLs
+//! ahead ([`fill_acls`]) so that the requests are answered from the core's xattr memo.
+//!
 //! Nothing is cached here but a set of directory nodeids and two counters: which entries go
 //! out lean changes what the kernel instantiates, never what it is told (a lean entry's
 //! name, type and number come from the same listing a full entry's would).
