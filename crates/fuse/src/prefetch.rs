@@ -275,20 +275,27 @@ fn prefetch(s: &Shared, job: &Job) {
         }
         Err(_) => return,
     }
-    let lean = s.lean.get().is_some_and(|l| l.is_lean());
-    let ok = match s.cache.readdir_node(&job.creds, &child, !lean) {
-        Ok(l) => {
-            if lean {
-                crate::lean::stat_subdirs(&s.cache, &job.creds, &child, &l);
-            }
-            true
+    let lean_state = s.lean.get();
+    let lean = lean_state.is_some_and(|l| l.is_lean());
+    let acl_gen = s.cache.xattr_memo_gen();
+    let listing = s.cache.readdir_node(&job.creds, &child, !lean);
+    if lean {
+        if let Ok(l) = &listing {
+            crate::lean::stat_subdirs(&s.cache, &job.creds, &child, l);
         }
-        Err(_) => false,
-    };
+    }
+    let ok = listing.is_ok();
     if let Ok(mut g) = s.inflight.lock() {
         g.remove(&id);
     }
     s.listed.notify_all();
+    // `ls -l` is walking: its ACL requests for these entries come next. Fetched after the
+    // walker was let go: its listing does not wait for them.
+    if let (Ok(l), Some(ls)) = (&listing, lean_state) {
+        if !lean && ls.acls_ahead() {
+            crate::lean::fill_acls(ls, &s.cache, &job.creds, &child, l, acl_gen);
+        }
+    }
     if ok {
         s.counters.prefetch_listings.fetch_add(1, Ordering::Relaxed);
     }

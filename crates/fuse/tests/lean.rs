@@ -301,3 +301,174 @@ fn a_listing_reusing_cached_attributes_still_sees_outside_changes() {
     assert!(seen());
     check_dir(&t, "r");
 }
+
+fn kernel_requests(t: &TestMount) -> Value {
+    let r = dircache_fuse::stats::query_mount(&t.mnt, &json!({"op": "stats"})).expect("stats");
+    r["stats"]["kernel_requests"].clone()
+}
+
+/// Wait until the change feed has reported what was changed in SRC (its count of changes
+/// stays the same for 300 ms).
+fn settle(t: &TestMount) {
+    let changes = || {
+        let r = dircache_fuse::stats::query_mount(&t.mnt, &json!({"op": "stats"})).expect("stats");
+        r["stats"]["notifier"]["changes"].as_u64().unwrap_or(0)
+    };
+    let mut last = changes();
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = changes();
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
+fn acl_memo_hits(t: &TestMount) -> u64 {
+    kernel_requests(t)["acl_memo_hits"].as_u64().unwrap_or(0)
+}
+
+fn have_setfacl() -> bool {
+    let ok = std::process::Command::new("setfacl")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        // setfacl comes from Debian's `acl` package, which .ci/run installs.
+        assert!(std::env::var("CI").is_err(), "setfacl missing in CI");
+        eprintln!("skipping: setfacl not installed");
+    }
+    ok
+}
+
+fn setfacl(args: &[&str], p: &Path) {
+    let st = std::process::Command::new("setfacl")
+        .args(args)
+        .arg(p)
+        .status()
+        .expect("setfacl");
+    assert!(st.success(), "setfacl {args:?} {}", p.display());
+}
+
+/// `getfacl -cp` of each entry of `dir` (sorted by name), as one string.
+fn getfacls(dir: &Path) -> String {
+    let mut names: Vec<String> = dirents(dir).into_keys().collect();
+    names.sort();
+    let mut out = String::new();
+    for n in names {
+        out.push_str(&getfacl(&dir.join(&n)));
+    }
+    out
+}
+
+fn getfacl(p: &Path) -> String {
+    let o = std::process::Command::new("getfacl")
+        .arg("-cp")
+        .arg(p)
+        .output()
+        .expect("getfacl");
+    assert!(o.status.success(), "getfacl {}", p.display());
+    format!(
+        "{}:\n{}",
+        p.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        String::from_utf8_lossy(&o.stdout)
+    )
+}
+
+fn ls_l(dir: &Path) {
+    let o = std::process::Command::new("ls")
+        .arg("-l")
+        .arg(dir)
+        .output()
+        .expect("ls -l");
+    assert!(o.status.success(), "ls -l {}", dir.display());
+}
+
+/// While the kernel asks for POSIX ACLs (`ls -l`), listings fetch their entries' ACLs ahead
+/// (`lean::fill_acls`) and the kernel's requests are answered from what was fetched: the
+/// ACLs shown are native's, ACLs present are read as usual, and an ACL added natively
+/// afterwards shows, whether the kernel had asked for that file already or not.
+#[test]
+fn acls_fetched_ahead_of_ls_l_match_native_and_see_outside_changes() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    if !have_setfacl() {
+        return;
+    }
+    let t = TestMount::new();
+    files(&t.s("a"), 4);
+    files(&t.s("b"), 12);
+    files(&t.s("c"), 6);
+    setfacl(&["-m", "u:1234:r"], &t.s("b/f3"));
+    setfacl(&["-d", "-m", "u:1234:rx"], &t.s("b/sub"));
+    // Every change the feed reports empties the memo: let the reports of these come first.
+    settle(&t);
+    // `ls -l a`: the kernel asks for the ACL of each entry.
+    ls_l(&t.m("a"));
+    // b is listed while ACL requests flow: its entries' ACLs come with the listing.
+    let before = acl_memo_hits(&t);
+    assert_eq!(getfacls(&t.m("b")), getfacls(&t.s("b")), "ACLs of b");
+    let hits = acl_memo_hits(&t) - before;
+    // 11 files and `sub` (access and default) have no access ACL fetched ahead; f3 has one.
+    assert!(
+        hits >= 11,
+        "{hits} ACL requests of b answered from ACLs fetched ahead (expected 11 or more)"
+    );
+    // Added natively to a file the kernel asked about (it cached "no ACL").
+    setfacl(&["-m", "u:1234:rw"], &t.s("b/f5"));
+    let want = getfacl(&t.s("b/f5"));
+    assert!(
+        wait_for(LIMIT, || getfacl(&t.m("b/f5")) == want).is_some(),
+        "an ACL added natively to b/f5 is not shown: {} vs {want}",
+        getfacl(&t.m("b/f5"))
+    );
+    // c listed only (no ACL asked yet: fetched ahead, remembered absent), then an ACL added
+    // natively to c/f1 before the kernel asks.
+    ls_l(&t.m("a"));
+    dirents(&t.m("c"));
+    setfacl(&["-m", "u:1234:rw"], &t.s("c/f1"));
+    let want = getfacl(&t.s("c/f1"));
+    assert!(
+        wait_for(LIMIT, || getfacl(&t.m("c/f1")) == want).is_some(),
+        "an ACL added natively to c/f1 is not shown: {} vs {want}",
+        getfacl(&t.m("c/f1"))
+    );
+    assert_eq!(getfacls(&t.m("c")), getfacls(&t.s("c")), "ACLs of c");
+}
+
+/// `ls -lR` (a GETXATTR of each entry's ACL) keeps listings full: no LOOKUP of lean names
+/// after the first ACL request, over more directories than one full-listing period
+/// (`lean::FULL_LISTINGS`): before, every period began lean again and the walker looked up
+/// the names of the next directories one by one.
+#[test]
+fn ls_lr_keeps_listings_full() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    attempts(|i| {
+        let t = TestMount::without_feed();
+        for d in 0..300 {
+            let dir = t.s(&format!("w{i}/d{d:03}"));
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            std::fs::write(dir.join("f"), b"x").expect("write");
+        }
+        let o = std::process::Command::new("ls")
+            .arg("-lR")
+            .arg(t.m(&format!("w{i}")))
+            .output()
+            .expect("ls -lR");
+        assert!(o.status.success(), "ls -lR failed");
+        let files = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.ends_with(" f"))
+            .count();
+        assert_eq!(files, 300, "ls -lR output");
+        // One LOOKUP: `ls` stats its argument first.
+        expect("ls -lR of 300 directories", lookups(&t), 1)
+    });
+}

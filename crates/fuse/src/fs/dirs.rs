@@ -311,9 +311,13 @@ impl CacheFs {
         // directory without any is listed with attributes by the backend (one pass).
         let reuse = self.policy.lean && dir.has_children();
         let want = plus && !lean && !reuse && !dir.is_complete();
+        let acl_gen = self.cache.xattr_memo_gen();
         let l = self.cache.readdir_node(&c, &dir, want).map_err(errno)?;
         if lean {
             crate::lean::stat_subdirs(&self.cache, &c, &dir, &l);
+        } else if plus && offset <= AFTER_DOTDOT && self.lean.acls_ahead() {
+            // `ls -l`: the kernel asks for each entry's ACL next (`lean::fill_acls`).
+            crate::lean::fill_acls(&self.lean, &self.cache, &c, &dir, &l, acl_gen);
         }
         let snap = self.listings.store(ino.0, fh.0, ticket, l);
         if offset <= AFTER_DOTDOT {

@@ -163,12 +163,10 @@ impl CacheFs {
             return Err(Errno::from_i32(libc::EOPNOTSUPP));
         }
         // The kernel's POSIX ACL fetch (FUSE_POSIX_ACL): answer a known absence directly.
-        let acl_bit = match name.as_bytes() {
-            b"system.posix_acl_access" => 1,
-            b"system.posix_acl_default" => 2,
-            _ => 0,
-        };
+        let acl_bit = crate::lean::acl_bit(name.as_bytes());
         let acl_key = if acl_bit != 0 {
+            // Listings fetch ACLs ahead while the kernel asks for them (`lean.rs`).
+            self.lean.acl_asked();
             self.inodes.key(ino.0)
         } else {
             None
