@@ -11,6 +11,7 @@ mod mount;
 mod remote;
 mod search;
 mod serve;
+mod statwatch;
 mod umount;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -116,8 +116,14 @@ pub struct StatsArgs {
     /// Mount point of a running dircache mount.
     pub mnt: PathBuf,
     /// Machine-readable output.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "watch")]
     pub json: bool,
+    /// One line of rates every SECS seconds (default 1), like vmstat, until the mount ends.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1")]
+    pub watch: Option<f64>,
+    /// With --watch: stop after this many lines.
+    #[arg(long, requires = "watch")]
+    pub count: Option<u64>,
 }
 
 /// A bad-input error: one line on stderr, exit status 2.
@@ -830,6 +836,9 @@ fn serve(
 }
 
 pub fn run_stats(a: StatsArgs) -> anyhow::Result<i32> {
+    if let Some(every) = a.watch {
+        return crate::statwatch::run(&a.mnt, every, a.count);
+    }
     let resp = match dircache_fuse::stats::query_mount(&a.mnt, &serde_json::json!({"op": "stats"}))
     {
         Ok(r) => r,

@@ -134,3 +134,103 @@ fn core_options_are_checked() {
         assert!(help.contains(s), "--help lacks {s}");
     }
 }
+
+/// `dircache stats --watch`: a header and one line of rates per interval; the rates follow a
+/// workload (stats of missing names show as negative hits), and the watch ends with the mount.
+#[test]
+fn stats_watch_prints_rates_that_follow_the_workload() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let log = format!(
+        "negative_timeout=0,log={}",
+        dir.path().join("log").display()
+    );
+    let out = Command::new(BIN)
+        .arg("mount")
+        .arg(&src)
+        .arg(&mnt)
+        .args(["-o", &log])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = {
+        let (stop, m) = (stop.clone(), mnt.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::metadata(m.join(format!("d/missing{}", i % 50)));
+                i += 1;
+            }
+        })
+    };
+    let watch = Command::new(BIN)
+        .arg("stats")
+        .arg(&mnt)
+        .args(["--watch", "0.3", "--count", "3"])
+        .output()
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    worker.join().unwrap();
+    // Once the mount is gone, a watch without a count ends by itself.
+    let mut late = Command::new(BIN)
+        .arg("stats")
+        .arg(&mnt)
+        .args(["--watch", "0.2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let um = Command::new(BIN).arg("umount").arg(&mnt).status().unwrap();
+    if dircache_fuse::is_mount_point(&mnt) {
+        let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let ended = loop {
+        if let Some(st) = late.try_wait().unwrap() {
+            break Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = late.kill();
+            let _ = late.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(um.success());
+    assert!(
+        watch.status.success(),
+        "{}",
+        String::from_utf8_lossy(&watch.stderr)
+    );
+    let text = String::from_utf8(watch.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "a header and 3 lines:\n{text}");
+    assert!(lines[0].contains("neg/s"), "{text}");
+    let neg_col = lines[0]
+        .split_whitespace()
+        .position(|c| c == "neg/s")
+        .unwrap();
+    // The header's "rss MiB" is two words; the data columns line up with the others.
+    let neg: Vec<f64> = lines[1..]
+        .iter()
+        .map(|l| l.split_whitespace().nth(neg_col).unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        neg.iter().all(|n| *n > 0.0),
+        "negative hits per second: {neg:?}\n{text}"
+    );
+    assert!(
+        ended.is_some_and(|s| s.success()),
+        "the watch outlived its mount"
+    );
+}
