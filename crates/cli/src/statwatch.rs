@@ -105,7 +105,7 @@ pub fn run(mnt: &Path, every: f64, count: Option<u64>) -> anyhow::Result<i32> {
             println!("{}: the mount has ended", mnt.display());
             return Ok(0);
         };
-        if printed % 20 == 0 {
+        if printed.is_multiple_of(20) {
             println!("{HEADER}");
         }
         println!("{}", line(&prev, &next));
