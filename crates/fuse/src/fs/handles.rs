@@ -573,7 +573,6 @@ impl CacheFs {
             opened,
         };
         if self.passthrough {
-<<<<<<< HEAD
             let mut modes = self.files.modes(id);
             let m = modes.entry(id).or_default();
             if m.cached == 0 {
@@ -581,6 +580,7 @@ impl CacheFs {
                     Ok(b) => {
                         m.passthrough += 1;
                         drop(modes);
+                        let own = self.own_writes_file(writable, &node, &fd);
                         let fh = self.add_open(OpenFile {
                             fd,
                             nodeid: id,
@@ -589,6 +589,7 @@ impl CacheFs {
                             backing: true,
                             cred,
                         });
+                        self.own_writes_begin(req, fh, own);
                         self.counters
                             .passthrough_opens
                             .fetch_add(1, Ordering::Relaxed);
@@ -599,28 +600,6 @@ impl CacheFs {
                         }));
                     }
                     Err(e) => tracing::debug!("passthrough create failed: {e}"),
-=======
-            match self.backing_for(id, &fd, &cred, register) {
-                Ok(b) => {
-                    let own = self.own_writes_file(writable, &node, &fd);
-                    let fh = self.add_open(OpenFile {
-                        fd,
-                        nodeid: id,
-                        node,
-                        writable,
-                        backing: true,
-                        cred,
-                    });
-                    self.own_writes_begin(req, fh, own);
-                    self.counters
-                        .passthrough_opens
-                        .fetch_add(1, Ordering::Relaxed);
-                    return Ok(created(Opened {
-                        fh: FileHandle(fh),
-                        flags: FopenFlags::empty(),
-                        backing: Some(b),
-                    }));
->>>>>>> create
                 }
             }
             m.cached += 1;
