@@ -991,10 +991,20 @@ impl BackendFile for ContainerFile {
     }
 
     fn attr(&self) -> Result<Attr> {
+        let valid = self.with_entry(|e| e.valid).unwrap_or(false);
+        // After a callback (an unlink, a chmod), a writer asks the server through its handle
+        // (link count, mode, owner); the data's size and times are the container's.
+        let fresh = match &self.remote {
+            Some(rf) if !valid => Some(rf.attr()?),
+            _ => None,
+        };
         let st = self.cc.st.lock();
         let e = st.by_key.get(&self.key).ok_or(Error::Os(libc::EIO))?;
         let mut a = e.attr.ok_or(Error::Os(libc::EIO))?;
         overlay_local(&mut a, e);
+        if let Some(f) = fresh {
+            (a.nlink, a.mode, a.uid, a.gid) = (f.nlink, f.mode, f.uid, f.gid);
+        }
         Ok(a)
     }
 
