@@ -59,6 +59,7 @@ pub struct RemoveContainers(pub std::sync::Arc<dircache_remote::Containers>);
 
 impl Drop for RemoveContainers {
     fn drop(&mut self) {
+        tracing::info!("containers: {:?}", self.0.stats());
         self.0.remove_all();
     }
 }
