@@ -82,7 +82,9 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              each directory checked against the tree first, and write it
                              when the mount ends [none]
 Remote SRC ([user@]host:[path], docs/remote.md): ssh_command=CMD, port=N, serve_command=PATH,
-  reconnect_timeout=SECS [10], subtree=N [131072], and ssh options Key=Value (IdentityFile=...)
+  reconnect_timeout=SECS [10], subtree=N [131072], and ssh options Key=Value (IdentityFile=...);
+  container files: cache_dir=PATH [/var/cache/dircache for root, else ~/.cache/dircache],
+  cache_size=BYTES [1G], whole_file_max=BYTES [64M], nocontainers (ranged reads/writes)
 Accepted and ignored (for mount(8) and fstab): defaults, auto, noauto, user, nouser,
   users, nofail, _netdev, subtype=dircache, x-*, comment=*; on remount also the options
   mount(8) reads back from /proc/mounts (user_id=, group_id=, rootmode=, ...)";
@@ -756,8 +758,13 @@ fn serve(
         .mnt
         .canonicalize()
         .with_context(|| a.mnt.display().to_string())?;
+    let mut containers = None;
     let (src, backend): (PathBuf, Arc<dyn dircache_core::Backend>) = match &remote {
-        Some(r) => (a.src.clone(), Arc::new(r.connect()?)),
+        Some(r) => {
+            let b = r.connect()?;
+            containers = b.containers().map(crate::remote::RemoveContainers);
+            (a.src.clone(), Arc::new(b))
+        }
         None => {
             let src = a
                 .src
@@ -832,6 +839,7 @@ fn serve(
     }
     mounted.run().map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!("unmounted {}", mnt.display());
+    drop(containers);
     Ok(())
 }
 

@@ -11,6 +11,15 @@
 //!   started again (with backoff) before they fail with EIO; 0 = never reconnect [10]
 //! - `subtree=N` directory entries the client may hold from bulk subtree replies, 0 = no bulk
 //!   prefetching [131072] (dircache_remote::prefetch)
+//! - `cache_dir=PATH` where container files go (a per-mount directory is made in it; PATH
+//!   must belong to the daemon's user and be writable by no one else) [`/var/cache/dircache`
+//!   for root, else `$XDG_CACHE_HOME/dircache` or `~/.cache/dircache`]; without a value,
+//!   `cache_dir` is the local mount option (kernel-cached listings)
+//! - `cache_size=BYTES` bytes of container files kept, least recently used ones not open
+//!   evicted beyond it (suffixes K, M, G, T) [1G]
+//! - `whole_file_max=BYTES` larger files are read and written in ranges [64M]
+//! - `nocontainers` no container files: reads and writes go to the server in ranges
+//!   (`containers` is the default)
 //! - any option whose name starts with a capital letter (`IdentityFile=...`,
 //!   `StrictHostKeyChecking=no`, `ProxyCommand=...`, ...) is an ssh option, passed as
 //!   `-o Key=Value`.
@@ -40,6 +49,38 @@ pub struct Remote {
     pub prefetch: usize,
     /// How long calls wait for a new connection after one is lost (0 = no reconnecting).
     pub reconnect_timeout: std::time::Duration,
+    /// Whole-file container files (`None`: `nocontainers`).
+    pub containers: Option<dircache_remote::ContainerConfig>,
+}
+
+/// Removes a mount's container files when dropped (the daemon exits without dropping its
+/// backend).
+pub struct RemoveContainers(pub std::sync::Arc<dircache_remote::Containers>);
+
+impl Drop for RemoveContainers {
+    fn drop(&mut self) {
+        tracing::info!("containers: {:?}", self.0.stats());
+        self.0.remove_all();
+    }
+}
+
+/// A byte count with an optional binary suffix (K, M, G, T).
+fn parse_bytes(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, mult) = match v.char_indices().last()? {
+        (i, c) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return None,
+            };
+            (&v[..i], m)
+        }
+        _ => (v, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
 }
 
 /// Whether `src` names a remote tree: a `:` before any `/`.
@@ -79,7 +120,10 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
         serve_command: "dircache".into(),
         prefetch: dircache_remote::ClientConfig::default().prefetch,
         reconnect_timeout: dircache_remote::ClientConfig::default().reconnect_timeout,
+        containers: Some(Default::default()),
     };
+    let mut containers = dircache_remote::ContainerConfig::default();
+    let mut use_containers = true;
     let mut rest = Vec::new();
     for list in lists {
         let mut kept = Vec::new();
@@ -123,6 +167,21 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
                         .filter(|&n: &usize| n <= 1 << 24)
                         .ok_or_else(|| Usage(format!("bad value for -o subtree: {v:?}")))?
                 }
+                "cache_dir" if v.is_some() => {
+                    containers.dir = Some(std::path::PathBuf::from(need()?));
+                }
+                "cache_size" | "whole_file_max" => {
+                    let n = parse_bytes(need()?)
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| Usage(format!("bad value for -o {k}: {v:?}")))?;
+                    if k == "cache_size" {
+                        containers.max_bytes = n;
+                    } else {
+                        containers.whole_file_max = n;
+                    }
+                }
+                "containers" if v.is_none() => use_containers = true,
+                "nocontainers" if v.is_none() => use_containers = false,
                 k if k.starts_with(|c: char| c.is_ascii_uppercase()) => {
                     let v = need()?;
                     r.ssh_options.push(format!("{k}={}", v.trim_matches('"')));
@@ -134,6 +193,7 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
             rest.push(kept.join(","));
         }
     }
+    r.containers = use_containers.then_some(containers);
     Ok((Some(r), rest))
 }
 
@@ -166,9 +226,24 @@ impl Remote {
     /// Start the server through ssh and do the handshake; the same again whenever the
     /// connection is lost (up to `reconnect_timeout`).
     pub fn connect(&self) -> anyhow::Result<dircache_remote::RemoteBackend> {
+        let containers = match &self.containers {
+            Some(c) => Some(std::sync::Arc::new(
+                dircache_remote::Containers::new(c).map_err(|e| {
+                    anyhow::anyhow!(
+                        "cache directory {}: {e}",
+                        c.dir
+                            .clone()
+                            .unwrap_or_else(dircache_remote::client::container::default_cache_base)
+                            .display()
+                    )
+                })?,
+            )),
+            None => None,
+        };
         let cfg = dircache_remote::ClientConfig {
             prefetch: self.prefetch,
             reconnect_timeout: self.reconnect_timeout,
+            containers,
         };
         let me = self.clone();
         let connector: dircache_remote::client::Connector = Box::new(move || {
@@ -261,6 +336,23 @@ mod tests {
         assert!(split(Path::new("h:x"), &["port=0".into()]).is_err());
         assert!(split(Path::new("h:x"), &["port=x".into()]).is_err());
         assert!(split(Path::new("h:x"), &["IdentityFile".into()]).is_err());
+        // Containers: on by default; their options; `cache_dir` without a value is the local
+        // option and stays.
+        let (r, rest) = split(
+            Path::new("h:x"),
+            &["cache_dir,cache_dir=/c,cache_size=2M,whole_file_max=10".into()],
+        )
+        .unwrap();
+        let c = r.unwrap().containers.unwrap();
+        assert_eq!(rest, vec!["cache_dir".to_string()]);
+        assert_eq!(
+            (c.dir.unwrap(), c.max_bytes, c.whole_file_max),
+            (std::path::PathBuf::from("/c"), 2 << 20, 10)
+        );
+        let (r, _) = split(Path::new("h:x"), &["nocontainers".into()]).unwrap();
+        assert!(r.unwrap().containers.is_none());
+        assert!(split(Path::new("h:x"), &["cache_size=1X".into()]).is_err());
+        assert!(split(Path::new("h:x"), &["cache_size=0".into()]).is_err());
         // Local sources keep every option.
         let (r, rest) = split(Path::new("/src"), &["port=1".into()]).unwrap();
         assert!(r.is_none());

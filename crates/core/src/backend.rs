@@ -230,6 +230,12 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Whether its open files must hear of every close(2) ([`BackendFile::flush`]): a front
+    /// end may otherwise tell the kernel not to send FLUSH at all. Default: no.
+    fn flush_on_close(&self) -> bool {
+        false
+    }
+
     /// Start reporting changes made behind the cache's back. `None` if the backend cannot.
     fn watch(&self) -> Result<Option<ChangeFeed>> {
         Ok(None)

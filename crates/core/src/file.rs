@@ -83,6 +83,13 @@ pub trait BackendFile: Send + Sync {
     /// Whether the file was opened for writing.
     fn writable(&self) -> bool;
 
+    /// close(2) of a descriptor of the file (FUSE FLUSH, sent only when
+    /// [`Backend::flush_on_close`](crate::Backend::flush_on_close)): a file that keeps
+    /// writes locally stores them here, and its error is close's. Default: nothing to do.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// A local descriptor of the file, if there is one: for what only a descriptor can do
     /// (a FUSE passthrough backing file, inode-flag ioctls, copy_file_range between two
     /// descriptors). A remote file has none.

@@ -25,7 +25,10 @@ use dircache_core::{
 use parking_lot::Mutex;
 
 mod bulk;
+pub mod container;
 mod search;
+
+pub use container::{ContainerConfig, ContainerFile, ContainerStats, Containers};
 
 use crate::frame::{read_frame, write_frame};
 use crate::prefetch::{join, Prefetch};
@@ -156,6 +159,8 @@ struct Conn {
     prefetch: Arc<Mutex<Prefetch>>,
     close: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     round_trips: Arc<AtomicU64>,
+    /// Container files, told about callbacks (client/container.rs).
+    containers: Option<Arc<Containers>>,
 }
 
 /// Callbacks queued for the cache at most; past that they collapse into one Overflow.
@@ -259,7 +264,15 @@ impl Conn {
                 }
                 Ok(ServerMsg::Callback(c)) => {
                     let c = Change::from(c);
-                    // The prefetch buffer forgets first, before the cache hears of it.
+                    // The prefetch buffer and the containers forget first, before the cache
+                    // hears of it.
+                    if let Some(cc) = &self.containers {
+                        match &c {
+                            Change::Attr { path } | Change::Entry { path } => cc.touched(path),
+                            Change::Inode { dev, ino } => cc.touched_inode((*dev, *ino)),
+                            Change::Overflow => cc.invalidate_all(),
+                        }
+                    }
                     match &c {
                         Change::Attr { path } | Change::Entry { path } => {
                             self.prefetch.lock().touched(path)
@@ -282,6 +295,9 @@ impl Conn {
             Some(e) => tracing::error!("closing the connection to the server: {e}"),
         }
         self.closed.store(true, Ordering::SeqCst);
+        if let Some(cc) = &self.containers {
+            cc.invalidate_all();
+        }
         {
             let mut p = self.prefetch.lock();
             p.clear();
@@ -413,6 +429,7 @@ fn new_conn(
         prefetch,
         close: Mutex::new(close),
         round_trips,
+        containers: cfg.containers.clone(),
     });
     let c = conn.clone();
     std::thread::Builder::new()
@@ -450,6 +467,9 @@ pub struct ClientConfig {
     /// After the connection is lost, how long a call waits for a new one (reconnecting with
     /// backoff through the [`Connector`]) before it fails with EIO; zero = no reconnecting.
     pub reconnect_timeout: Duration,
+    /// Whole-file container cache for regular files (client/container.rs); `None`: reads and
+    /// writes go to the server in ranges.
+    pub containers: Option<Arc<Containers>>,
 }
 
 impl Default for ClientConfig {
@@ -457,6 +477,7 @@ impl Default for ClientConfig {
         ClientConfig {
             prefetch: 131072,
             reconnect_timeout: Duration::from_secs(10),
+            containers: None,
         }
     }
 }
@@ -696,17 +717,18 @@ impl Backend for RemoteBackend {
 
     fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
         if let Some(r) = self.prefetch.lock().lookup(dir, name) {
-            return r;
+            return r.map(|a| self.seen(a));
         }
         if self.wait_for_listing(dir) || self.bulk_after_misses(dir) {
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
-                return r;
+                return r.map(|a| self.seen(a));
             }
         }
         want_attr(self.conn()?.call(Request::Lookup {
             dir: dir.to_vec(),
             name: name.to_vec(),
         })?)
+        .map(|a| self.seen(a))
     }
 
     fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
@@ -763,17 +785,18 @@ impl Backend for RemoteBackend {
                 None => (&b""[..], path),
             };
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
-                return r;
+                return r.map(|a| self.seen(a));
             }
             if self.wait_for_listing(dir) || self.bulk_after_misses(dir) {
                 if let Some(r) = self.prefetch.lock().lookup(dir, name) {
-                    return r;
+                    return r.map(|a| self.seen(a));
                 }
             }
         }
         want_attr(self.conn()?.call(Request::Getattr {
             path: path.to_vec(),
         })?)
+        .map(|a| self.seen(a))
     }
 
     fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
@@ -872,42 +895,54 @@ impl Backend for RemoteBackend {
     }
 
     fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
-        want_unit(self.conn()?.call_as(
+        let r = want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Unlink {
                 path: path.to_vec(),
             },
-        )?)
+        )?);
+        self.mutated(path);
+        r
     }
 
     fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
-        want_unit(self.conn()?.call_as(
+        let r = want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Rmdir {
                 path: path.to_vec(),
             },
-        )?)
+        )?);
+        self.mutated(path);
+        r
     }
 
     fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
-        want_unit(self.conn()?.call_as(
+        let r = want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Rename {
                 old: old.to_vec(),
                 new: new.to_vec(),
                 mode,
             },
-        )?)
+        )?);
+        self.mutated(old);
+        self.mutated(new);
+        r
     }
 
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
-        want_attr(self.conn()?.call_as(
+        let r = want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Setattr {
                 path: path.to_vec(),
                 set: *set,
             },
-        )?)
+        )?);
+        self.mutated(path);
+        if let (Ok(a), Some(cc)) = (&r, &self.cfg.containers) {
+            cc.path_setattr(a, set);
+        }
+        r.map(|a| self.seen(a))
     }
 
     fn statfs(&self, path: &[u8]) -> Result<StatFs> {
@@ -926,6 +961,9 @@ impl Backend for RemoteBackend {
         flags: i32,
         mode: u32,
     ) -> Result<Box<dyn BackendFile>> {
+        if let Some(cc) = &self.cfg.containers {
+            return self.open_container(cc, cred, path, flags, mode);
+        }
         let r = self.conn()?.call_as(
             &cred.into(),
             Request::Open {
@@ -1025,6 +1063,10 @@ impl Backend for RemoteBackend {
         )?)
     }
 
+    fn flush_on_close(&self) -> bool {
+        self.cfg.containers.is_some()
+    }
+
     fn watch(&self) -> Result<Option<ChangeFeed>> {
         if self.conn.lock().features & features::CALLBACKS == 0
             || self.watched.swap(true, Ordering::SeqCst)
@@ -1042,6 +1084,111 @@ impl Backend for RemoteBackend {
 }
 
 impl RemoteBackend {
+    /// [`Backend::open`] with containers: a read-only open the container cache can answer
+    /// alone costs no round trip; any other asks the server (Open, FileAttr) and gets the
+    /// container of a regular file up to the whole-file bound, fetched if needed.
+    fn open_container(
+        &self,
+        cc: &Arc<Containers>,
+        cred: &Cred,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+    ) -> Result<Box<dyn BackendFile>> {
+        let conn = self.conn()?;
+        let plain = libc::O_CREAT | libc::O_TRUNC | libc::O_DIRECTORY | libc::O_PATH;
+        if flags & libc::O_ACCMODE == libc::O_RDONLY && flags & plain == 0 {
+            if let Some(f) = cc.reuse(&conn, path, cred) {
+                return Ok(Box::new(f));
+            }
+        }
+        // Before the server is asked: a callback from now on makes what it says not valid.
+        let gen = cc.gen();
+        let r = conn.call_as(
+            &cred.into(),
+            Request::Open {
+                path: path.to_vec(),
+                flags,
+                mode,
+                umask: if flags & libc::O_CREAT != 0 {
+                    thread_umask()
+                } else {
+                    0
+                },
+            },
+        )?;
+        let Reply::Opened { handle, writable } = r else {
+            return Err(Error::Os(libc::EPROTO));
+        };
+        let rf = RemoteFile {
+            conn: conn.clone(),
+            handle,
+            writable,
+        };
+        let attr = rf.attr()?;
+        if attr.mode & libc::S_IFMT != libc::S_IFREG || attr.size > cc.whole_file_max {
+            return Ok(Box::new(rf));
+        }
+        // A write-only handle cannot read: the data comes through a read-only open as the
+        // caller; a caller who may not read gets ranged writes instead.
+        let mut reader = None;
+        if flags & libc::O_ACCMODE == libc::O_WRONLY && attr.size > 0 && cc.needs_fetch(&attr) {
+            let r = conn.call_as(
+                &cred.into(),
+                Request::Open {
+                    path: path.to_vec(),
+                    flags: libc::O_RDONLY,
+                    mode: 0,
+                    umask: 0,
+                },
+            );
+            match r {
+                Ok(Reply::Opened { handle, writable }) => {
+                    let r = RemoteFile {
+                        conn: conn.clone(),
+                        handle,
+                        writable,
+                    };
+                    // The same file still (not replaced since the first open).
+                    match r.attr() {
+                        Ok(a) if (a.dev, a.ino) == (attr.dev, attr.ino) => reader = Some(r),
+                        _ => return Ok(Box::new(rf)),
+                    }
+                }
+                _ => return Ok(Box::new(rf)),
+            }
+        }
+        Ok(Box::new(
+            cc.open(&conn, path, cred, flags, rf, reader, attr, gen)?,
+        ))
+    }
+
+    /// The container cache, if any.
+    pub fn containers(&self) -> Option<Arc<Containers>> {
+        self.cfg.containers.clone()
+    }
+
+    /// Container cache counters (`None` without containers).
+    pub fn container_stats(&self) -> Option<ContainerStats> {
+        self.cfg.containers.as_ref().map(|c| c.stats())
+    }
+
+    /// `a` as this client sees it (a container open for writing shows its size and times).
+    fn seen(&self, mut a: Attr) -> Attr {
+        if let Some(cc) = &self.cfg.containers {
+            cc.overlay(&mut a);
+        }
+        a
+    }
+
+    /// A mutation of `path` by this client: its containers are no longer valid (the callback
+    /// may come later).
+    fn mutated(&self, path: &[u8]) {
+        if let Some(cc) = &self.cfg.containers {
+            cc.touched(path);
+        }
+    }
+
     /// A lookup in `dir` missed the prefetch buffer: on the second such miss (see
     /// [`Prefetch::missed_again`](crate::prefetch::Prefetch::missed_again)) fetch `dir`'s
     /// subtree in bulk. Whether `dir`'s listing is held now.
@@ -1098,8 +1245,24 @@ pub struct RemoteFile {
     writable: bool,
 }
 
+/// A handle already closed (see [`RemoteFile::close_async`]).
+const CLOSED: u64 = u64::MAX;
+
+impl RemoteFile {
+    /// Close the handle without waiting for the answer.
+    fn close_async(mut self) {
+        let h = std::mem::replace(&mut self.handle, CLOSED);
+        let _ = self
+            .conn
+            .start(&self.conn.own.clone(), Request::Close { handle: h });
+    }
+}
+
 impl Drop for RemoteFile {
     fn drop(&mut self) {
+        if self.handle == CLOSED {
+            return;
+        }
         if let Err(e) = self.conn.call(Request::Close {
             handle: self.handle,
         }) {

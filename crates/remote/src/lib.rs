@@ -16,5 +16,8 @@ pub use cached::CachedBackend;
 /// without depending on this one.
 pub use dircache_frame as frame;
 
-pub use client::{ChildTransport, ClientConfig, RemoteBackend, Transport};
+pub use client::{
+    ChildTransport, ClientConfig, ContainerConfig, ContainerStats, Containers, RemoteBackend,
+    Transport,
+};
 pub use server::{serve, ServerConfig};

@@ -1,0 +1,525 @@
+//! Container files on a remote mount (docs/remote.md, "Container files"), with real parts:
+//! `dircache mount localhost:SRC MNT` through a stand-in ssh running `dircache serve --stdio
+//! SRC` as a child, a real FUSE mount with passthrough. The client's round trips are counted
+//! from its trace log (every call is one `remote call` line); native files are the oracle.
+
+#[path = "../../fuse/tests/common/mod.rs"]
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{can_mount, cannot_run, py, sh, sh_ok};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dircache");
+
+/// A remote mount with containers in a cache directory of the test's; the daemon's trace log
+/// of remote calls in `log`. Drop unmounts and reaps the daemon.
+struct Mount {
+    dir: tempfile::TempDir,
+    src: PathBuf,
+    mnt: PathBuf,
+    cache: PathBuf,
+    log: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Mount {
+    fn start(extra: &str) -> Mount {
+        let dir = tempfile::Builder::new()
+            .prefix("dccontainer")
+            .tempdir()
+            .expect("tempdir");
+        let src = dir.path().join("src");
+        let mnt = dir.path().join("mnt");
+        let cache = dir.path().join("cache");
+        for d in [&src, &mnt, &cache] {
+            std::fs::create_dir(d).unwrap();
+        }
+        common::chmod(dir.path(), 0o755);
+        common::chmod(&src, 0o755);
+        common::chmod(&cache, 0o700);
+        let fake = dir.path().join("fake-ssh");
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\nfor last; do :; done\necho $$ > {pid}\nexec sh -c \"exec $last\"\n",
+                pid = dir.path().join("server-pid").display(),
+            ),
+        )
+        .unwrap();
+        common::chmod(&fake, 0o755);
+        let log = dir.path().join("client.log");
+        let mut opts = format!(
+            "ssh_command={},serve_command={BIN},cache_dir={}",
+            fake.display(),
+            cache.display()
+        );
+        if !extra.is_empty() {
+            opts.push(',');
+            opts.push_str(extra);
+        }
+        let daemon = Command::new(BIN)
+            .arg("mount")
+            .arg("-f")
+            .arg(format!("localhost:{}", src.display()))
+            .arg(&mnt)
+            .arg("-o")
+            .arg(opts)
+            .env(
+                "DIRCACHE_LOG",
+                "dircache_remote::client=trace,dircache_remote::client::container=debug",
+            )
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("dircache mount");
+        let mut m = Mount {
+            dir,
+            src,
+            mnt,
+            cache,
+            log,
+            daemon: Some(daemon),
+        };
+        let end = Instant::now() + Duration::from_secs(60);
+        while !dircache_fuse::is_mount_point(&m.mnt) {
+            if let Some(Ok(Some(st))) = m.daemon.as_mut().map(|d| d.try_wait()) {
+                panic!("dircache mount exited: {st}\n{}", m.log_text());
+            }
+            assert!(Instant::now() < end, "the remote mount did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    fn m(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    fn s(&self, rel: &str) -> PathBuf {
+        self.src.join(rel)
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Remote calls so far whose description contains `what` ("" = all).
+    fn calls(&self, what: &str) -> usize {
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains("remote call") && l.contains(what))
+            .count()
+    }
+
+    fn server_pid(&self) -> i32 {
+        std::fs::read_to_string(self.dir.path().join("server-pid"))
+            .expect("server pid")
+            .trim()
+            .parse()
+            .expect("a pid")
+    }
+
+    /// Bytes of container files in the cache directory now.
+    fn cached_bytes(&self) -> u64 {
+        let mut n = 0;
+        for d in std::fs::read_dir(&self.cache).unwrap() {
+            let d = d.unwrap().path();
+            if d.is_dir() {
+                for f in std::fs::read_dir(&d).unwrap() {
+                    n += f.unwrap().metadata().map(|m| m.len()).unwrap_or(0);
+                }
+            }
+        }
+        n
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if dircache_fuse::unmount(&self.mnt).is_err() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        if let Some(mut d) = self.daemon.take() {
+            let end = Instant::now() + Duration::from_secs(20);
+            loop {
+                match d.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > end => {
+                        let _ = d.kill();
+                        let _ = d.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }
+    }
+}
+
+/// Wait until `cond` holds, at most 10 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < end, "not within 10 s: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The second open+read of an unchanged file is served from its container with no round
+/// trip at all; the first fetched it whole (and its bytes are right).
+#[test]
+fn second_open_of_an_unchanged_file_makes_no_round_trip() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("");
+    let data = random_bytes(1 << 20, 1);
+    std::fs::write(t.s("f"), &data).unwrap();
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), data);
+    let reads = t.calls("Read {");
+    assert!(
+        reads >= 1,
+        "the first open fetched the file:\n{}",
+        t.log_text()
+    );
+    let before = t.calls("");
+    for _ in 0..3 {
+        assert_eq!(std::fs::read(t.m("f")).unwrap(), data);
+    }
+    let after = t.calls("");
+    assert_eq!(t.calls("Read {"), reads, "no data round trip");
+    assert_eq!(after, before, "no round trip at all:\n{}", t.log_text());
+    // One container of the file's size.
+    assert_eq!(t.cached_bytes(), data.len() as u64);
+}
+
+/// write + close: the server's file has the bytes, the size and the mtime the client saw
+/// (a preserved mtime, `cp -p`, included), at once after close returns.
+#[test]
+fn close_stores_the_bytes_and_attributes_back() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("");
+    let data = random_bytes(3 << 20, 2);
+    std::fs::write(t.dir.path().join("native"), &data).unwrap();
+    sh_ok(
+        t.dir.path(),
+        "touch -d 2011-02-03 native && cp -p native mnt/copied && printf 'hello' > mnt/small && \
+         printf ' world' >> mnt/small",
+    );
+    assert_eq!(std::fs::read(t.s("copied")).unwrap(), data);
+    let (n, s) = (
+        std::fs::metadata(t.dir.path().join("native")).unwrap(),
+        std::fs::metadata(t.s("copied")).unwrap(),
+    );
+    assert_eq!(
+        (s.len(), s.mtime(), s.mtime_nsec()),
+        (n.len(), n.mtime(), n.mtime_nsec())
+    );
+    let m = std::fs::metadata(t.m("copied")).unwrap();
+    assert_eq!((m.len(), m.mtime()), (n.len(), n.mtime()));
+    assert_eq!(std::fs::read(t.s("small")).unwrap(), b"hello world");
+    // Rewriting part of a cached file: the server has the whole new version after close.
+    let out = py(
+        &t.mnt,
+        "import os\n\
+         fd = os.open('copied', os.O_RDWR)\n\
+         os.pwrite(fd, b'X' * 100, 1000)\n\
+         os.ftruncate(fd, 2000000)\n\
+         print(os.fstat(fd).st_size, os.stat('copied').st_size)\n\
+         os.close(fd)\n",
+        None,
+    );
+    assert_eq!(out.trim(), "2000000 2000000");
+    let mut want = data[..2_000_000].to_vec();
+    want[1000..1100].fill(b'X');
+    assert_eq!(std::fs::read(t.s("copied")).unwrap(), want);
+    assert_eq!(std::fs::read(t.m("copied")).unwrap(), want);
+}
+
+/// A change on the server (same size, mtime put back: only ctime tells) breaks the callback;
+/// once the client has received it, the next open must not serve the old container.
+#[test]
+fn a_server_side_change_makes_the_next_open_fetch_again() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("");
+    std::fs::write(t.s("f"), b"version one").unwrap();
+    sh_ok(&t.src, "touch -d 2020-01-01 f");
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), b"version one");
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), b"version one");
+    let fetches = t.calls("Read {");
+    let seen = t.log_text().matches("containers invalid").count();
+    std::fs::write(t.s("f"), b"version two").unwrap();
+    sh_ok(&t.src, "touch -d 2020-01-01 f");
+    // Wait for the callback to reach the client (its log says so), then read once.
+    eventually("the callback reaches the client", || {
+        t.log_text().matches("containers invalid").count() > seen
+    });
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), b"version two");
+    assert!(t.calls("Read {") > fetches, "fetched again");
+    // And stays fresh.
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), b"version two");
+}
+
+/// `cache_size` bounds the containers kept: many files read one after another, the cache
+/// directory never stays above the bound, and every read is right.
+#[test]
+fn the_cache_size_bound_holds() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("cache_size=1M");
+    let n = 40;
+    for i in 0..n {
+        std::fs::write(t.s(&format!("f{i}")), random_bytes(100_000, i)).unwrap();
+    }
+    for round in 0..2 {
+        for i in 0..n {
+            assert_eq!(
+                std::fs::read(t.m(&format!("f{i}"))).unwrap(),
+                random_bytes(100_000, i),
+                "round {round} file {i}"
+            );
+            // Containers are evicted once their release has been handled.
+            eventually("the bound holds", || t.cached_bytes() <= 1 << 20);
+        }
+    }
+    assert!(t.cached_bytes() >= 500_000, "the cache is used");
+}
+
+/// A small fsx: random writes, reads, truncations, appends, reopenings and syncs on one file
+/// through the mount and on a native file; every read and size agrees, and after the last
+/// close the server's file equals the native one.
+#[test]
+fn random_operations_match_a_native_file() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("");
+    let native = t.dir.path().join("native-fsx");
+    let script = format!(
+        r#"
+import os, random
+seed = int(os.environ.get("FSX_SEED", "7"))
+rnd = random.Random(seed)
+paths = ["{native}", "{mnt}"]
+init = bytes(rnd.getrandbits(8) for _ in range(300000))
+for p in paths:
+    with open(p, "wb") as f: f.write(init)
+def opn(flags):
+    return [os.open(p, flags) for p in paths]
+fds = opn(os.O_RDWR)
+for i in range(3000):
+    op = rnd.randrange(10)
+    if op < 3:
+        off = rnd.randrange(400000); n = rnd.randrange(1, 70000)
+        data = bytes(rnd.getrandbits(8) for _ in range(min(n, 64))) * (n // 64 + 1)
+        for fd in fds: os.pwrite(fd, data[:n], off)
+    elif op < 6:
+        off = rnd.randrange(450000); n = rnd.randrange(1, 100000)
+        a, b = [os.pread(fd, n, off) for fd in fds]
+        assert a == b, f"op {{i}}: read {{n}} at {{off}} differs (seed {{seed}})"
+    elif op == 6:
+        size = rnd.randrange(400000)
+        for fd in fds: os.ftruncate(fd, size)
+    elif op == 7:
+        a, b = [os.fstat(fd).st_size for fd in fds]
+        c, d = [os.stat(p).st_size for p in paths]
+        assert a == b == c == d, f"op {{i}}: sizes {{a}} {{b}} {{c}} {{d}} (seed {{seed}})"
+    elif op == 8:
+        for fd in fds: os.close(fd)
+        fds = opn(rnd.choice([os.O_RDWR, os.O_RDWR | os.O_APPEND]))
+        data = b"appended %d" % i
+        for fd in fds: os.write(fd, data)
+    else:
+        for fd in fds: os.fsync(fd)
+for fd in fds: os.close(fd)
+print("done")
+"#,
+        native = native.display(),
+        mnt = t.m("fsx").display()
+    );
+    assert_eq!(py(t.dir.path(), &script, None).trim(), "done");
+    let want = std::fs::read(&native).unwrap();
+    assert_eq!(
+        std::fs::read(t.s("fsx")).unwrap(),
+        want,
+        "the server's copy"
+    );
+    assert_eq!(std::fs::read(t.m("fsx")).unwrap(), want, "the mount's");
+}
+
+/// The server killed by PID after a close: what was closed is on the server already. A close
+/// whose store-back fails (the server gone, no reconnecting) fails, not silently.
+#[test]
+fn close_returns_store_errors_and_closed_data_survives_the_server() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("reconnect_timeout=0");
+    let data = random_bytes(500_000, 3);
+    std::fs::write(t.m("done"), &data).unwrap();
+    let out = py(
+        &t.mnt,
+        &format!(
+            "import os, signal\n\
+             fd = os.open('pending', os.O_CREAT | os.O_WRONLY, 0o644)\n\
+             os.write(fd, b'x' * 100000)\n\
+             os.kill({pid}, signal.SIGKILL)\n\
+             try:\n\
+             \x20   os.close(fd)\n\
+             \x20   print('closed')\n\
+             except OSError as e:\n\
+             \x20   print('close failed', e.errno)\n",
+            pid = t.server_pid()
+        ),
+        None,
+    );
+    assert_eq!(out.trim(), format!("close failed {}", libc::EIO));
+    assert_eq!(std::fs::read(t.s("done")).unwrap(), data);
+}
+
+/// The server decides each access: user B, whom the server refuses (an ACL entry the client
+/// kernel does not check under `noacl`: the mode's group bits allow B), cannot read the
+/// container fetched for user A, even right after A's read.
+#[test]
+fn another_user_denied_by_the_server_cannot_read_the_container() {
+    if !can_mount() {
+        return;
+    }
+    if Command::new("setfacl").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "setfacl missing under CI");
+        cannot_run("setfacl missing");
+        return;
+    }
+    let t = Mount::start("noacl");
+    std::fs::write(t.s("secret"), b"for A only").unwrap();
+    sh_ok(
+        &t.src,
+        "chown 0:2000 secret && chmod 640 secret && setfacl -m u:1001:--- secret",
+    );
+    let as_user = |uid: u32, path: &Path| {
+        sh(
+            t.dir.path(),
+            &format!(
+                "setpriv --reuid={uid} --regid=2000 --clear-groups cat {}",
+                path.display()
+            ),
+        )
+    };
+    // Natively: A reads, B is refused.
+    assert!(as_user(1000, &t.s("secret")).status.success());
+    assert!(!as_user(1001, &t.s("secret")).status.success());
+    // Through the mount: A fetches and reuses; B asks the server and is refused.
+    for _ in 0..2 {
+        let a = as_user(1000, &t.m("secret"));
+        assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+        assert_eq!(a.stdout, b"for A only");
+    }
+    let opens = t.calls("Open {");
+    let b = as_user(1001, &t.m("secret"));
+    assert!(
+        !b.status.success(),
+        "B read: {:?}",
+        String::from_utf8_lossy(&b.stdout)
+    );
+    assert!(
+        String::from_utf8_lossy(&b.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert!(t.calls("Open {") > opens, "B's open asked the server");
+    // A still reads.
+    assert!(as_user(1000, &t.m("secret")).status.success());
+}
+
+/// Above `whole_file_max` a file is read in ranges: reading its first page fetches no whole
+/// file and no container is made. `nocontainers` keeps ranged reads for every file.
+#[test]
+fn large_files_and_nocontainers_read_in_ranges() {
+    if !can_mount() {
+        return;
+    }
+    let data = random_bytes(3 << 20, 4);
+    {
+        let t = Mount::start("whole_file_max=1M");
+        std::fs::write(t.s("big"), &data).unwrap();
+        std::fs::write(t.s("small"), b"small").unwrap();
+        let head = sh_ok(&t.mnt, "head -c 4096 big | od -An -tx1 | head -c 20");
+        assert!(!head.is_empty());
+        assert!(t.calls("Read {") <= 8, "{}", t.log_text());
+        assert_eq!(t.cached_bytes(), 0);
+        assert_eq!(std::fs::read(t.m("big")).unwrap(), data);
+        assert_eq!(std::fs::read(t.m("small")).unwrap(), b"small");
+        assert_eq!(t.cached_bytes(), 5);
+    }
+    let t = Mount::start("nocontainers");
+    std::fs::write(t.s("f"), b"ranged").unwrap();
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), b"ranged");
+    assert!(t.calls("Read {") >= 1, "read from the server");
+    // (The kernel may keep the pages across opens: `keep_cache`.)
+    let opens = t.calls("Open {");
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), b"ranged");
+    assert!(t.calls("Open {") > opens, "each open asks the server");
+    std::fs::write(t.m("g"), b"written").unwrap();
+    assert_eq!(std::fs::read(t.s("g")).unwrap(), b"written");
+    assert_eq!(t.cached_bytes(), 0);
+}
+
+/// A cache directory another user could write, or owned by someone else, is refused.
+#[test]
+fn an_unsafe_cache_dir_is_refused() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let mnt = dir.path().join("mnt");
+    let open = dir.path().join("open");
+    let theirs = dir.path().join("theirs");
+    for d in [&src, &mnt, &open, &theirs] {
+        std::fs::create_dir(d).unwrap();
+    }
+    common::chmod(&open, 0o777);
+    std::os::unix::fs::chown(&theirs, Some(1000), Some(1000)).unwrap();
+    common::chmod(&theirs, 0o700);
+    for bad in [&open, &theirs] {
+        let o = Command::new(BIN)
+            .arg("mount")
+            .arg("-f")
+            .arg(format!("localhost:{}", src.display()))
+            .arg(&mnt)
+            .arg("-o")
+            .arg(format!(
+                "ssh_command=sh -c,serve_command={BIN},cache_dir={}",
+                bad.display()
+            ))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{}", bad.display());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("cache directory"), "{err}");
+        assert!(!dircache_fuse::is_mount_point(&mnt));
+    }
+}

@@ -1,0 +1,1034 @@
+//! Container files (Coda's redirection, "Coda on a remote mount", step 1): a remote regular
+//! file opened through a [`RemoteBackend`](super::RemoteBackend) is fetched whole into a local
+//! file (its *container*) in the client's cache directory; the open file the front end gets is
+//! a [`ContainerFile`], whose descriptor the FUSE front end registers as the passthrough
+//! backing file, so the kernel does the reads and writes on the container as for a local file.
+//!
+//! **Validity (callbacks).** A container records the server's attributes it was fetched (or
+//! stored back) with. It is *valid* while its callback holds: any callback naming its path or
+//! an ancestor (`Attr`, `Entry`), its inode (`Inode`), an `Overflow` or a lost connection makes
+//! it invalid. A callback counter read before the server is asked makes a container fetched
+//! while a callback arrived invalid at once. An invalid container is used again only after
+//! an open compared the server's attributes (size, mtime, ctime, dev, ino) with the recorded
+//! ones; otherwise it is fetched again. Invariant: **no open started after a callback for a
+//! container's file was received is answered from data fetched before it without the server
+//! confirming its attributes.**
+//!
+//! **Access.** The server decides every access: a read-only open reuses a valid container
+//! without a round trip only when the same credentials (uid, gid and groups) had an open
+//! granted by the server for that container while its callback has held (the memo is
+//! forgotten with the callback). Every other open asks the server (Open, then FileAttr).
+//!
+//! **Write-back.** A container opened for writing keeps the server handle its open got (as
+//! the caller). When the container changed since it was fetched or stored (its ctime moved),
+//! [`ContainerFile::flush`] (close(2): FUSE FLUSH), [`ContainerFile::sync`] (fsync) and the
+//! release of the last descriptor store it back: the data in pipelined writes, the size, and
+//! its mtime (as the caller; a caller who may not set times leaves the server's store time),
+//! all as the writer. Errors are returned to close() and fsync(). Session semantics: other
+//! clients see the new contents when the writer closes (or syncs); a container with a local
+//! writer is not fetched again while that writer has it open (its data would be lost), so
+//! opens on this client see the local session's data; the last close stores its version.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dircache_core::{Attr, BackendFile, Cred, Error, Result, SetAttr, TimeSet, Timespec, Whence};
+use parking_lot::Mutex;
+
+use super::{eio, want_attr, want_count, want_unit, Conn, RemoteFile};
+use crate::proto::{Request, WireCred, MAX_IO};
+
+/// Where containers live and how big they may get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerConfig {
+    /// The cache directory (a per-mount directory is made inside it); `None`: the daemon
+    /// user's default ([`default_cache_base`]).
+    pub dir: Option<PathBuf>,
+    /// Bytes of containers kept; containers not open are evicted (least recently used first)
+    /// beyond it.
+    pub max_bytes: u64,
+    /// Files larger than this are read in ranges from the server, not fetched whole.
+    pub whole_file_max: u64,
+}
+
+impl Default for ContainerConfig {
+    fn default() -> ContainerConfig {
+        ContainerConfig {
+            dir: None,
+            max_bytes: 1 << 30,
+            whole_file_max: 64 << 20,
+        }
+    }
+}
+
+/// The default base of cache directories: `/var/cache/dircache` for root, else
+/// `$XDG_CACHE_HOME/dircache` or `~/.cache/dircache`.
+pub fn default_cache_base() -> PathBuf {
+    if rustix::process::geteuid().is_root() {
+        return PathBuf::from("/var/cache/dircache");
+    }
+    match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(x) => Path::new(&x).join("dircache"),
+        None => match std::env::var_os("HOME") {
+            Some(h) => Path::new(&h).join(".cache/dircache"),
+            None => PathBuf::from("/tmp/dircache-cache"),
+        },
+    }
+}
+
+/// Counters of the container cache.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerStats {
+    /// Whole-file fetches, and their bytes.
+    pub fetches: u64,
+    pub fetched_bytes: u64,
+    /// Opens answered from a valid container without any round trip.
+    pub reuses: u64,
+    /// Opens that asked the server and found the container unchanged.
+    pub revalidated: u64,
+    /// Store-backs, and their bytes.
+    pub stores: u64,
+    pub stored_bytes: u64,
+    pub evictions: u64,
+    /// Bytes of containers held now.
+    pub bytes: u64,
+}
+
+type Key = (u64, u64);
+
+/// Who had an open granted, and for what (O_RDONLY / O_WRONLY / O_RDWR).
+type Access = (u32, u32, Vec<u32>, i32);
+
+/// What the container's own file looked like after a fetch or store (a change since means
+/// local writes to store back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Local {
+    size: u64,
+    mtime: Timespec,
+    ctime: Timespec,
+}
+
+struct Entry {
+    name: String,
+    file: Arc<File>,
+    path: Vec<u8>,
+    /// The server's attributes the data corresponds to (`None`: never fetched).
+    attr: Option<Attr>,
+    local: Option<Local>,
+    /// The callback holds.
+    valid: bool,
+    access: HashSet<Access>,
+    opens: u32,
+    writers: u32,
+    used: u64,
+    /// Bytes counted for it in `State::bytes`.
+    counted: u64,
+    /// Serializes fetches and stores of this container.
+    io: Arc<Mutex<()>>,
+}
+
+#[derive(Default)]
+struct State {
+    by_key: HashMap<Key, Entry>,
+    by_path: BTreeMap<Vec<u8>, Key>,
+    /// Callbacks seen (every one, coarse): a fetch that saw it move is not valid.
+    gen: u64,
+    clock: u64,
+    bytes: u64,
+    next_name: u64,
+    stats: ContainerStats,
+}
+
+/// The container cache of one client (module docs).
+pub struct Containers {
+    dir: OwnedFd,
+    dir_path: PathBuf,
+    max_bytes: u64,
+    pub(super) whole_file_max: u64,
+    st: Mutex<State>,
+    /// Open writable containers (a quick test before attribute overlays).
+    writers: AtomicU64,
+}
+
+impl std::fmt::Debug for Containers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Containers")
+            .field("dir", &self.dir_path)
+            .field("max_bytes", &self.max_bytes)
+            .field("whole_file_max", &self.whole_file_max)
+            .finish()
+    }
+}
+
+fn os(e: rustix::io::Errno) -> Error {
+    Error::Os(e.raw_os_error())
+}
+
+fn local_of(f: &File) -> Result<Local> {
+    let s = rustix::fs::fstat(f).map_err(os)?;
+    Ok(Local {
+        size: s.st_size as u64,
+        mtime: Timespec {
+            sec: s.st_mtime,
+            nsec: s.st_mtime_nsec as u32,
+        },
+        ctime: Timespec {
+            sec: s.st_ctime,
+            nsec: s.st_ctime_nsec as u32,
+        },
+    })
+}
+
+/// Whether `a` and `b` are the same version of the same file.
+fn same_version(a: &Attr, b: &Attr) -> bool {
+    (a.dev, a.ino, a.size, a.mtime, a.ctime) == (b.dev, b.ino, b.size, b.mtime, b.ctime)
+}
+
+fn access_of(cred: &Cred, accmode: i32) -> Access {
+    (cred.uid, cred.gid, cred.groups().to_vec(), accmode)
+}
+
+/// A directory the daemon's user owns and nobody else may write; created (0700) if missing.
+fn checked_dir(path: &Path) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    if !path.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)?;
+    }
+    let fd = rustix::fs::open(
+        path,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let s = rustix::fs::fstat(&fd)?;
+    let me = rustix::process::geteuid().as_raw();
+    if s.st_uid != me || s.st_mode & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: a cache directory must belong to uid {me} and be writable by no one else \
+                 (owner {}, mode {:o})",
+                path.display(),
+                s.st_uid,
+                s.st_mode & 0o7777
+            ),
+        ));
+    }
+    Ok(fd)
+}
+
+use std::os::unix::fs::DirBuilderExt;
+
+impl Containers {
+    /// A new per-mount directory in `cfg.dir` (or the default base), mode 0700.
+    pub fn new(cfg: &ContainerConfig) -> std::io::Result<Containers> {
+        let base = cfg.dir.clone().unwrap_or_else(default_cache_base);
+        checked_dir(&base)?;
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir_path = base.join(format!(
+            "m{}-{nanos:x}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir_path)?;
+        let dir = checked_dir(&dir_path)?;
+        tracing::info!(
+            "containers in {} (at most {} bytes, whole files up to {} bytes)",
+            dir_path.display(),
+            cfg.max_bytes,
+            cfg.whole_file_max
+        );
+        Ok(Containers {
+            dir,
+            dir_path,
+            max_bytes: cfg.max_bytes,
+            whole_file_max: cfg.whole_file_max.min(cfg.max_bytes),
+            st: Mutex::new(State::default()),
+            writers: AtomicU64::new(0),
+        })
+    }
+
+    /// The per-mount directory holding the containers.
+    pub fn dir(&self) -> &Path {
+        &self.dir_path
+    }
+
+    pub fn stats(&self) -> ContainerStats {
+        let st = self.st.lock();
+        ContainerStats {
+            bytes: st.bytes,
+            ..st.stats
+        }
+    }
+
+    /// The callback counter now (read before asking the server anything an entry's validity
+    /// will rest on).
+    pub(super) fn gen(&self) -> u64 {
+        self.st.lock().gen
+    }
+
+    fn invalidate(e: &mut Entry) {
+        e.valid = false;
+        e.access.clear();
+    }
+
+    /// A callback about `path`: containers of it or below it are no longer valid.
+    pub(super) fn touched(&self, path: &[u8]) {
+        let mut st = self.st.lock();
+        st.gen += 1;
+        let mut below = path.to_vec();
+        below.push(b'/');
+        let mut keys: Vec<(Vec<u8>, Key)> = Vec::new();
+        if let Some(k) = st.by_path.get(path) {
+            keys.push((path.to_vec(), *k));
+        }
+        if path.is_empty() {
+            keys.extend(st.by_path.iter().map(|(p, k)| (p.clone(), *k)));
+        } else {
+            keys.extend(
+                st.by_path
+                    .range(below.clone()..)
+                    .take_while(|(p, _)| p.starts_with(&below))
+                    .map(|(p, k)| (p.clone(), *k)),
+            );
+        }
+        if !keys.is_empty() {
+            tracing::debug!(
+                "callback {:?}: {} containers invalid",
+                String::from_utf8_lossy(path),
+                keys.len()
+            );
+        }
+        for (p, k) in keys {
+            st.by_path.remove(&p);
+            if let Some(e) = st.by_key.get_mut(&k) {
+                Self::invalidate(e);
+            }
+        }
+    }
+
+    /// A callback naming an inode.
+    pub(super) fn touched_inode(&self, key: Key) {
+        let mut st = self.st.lock();
+        st.gen += 1;
+        if let Some(e) = st.by_key.get_mut(&key) {
+            Self::invalidate(e);
+        }
+    }
+
+    /// Every promise broken (Overflow, a lost connection).
+    pub(super) fn invalidate_all(&self) {
+        let mut st = self.st.lock();
+        st.gen += 1;
+        st.by_path.clear();
+        for e in st.by_key.values_mut() {
+            Self::invalidate(e);
+        }
+    }
+
+    /// A read-only open of `path` as `cred` that needs no round trip: a valid container the
+    /// server granted these credentials read access to.
+    pub(super) fn reuse(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        path: &[u8],
+        cred: &Cred,
+    ) -> Option<ContainerFile> {
+        let mut st = self.st.lock();
+        let key = *st.by_path.get(path)?;
+        st.clock += 1;
+        let now = st.clock;
+        let e = st.by_key.get_mut(&key)?;
+        if !e.valid || e.attr.is_none() || !e.access.contains(&access_of(cred, libc::O_RDONLY)) {
+            return None;
+        }
+        e.opens += 1;
+        e.used = now;
+        let f = ContainerFile {
+            cc: self.clone(),
+            key,
+            file: e.file.clone(),
+            remote: None,
+            conn: conn.clone(),
+            cred: cred.clone(),
+            path: path.to_vec(),
+            writable: false,
+        };
+        st.stats.reuses += 1;
+        Some(f)
+    }
+
+    /// The entry of `key` (made, with an empty container file, if new), named `path`.
+    fn entry(&self, st: &mut State, key: Key, path: &[u8]) -> Result<()> {
+        if !st.by_key.contains_key(&key) {
+            use rustix::fs::{Mode, OFlags};
+            let name = format!("c{}", st.next_name);
+            st.next_name += 1;
+            let fd = rustix::fs::openat(
+                &self.dir,
+                name.as_str(),
+                OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::from_raw_mode(0o600),
+            )
+            .map_err(os)?;
+            st.by_key.insert(
+                key,
+                Entry {
+                    name,
+                    file: Arc::new(File::from(fd)),
+                    path: path.to_vec(),
+                    attr: None,
+                    local: None,
+                    valid: false,
+                    access: HashSet::new(),
+                    opens: 0,
+                    writers: 0,
+                    used: 0,
+                    counted: 0,
+                    io: Arc::new(Mutex::new(())),
+                },
+            );
+        }
+        if let Some(e) = st.by_key.get_mut(&key) {
+            if e.path != path {
+                let old = std::mem::replace(&mut e.path, path.to_vec());
+                if st.by_path.get(&old) == Some(&key) {
+                    st.by_path.remove(&old);
+                }
+            }
+        }
+        st.by_path.insert(path.to_vec(), key);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    /// An open the server granted (`rf`, with the file's attributes `attr` asked after the
+    /// open; `gen` read before the open was sent): the container, fetched if it is not of this
+    /// version.
+    pub(super) fn open(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        path: &[u8],
+        cred: &Cred,
+        flags: i32,
+        rf: RemoteFile,
+        reader: Option<RemoteFile>,
+        attr: Attr,
+        gen: u64,
+    ) -> Result<ContainerFile> {
+        let key = (attr.dev, attr.ino);
+        let writable = rf.writable;
+        let io = {
+            let mut st = self.st.lock();
+            self.entry(&mut st, key, path)?;
+            let e = st.by_key.get_mut(&key).ok_or(Error::Os(libc::EIO))?;
+            // Counted as open at once: not evicted while fetching.
+            e.opens += 1;
+            if writable {
+                e.writers += 1;
+                self.writers.fetch_add(1, Ordering::Relaxed);
+            }
+            e.io.clone()
+        };
+        let cf = ContainerFile {
+            cc: self.clone(),
+            key,
+            file: self.st.lock().by_key[&key].file.clone(),
+            remote: None,
+            conn: conn.clone(),
+            cred: cred.clone(),
+            path: path.to_vec(),
+            writable,
+        };
+        let _io = io.lock();
+        let (fetch, file) = {
+            let st = self.st.lock();
+            let e = &st.by_key[&key];
+            let local_writer = e.writers > u32::from(writable);
+            let same = e.attr.is_some_and(|a| same_version(&a, &attr));
+            (!same && !local_writer, e.file.clone())
+        };
+        if fetch {
+            let r = self
+                .fetch(&file, reader.as_ref().unwrap_or(&rf), attr.size)
+                .and_then(|n| Ok((n, local_of(&file)?)));
+            let mut st = self.st.lock();
+            let Some(e) = st.by_key.get_mut(&key) else {
+                return Err(Error::Os(libc::EIO));
+            };
+            e.access.clear();
+            match r {
+                Ok((n, local)) => {
+                    e.attr = Some(attr);
+                    e.local = Some(local);
+                    st.stats.fetches += 1;
+                    st.stats.fetched_bytes += n;
+                }
+                Err(err) => {
+                    // Half fetched: no version (fetched again next time), nothing to store
+                    // (`cf` has no server handle); dropping `cf` undoes the open count.
+                    e.attr = None;
+                    e.local = None;
+                    e.valid = false;
+                    return Err(err);
+                }
+            }
+        } else {
+            self.st.lock().stats.revalidated += 1;
+        }
+        {
+            let mut st = self.st.lock();
+            let held = st.gen == gen;
+            st.clock += 1;
+            let now = st.clock;
+            if let Some(e) = st.by_key.get_mut(&key) {
+                e.used = now;
+                e.valid = held;
+                if held {
+                    let mode = flags & libc::O_ACCMODE;
+                    e.access.insert(access_of(cred, mode));
+                    if mode == libc::O_RDWR {
+                        e.access.insert(access_of(cred, libc::O_RDONLY));
+                    }
+                }
+            }
+            self.account(&mut st, key);
+        }
+        if let Some(r) = reader {
+            r.close_async();
+        }
+        let mut cf = cf;
+        if writable {
+            cf.remote = Some(rf);
+        } else {
+            rf.close_async();
+        }
+        Ok(cf)
+    }
+
+    /// Whether an open of the file with attributes `attr` must fetch it (not the version held,
+    /// and no local writer has it open).
+    pub(super) fn needs_fetch(&self, attr: &Attr) -> bool {
+        let st = self.st.lock();
+        match st.by_key.get(&(attr.dev, attr.ino)) {
+            None => true,
+            Some(e) => e.writers == 0 && !e.attr.is_some_and(|a| same_version(&a, attr)),
+        }
+    }
+
+    /// The server's data into `file` (truncated first), in pipelined windows; the bytes read.
+    fn fetch(&self, file: &File, rf: &RemoteFile, size: u64) -> Result<u64> {
+        file.set_len(0)?;
+        if size == 0 {
+            // Nothing to read (a write-only handle could not).
+            return Ok(0);
+        }
+        const WINDOW: usize = 8 << 20;
+        let mut buf = vec![0u8; (size as usize).clamp(MAX_IO, WINDOW)];
+        let mut off = 0u64;
+        loop {
+            let n = rf.read_at(&mut buf, off)?;
+            file.write_all_at(&buf[..n], off)?;
+            off += n as u64;
+            if n < buf.len() || off > self.whole_file_max.saturating_mul(2) {
+                return Ok(off);
+            }
+        }
+    }
+
+    /// Bring the bytes held back under the bound: evict containers not open, least recently
+    /// used first (never one with unstored changes).
+    fn account(&self, st: &mut State, key: Key) {
+        if let Some(e) = st.by_key.get_mut(&key) {
+            let sz = e.file.metadata().map(|m| m.len()).unwrap_or(e.counted);
+            let old = std::mem::replace(&mut e.counted, sz);
+            st.bytes = st.bytes - old + sz;
+        }
+        if st.bytes <= self.max_bytes {
+            return;
+        }
+        let mut idle: Vec<(u64, Key)> = st
+            .by_key
+            .iter()
+            .filter(|(_, e)| e.opens == 0 && !Self::is_dirty(e))
+            .map(|(k, e)| (e.used, *k))
+            .collect();
+        idle.sort_unstable();
+        for (_, k) in idle {
+            if st.bytes <= self.max_bytes {
+                break;
+            }
+            if let Some(e) = st.by_key.remove(&k) {
+                if st.by_path.get(&e.path) == Some(&k) {
+                    st.by_path.remove(&e.path);
+                }
+                st.by_path.retain(|_, v| *v != k);
+                let _ =
+                    rustix::fs::unlinkat(&self.dir, e.name.as_str(), rustix::fs::AtFlags::empty());
+                st.bytes -= e.counted;
+                st.stats.evictions += 1;
+            }
+        }
+        if st.bytes > self.max_bytes {
+            tracing::debug!(
+                "containers: {} bytes held, over the bound of {} (open or unstored)",
+                st.bytes,
+                self.max_bytes
+            );
+        }
+    }
+
+    fn is_dirty(e: &Entry) -> bool {
+        match (e.local, local_of(&e.file)) {
+            (Some(l), Ok(now)) => l != now,
+            (None, _) => false,
+            (Some(_), Err(_)) => true,
+        }
+    }
+
+    /// A setattr by path (`set`, answered with `a`) of a file a local writer has open: the
+    /// container follows (a truncation, times), so what it stores back keeps them.
+    pub(super) fn path_setattr(&self, a: &Attr, set: &SetAttr) {
+        let st = self.st.lock();
+        let Some(e) = st.by_key.get(&(a.dev, a.ino)).filter(|e| e.writers > 0) else {
+            return;
+        };
+        if let Some(size) = set.size {
+            let _ = e.file.set_len(size);
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            let _ = set_times(&e.file, set, a);
+        }
+    }
+
+    /// `a` (the server's attributes of some file) as this client sees them: a container
+    /// open for writing with changes not stored yet shows its size and times.
+    pub(super) fn overlay(&self, a: &mut Attr) {
+        if self.writers.load(Ordering::Relaxed) == 0 || a.mode & libc::S_IFMT != libc::S_IFREG {
+            return;
+        }
+        let st = self.st.lock();
+        if let Some(e) = st.by_key.get(&(a.dev, a.ino)) {
+            if e.writers > 0 {
+                overlay_local(a, e);
+            }
+        }
+    }
+}
+
+/// `a` with the container's size, blocks and times when it changed since fetched or stored.
+fn overlay_local(a: &mut Attr, e: &Entry) {
+    let Ok(s) = rustix::fs::fstat(&*e.file) else {
+        return;
+    };
+    let now = Local {
+        size: s.st_size as u64,
+        mtime: Timespec {
+            sec: s.st_mtime,
+            nsec: s.st_mtime_nsec as u32,
+        },
+        ctime: Timespec {
+            sec: s.st_ctime,
+            nsec: s.st_ctime_nsec as u32,
+        },
+    };
+    if e.local == Some(now) {
+        return;
+    }
+    a.size = now.size;
+    a.blocks = s.st_blocks as u64;
+    a.mtime = now.mtime;
+    a.ctime = now.ctime;
+}
+
+impl Containers {
+    /// Remove every container and the per-mount directory (the mount ends; containers do
+    /// not survive it yet). Idempotent.
+    pub fn remove_all(&self) {
+        let mut st = self.st.lock();
+        for (_, e) in st.by_key.drain() {
+            if Self::is_dirty(&e) {
+                tracing::error!(
+                    "{:?}: changes never stored back are dropped with its container",
+                    String::from_utf8_lossy(&e.path)
+                );
+            }
+            let _ = rustix::fs::unlinkat(&self.dir, e.name.as_str(), rustix::fs::AtFlags::empty());
+        }
+        st.by_path.clear();
+        st.bytes = 0;
+        match std::fs::remove_dir(&self.dir_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("removing {}: {e}", self.dir_path.display()),
+        }
+    }
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        self.remove_all();
+    }
+}
+
+/// An open remote file served from its container (module docs).
+pub struct ContainerFile {
+    cc: Arc<Containers>,
+    key: Key,
+    file: Arc<File>,
+    /// The server handle of a writable open (as the opener), for store-back.
+    remote: Option<RemoteFile>,
+    conn: Arc<Conn>,
+    cred: Cred,
+    path: Vec<u8>,
+    writable: bool,
+}
+
+impl ContainerFile {
+    /// Store the container back if it changed since fetched or stored: the data, the size,
+    /// then the mtime, as the opener; the server's attributes after it become the recorded
+    /// ones.
+    fn store(&self) -> Result<()> {
+        let Some(rf) = &self.remote else {
+            return Ok(());
+        };
+        let io = match self.cc.st.lock().by_key.get(&self.key) {
+            Some(e) => e.io.clone(),
+            None => return Ok(()),
+        };
+        let _io = io.lock();
+        let before = {
+            let st = self.cc.st.lock();
+            match st.by_key.get(&self.key) {
+                Some(e) if Containers::is_dirty(e) => local_of(&self.file)?,
+                _ => return Ok(()),
+            }
+        };
+        let gen = self.cc.gen();
+        let wc: WireCred = (&self.cred).into();
+        // The data, in windows of pipelined 1 MiB writes (the server may run them in any
+        // order: they do not overlap).
+        const WINDOW: usize = 16 << 20;
+        let mut buf = vec![0u8; (before.size as usize).clamp(MAX_IO, WINDOW)];
+        let mut off = 0u64;
+        while off < before.size {
+            let want = ((before.size - off) as usize).min(buf.len());
+            let n = read_full(&self.file, &mut buf[..want], off)?;
+            let mut calls = Vec::new();
+            for (i, c) in buf[..n].chunks(MAX_IO).enumerate() {
+                let rx = rf.conn.start(
+                    &wc,
+                    Request::Write {
+                        handle: rf.handle,
+                        offset: off + (i * MAX_IO) as u64,
+                        data: c.to_vec(),
+                        append: false,
+                    },
+                )?;
+                calls.push((c.len(), rx));
+            }
+            let mut first_err = None;
+            for (len, rx) in calls {
+                let r = match rx.recv() {
+                    Ok(Ok((_, Ok(r)))) => want_count(r),
+                    Ok(Ok((_, Err(e)))) => Err(Error::from_errno(e)),
+                    _ => Err(eio()),
+                };
+                match r {
+                    Ok(w) if w as usize == len => {}
+                    Ok(_) => {
+                        first_err.get_or_insert(Error::Os(libc::EIO));
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            if n < want {
+                break;
+            }
+            off += n as u64;
+        }
+        want_unit(rf.conn.call_as(
+            &wc,
+            Request::SetSize {
+                handle: rf.handle,
+                size: before.size,
+            },
+        )?)?;
+        let set = SetAttr {
+            mtime: Some(TimeSet::At(before.mtime)),
+            ..Default::default()
+        };
+        let attr = match rf.conn.call_as(
+            &wc,
+            Request::FileSetattr {
+                handle: rf.handle,
+                set,
+            },
+        ) {
+            Ok(r) => want_attr(r)?,
+            // Not the owner: the server's store time stays.
+            Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => rf.attr()?,
+            Err(e) => return Err(e),
+        };
+        let mut st = self.cc.st.lock();
+        let held = st.gen == gen;
+        st.stats.stores += 1;
+        st.stats.stored_bytes += before.size;
+        if let Some(e) = st.by_key.get_mut(&self.key) {
+            e.attr = Some(attr);
+            e.local = Some(before);
+            if !held {
+                Containers::invalidate(e);
+            }
+        }
+        tracing::debug!(
+            "stored {} bytes of {:?} back",
+            before.size,
+            String::from_utf8_lossy(&self.path)
+        );
+        Ok(())
+    }
+
+    fn with_entry<T>(&self, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        self.cc.st.lock().by_key.get_mut(&self.key).map(f)
+    }
+}
+
+/// The times `set` set (to the values the server answered with, `a`) on the container.
+fn set_times(f: &File, set: &SetAttr, a: &Attr) -> Result<()> {
+    let ts = |t: Option<TimeSet>, cur: Timespec| match t {
+        None => rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+        Some(_) => rustix::fs::Timespec {
+            tv_sec: cur.sec,
+            tv_nsec: cur.nsec as _,
+        },
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: ts(set.atime, a.atime),
+        last_modification: ts(set.mtime, a.mtime),
+    };
+    rustix::fs::futimens(f, &times).map_err(os)
+}
+
+fn read_full(f: &File, buf: &mut [u8], off: u64) -> Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], off + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(done)
+}
+
+impl Drop for ContainerFile {
+    fn drop(&mut self) {
+        if self.writable {
+            // The last chance: the release of the handle (mmap writes after close, say).
+            if let Err(e) = self.store() {
+                tracing::error!(
+                    "storing {:?} back at release failed: {e}; the changes stay in the \
+                     container only",
+                    String::from_utf8_lossy(&self.path)
+                );
+            }
+        }
+        let writable = self.writable;
+        let mut st = self.cc.st.lock();
+        if let Some(e) = st.by_key.get_mut(&self.key) {
+            e.opens = e.opens.saturating_sub(1);
+            if writable {
+                e.writers = e.writers.saturating_sub(1);
+            }
+        }
+        if writable {
+            self.cc.writers.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.cc.account(&mut st, self.key);
+    }
+}
+
+impl BackendFile for ContainerFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        read_full(&self.file, buf, offset)
+    }
+
+    fn write_at(&self, _cred: &Cred, data: &[u8], offset: u64, append: bool) -> Result<usize> {
+        if !self.writable {
+            return Err(Error::Os(libc::EBADF));
+        }
+        let at = if append {
+            self.file.metadata()?.len()
+        } else {
+            offset
+        };
+        self.file.write_all_at(data, at)?;
+        Ok(data.len())
+    }
+
+    fn sync(&self, datasync: bool) -> Result<()> {
+        self.store()?;
+        match &self.remote {
+            Some(rf) => rf.sync(datasync),
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.store()
+    }
+
+    fn allocate(&self, _cred: &Cred, mode: i32, offset: u64, len: u64) -> Result<()> {
+        if !self.writable {
+            return Err(Error::Os(libc::EBADF));
+        }
+        rustix::fs::fallocate(
+            &*self.file,
+            rustix::fs::FallocateFlags::from_bits_retain(mode as u32),
+            offset,
+            len,
+        )
+        .map_err(os)
+    }
+
+    fn seek(&self, offset: i64, whence: Whence) -> Result<u64> {
+        use rustix::fs::SeekFrom;
+        let to = match whence {
+            Whence::Set => SeekFrom::Start(offset as u64),
+            Whence::Cur => SeekFrom::Current(offset),
+            Whence::End => SeekFrom::End(offset),
+            Whence::Data => SeekFrom::Data(offset as u64),
+            Whence::Hole => SeekFrom::Hole(offset as u64),
+        };
+        rustix::fs::seek(&*self.file, to).map_err(os)
+    }
+
+    fn set_size(&self, cred: &Cred, size: u64) -> Result<()> {
+        if self.writable {
+            self.file.set_len(size)?;
+            return Ok(());
+        }
+        // Read-only (open(O_RDONLY|O_TRUNC)): the server decides, then the container follows
+        // without becoming dirty.
+        let a = want_attr(self.conn.call_as(
+            &cred.into(),
+            Request::Setattr {
+                path: self.path.clone(),
+                set: SetAttr {
+                    size: Some(size),
+                    ..Default::default()
+                },
+            },
+        )?)?;
+        self.file.set_len(size)?;
+        let local = local_of(&self.file)?;
+        self.with_entry(|e| {
+            if e.writers == 0 {
+                e.attr = Some(a);
+                e.local = Some(local);
+            } else {
+                Containers::invalidate(e);
+            }
+        });
+        Ok(())
+    }
+
+    fn setattr(&self, cred: &Cred, set: &SetAttr) -> Result<Attr> {
+        let set = SetAttr { size: None, ..*set };
+        let r = match &self.remote {
+            Some(rf) => rf.setattr(cred, &set)?,
+            None => want_attr(self.conn.call_as(
+                &cred.into(),
+                Request::Setattr {
+                    path: self.path.clone(),
+                    set,
+                },
+            )?)?,
+        };
+        // Times set on the open file are the container's too (stored back with it).
+        if set.atime.is_some() || set.mtime.is_some() {
+            let clean = self
+                .with_entry(|e| !Containers::is_dirty(e))
+                .unwrap_or(false);
+            set_times(&self.file, &set, &r)?;
+            if clean {
+                let local = local_of(&self.file)?;
+                self.with_entry(|e| {
+                    e.local = Some(local);
+                    e.attr = Some(r);
+                });
+            }
+        } else {
+            let clean = self
+                .with_entry(|e| !Containers::is_dirty(e))
+                .unwrap_or(false);
+            if clean {
+                self.with_entry(|e| e.attr = Some(r));
+            }
+        }
+        Ok(self.attr().unwrap_or(r))
+    }
+
+    fn attr(&self) -> Result<Attr> {
+        let valid = self.with_entry(|e| e.valid).unwrap_or(false);
+        // After a callback (an unlink, a chmod), a writer asks the server through its handle
+        // (link count, mode, owner); the data's size and times are the container's.
+        let fresh = match &self.remote {
+            Some(rf) if !valid => Some(rf.attr()?),
+            _ => None,
+        };
+        let st = self.cc.st.lock();
+        let e = st.by_key.get(&self.key).ok_or(Error::Os(libc::EIO))?;
+        let mut a = e.attr.ok_or(Error::Os(libc::EIO))?;
+        overlay_local(&mut a, e);
+        if let Some(f) = fresh {
+            (a.nlink, a.mode, a.uid, a.gid) = (f.nlink, f.mode, f.uid, f.gid);
+        }
+        Ok(a)
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.file.as_fd())
+    }
+
+    /// The container belongs to the daemon: registering it as a passthrough backing file
+    /// (the kernel keeps these credentials for the I/O on it) runs as the daemon (the server
+    /// decided the access at open); nothing else runs on it for a caller.
+    fn as_caller(
+        &self,
+        _cred: &Cred,
+        shared: bool,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        if !shared {
+            // An ioctl (inode flags): the container's flags are nobody's business.
+            return Err(Error::NotSupported);
+        }
+        f()
+    }
+}
