@@ -391,7 +391,10 @@ fn the_client_reconnects_after_the_server_is_killed() {
     }
     let t = RemoteMount::start("reconnect_timeout=30");
     std::fs::write(t.s("f"), b"one").unwrap();
-    assert_eq!(std::fs::read(t.m("f")).unwrap(), b"one");
+    // The whole tree was fetched at mount: the new name shows once its callback has come.
+    eventually("f seen through the mount", || {
+        std::fs::read(t.m("f")).is_ok_and(|b| b == b"one")
+    });
     let first = t.server_pid();
     // SAFETY: kill(2) of the server process this test started (through the fake ssh).
     assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
