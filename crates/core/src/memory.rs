@@ -283,6 +283,29 @@ impl Tree {
         Ok(())
     }
 
+    /// The kernel's `may_create_in_sticky`, for an O_CREAT open of the existing `child` of
+    /// `dir`: in a sticky, world-writable directory, a name that neither the caller nor the
+    /// directory's owner owns is EACCES (also for root, and before a final symlink's ELOOP),
+    /// except regular files and FIFOs (this backend models fs.protected_regular = 0 and
+    /// fs.protected_fifos = 0) and directories (EISDIR comes first).
+    fn create_in_sticky_ok(&self, cred: &Cred, dir: u64, child: u64) -> Result<()> {
+        let d = self.get(dir)?.attr;
+        let c = self.get(child)?.attr;
+        let exempt = matches!(
+            c.kind(),
+            FileType::Regular | FileType::Fifo | FileType::Directory
+        );
+        if !exempt
+            && d.mode & S_ISVTX != 0
+            && d.mode & 0o002 != 0
+            && c.uid != d.uid
+            && c.uid != cred.uid
+        {
+            return Err(Error::Access);
+        }
+        Ok(())
+    }
+
     fn touch_dir(&mut self, dir: u64) -> Result<()> {
         let t = self.now();
         let a = &mut self.get_mut(dir)?.attr;
@@ -1182,6 +1205,10 @@ impl Backend for MemoryBackend {
                 let (d, name) = t.parent(path, Some(cred))?;
                 match t.lookup_in(d, name) {
                     Ok(_) if creat && flags & libc::O_EXCL != 0 => return Err(Error::Exists),
+                    Ok(i) if creat => {
+                        t.create_in_sticky_ok(cred, d, i)?;
+                        i
+                    }
                     Ok(i) => i,
                     Err(Error::NotFound) if creat => {
                         let mode = self.masked(libc::S_IFREG | (mode & 0o7777))?;
@@ -1527,6 +1554,44 @@ mod tests {
         m.rename(&root(), b"full", b"hl", RenameMode::Replace)
             .unwrap();
         assert_eq!(m.getattr(b"full").unwrap().nlink, 2);
+    }
+
+    /// memory_vs_kernel seed 1795744034133171380 step 676: root's O_CREAT open of a symlink
+    /// that uid 1000 owns in a sticky world-writable directory is EACCES in the kernel
+    /// (`may_create_in_sticky`, before the symlink's ELOOP); the memory backend said ELOOP.
+    #[test]
+    fn creat_of_anothers_name_in_a_sticky_dir_is_eacces() {
+        let m = MemoryBackend::new();
+        m.populate(&["sticky/", "plain/"]);
+        for d in [&b"sticky"[..], b"plain"] {
+            let mode = if d == b"sticky" { 0o1777 } else { 0o777 };
+            m.setattr(
+                &root(),
+                d,
+                &SetAttr {
+                    mode: Some(mode),
+                    ..sa()
+                },
+            )
+            .unwrap();
+        }
+        let creat = libc::O_CREAT | libc::O_RDWR;
+        let open = |c: &Cred, p: &[u8]| m.open(c, p, creat, 0o644).map(|_| ()).unwrap_err();
+        m.symlink(&user(1000), b"b/b", b"sticky/theirs").unwrap();
+        m.symlink(&root(), b"b/b", b"sticky/roots").unwrap();
+        m.symlink(&user(1000), b"b/b", b"plain/theirs").unwrap();
+        assert_eq!(open(&root(), b"sticky/theirs"), Error::Access);
+        assert_eq!(open(&user(1001), b"sticky/theirs"), Error::Access);
+        // The caller's own, the directory owner's, or outside a sticky directory: ELOOP.
+        assert_eq!(open(&user(1000), b"sticky/theirs"), Error::Loop);
+        assert_eq!(open(&user(1000), b"sticky/roots"), Error::Loop);
+        assert_eq!(open(&root(), b"plain/theirs"), Error::Loop);
+        // Without O_CREAT the rule does not apply.
+        let plain = m
+            .open(&root(), b"sticky/theirs", libc::O_RDWR, 0)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(plain, Error::Loop);
     }
 
     #[test]
