@@ -441,3 +441,79 @@ fn a_non_root_server_acts_as_its_own_user() {
     std::fs::write(t.s("outside"), b"o").unwrap();
     eventually("a server-side change", || t.m("outside").exists());
 }
+
+/// Files open across a server restart: after the client reconnects, it opens them again on
+/// the new server (same credentials and flags, nothing created or truncated) if the path
+/// still names the very file that was opened; a program holding them carries on. A file
+/// removed or replaced on the server meanwhile fails with EIO, never showing another file's
+/// data.
+#[test]
+fn open_files_are_reopened_after_the_server_is_killed() {
+    if !can_mount() {
+        return;
+    }
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::unix::fs::FileExt;
+    let t = RemoteMount::start("reconnect_timeout=30");
+    std::fs::write(t.s("keep"), b"hello world").unwrap();
+    std::fs::write(t.s("gone"), b"gone data").unwrap();
+    std::fs::write(t.s("replaced"), b"old data").unwrap();
+    std::fs::create_dir(t.s("d")).unwrap();
+    std::fs::write(t.s("d/moved"), b"moved data").unwrap();
+    let rw = |p: &Path| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap()
+    };
+    // Nothing read before the kill: the kernel has no page of them, reads reach the server.
+    let keep = rw(&t.m("keep"));
+    let gone = std::fs::File::open(t.m("gone")).unwrap();
+    let replaced = std::fs::File::open(t.m("replaced")).unwrap();
+    let moved = std::fs::File::open(t.m("d/moved")).unwrap();
+    // Renamed through the mount while open: followed.
+    std::fs::rename(t.m("d"), t.m("e")).unwrap();
+    // Created through the mount, written (acknowledged), still open.
+    let mut new = std::fs::File::create(t.m("new")).unwrap();
+    new.write_all(b"first,").unwrap();
+    assert_eq!(std::fs::read(t.s("new")).unwrap(), b"first,");
+    let first = t.server_pid();
+    // SAFETY: kill(2) of the server process this test started (through the fake ssh).
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    // Meanwhile on the server: one file removed, one replaced (renamed over).
+    std::fs::remove_file(t.s("gone")).unwrap();
+    std::fs::write(t.s("replaced.tmp"), b"new data").unwrap();
+    std::fs::rename(t.s("replaced.tmp"), t.s("replaced")).unwrap();
+    eventually("a new server", || {
+        std::fs::metadata(t.m("keep")).is_ok() && t.server_pid() != first
+    });
+    // The held files work on the new server.
+    let mut buf = [0u8; 11];
+    keep.read_exact_at(&mut buf, 0)
+        .expect("a read of a file open across the reconnection");
+    assert_eq!(&buf, b"hello world");
+    keep.write_all_at(b"WORLD", 6)
+        .expect("a write to a file open across the reconnection");
+    assert_eq!(std::fs::read(t.s("keep")).unwrap(), b"hello WORLD");
+    new.write_all(b"second").expect("a write to a created file");
+    new.flush().unwrap();
+    drop(new);
+    assert_eq!(std::fs::read(t.s("new")).unwrap(), b"first,second");
+    let mut m = String::new();
+    (&moved)
+        .read_to_string(&mut m)
+        .expect("a file renamed by this client");
+    assert_eq!(m, "moved data");
+    // Gone or replaced: EIO, not the new file's data.
+    let eio = |r: std::io::Result<usize>| r.is_err_and(|e| e.raw_os_error() == Some(libc::EIO));
+    let mut b = Vec::new();
+    assert!(eio((&gone).read_to_end(&mut b)), "removed: {b:?}");
+    let mut b = Vec::new();
+    assert!(eio((&replaced).read_to_end(&mut b)), "replaced: {b:?}");
+    assert!(eio((&replaced)
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| (&replaced).read(&mut [0u8; 4]))));
+    // New opens see the new file.
+    assert_eq!(std::fs::read(t.m("replaced")).unwrap(), b"new data");
+}

@@ -564,7 +564,11 @@ fn subtree(s: &Shared, id: u64, root: &[u8], budget: u64) {
             batch.push(SubtreeDir {
                 dir: rel.clone(),
                 entries: c.to_vec(),
-                bare: bare[start..start + c.len()].to_vec(),
+                // Empty when the directory could not be opened again (removed meanwhile).
+                bare: bare
+                    .get(start..start + c.len())
+                    .unwrap_or_default()
+                    .to_vec(),
             });
         }
     }
