@@ -517,3 +517,143 @@ fn open_files_are_reopened_after_the_server_is_killed() {
     // New opens see the new file.
     assert_eq!(std::fs::read(t.m("replaced")).unwrap(), b"new data");
 }
+
+/// One listing of `fd` from its start with getdents64: the names, or the errno.
+fn getdents_all(fd: i32) -> Result<usize, i32> {
+    // SAFETY: lseek(2) on a descriptor this test owns.
+    if unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    let mut buf = vec![0u8; 32768];
+    let mut n = 0;
+    loop {
+        // SAFETY: getdents64 into a buffer of the length given.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd,
+                buf.as_mut_ptr(),
+                buf.len() as libc::c_uint,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        if r == 0 {
+            return Ok(n);
+        }
+        n += 1;
+    }
+}
+
+/// A directory removed and made again on the server (rm -rf, then a new tree at the same
+/// name) while the client lists it, by path and through a descriptor opened before: every
+/// listing ends (a server worker used to panic when a listed directory vanished before its
+/// xattr probe, and the listing waiting for that bulk reply hung), and the client ends up
+/// with the last tree. Natively a listing gives the old entries, the new ones or ENOENT;
+/// here EIO and ENOTDIR also occur (inode numbers reused with another type: docs/remote.md,
+/// "Known gap"): they are counted and printed, not failed; any other error fails.
+#[test]
+fn listings_while_the_server_replaces_the_tree_end() {
+    if !can_mount() {
+        return;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let t = RemoteMount::start("");
+    let make = |src: &Path, round: usize| {
+        let d = src.join("d");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        for i in 0..(8 + round % 8) {
+            std::fs::write(d.join(format!("f{i}")), b"x").unwrap();
+        }
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/g"), b"g").unwrap();
+    };
+    make(&t.src, 0);
+    assert!(std::fs::read_dir(t.m("d")).unwrap().count() >= 8);
+    let stop = AtomicBool::new(false);
+    let rounds = 300;
+    let failures: Vec<(Option<i32>, String)> = std::thread::scope(|s| {
+        let churn = s.spawn(|| {
+            for round in 1..=rounds {
+                make(&t.src, round);
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+        let by_path = s.spawn(|| {
+            let mut bad = Vec::new();
+            let mut lists = 0;
+            while !stop.load(Ordering::SeqCst) {
+                lists += 1;
+                let r = std::fs::read_dir(t.m("d")).and_then(|d| {
+                    d.map(|e| {
+                        let e = e?;
+                        // Each name's attributes too (READDIRPLUS or LOOKUP).
+                        let _ = std::fs::symlink_metadata(e.path());
+                        Ok(e.file_name().as_bytes().len())
+                    })
+                    .collect::<std::io::Result<Vec<_>>>()
+                });
+                let r2 = std::fs::read_dir(t.m("d/sub")).map(|d| d.count());
+                for e in [r.err(), r2.err()].into_iter().flatten() {
+                    if e.raw_os_error() != Some(libc::ENOENT) {
+                        bad.push((e.raw_os_error(), format!("listing by path: {e}")));
+                    }
+                }
+            }
+            eprintln!("{lists} listings by path");
+            bad
+        });
+        let held = s.spawn(|| {
+            let mut bad = Vec::new();
+            let path = std::ffi::CString::new(t.m("d").as_os_str().as_bytes()).unwrap();
+            let mut lists = 0;
+            while !stop.load(Ordering::SeqCst) {
+                // SAFETY: open(2) of a NUL-terminated path; closed below.
+                let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+                if fd < 0 {
+                    continue;
+                }
+                // Listed again and again while the tree it named is replaced.
+                for _ in 0..20 {
+                    lists += 1;
+                    if let Err(e) = getdents_all(fd) {
+                        if e != libc::ENOENT {
+                            bad.push((
+                                Some(e),
+                                format!(
+                                    "listing through a held descriptor: {}",
+                                    std::io::Error::from_raw_os_error(e)
+                                ),
+                            ));
+                        }
+                        break;
+                    }
+                }
+                // SAFETY: closing the descriptor opened above.
+                unsafe { libc::close(fd) };
+            }
+            eprintln!("{lists} listings through held descriptors");
+            bad
+        });
+        churn.join().unwrap();
+        let mut bad = by_path.join().unwrap();
+        bad.extend(held.join().unwrap());
+        bad
+    });
+    let (gap, other): (Vec<_>, Vec<_>) = failures
+        .into_iter()
+        .partition(|(e, _)| matches!(*e, Some(libc::EIO) | Some(libc::ENOTDIR)));
+    eprintln!(
+        "known gap (docs/remote.md): {} listings failed with EIO or ENOTDIR",
+        gap.len()
+    );
+    let other: Vec<String> = other.into_iter().map(|x| x.1).take(10).collect();
+    assert!(other.is_empty(), "{other:?}");
+    // And the end state is right.
+    eventually("the last tree", || {
+        std::fs::read_dir(t.m("d")).is_ok_and(|d| d.count() == 8 + rounds % 8 + 1)
+    });
+}
