@@ -395,26 +395,25 @@ fn the_client_reconnects_after_the_server_is_killed() {
     eventually("f seen through the mount", || {
         std::fs::read(t.m("f")).is_ok_and(|b| b == b"one")
     });
+    // A miss the kernel keeps for a day (one-day negative TTL).
+    let enoent = |e: std::io::Error| e.raw_os_error() == Some(libc::ENOENT);
+    assert!(std::fs::metadata(t.m("g")).is_err_and(enoent));
     let first = t.server_pid();
     // SAFETY: kill(2) of the server process this test started (through the fake ssh).
     assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
-    // Changed while no server watched: the reconnected client must not serve "one".
+    // Changed while no server watched: the reconnected client must not serve "one", nor keep
+    // the kernel's negative entry for `g`.
     std::fs::write(t.s("f"), b"two!").unwrap();
     std::fs::write(t.s("g"), b"new").unwrap();
-    // Looked for by listing, not by name: a LOOKUP of `g` answered before the client has
-    // noticed the lost connection gets ENOENT from the still-complete listing, and that
-    // negative entry stays in the kernel (a known gap, issue 10's note: the kernel's negative
-    // entries are not dropped when callback promises break).
-    eventually("a new server", || {
-        std::fs::read_dir(t.m("")).is_ok_and(|d| {
-            d.filter_map(|e| e.ok())
-                .any(|e| e.file_name() == std::ffi::OsStr::new("g"))
-        }) && t.server_pid() != first
+    eventually("a new server, and what changed meanwhile", || {
+        std::fs::read(t.m("f")).is_ok_and(|d| d == b"two!") && t.server_pid() != first
     });
-    assert!(std::fs::metadata(t.m("g")).is_ok());
-    eventually("what changed meanwhile", || {
-        std::fs::read(t.m("f")).is_ok_and(|d| d == b"two!")
-    });
+    // By name, at once (no polling: `f` fresh means the notifier has sent its epoch
+    // increment, which comes first): the broken promises dropped the negative entry too.
+    assert_eq!(
+        std::fs::read(t.m("g")).expect("a name created while no server watched, by name"),
+        b"new"
+    );
     // Callbacks on the new connection.
     std::fs::write(t.s("h"), b"later").unwrap();
     eventually("a change after reconnecting", || t.m("h").exists());
@@ -445,4 +444,220 @@ fn a_non_root_server_acts_as_its_own_user() {
     // Server-side changes come back.
     std::fs::write(t.s("outside"), b"o").unwrap();
     eventually("a server-side change", || t.m("outside").exists());
+}
+
+/// Files open across a server restart: after the client reconnects, it opens them again on
+/// the new server (same credentials and flags, nothing created or truncated) if the path
+/// still names the very file that was opened; a program holding them carries on. A file
+/// removed or replaced on the server meanwhile fails with EIO, never showing another file's
+/// data.
+#[test]
+fn open_files_are_reopened_after_the_server_is_killed() {
+    if !can_mount() {
+        return;
+    }
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::unix::fs::FileExt;
+    let t = RemoteMount::start("reconnect_timeout=30");
+    std::fs::write(t.s("keep"), b"hello world").unwrap();
+    std::fs::write(t.s("gone"), b"gone data").unwrap();
+    std::fs::write(t.s("replaced"), b"old data").unwrap();
+    std::fs::create_dir(t.s("d")).unwrap();
+    std::fs::write(t.s("d/moved"), b"moved data").unwrap();
+    let rw = |p: &Path| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap()
+    };
+    // Nothing read before the kill: the kernel has no page of them, reads reach the server.
+    let keep = rw(&t.m("keep"));
+    let gone = std::fs::File::open(t.m("gone")).unwrap();
+    let replaced = std::fs::File::open(t.m("replaced")).unwrap();
+    let moved = std::fs::File::open(t.m("d/moved")).unwrap();
+    // Renamed through the mount while open: followed.
+    std::fs::rename(t.m("d"), t.m("e")).unwrap();
+    // Created through the mount, written (acknowledged), still open.
+    let mut new = std::fs::File::create(t.m("new")).unwrap();
+    new.write_all(b"first,").unwrap();
+    assert_eq!(std::fs::read(t.s("new")).unwrap(), b"first,");
+    let first = t.server_pid();
+    // SAFETY: kill(2) of the server process this test started (through the fake ssh).
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    // Meanwhile on the server: one file removed, one replaced (renamed over).
+    std::fs::remove_file(t.s("gone")).unwrap();
+    std::fs::write(t.s("replaced.tmp"), b"new data").unwrap();
+    std::fs::rename(t.s("replaced.tmp"), t.s("replaced")).unwrap();
+    eventually("a new server", || {
+        std::fs::metadata(t.m("keep")).is_ok() && t.server_pid() != first
+    });
+    // The held files work on the new server.
+    let mut buf = [0u8; 11];
+    keep.read_exact_at(&mut buf, 0)
+        .expect("a read of a file open across the reconnection");
+    assert_eq!(&buf, b"hello world");
+    keep.write_all_at(b"WORLD", 6)
+        .expect("a write to a file open across the reconnection");
+    assert_eq!(std::fs::read(t.s("keep")).unwrap(), b"hello WORLD");
+    new.write_all(b"second").expect("a write to a created file");
+    new.flush().unwrap();
+    drop(new);
+    assert_eq!(std::fs::read(t.s("new")).unwrap(), b"first,second");
+    let mut m = String::new();
+    (&moved)
+        .read_to_string(&mut m)
+        .expect("a file renamed by this client");
+    assert_eq!(m, "moved data");
+    // Gone or replaced: EIO, not the new file's data.
+    let eio = |r: std::io::Result<usize>| r.is_err_and(|e| e.raw_os_error() == Some(libc::EIO));
+    let mut b = Vec::new();
+    assert!(eio((&gone).read_to_end(&mut b)), "removed: {b:?}");
+    let mut b = Vec::new();
+    assert!(eio((&replaced).read_to_end(&mut b)), "replaced: {b:?}");
+    assert!(eio((&replaced)
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| (&replaced).read(&mut [0u8; 4]))));
+    // New opens see the new file.
+    assert_eq!(std::fs::read(t.m("replaced")).unwrap(), b"new data");
+}
+
+/// One listing of `fd` from its start with getdents64: the names, or the errno.
+fn getdents_all(fd: i32) -> Result<usize, i32> {
+    // SAFETY: lseek(2) on a descriptor this test owns.
+    if unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    let mut buf = vec![0u8; 32768];
+    let mut n = 0;
+    loop {
+        // SAFETY: getdents64 into a buffer of the length given.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd,
+                buf.as_mut_ptr(),
+                buf.len() as libc::c_uint,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        if r == 0 {
+            return Ok(n);
+        }
+        n += 1;
+    }
+}
+
+/// A directory removed and made again on the server (rm -rf, then a new tree at the same
+/// name) while the client lists it, by path and through a descriptor opened before: every
+/// listing ends (a server worker used to panic when a listed directory vanished before its
+/// xattr probe, and the listing waiting for that bulk reply hung), and the client ends up
+/// with the last tree. Natively a listing gives the old entries, the new ones or ENOENT;
+/// here EIO and ENOTDIR also occur (inode numbers reused with another type: docs/remote.md,
+/// "Known gap"): they are counted and printed, not failed; any other error fails.
+#[test]
+fn listings_while_the_server_replaces_the_tree_end() {
+    if !can_mount() {
+        return;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let t = RemoteMount::start("");
+    let make = |src: &Path, round: usize| {
+        let d = src.join("d");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        for i in 0..(8 + round % 8) {
+            std::fs::write(d.join(format!("f{i}")), b"x").unwrap();
+        }
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/g"), b"g").unwrap();
+    };
+    make(&t.src, 0);
+    assert!(std::fs::read_dir(t.m("d")).unwrap().count() >= 8);
+    let stop = AtomicBool::new(false);
+    let rounds = 300;
+    let failures: Vec<(Option<i32>, String)> = std::thread::scope(|s| {
+        let churn = s.spawn(|| {
+            for round in 1..=rounds {
+                make(&t.src, round);
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+        let by_path = s.spawn(|| {
+            let mut bad = Vec::new();
+            let mut lists = 0;
+            while !stop.load(Ordering::SeqCst) {
+                lists += 1;
+                let r = std::fs::read_dir(t.m("d")).and_then(|d| {
+                    d.map(|e| {
+                        let e = e?;
+                        // Each name's attributes too (READDIRPLUS or LOOKUP).
+                        let _ = std::fs::symlink_metadata(e.path());
+                        Ok(e.file_name().as_bytes().len())
+                    })
+                    .collect::<std::io::Result<Vec<_>>>()
+                });
+                let r2 = std::fs::read_dir(t.m("d/sub")).map(|d| d.count());
+                for e in [r.err(), r2.err()].into_iter().flatten() {
+                    if e.raw_os_error() != Some(libc::ENOENT) {
+                        bad.push((e.raw_os_error(), format!("listing by path: {e}")));
+                    }
+                }
+            }
+            eprintln!("{lists} listings by path");
+            bad
+        });
+        let held = s.spawn(|| {
+            let mut bad = Vec::new();
+            let path = std::ffi::CString::new(t.m("d").as_os_str().as_bytes()).unwrap();
+            let mut lists = 0;
+            while !stop.load(Ordering::SeqCst) {
+                // SAFETY: open(2) of a NUL-terminated path; closed below.
+                let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+                if fd < 0 {
+                    continue;
+                }
+                // Listed again and again while the tree it named is replaced.
+                for _ in 0..20 {
+                    lists += 1;
+                    if let Err(e) = getdents_all(fd) {
+                        if e != libc::ENOENT {
+                            bad.push((
+                                Some(e),
+                                format!(
+                                    "listing through a held descriptor: {}",
+                                    std::io::Error::from_raw_os_error(e)
+                                ),
+                            ));
+                        }
+                        break;
+                    }
+                }
+                // SAFETY: closing the descriptor opened above.
+                unsafe { libc::close(fd) };
+            }
+            eprintln!("{lists} listings through held descriptors");
+            bad
+        });
+        churn.join().unwrap();
+        let mut bad = by_path.join().unwrap();
+        bad.extend(held.join().unwrap());
+        bad
+    });
+    let (gap, other): (Vec<_>, Vec<_>) = failures
+        .into_iter()
+        .partition(|(e, _)| matches!(*e, Some(libc::EIO) | Some(libc::ENOTDIR)));
+    eprintln!(
+        "known gap (docs/remote.md): {} listings failed with EIO or ENOTDIR",
+        gap.len()
+    );
+    let other: Vec<String> = other.into_iter().map(|x| x.1).take(10).collect();
+    assert!(other.is_empty(), "{other:?}");
+    // And the end state is right.
+    eventually("the last tree", || {
+        std::fs::read_dir(t.m("d")).is_ok_and(|d| d.count() == 8 + rounds % 8 + 1)
+    });
 }

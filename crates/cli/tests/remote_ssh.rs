@@ -278,7 +278,8 @@ fn two_clients_see_each_others_changes_through_callbacks() {
     reset_tree(&srv.src);
     // While the tree is being replaced on the server, B's listing may fail (the directory
     // it read vanished); only the end state is asserted here. One CI dry run saw EIO
-    // from B's readdir in this window (not reproduced in 21 runs; noted in issue 10).
+    // from B's readdir in this window: inode numbers reused with another type (docs/remote.md,
+    // "Known gap").
     eventually("B sees the reset tree", || {
         try_names(&b.p("d")).is_some_and(|n| n == ["f", "h"])
             && std::fs::read(b.p("d/h")).is_ok_and(|d| d == b"hhh")

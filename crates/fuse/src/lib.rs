@@ -176,11 +176,12 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
             None
         }
     };
-    let state = notifier::NotifierState {
-        cache: cache.clone(),
-        inodes: parts.inodes.clone(),
-        counters: parts.counters.clone(),
-    };
+    let state = notifier::NotifierState::new(
+        cache.clone(),
+        parts.inodes.clone(),
+        parts.counters.clone(),
+        session.kernel_abi().map_or(0, |v| v.1),
+    );
     let notifier = notifier::spawn(state, session.notifier(), rx, feed)?;
     guard.disarm();
     let persist = persist.map(|p| (cache.clone(), p));

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -38,6 +38,11 @@ pub enum NotifyMsg {
 pub trait Sink: Send + 'static {
     fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()>;
     fn inval_inode(&self, ino: u64) -> std::io::Result<()>;
+    /// Make every dentry of the connection fail its next revalidation, negative ones
+    /// included (`FUSE_NOTIFY_INC_EPOCH`).
+    fn inc_epoch(&self) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
 }
 
 impl Sink for Notifier {
@@ -47,13 +52,23 @@ impl Sink for Notifier {
     fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
         Notifier::inval_inode(self, INodeNo(ino), 0, 0)
     }
+    fn inc_epoch(&self) -> std::io::Result<()> {
+        Notifier::inc_epoch(self)
+    }
 }
+
+/// The first FUSE ABI minor version with `FUSE_NOTIFY_INC_EPOCH` (Linux 6.16).
+pub const INC_EPOCH_MINOR: u32 = 44;
 
 /// One batch of kernel notifications, deduplicated.
 #[derive(Default, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub entries: Vec<(u64, Vec<u8>)>,
     pub inodes: Vec<u64>,
+    /// Every kernel dentry must go, also the negative ones nobody can name (a broken
+    /// callback promise: `Overflow`). Sent as one epoch increment where the kernel has it;
+    /// `entries` then holds the names to drop one by one where it has not.
+    pub all_entries: bool,
     seen_e: HashSet<(u64, Vec<u8>)>,
     seen_i: HashSet<u64>,
 }
@@ -83,9 +98,61 @@ pub struct NotifierState {
     pub cache: Arc<Cache>,
     pub inodes: Arc<Inodes>,
     pub counters: Arc<RequestCounters>,
+    /// The FUSE ABI minor version the kernel announced at INIT (0: unknown).
+    pub kernel_minor: u32,
+    /// The kernel refused an epoch increment, or its version lacks it (logged once).
+    pub no_epoch: AtomicBool,
 }
 
 impl NotifierState {
+    /// A notifier's state for a kernel of FUSE ABI minor version `kernel_minor`.
+    pub fn new(
+        cache: Arc<Cache>,
+        inodes: Arc<Inodes>,
+        counters: Arc<RequestCounters>,
+        kernel_minor: u32,
+    ) -> NotifierState {
+        NotifierState {
+            cache,
+            inodes,
+            counters,
+            kernel_minor,
+            no_epoch: AtomicBool::new(false),
+        }
+    }
+
+    /// Increment the connection's epoch; `false` when the kernel cannot (older than ABI
+    /// 7.44, or it refused): the caller drops the names it knows one by one instead, and
+    /// negative entries stay until their TTL ends (logged once).
+    fn inc_epoch(&self, sink: &dyn Sink) -> bool {
+        if self.no_epoch.load(Ordering::Relaxed) {
+            return false;
+        }
+        let why = if self.kernel_minor < INC_EPOCH_MINOR {
+            format!(
+                "the kernel's FUSE ABI 7.{} is older than 7.{INC_EPOCH_MINOR}",
+                self.kernel_minor
+            )
+        } else {
+            match sink.inc_epoch() {
+                Ok(()) => {
+                    self.counters
+                        .notify_inc_epoch
+                        .fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+                Err(e) => format!("the kernel refused FUSE_NOTIFY_INC_EPOCH: {e}"),
+            }
+        };
+        if !self.no_epoch.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "{why}: after lost changes, kernel negative entries stay until their TTL ends \
+                 (known names are dropped one by one)"
+            );
+        }
+        false
+    }
+
     fn dir_nodeid(&self, dir_path: &[u8]) -> Option<u64> {
         if dir_path.is_empty() {
             return Some(ROOT);
@@ -159,6 +226,10 @@ impl NotifierState {
             }
         }
         if matches!(change, Change::Overflow) {
+            // Changes were lost: any dentry may be stale, also a negative one answered from
+            // what the cache knew before it forgot (a LOOKUP racing the overflow, or made
+            // before changes the feed never reported). Only the epoch reaches those.
+            b.all_entries = true;
             for (id, node) in self.inodes.all() {
                 b.inode(id);
                 if let Some(parent) = node.parent().and_then(|p| self.inodes.nodeid_of(&p)) {
@@ -237,7 +308,8 @@ impl NotifierState {
     }
 
     pub fn send(&self, sink: &dyn Sink, b: &Batch) {
-        for (p, name) in &b.entries {
+        let by_epoch = b.all_entries && self.inc_epoch(sink);
+        for (p, name) in b.entries.iter().filter(|_| !by_epoch) {
             match sink.inval_entry(*p, name) {
                 Ok(()) => self
                     .counters
@@ -319,6 +391,95 @@ mod tests {
         assert_eq!(split_path(b"a/b/c"), (&b"a/b"[..], &b"c"[..]));
         assert_eq!(split_path(b"c"), (&b""[..], &b"c"[..]));
         assert_eq!(split_path(b""), (&b""[..], &b""[..]));
+    }
+
+    /// Records what was sent; `epoch` says whether the kernel has FUSE_NOTIFY_INC_EPOCH.
+    struct Recorder {
+        epoch: bool,
+        sent: Arc<parking_lot::Mutex<Vec<String>>>,
+    }
+
+    impl Sink for Recorder {
+        fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()> {
+            let name = String::from_utf8_lossy(name);
+            self.sent.lock().push(format!("entry {parent} {name}"));
+            Ok(())
+        }
+        fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
+            self.sent.lock().push(format!("inode {ino}"));
+            Ok(())
+        }
+        fn inc_epoch(&self) -> std::io::Result<()> {
+            if !self.epoch {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            self.sent.lock().push("epoch".into());
+            Ok(())
+        }
+    }
+
+    fn state(kernel_minor: u32) -> NotifierState {
+        let backend = dircache_core::memory::MemoryBackend::new();
+        let cache = Cache::new(Arc::new(backend), Default::default()).unwrap();
+        let inodes = Arc::new(Inodes::new(&cache));
+        NotifierState::new(cache, inodes, Default::default(), kernel_minor)
+    }
+
+    fn lost_changes() -> Batch {
+        let mut b = Batch {
+            all_entries: true,
+            ..Batch::default()
+        };
+        b.entry(1, b"x");
+        b.inode(1);
+        b
+    }
+
+    #[test]
+    fn lost_changes_bump_the_epoch_instead_of_naming_entries() {
+        let s = state(45);
+        let sent = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let sink = Recorder {
+            epoch: true,
+            sent: sent.clone(),
+        };
+        s.send(&sink, &lost_changes());
+        assert_eq!(*sent.lock(), ["epoch", "inode 1"]);
+        assert_eq!(s.counters.notify_inc_epoch.load(Ordering::Relaxed), 1);
+        // An ordinary batch names its entries.
+        sent.lock().clear();
+        let mut b = lost_changes();
+        b.all_entries = false;
+        s.send(&sink, &b);
+        assert_eq!(*sent.lock(), ["entry 1 x", "inode 1"]);
+    }
+
+    #[test]
+    fn without_the_epoch_entries_are_named_one_by_one() {
+        // A kernel whose ABI is older than 7.44: not even tried.
+        let s = state(40);
+        let sent = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let sink = Recorder {
+            epoch: true,
+            sent: sent.clone(),
+        };
+        s.send(&sink, &lost_changes());
+        assert_eq!(*sent.lock(), ["entry 1 x", "inode 1"]);
+        // A kernel that refuses it: tried once, then not again.
+        let s = state(45);
+        sent.lock().clear();
+        let sink = Recorder {
+            epoch: false,
+            sent: sent.clone(),
+        };
+        s.send(&sink, &lost_changes());
+        s.send(&sink, &lost_changes());
+        assert_eq!(
+            *sent.lock(),
+            ["entry 1 x", "inode 1", "entry 1 x", "inode 1"]
+        );
+        assert!(s.no_epoch.load(Ordering::Relaxed));
+        assert_eq!(s.counters.notify_inc_epoch.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -101,6 +101,8 @@ pub struct RequestCounters {
     /// Notifications sent to the kernel.
     pub notify_inval_entry: AtomicU64,
     pub notify_inval_inode: AtomicU64,
+    /// Epoch increments (every kernel dentry dropped at once, after lost changes).
+    pub notify_inc_epoch: AtomicU64,
     pub notify_errors: AtomicU64,
     /// Changes received from the backend's change feed.
     pub changes: AtomicU64,
@@ -125,6 +127,7 @@ impl Default for RequestCounters {
             negative_lookups: AtomicU64::new(0),
             notify_inval_entry: AtomicU64::new(0),
             notify_inval_inode: AtomicU64::new(0),
+            notify_inc_epoch: AtomicU64::new(0),
             notify_errors: AtomicU64::new(0),
             changes: AtomicU64::new(0),
             own_writes: AtomicU64::new(0),
@@ -208,6 +211,7 @@ impl StatsSource {
                 "own_writes": r.own_writes.load(Ordering::Relaxed),
                 "inval_entry": r.notify_inval_entry.load(Ordering::Relaxed),
                 "inval_inode": r.notify_inval_inode.load(Ordering::Relaxed),
+                "inc_epoch": r.notify_inc_epoch.load(Ordering::Relaxed),
                 "errors": r.notify_errors.load(Ordering::Relaxed),
             },
             "memory": { "rss_bytes": rss_bytes() },

@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 
 mod bulk;
 pub mod container;
+mod reopen;
 mod search;
 
 pub use container::{ContainerConfig, ContainerFile, ContainerStats, Containers};
@@ -444,18 +445,16 @@ pub type Connector = Box<dyn Fn() -> std::io::Result<Box<dyn Transport>> + Send 
 
 /// A [`Backend`] served by a dircache server (module docs).
 pub struct RemoteBackend {
-    conn: Mutex<Arc<Conn>>,
+    conn: Arc<Mutex<Arc<Conn>>>,
     watched: AtomicBool,
     callbacks: Arc<Mutex<Option<Sender<Change>>>>,
-    lost: Arc<AtomicBool>,
     prefetch: Arc<Mutex<Prefetch>>,
     /// Signalled when a streamed bulk call stores a part or ends (client/bulk.rs).
     arrived: Arc<parking_lot::Condvar>,
     round_trips: Arc<AtomicU64>,
-    connector: Option<Connector>,
+    /// Reconnecting, shared with the open files (client/reopen.rs).
+    link: Arc<reopen::Link>,
     cfg: ClientConfig,
-    /// Held while reconnecting: one attempt at a time, the others wait for its outcome.
-    reconnecting: Mutex<()>,
 }
 
 /// How a client runs.
@@ -523,69 +522,32 @@ impl RemoteBackend {
             prefetch.clone(),
             round_trips.clone(),
         )?;
+        let conn = Arc::new(Mutex::new(conn));
+        let link = Arc::new(reopen::Link::new(
+            conn.clone(),
+            connector,
+            cfg.clone(),
+            callbacks.clone(),
+            lost,
+            prefetch.clone(),
+            round_trips.clone(),
+        ));
         Ok(RemoteBackend {
-            conn: Mutex::new(conn),
+            conn,
             watched: AtomicBool::new(false),
             callbacks,
-            lost,
             prefetch,
             arrived: Arc::default(),
             round_trips,
-            connector,
+            link,
             cfg: cfg.clone(),
-            reconnecting: Mutex::new(()),
         })
     }
 
     /// The live connection: the current one, or (after it was lost) a new one, waiting up to
-    /// the reconnect timeout with backoff; EIO when there is none.
+    /// the reconnect timeout with backoff (open files reopened on it); EIO when there is none.
     fn conn(&self) -> Result<Arc<Conn>> {
-        let c = self.conn.lock().clone();
-        if !c.closed.load(Ordering::SeqCst) {
-            return Ok(c);
-        }
-        let Some(connect) = &self.connector else {
-            return Err(eio());
-        };
-        if self.cfg.reconnect_timeout.is_zero() {
-            return Err(eio());
-        }
-        let _one = self.reconnecting.lock();
-        let c = self.conn.lock().clone();
-        if !c.closed.load(Ordering::SeqCst) {
-            return Ok(c);
-        }
-        let deadline = Instant::now() + self.cfg.reconnect_timeout;
-        let mut delay = Duration::from_millis(50);
-        loop {
-            let attempt = connect()
-                .map_err(|e| ProtoError::Frame(e.into()))
-                .and_then(|t| {
-                    new_conn(
-                        t,
-                        &self.cfg,
-                        self.callbacks.clone(),
-                        self.lost.clone(),
-                        self.prefetch.clone(),
-                        self.round_trips.clone(),
-                    )
-                });
-            match attempt {
-                Ok(new) => {
-                    tracing::warn!("reconnected to the server");
-                    *self.conn.lock() = new.clone();
-                    return Ok(new);
-                }
-                Err(e) => {
-                    tracing::warn!("reconnecting: {e}");
-                    if Instant::now() + delay > deadline {
-                        return Err(eio());
-                    }
-                    std::thread::sleep(delay);
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
-            }
-        }
+        self.link.conn()
     }
 
     /// Directory entries waiting in the prefetch buffer (for statistics and tests).
@@ -927,7 +889,10 @@ impl Backend for RemoteBackend {
         )?);
         self.mutated(old);
         self.mutated(new);
-        r
+        r?;
+        // Open files below follow, for reopening after a reconnection.
+        self.link.renamed(old, new, mode);
+        Ok(())
     }
 
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
@@ -964,7 +929,8 @@ impl Backend for RemoteBackend {
         if let Some(cc) = &self.cfg.containers {
             return self.open_container(cc, cred, path, flags, mode);
         }
-        let r = self.conn()?.call_as(
+        let c = self.conn()?;
+        let r = c.call_as(
             &cred.into(),
             Request::Open {
                 path: path.to_vec(),
@@ -977,7 +943,7 @@ impl Backend for RemoteBackend {
                 },
             },
         )?;
-        self.file(r)
+        self.file(c, r, path, cred, flags, None)
     }
 
     fn open_verified(
@@ -986,14 +952,15 @@ impl Backend for RemoteBackend {
         t: XattrTarget<'_>,
         flags: i32,
     ) -> Result<Box<dyn BackendFile>> {
-        let r = self.conn()?.call_as(
+        let c = self.conn()?;
+        let r = c.call_as(
             &cred.into(),
             Request::OpenVerified {
                 target: target(&t),
                 flags,
             },
         )?;
-        self.file(r)
+        self.file(c, r, t.path, cred, flags, t.expect)
     }
 
     fn fsyncdir(&self, cred: &Cred, t: XattrTarget<'_>, datasync: bool) -> Result<()> {
@@ -1120,11 +1087,7 @@ impl RemoteBackend {
         let Reply::Opened { handle, writable } = r else {
             return Err(Error::Os(libc::EPROTO));
         };
-        let rf = RemoteFile {
-            conn: conn.clone(),
-            handle,
-            writable,
-        };
+        let rf = self.remote_file(conn.clone(), handle, writable, path, cred, flags, None);
         let attr = rf.attr()?;
         if attr.mode & libc::S_IFMT != libc::S_IFREG || attr.size > cc.whole_file_max {
             return Ok(Box::new(rf));
@@ -1144,11 +1107,15 @@ impl RemoteBackend {
             );
             match r {
                 Ok(Reply::Opened { handle, writable }) => {
-                    let r = RemoteFile {
-                        conn: conn.clone(),
+                    let r = self.remote_file(
+                        conn.clone(),
                         handle,
                         writable,
-                    };
+                        path,
+                        cred,
+                        libc::O_RDONLY,
+                        Some((attr.dev, attr.ino)),
+                    );
                     // The same file still (not replaced since the first open).
                     match r.attr() {
                         Ok(a) if (a.dev, a.ino) == (attr.dev, attr.ino) => reader = Some(r),
@@ -1226,62 +1193,119 @@ impl RemoteBackend {
         }
     }
 
-    fn file(&self, r: Reply) -> Result<Box<dyn BackendFile>> {
+    /// The file `r` opened on `conn` (`path` with `flags` by `cred`; `ident`: the `(dev,
+    /// ino)` it was verified to be), kept for reopening after a reconnection.
+    fn file(
+        &self,
+        conn: Arc<Conn>,
+        r: Reply,
+        path: &[u8],
+        cred: &Cred,
+        flags: i32,
+        ident: Option<(u64, u64)>,
+    ) -> Result<Box<dyn BackendFile>> {
         match r {
-            Reply::Opened { handle, writable } => Ok(Box::new(RemoteFile {
-                conn: self.conn.lock().clone(),
-                handle,
-                writable,
-            })),
+            Reply::Opened { handle, writable } => Ok(Box::new(
+                self.remote_file(conn, handle, writable, path, cred, flags, ident),
+            )),
             _ => Err(Error::Os(libc::EPROTO)),
+        }
+    }
+
+    /// The open file `handle` on `conn` (see [`Self::file`]).
+    #[allow(clippy::too_many_arguments)]
+    fn remote_file(
+        &self,
+        conn: Arc<Conn>,
+        handle: u64,
+        writable: bool,
+        path: &[u8],
+        cred: &Cred,
+        flags: i32,
+        ident: Option<(u64, u64)>,
+    ) -> RemoteFile {
+        let state = Arc::new(reopen::OpenState::new(
+            conn,
+            handle,
+            path,
+            cred.into(),
+            flags,
+            ident,
+        ));
+        let id = self.link.register(&state);
+        RemoteFile {
+            link: self.link.clone(),
+            state,
+            id,
+            writable,
+            closed: false,
         }
     }
 }
 
-/// An open file on the server: a handle; closed when dropped.
+/// An open file on the server: a handle, reopened on a new connection after the old one was
+/// lost (client/reopen.rs); closed when dropped.
 pub struct RemoteFile {
-    conn: Arc<Conn>,
-    handle: u64,
+    link: Arc<reopen::Link>,
+    state: Arc<reopen::OpenState>,
+    /// Its key in the link's table of open files.
+    id: u64,
     writable: bool,
+    /// Closed already ([`RemoteFile::close_async`]): nothing to do when dropped.
+    closed: bool,
 }
 
-/// A handle already closed (see [`RemoteFile::close_async`]).
-const CLOSED: u64 = u64::MAX;
-
 impl RemoteFile {
+    /// The live connection and the file's handle on it.
+    fn at(&self) -> Result<(Arc<Conn>, u64)> {
+        self.state.live(&self.link)
+    }
+
     /// Close the handle without waiting for the answer.
     fn close_async(mut self) {
-        let h = std::mem::replace(&mut self.handle, CLOSED);
-        let _ = self
-            .conn
-            .start(&self.conn.own.clone(), Request::Close { handle: h });
+        self.closed = true;
+        self.link.forget(self.id);
+        let (conn, handle) = {
+            let at = self.state.at.lock();
+            (at.conn.clone(), at.handle)
+        };
+        if !conn.closed.load(Ordering::SeqCst) {
+            let _ = conn.start(&conn.own.clone(), Request::Close { handle });
+        }
     }
 }
 
 impl Drop for RemoteFile {
     fn drop(&mut self) {
-        if self.handle == CLOSED {
+        if self.closed {
             return;
         }
-        if let Err(e) = self.conn.call(Request::Close {
-            handle: self.handle,
-        }) {
-            tracing::debug!("close of remote handle {}: {e}", self.handle);
+        self.link.forget(self.id);
+        let (conn, handle) = {
+            let at = self.state.at.lock();
+            (at.conn.clone(), at.handle)
+        };
+        if conn.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = conn.call(Request::Close { handle }) {
+            tracing::debug!("close of remote handle {handle}: {e}");
         }
     }
 }
 
 impl BackendFile for RemoteFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let (conn, handle) = self.at()?;
         // Every chunk asked for at once; the answers are taken in order.
         let mut calls = Vec::new();
         for (i, c) in buf.chunks(MAX_IO).enumerate() {
             calls.push((
                 c.len(),
-                self.conn.start(
-                    &self.conn.own.clone(),
+                conn.start(
+                    &conn.own.clone(),
                     Request::Read {
-                        handle: self.handle,
+                        handle,
                         offset: offset + (i * MAX_IO) as u64,
                         len: c.len() as u32,
                     },
@@ -1308,12 +1332,13 @@ impl BackendFile for RemoteFile {
     }
 
     fn write_at(&self, cred: &Cred, data: &[u8], offset: u64, append: bool) -> Result<usize> {
+        let (conn, handle) = self.at()?;
         let mut done = 0usize;
         for c in data.chunks(MAX_IO) {
-            let r = self.conn.call_as(
+            let r = conn.call_as(
                 &cred.into(),
                 Request::Write {
-                    handle: self.handle,
+                    handle,
                     offset: offset + done as u64,
                     data: c.to_vec(),
                     append,
@@ -1334,17 +1359,16 @@ impl BackendFile for RemoteFile {
     }
 
     fn sync(&self, datasync: bool) -> Result<()> {
-        want_unit(self.conn.call(Request::Sync {
-            handle: self.handle,
-            datasync,
-        })?)
+        let (conn, handle) = self.at()?;
+        want_unit(conn.call(Request::Sync { handle, datasync })?)
     }
 
     fn allocate(&self, cred: &Cred, mode: i32, offset: u64, len: u64) -> Result<()> {
-        want_unit(self.conn.call_as(
+        let (conn, handle) = self.at()?;
+        want_unit(conn.call_as(
             &cred.into(),
             Request::Allocate {
-                handle: self.handle,
+                handle,
                 mode,
                 offset,
                 len,
@@ -1360,37 +1384,30 @@ impl BackendFile for RemoteFile {
             Whence::Data => libc::SEEK_DATA,
             Whence::Hole => libc::SEEK_HOLE,
         };
-        want_count(self.conn.call(Request::Seek {
-            handle: self.handle,
+        let (conn, handle) = self.at()?;
+        want_count(conn.call(Request::Seek {
+            handle,
             offset,
             whence,
         })?)
     }
 
     fn set_size(&self, cred: &Cred, size: u64) -> Result<()> {
-        want_unit(self.conn.call_as(
-            &cred.into(),
-            Request::SetSize {
-                handle: self.handle,
-                size,
-            },
-        )?)
+        let (conn, handle) = self.at()?;
+        want_unit(conn.call_as(&cred.into(), Request::SetSize { handle, size })?)
     }
 
     fn setattr(&self, cred: &Cred, set: &SetAttr) -> Result<Attr> {
-        want_attr(self.conn.call_as(
-            &cred.into(),
-            Request::FileSetattr {
-                handle: self.handle,
-                set: *set,
-            },
-        )?)
+        let (conn, handle) = self.at()?;
+        want_attr(conn.call_as(&cred.into(), Request::FileSetattr { handle, set: *set })?)
     }
 
     fn attr(&self) -> Result<Attr> {
-        want_attr(self.conn.call(Request::FileAttr {
-            handle: self.handle,
-        })?)
+        let (conn, handle) = self.at()?;
+        let a = want_attr(conn.call(Request::FileAttr { handle })?)?;
+        // What was opened: the identity a reopen must find (client/reopen.rs).
+        self.state.at.lock().ident.get_or_insert((a.dev, a.ino));
+        Ok(a)
     }
 
     fn writable(&self) -> bool {

@@ -104,6 +104,15 @@ impl Notifier {
         self.send_inval(notify_code::FUSE_NOTIFY_DELETE, &notif)
     }
 
+    /// dircache: increment the connection's epoch (`FUSE_NOTIFY_INC_EPOCH`, ABI 7.44, Linux
+    /// 6.16): every dentry of the connection made before it, negative ones included, fails
+    /// its next revalidation and is looked up again. Kernels before 7.44 reject it (EINVAL).
+    /// # Errors
+    /// Returns an error if the kernel rejects the notification.
+    pub fn inc_epoch(&self) -> io::Result<()> {
+        self.send(notify_code::FUSE_NOTIFY_INC_EPOCH, &Notification::new_inc_epoch())
+    }
+
     #[allow(unused)]
     fn send_inval(&self, code: notify_code, notification: &Notification<'_>) -> io::Result<()> {
         match self.send(code, notification) {

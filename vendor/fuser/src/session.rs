@@ -493,6 +493,11 @@ impl<FS: Filesystem> Session<FS> {
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.ch.sender())
     }
+
+    /// dircache: the FUSE ABI version the kernel announced at INIT (`None` before INIT).
+    pub fn kernel_abi(&self) -> Option<crate::Version> {
+        self.proto_version
+    }
 }
 
 #[derive(Debug)]

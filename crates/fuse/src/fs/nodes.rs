@@ -241,12 +241,18 @@ impl CacheFs {
     pub(super) fn getattr(&self, ino: INodeNo, fh: Option<FileHandle>) -> Result<AttrOut, Errno> {
         if let Some(fh) = fh {
             if let Ok(of) = self.open_file(fh) {
-                if let Ok(a) = of.fd.attr() {
-                    let ttl = self.attr_ttl_of(self.inodes.has_writers(ino.0));
-                    return Ok(AttrOut {
-                        attr: self.attr_for(ino.0, &a),
-                        ttl,
-                    });
+                match of.fd.attr() {
+                    Ok(a) => {
+                        let ttl = self.attr_ttl_of(self.inodes.has_writers(ino.0));
+                        return Ok(AttrOut {
+                            attr: self.attr_for(ino.0, &a),
+                            ttl,
+                        });
+                    }
+                    // The open file is lost (a remote file that could not be reopened after
+                    // a reconnection): its path may name another file by now.
+                    Err(CoreError::Os(libc::EIO)) => return Err(Errno::EIO),
+                    Err(_) => {}
                 }
             }
         }

@@ -727,10 +727,11 @@ impl ContainerFile {
             let n = read_full(&self.file, &mut buf[..want], off)?;
             let mut calls = Vec::new();
             for (i, c) in buf[..n].chunks(MAX_IO).enumerate() {
-                let rx = rf.conn.start(
+                let (conn, handle) = rf.at()?;
+                let rx = conn.start(
                     &wc,
                     Request::Write {
-                        handle: rf.handle,
+                        handle,
                         offset: off + (i * MAX_IO) as u64,
                         data: c.to_vec(),
                         append: false,
@@ -763,10 +764,11 @@ impl ContainerFile {
             }
             off += n as u64;
         }
-        want_unit(rf.conn.call_as(
+        let (conn, handle) = rf.at()?;
+        want_unit(conn.call_as(
             &wc,
             Request::SetSize {
-                handle: rf.handle,
+                handle,
                 size: before.size,
             },
         )?)?;
@@ -774,13 +776,7 @@ impl ContainerFile {
             mtime: Some(TimeSet::At(before.mtime)),
             ..Default::default()
         };
-        let attr = match rf.conn.call_as(
-            &wc,
-            Request::FileSetattr {
-                handle: rf.handle,
-                set,
-            },
-        ) {
+        let attr = match conn.call_as(&wc, Request::FileSetattr { handle, set }) {
             Ok(r) => want_attr(r)?,
             // Not the owner: the server's store time stays.
             Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => rf.attr()?,

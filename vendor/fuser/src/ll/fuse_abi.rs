@@ -182,6 +182,8 @@ pub(crate) enum fuse_notify_code {
     FUSE_NOTIFY_STORE = 4,
     FUSE_NOTIFY_RETRIEVE = 5,
     FUSE_NOTIFY_DELETE = 6,
+    // dircache: added (ABI 7.44, Linux 6.16); 7 (FUSE_NOTIFY_RESEND) is not used.
+    FUSE_NOTIFY_INC_EPOCH = 8,
 }
 
 #[repr(C)]
