@@ -977,10 +977,20 @@ impl Backend for RemoteBackend {
         self.xattrs()?;
         // A file known to have no extended attributes has no ACL (no permission is needed to
         // ask for one): `ls -l` asks for every entry.
-        if (name == b"system.posix_acl_access" || name == b"system.posix_acl_default")
-            && self.prefetch.lock().is_bare(t.path)
-        {
-            return Err(Error::Os(libc::ENODATA));
+        if name == b"system.posix_acl_access" || name == b"system.posix_acl_default" {
+            let bare = self.prefetch.lock().is_bare(t.path);
+            // A bulk call in flight may still bring the parent's listing with its flags.
+            let parent = match t.path.iter().rposition(|c| *c == b'/') {
+                Some(i) => &t.path[..i],
+                None => &b""[..],
+            };
+            if bare
+                || (!t.path.is_empty()
+                    && self.wait_for_listing(parent)
+                    && self.prefetch.lock().is_bare(t.path))
+            {
+                return Err(Error::Os(libc::ENODATA));
+            }
         }
         want_data(self.conn()?.call_as(
             &cred.into(),
