@@ -100,6 +100,18 @@ impl Mount {
         self.mnt.join(rel)
     }
 
+    /// Writes `name` on the server and waits until the mount shows it with that size: the
+    /// tree was fetched at mount, so a name made on the server afterwards shows once its
+    /// callback has come.
+    fn put(&self, name: &str, data: impl AsRef<[u8]>) {
+        let data = data.as_ref();
+        std::fs::write(self.s(name), data).unwrap();
+        let want = data.len() as u64;
+        eventually(&format!("{name} seen through the mount"), || {
+            std::fs::metadata(self.m(name)).is_ok_and(|m| m.len() == want)
+        });
+    }
+
     fn s(&self, rel: &str) -> PathBuf {
         self.src.join(rel)
     }
@@ -191,7 +203,7 @@ fn second_open_of_an_unchanged_file_makes_no_round_trip() {
     }
     let t = Mount::start("");
     let data = random_bytes(1 << 20, 1);
-    std::fs::write(t.s("f"), &data).unwrap();
+    t.put("f", &data);
     assert_eq!(std::fs::read(t.m("f")).unwrap(), data);
     let reads = t.calls("Read {");
     assert!(
@@ -263,7 +275,7 @@ fn a_server_side_change_makes_the_next_open_fetch_again() {
         return;
     }
     let t = Mount::start("");
-    std::fs::write(t.s("f"), b"version one").unwrap();
+    t.put("f", b"version one");
     sh_ok(&t.src, "touch -d 2020-01-01 f");
     assert_eq!(std::fs::read(t.m("f")).unwrap(), b"version one");
     assert_eq!(std::fs::read(t.m("f")).unwrap(), b"version one");
@@ -291,7 +303,7 @@ fn the_cache_size_bound_holds() {
     let t = Mount::start("cache_size=1M");
     let n = 40;
     for i in 0..n {
-        std::fs::write(t.s(&format!("f{i}")), random_bytes(100_000, i)).unwrap();
+        t.put(&format!("f{i}"), random_bytes(100_000, i));
     }
     for round in 0..2 {
         for i in 0..n {
@@ -413,7 +425,7 @@ fn another_user_denied_by_the_server_cannot_read_the_container() {
         return;
     }
     let t = Mount::start("noacl");
-    std::fs::write(t.s("secret"), b"for A only").unwrap();
+    t.put("secret", b"for A only");
     sh_ok(
         &t.src,
         "chown 0:2000 secret && chmod 640 secret && setfacl -m u:1001:--- secret",
@@ -463,8 +475,8 @@ fn large_files_and_nocontainers_read_in_ranges() {
     let data = random_bytes(3 << 20, 4);
     {
         let t = Mount::start("whole_file_max=1M");
-        std::fs::write(t.s("big"), &data).unwrap();
-        std::fs::write(t.s("small"), b"small").unwrap();
+        t.put("big", &data);
+        t.put("small", b"small");
         let head = sh_ok(&t.mnt, "head -c 4096 big | od -An -tx1 | head -c 20");
         assert!(!head.is_empty());
         assert!(t.calls("Read {") <= 8, "{}", t.log_text());
@@ -474,7 +486,7 @@ fn large_files_and_nocontainers_read_in_ranges() {
         assert_eq!(t.cached_bytes(), 5);
     }
     let t = Mount::start("nocontainers");
-    std::fs::write(t.s("f"), b"ranged").unwrap();
+    t.put("f", b"ranged");
     assert_eq!(std::fs::read(t.m("f")).unwrap(), b"ranged");
     assert!(t.calls("Read {") >= 1, "read from the server");
     // (The kernel may keep the pages across opens: `keep_cache`.)
