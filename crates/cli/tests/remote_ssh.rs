@@ -208,7 +208,7 @@ fn changes_show_in(b: &Client, root: &Path, label: &str) -> Vec<(String, Duratio
     std::fs::write(r("d/new"), b"created").unwrap();
     lat.push((
         format!("{label}: create"),
-        eventually("create", || {
+        eventually(&format!("{label}: create"), || {
             b.p("d/new").exists() && names(&b.p("d")).contains(&"new".to_string())
         }),
     ));
@@ -216,14 +216,14 @@ fn changes_show_in(b: &Client, root: &Path, label: &str) -> Vec<(String, Duratio
     std::fs::rename(r("d/f"), r("d/g")).unwrap();
     lat.push((
         format!("{label}: rename"),
-        eventually("rename", || {
+        eventually(&format!("{label}: rename"), || {
             !b.p("d/f").exists() && b.p("d/g").exists() && names(&b.p("d")) == ["g", "h", "new"]
         }),
     ));
     std::fs::remove_file(r("d/g")).unwrap();
     lat.push((
         format!("{label}: unlink"),
-        eventually("unlink", || {
+        eventually(&format!("{label}: unlink"), || {
             !b.p("d/g").exists() && names(&b.p("d")) == ["h", "new"]
         }),
     ));
@@ -231,13 +231,15 @@ fn changes_show_in(b: &Client, root: &Path, label: &str) -> Vec<(String, Duratio
     common::chmod(&r("d/h"), 0o600);
     lat.push((
         format!("{label}: chmod"),
-        eventually("chmod", || mode(&b.p("d/h")) == Some(0o600)),
+        eventually(&format!("{label}: chmod"), || {
+            mode(&b.p("d/h")) == Some(0o600)
+        }),
     ));
     assert_eq!(std::fs::read(b.p("d/h")).unwrap(), b"hhh");
     std::fs::write(r("d/h"), b"written!").unwrap();
     lat.push((
         format!("{label}: write"),
-        eventually("write", || {
+        eventually(&format!("{label}: write"), || {
             std::fs::read(b.p("d/h")).is_ok_and(|d| d == b"written!")
         }),
     ));
