@@ -49,11 +49,10 @@ fn bash_complete(script: &Path, line: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn install_into_a_prefix_gives_binary_helper_man_pages_and_completions() {
-    let d = tempfile::tempdir().unwrap();
-    let prefix = d.path().join("usr");
-    let sbin = d.path().join("sbin");
+/// `dircache install --prefix DIR/usr --sbindir DIR/sbin`, which must succeed: the two
+/// directories.
+fn install_into(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (prefix, sbin) = (dir.join("usr"), dir.join("sbin"));
     let out = Command::new(BIN)
         .args(["install", "--prefix"])
         .arg(&prefix)
@@ -66,6 +65,13 @@ fn install_into_a_prefix_gives_binary_helper_man_pages_and_completions() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    (prefix, sbin)
+}
+
+#[test]
+fn install_into_a_prefix_gives_binary_helper_man_pages_and_completions() {
+    let d = tempfile::tempdir().unwrap();
+    let (prefix, sbin) = install_into(d.path());
 
     let bin = prefix.join("bin/dircache");
     assert_eq!(mode(&bin), 0o755);
@@ -133,16 +139,7 @@ fn the_installed_helper_mounts_through_the_installed_binary() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let prefix = d.path().join("usr");
-    let sbin = d.path().join("sbin");
-    let st = Command::new(BIN)
-        .args(["install", "--prefix"])
-        .arg(&prefix)
-        .arg("--sbindir")
-        .arg(&sbin)
-        .output()
-        .unwrap();
-    assert!(st.status.success());
+    let (prefix, sbin) = install_into(d.path());
     let (src, mnt) = (d.path().join("src"), d.path().join("mnt"));
     std::fs::create_dir_all(src.join("a")).unwrap();
     std::fs::write(src.join("a/f"), b"hello").unwrap();
