@@ -723,10 +723,19 @@ fn disconnect_cancels_the_search() {
     let idle = d.cpu_ticks();
     let mut s = UnixStream::connect(&d.sock).expect("connect");
     s.write_all(&frame(&req)).expect("send");
-    std::thread::sleep(Duration::from_millis(700));
+    // Wait until the search has burnt 20 ticks (0.2 s of CPU): on a loaded machine that can
+    // take far longer than 0.2 s of wall time (CI once saw 16 ticks in a fixed 0.7 s).
     // Saturating: the feed threads' ticks are read a moment after the process total, so a
     // window in which the rest of the daemon did nothing can come out a tick or two negative.
-    let busy0 = d.cpu_ticks().saturating_sub(idle);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut busy0 = 0;
+    while Instant::now() < deadline {
+        busy0 = d.cpu_ticks().saturating_sub(idle);
+        if busy0 >= 20 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     drop(s);
     std::thread::sleep(Duration::from_millis(500));
     let c0 = d.cpu_ticks();
