@@ -250,6 +250,7 @@ fn a_change_on_the_server_after_a_bulk_fetch_is_seen() {
     std::fs::remove_file(root.join("m09/p0/f00.c")).unwrap();
     // Wait for the three callbacks (or an overflow).
     let mut seen = [false; 3];
+    let mut broken = false;
     let end = Instant::now() + Duration::from_secs(30);
     while !seen.iter().all(|s| *s) {
         let left = end.saturating_duration_since(Instant::now());
@@ -262,7 +263,10 @@ fn a_change_on_the_server_after_a_bulk_fetch_is_seen() {
                     seen[i] |= path == p.as_bytes();
                 }
             }
-            Ok(Change::Overflow) | Ok(Change::Inode { .. }) => break,
+            Ok(Change::Overflow) | Ok(Change::Inode { .. }) => {
+                broken = true;
+                break;
+            }
             Err(e) => panic!("callbacks missing ({seen:?}): {e}"),
         }
     }
@@ -283,10 +287,23 @@ fn a_change_on_the_server_after_a_bulk_fetch_is_seen() {
         .map(|e| e.name)
         .collect();
     assert!(names.contains(&b"new.c".to_vec()), "stale listing");
-    // Untouched listings still come from the buffer.
+    // Untouched listings still come from the buffer, unless the server broke every promise
+    // (its feed overflowed: as root it watches the whole file system, and other jobs'
+    // writes count; CI once saw that) and the buffer had to go with them.
     let before = r.round_trips();
     assert_eq!(r.lookup(b"m11/p2", b"f19.c").unwrap().size, 19);
-    assert_eq!(r.round_trips() - before, 0);
+    while let Ok(c) = feed.try_recv() {
+        broken |= matches!(c, Change::Overflow | Change::Inode { .. });
+    }
+    if broken {
+        eprintln!("the server's feed overflowed: the buffer was dropped");
+    } else {
+        assert_eq!(
+            r.round_trips() - before,
+            0,
+            "an untouched listing was fetched again"
+        );
+    }
     drop(r);
     drop(s);
 }
