@@ -798,6 +798,9 @@ fn serve(
         None => MountConfig::new(&src, &mnt),
     };
     cfg.policy = opts.policy.clone();
+    // A remote core has every listed entry's attributes (bulk listings): files still go out
+    // lean (fs/dirs.rs), so a cold `find` instantiates no file inode in the kernel.
+    cfg.policy.lean_cached = remote.is_some();
     cfg.kernel = opts.kernel();
     if cfg.src.is_none() && cfg.kernel.fsname.is_none() {
         cfg.kernel.fsname = Some(src.display().to_string());

@@ -242,6 +242,16 @@ fn tar_copies_through_the_mount_match_native() {
     }
     let t = RemoteMount::start("");
     make_tree(&t.src);
+    // The tree was fetched at mount (empty then): what was made on the server afterwards
+    // shows once its callbacks have come (a loaded CI run tarred before: "a: Cannot stat").
+    let shown = |d: &Path| {
+        let o = sh(d, "find a e -printf '%p %y %m %s %n %l %T@\\n' | sort");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let want = shown(&t.src);
+    eventually("the tree made on the server seen through the mount", || {
+        shown(&t.mnt) == want
+    });
     // Out of the mount: the copy equals the server's tree.
     let out = t.dir.path().join("out");
     std::fs::create_dir(&out).unwrap();
@@ -673,4 +683,76 @@ fn listings_while_the_server_replaces_the_tree_end() {
     eventually("the last tree", || {
         std::fs::read_dir(t.m("d")).is_ok_and(|d| d.count() == 8 + rounds % 8 + 1)
     });
+}
+
+/// `kernel_inodes` of the mount's `dircache stats --json`: inodes the kernel holds now.
+fn kernel_inodes(mnt: &Path) -> u64 {
+    let out = std::process::Command::new(BIN)
+        .arg("stats")
+        .arg("--json")
+        .arg(mnt)
+        .output()
+        .expect("dircache stats");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stats: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    v["kernel_inodes"].as_u64().expect("kernel_inodes")
+}
+
+/// Listings of a remote mount send files lean although the client's core has their
+/// attributes (bulk listings; policy `lean_cached`): a `find` that only reads directories
+/// makes the kernel instantiate no file inode (before: one per file), and what is shown
+/// afterwards (readdir's inode numbers and types, stat, `ls -l`) is the server's tree.
+#[test]
+fn a_find_instantiates_no_file_inode_and_shows_the_tree() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start("");
+    let files = 8 * 40;
+    sh_ok(
+        &t.src,
+        "mkdir t && for d in 0 1 2 3 4 5 6 7; do mkdir t/d$d && for f in $(seq 1 40); do \
+         echo $d$f > t/d$d/f$f; done; ln -s f1 t/d$d/l; done",
+    );
+    // Made after the mount's bulk call: shown once its callbacks came. Only the listing of
+    // `t` is read here (its entries are directories).
+    eventually("t seen through the mount", || t.m("t/d7").is_dir());
+    let before = kernel_inodes(&t.mnt);
+    let found = sh_ok(&t.mnt, "find t | wc -l");
+    assert_eq!(found.trim(), (1 + 8 + 8 * 41).to_string());
+    let after = kernel_inodes(&t.mnt);
+    assert!(
+        after < before + files / 4,
+        "find instantiated {} inodes for {files} files in 8 directories",
+        after - before
+    );
+    // What the lean entries said equals what stat says, and the tree is the server's.
+    let shown = |d: &Path| {
+        sh_ok(
+            d,
+            "for x in t/d*; do ls -i -1 -U -F $x | sort; done; \
+             find t -printf '%p %y %m %s %n %l %T@\\n' | sort; ls -lR --time-style=+%s t",
+        )
+    };
+    let ino_ls = sh_ok(&t.mnt, "ls -i -1 -U t/d3 | sort -k2");
+    let ino_stat = sh_ok(&t.mnt, "cd t/d3 && stat -c '%i %n' * | sort -k2");
+    assert_eq!(
+        ino_ls.split_whitespace().collect::<Vec<_>>(),
+        ino_stat.split_whitespace().collect::<Vec<_>>()
+    );
+    let want = shown(&t.src);
+    let got = shown(&t.mnt);
+    // Inode numbers aside (the mount's are its own), the same lines.
+    let strip = |s: &str| -> Vec<String> {
+        s.lines()
+            .map(|l| {
+                let l = l.trim_start();
+                match l.split_once(' ') {
+                    Some((n, rest)) if n.chars().all(|c| c.is_ascii_digit()) => rest.to_string(),
+                    _ => l.to_string(),
+                }
+            })
+            .collect()
+    };
+    assert_eq!(strip(&got), strip(&want));
 }

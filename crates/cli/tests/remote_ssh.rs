@@ -126,15 +126,22 @@ impl Client {
 
 /// Wait until `cond` holds, at most 10 s; returns how long it took.
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    eventually_or(what, || if cond() { Ok(()) } else { Err(String::new()) })
+}
+
+/// Wait until `probe` returns `Ok`, at most 10 s; the failure names `what` and the last
+/// state `probe` described.
+fn eventually_or(what: &str, mut probe: impl FnMut() -> Result<(), String>) -> Duration {
     let t0 = Instant::now();
-    while !cond() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "not within 10 s: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
+    loop {
+        match probe() {
+            Ok(()) => return t0.elapsed(),
+            Err(state) if t0.elapsed() >= Duration::from_secs(10) => {
+                panic!("not within 10 s: {what}; {state}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
     }
-    t0.elapsed()
 }
 
 /// The names in `p`, or `None` if listing it fails.
@@ -201,11 +208,11 @@ fn warm(c: &Client) {
 /// A create, rename, unlink, chmod and write made under `root` (client A's mount or the
 /// server's tree) show in client `b`, which cached what they change first (kernel TTLs of a
 /// day: only a callback can tell it); returns how long each took to show.
-fn changes_show_in(b: &Client, root: &Path, label: &str) -> Vec<(String, Duration)> {
+fn changes_show_in(b: &Client, root: &Path, src: &Path, label: &str) -> Vec<(String, Duration)> {
     let r = |rel: &str| root.join(rel);
     let mut lat = vec![];
     warm(b);
-    std::fs::write(r("d/new"), b"created").unwrap();
+    write_closed(&r("d/new"), b"created");
     lat.push((
         format!("{label}: create"),
         eventually(&format!("{label}: create"), || {
@@ -236,14 +243,43 @@ fn changes_show_in(b: &Client, root: &Path, label: &str) -> Vec<(String, Duratio
         }),
     ));
     assert_eq!(std::fs::read(b.p("d/h")).unwrap(), b"hhh");
-    std::fs::write(r("d/h"), b"written!").unwrap();
+    write_closed(&r("d/h"), b"written!");
+    // Session semantics: once close returned, the server has the data (a store-back that
+    // failed would have failed the close above).
+    assert_eq!(
+        std::fs::read(src.join("d/h")).unwrap(),
+        b"written!",
+        "{label}: write: on the server after close"
+    );
     lat.push((
         format!("{label}: write"),
-        eventually(&format!("{label}: write"), || {
-            std::fs::read(b.p("d/h")).is_ok_and(|d| d == b"written!")
+        eventually_or(&format!("{label}: write"), || {
+            match std::fs::read(b.p("d/h")) {
+                Ok(d) if d == b"written!" => Ok(()),
+                r => Err(format!(
+                    "B reads {:?}, B's stat says size {:?}",
+                    r.map(|d| String::from_utf8_lossy(&d).into_owned()),
+                    std::fs::metadata(b.p("d/h")).map(|m| m.len())
+                )),
+            }
         }),
     ));
     lat
+}
+
+/// Write `data` to `path` (created or truncated) and close it, failing on any error,
+/// close's included (`std::fs::write` ignores close errors, and a remote mount stores a
+/// file back at close).
+fn write_closed(path: &Path, data: &[u8]) {
+    use std::io::Write;
+    use std::os::fd::IntoRawFd;
+    let mut f = std::fs::File::create(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    f.write_all(data)
+        .unwrap_or_else(|e| panic!("{path:?}: write: {e}"));
+    let fd = f.into_raw_fd();
+    // SAFETY: close(2) of the descriptor just taken from the File (owned, closed once).
+    let r = unsafe { libc::close(fd) };
+    assert_eq!(r, 0, "{path:?}: close: {}", std::io::Error::last_os_error());
 }
 
 fn warm_names(b: &Client) {
@@ -276,7 +312,7 @@ fn two_clients_see_each_others_changes_through_callbacks() {
     assert_ne!(a.server_pids(), b.server_pids(), "two servers");
     // Both clients know the tree first.
     warm(&a);
-    let mut lat = changes_show_in(&b, &a.mnt, "through A");
+    let mut lat = changes_show_in(&b, &a.mnt, &srv.src, "through A");
     reset_tree(&srv.src);
     // While the tree is being replaced on the server, B's listing may fail (the directory
     // it read vanished); only the end state is asserted here. One CI dry run saw EIO
@@ -287,9 +323,19 @@ fn two_clients_see_each_others_changes_through_callbacks() {
             && std::fs::read(b.p("d/h")).is_ok_and(|d| d == b"hhh")
             && mode(&b.p("d/h")) == Some(0o644)
     });
-    lat.extend(changes_show_in(&b, &srv.src, "on the server"));
-    // And A saw B's server's side of things too (its own changes, through its own cache).
-    assert_eq!(std::fs::read(a.p("d/h")).unwrap(), b"written!");
+    lat.extend(changes_show_in(&b, &srv.src, &srv.src, "on the server"));
+    // And A sees the server's side of things too (through its own server's callbacks,
+    // which may come after B's: a loaded run read ENOENT here once, when this was not
+    // awaited).
+    eventually_or("A sees the server-side changes", || {
+        match std::fs::read(a.p("d/h")) {
+            Ok(d) if d == b"written!" => Ok(()),
+            r => Err(format!(
+                "A reads {:?}",
+                r.map(|d| String::from_utf8_lossy(&d).into_owned())
+            )),
+        }
+    });
     let report: Vec<String> = lat
         .iter()
         .map(|(w, d)| format!("{w} {:.1} ms", d.as_secs_f64() * 1e3))

@@ -236,6 +236,13 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Whether it answers a listed entry's missing POSIX ACLs by itself, without a call
+    /// (the remote backend: its listings say which entries have no extended attributes), so
+    /// that a front end gains nothing by fetching ACLs ahead of the kernel. Default: no.
+    fn acls_listed(&self) -> bool {
+        false
+    }
+
     /// Start reporting changes made behind the cache's back. `None` if the backend cannot.
     fn watch(&self) -> Result<Option<ChangeFeed>> {
         Ok(None)

@@ -182,6 +182,11 @@ pub(crate) fn fill_acls(
     entries: &[DirEntry],
     gen: u64,
 ) {
+    let backend = cache.node_backend(dir);
+    if backend.acls_listed() {
+        // Answered without a call anyway (a remote backend's bulk listings).
+        return;
+    }
     {
         // Once per directory and memo generation (a prefetch thread and the walker's own
         // listing may both get here).
@@ -194,7 +199,6 @@ pub(crate) fn fill_acls(
         }
         d.insert(dir.id(), gen);
     }
-    let backend = cache.node_backend(dir);
     let Ok(dpath) = cache.node_path(dir) else {
         return;
     };

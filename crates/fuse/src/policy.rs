@@ -33,6 +33,11 @@ pub struct CachePolicy {
     /// statx per file; directories and entries whose attributes the cache holds go out full.
     /// Switches to full entries for a while when names sent lean are looked up (`ls -l`, `du`).
     pub lean: bool,
+    /// With `lean`: files go out lean also when the cache holds their attributes (set for
+    /// remote mounts, whose core has every entry's attributes from bulk listings: without
+    /// it a cold `find` made the kernel instantiate every file of the tree; a LOOKUP of a
+    /// lean entry is answered from the cache, with no round trip).
+    pub lean_cached: bool,
     /// Directory listings cached in the kernel's page cache (FOPEN_CACHE_DIR + FOPEN_KEEP_CACHE)
     /// and revalidated only through explicit `inval_inode` (the kernel resets a cached
     /// listing when the directory's mtime it holds changes, or drops its pages under memory
@@ -101,6 +106,7 @@ impl Default for CachePolicy {
             negative_ttl: LONG_TTL,
             readdirplus: true,
             lean: true,
+            lean_cached: false,
             cache_dir: true,
             no_opendir: true,
             keep_cache: true,
@@ -151,6 +157,7 @@ impl CachePolicy {
             negative_ttl: Duration::ZERO,
             readdirplus: false,
             lean: false,
+            lean_cached: false,
             cache_dir: false,
             no_opendir: false,
             keep_cache: false,

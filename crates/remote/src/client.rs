@@ -1044,6 +1044,14 @@ impl Backend for RemoteBackend {
         self.cfg.containers.is_some()
     }
 
+    fn acls_listed(&self) -> bool {
+        // `getxattr` answers an ACL of an entry a bulk listing flagged bare (no round trip);
+        // a front end fetching ACLs ahead would re-check each entry's attributes after the
+        // cache took the listing: two round trips per directory (`ls -lR` cold: 1,479
+        // Getattr and 1,478 Subtree calls).
+        self.prefetch.lock().enabled()
+    }
+
     fn watch(&self) -> Result<Option<ChangeFeed>> {
         if self.conn.lock().features & features::CALLBACKS == 0
             || self.watched.swap(true, Ordering::SeqCst)

@@ -183,12 +183,11 @@ impl CacheFs {
             let Some(node) = self.child(&c, &dir, OsStr::from_bytes(&e.name)) else {
                 continue;
             };
-            // A lean listing (`lean.rs`): a file the cache has no attributes for goes out
-            // with getdents' number and type only.
+            // A lean listing (`lean.rs`): a file the cache has no attributes for (any file
+            // with `lean_cached`) goes out with getdents' number and type only.
             if lean
-                && e.attr.is_none()
                 && e.kind != FileType::Directory
-                && node.cached_attr().is_none()
+                && (self.policy.lean_cached || (e.attr.is_none() && node.cached_attr().is_none()))
             {
                 let dev = *dir_dev
                     .get_or_insert_with(|| self.cache.getattr(&dir).map(|a| a.dev).unwrap_or(0));

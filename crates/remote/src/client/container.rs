@@ -369,9 +369,11 @@ impl Containers {
         Some(f)
     }
 
-    /// The entry of `key` (made, with an empty container file, if new), named `path`.
-    fn entry(&self, st: &mut State, key: Key, path: &[u8]) -> Result<()> {
-        if !st.by_key.contains_key(&key) {
+    /// The entry of `key` (made, with an empty container file, if new), named `path`;
+    /// whether it was made now.
+    fn entry(&self, st: &mut State, key: Key, path: &[u8]) -> Result<bool> {
+        let made = !st.by_key.contains_key(&key);
+        if made {
             use rustix::fs::{Mode, OFlags};
             let name = format!("c{}", st.next_name);
             st.next_name += 1;
@@ -409,7 +411,7 @@ impl Containers {
             }
         }
         st.by_path.insert(path.to_vec(), key);
-        Ok(())
+        Ok(made)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -429,9 +431,9 @@ impl Containers {
     ) -> Result<ContainerFile> {
         let key = (attr.dev, attr.ino);
         let writable = rf.writable;
-        let io = {
+        let (io, made) = {
             let mut st = self.st.lock();
-            self.entry(&mut st, key, path)?;
+            let made = self.entry(&mut st, key, path)?;
             let e = st.by_key.get_mut(&key).ok_or(Error::Os(libc::EIO))?;
             // Counted as open at once: not evicted while fetching.
             e.opens += 1;
@@ -439,7 +441,7 @@ impl Containers {
                 e.writers += 1;
                 self.writers.fetch_add(1, Ordering::Relaxed);
             }
-            e.io.clone()
+            (e.io.clone(), made)
         };
         let cf = ContainerFile {
             cc: self.clone(),
@@ -474,6 +476,18 @@ impl Containers {
                     e.local = Some(local);
                     st.stats.fetches += 1;
                     st.stats.fetched_bytes += n;
+                    if !made {
+                        // The container held other data, which the kernel may have read into
+                        // its page cache (through a descriptor opened before the callback,
+                        // after the callback's invalidation) and sized its inode by: drop
+                        // them now that the data changed under them. Without this, a later
+                        // open with FOPEN_KEEP_CACHE reads those pages for good.
+                        drop(st);
+                        conn.callback(dircache_core::Change::Inode {
+                            dev: key.0,
+                            ino: key.1,
+                        });
+                    }
                 }
                 Err(err) => {
                     // Half fetched: no version (fetched again next time), nothing to store
