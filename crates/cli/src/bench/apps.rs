@@ -858,7 +858,20 @@ fn daemon_requests(s: &System) -> BTreeMap<String, u64> {
 }
 
 /// One measured run: seconds, requests (perf), and for dircache the requests by kind.
-type RunResult = (f64, Option<u64>, BTreeMap<String, u64>);
+/// ... and the core's backend calls (lookup + getattr + readdir) the daemon made.
+type RunResult = (f64, Option<u64>, BTreeMap<String, u64>, Option<u64>);
+
+/// The core's backend lookup + getattr + readdir calls so far (`dircache stats`), for
+/// dircache mounts.
+fn backend_calls(s: &System) -> Option<u64> {
+    let mnt = s.mount.as_ref().filter(|m| m.sys.kind == Kind::Dircache)?;
+    let v = dircache_fuse::stats::query_mount(&mnt.mnt, &json!({"op": "stats"})).ok()?;
+    let core = &v["stats"]["core"];
+    ["backend_lookup", "backend_getattr", "backend_readdir"]
+        .iter()
+        .map(|k| core[k].as_u64())
+        .sum()
+}
 
 /// The cache state a run starts in (`--cache`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -964,6 +977,7 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, state: State) -> Result<Run
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let kinds0 = daemon_requests(s);
+    let be0 = backend_calls(s);
     let perf = match (&s.mount, ctx.perf) {
         (Some(m), true) => Some(PerfCounter::start(&ctx.work, m.connection()?)?),
         _ => None,
@@ -977,10 +991,18 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, state: State) -> Result<Run
         Some(p) => Some(p.finish()?),
         None => None,
     };
+    let be1 = backend_calls(s);
     let mut kinds = daemon_requests(s);
     // A query costs requests of its own (the socket xattr, statfs): counted once in
     // `kinds`, measured by asking once more.
     let again = daemon_requests(s);
+    // The same for the backend calls (the queries' own, if any, measured by asking again).
+    let backend = match (be0, be1, backend_calls(s)) {
+        (Some(a), Some(b), Some(c)) => {
+            Some(b.saturating_sub(a).saturating_sub(c.saturating_sub(b)))
+        }
+        _ => None,
+    };
     for (k, n) in kinds.iter_mut() {
         let own = again.get(k).copied().unwrap_or(0).saturating_sub(*n);
         *n = n
@@ -1013,7 +1035,7 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, state: State) -> Result<Run
         }
         Action::Cmd(_) => wall,
     };
-    Ok((secs, requests, kinds))
+    Ok((secs, requests, kinds, backend))
 }
 
 pub(super) struct Row {
@@ -1026,6 +1048,8 @@ pub(super) struct Row {
     pub(super) kinds: Vec<BTreeMap<String, u64>>,
     pub(super) ops: usize,
     pub(super) error: Option<String>,
+    /// The core's backend calls of each run (dircache only).
+    pub(super) backend: Vec<u64>,
 }
 
 pub fn run(a: Args) -> Result<i32> {
@@ -1161,6 +1185,7 @@ pub fn run(a: Args) -> Result<i32> {
                     kinds: vec![],
                     ops: w.ops,
                     error: None,
+                    backend: vec![],
                 });
             }
             if state != State::Cold {
@@ -1194,7 +1219,8 @@ pub fn run(a: Args) -> Result<i32> {
                     let res = run_once(&ctx, &mut systems[i], w, state);
                     progress.inc();
                     match res {
-                        Ok((t, req, kinds)) => {
+                        Ok((t, req, kinds, be)) => {
+                            rows[first + i].backend.extend(be);
                             rows[first + i].kinds.push(kinds);
                             rows[first + i].times.push(t);
                             if let Some(q) = req {
@@ -1227,6 +1253,7 @@ pub fn run(a: Args) -> Result<i32> {
                     "min_s": if has { json!(stats::min(&r.times)) } else { json!(null) },
                     "max_s": if has { json!(stats::max(&r.times)) } else { json!(null) },
                     "requests": if r.requests.is_empty() { json!(null) } else { json!(median_u64(&r.requests)) },
+                    "backend_calls": if r.backend.is_empty() { json!(null) } else { json!(median_u64(&r.backend)) },
                     "requests_by_kind": if r.kinds.iter().all(|k| k.is_empty()) { json!(null) } else { json!(median_kinds(&r.kinds).into_iter().collect::<BTreeMap<_, _>>()) },
                 });
                 if let (Some(e), Some(m)) = (&r.error, o.as_object_mut()) {
