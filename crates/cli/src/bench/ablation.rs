@@ -110,7 +110,7 @@ pub fn print_table(rows: &[Row], runs: usize) {
             .find(|r| r.workload == w && r.system == sys && r.cache == st)
     };
     for w in workloads {
-        let mut head = format!("\n{w:<28}");
+        let mut head = format!("\n{w:<32}");
         for st in &states {
             head.push_str(&format!(" {st:>34}"));
         }
@@ -120,7 +120,7 @@ pub fn print_table(rows: &[Row], runs: usize) {
                 Some(o) => format!("-o {}", o.replace('+', ",")),
                 None => "all on".to_string(),
             };
-            let mut line = format!("  {label:<26}");
+            let mut line = format!("  {label:<30}");
             for st in &states {
                 let cell = match find(w, sys, st) {
                     None => "-".to_string(),

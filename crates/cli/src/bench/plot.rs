@@ -191,7 +191,7 @@ pub fn render(chart: &Chart) -> Result<String> {
 
     // Layout in pixels.
     let width: u32 = 1200;
-    let bar_px = 16u32;
+    let bar_px = if ns > 6 { 12u32 } else { 16 };
     let group_px = (ns as u32 * bar_px + 12).max(30);
     let label_chars = groups.iter().map(|g| g.chars().count()).max().unwrap_or(10);
     let label_px = (label_chars as u32 * 8 + 16).clamp(80, 460);
@@ -263,7 +263,15 @@ pub fn render(chart: &Chart) -> Result<String> {
             .x_labels(20)
             .x_desc(chart.axis.clone())
             .y_desc(chart.groups_axis.clone())
-            .x_label_formatter(&|v| ratio_label(*v))
+            .x_label_formatter(&|v| {
+                // 1, 2 and 5 of each decade: the others crowd the decade's top.
+                let m = *v / 10f64.powf(v.log10().floor());
+                if [1.0, 2.0, 5.0, 10.0].iter().any(|k| (m - k).abs() < 0.01) {
+                    ratio_label(*v)
+                } else {
+                    String::new()
+                }
+            })
             .y_label_formatter(&|v| {
                 // Row centres: group 0 at the top.
                 let row = (*v - 0.5).round() as usize;
