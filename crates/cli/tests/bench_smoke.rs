@@ -170,6 +170,12 @@ fn bench_apps_plot_draws_a_bar_per_workload_and_system() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench apps failed: {err}\n{text}");
     assert!(!text.contains("ERROR"), "a run failed:\n{text}\n{err}");
+    // stderr is a pipe here: notes, but no progress bar.
+    assert!(err.contains("bench apps: find -name"), "{err}");
+    assert!(
+        !err.contains("ETA"),
+        "a progress bar drawn into a pipe: {err}"
+    );
     let svg = std::fs::read_to_string(&svg_path).expect("the plot file");
     assert!(
         svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
@@ -284,4 +290,31 @@ fn bench_plot_to_an_unwritable_path_fails_at_once() {
             "bench {sub} started measuring: {err}"
         );
     }
+}
+
+/// On a terminal (a pseudo-terminal from util-linux `script`) the bench draws its progress bar
+/// on stderr: its name, a count of rounds and an ETA; the report still goes to stdout.
+#[test]
+fn bench_progress_bar_is_drawn_on_a_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let report = dir.path().join("report.txt");
+    let cmd = format!(
+        "{} bench lookup --quick --only memory > {}",
+        env!("CARGO_BIN_EXE_dircache"),
+        report.display()
+    );
+    let out = Command::new("script")
+        .args(["-qfec", &cmd, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running script(1) (util-linux)");
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "script: {tty}");
+    assert!(
+        tty.contains("bench lookup") && tty.contains("/1 ETA"),
+        "no progress bar on the terminal: {tty:?}"
+    );
+    let text = std::fs::read_to_string(&report).expect("the report");
+    assert!(text.contains("bytes per dentry:"), "{text}");
+    assert!(!text.contains("ETA"), "the bar went to stdout: {text}");
 }
