@@ -134,3 +134,187 @@ fn bench_lookup_only_rejects_unknown_sections() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid value 'lookup'"), "{err}");
 }
+
+/// `dircache bench ARGS` with stdout and stderr captured.
+fn bench(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dircache"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("running dircache")
+}
+
+/// `bench apps --plot`: the SVG is written, has one bar per workload × system that is not the
+/// baseline (and nothing else but the background, the legend swatches and the group bands),
+/// and names every workload and system. Needs root (mounts, drop_caches).
+#[test]
+fn bench_apps_plot_draws_a_bar_per_workload_and_system() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let svg_path = dir.path().join("apps.svg");
+    let svg_arg = svg_path.to_str().expect("utf-8 path");
+    let out = bench(&[
+        "apps",
+        "--quick",
+        "--runs",
+        "1",
+        "--cache",
+        "warm",
+        "--only",
+        "find -name,du -s,stat missing names",
+        "--systems",
+        "native,bindfs,dircache",
+        "--plot",
+        svg_arg,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench apps failed: {err}\n{text}");
+    assert!(!text.contains("ERROR"), "a run failed:\n{text}\n{err}");
+    // stderr is a pipe here: notes, but no progress bar.
+    assert!(err.contains("bench apps: find -name"), "{err}");
+    assert!(
+        !err.contains("ETA"),
+        "a progress bar drawn into a pipe: {err}"
+    );
+    let svg = std::fs::read_to_string(&svg_path).expect("the plot file");
+    assert!(
+        svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+        "not an SVG document: {}",
+        &svg[..svg.len().min(200)]
+    );
+    let groups = [
+        "find -name (warm)",
+        "du -s (warm)",
+        "stat missing names x2000 (warm)",
+    ];
+    let series = ["bindfs", "dircache"];
+    for name in groups.iter().chain(&series) {
+        assert!(svg.contains(name), "{name} not in the plot");
+    }
+    // Background + a legend swatch per series + a band every other group + the bars.
+    let rects = svg.matches("<rect").count();
+    let bars = groups.len() * series.len();
+    assert_eq!(
+        rects,
+        1 + series.len() + groups.len().div_ceil(2) + bars,
+        "expected {bars} bars"
+    );
+    assert!(svg.contains("time / native"), "axis label");
+    assert!(
+        svg.contains("--systems native,bindfs,dircache"),
+        "parameters in the title"
+    );
+}
+
+/// `bench apps --ablation` lists every optimization turned off (or, for one off by default,
+/// on) through its mount option, with a ratio to the all-on mount, FUSE requests and the
+/// core's backend calls per run.
+#[test]
+fn bench_apps_ablation_lists_every_switch() {
+    let out = bench(&[
+        "apps",
+        "--quick",
+        "--runs",
+        "1",
+        "--ablation",
+        "--cache",
+        "kcold",
+        "--only",
+        "stat missing names",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench apps --ablation failed: {err}\n{text}"
+    );
+    assert!(!text.contains("ERROR"), "a run failed:\n{text}\n{err}");
+    let all_on = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("all on"))
+        .unwrap_or_else(|| panic!("no all-on line:\n{text}"));
+    assert!(
+        all_on.contains("us/op") && all_on.contains("req"),
+        "{all_on}"
+    );
+    for opt in [
+        "nofastpath",
+        "verify_path",
+        "nocompleteness",
+        "nonegatives",
+        "nodeep_negatives",
+        "nosymlink_aliases",
+        "nowalk_batch",
+        "noprotected_hardlinks",
+        "noprefetch",
+        "nolean",
+        "noreaddirplus",
+        "nonegatives,nocompleteness",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(opt))
+            .unwrap_or_else(|| panic!("-o {opt} not listed:\n{text}"));
+        let ratio = line.split_whitespace().nth(2).unwrap_or("");
+        assert!(
+            ratio.ends_with('x')
+                && ratio[..ratio.len() - 1]
+                    .parse::<f64>()
+                    .is_ok_and(|r| r > 0.0),
+            "-o {opt}: no ratio: {line}"
+        );
+        assert!(
+            line.contains(" req ") && line.trim_end().ends_with(" be"),
+            "-o {opt}: no request or backend call count: {line}"
+        );
+    }
+}
+
+/// `--plot` to a path that cannot be created fails at once (before any tree is generated or
+/// mounted) with an error naming the option and the path.
+#[test]
+fn bench_plot_to_an_unwritable_path_fails_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("no-such-dir/plot.svg");
+    let bad = bad.to_str().expect("utf-8 path");
+    for sub in ["apps", "remote"] {
+        let out = bench(&[sub, "--quick", "--plot", bad]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "bench {sub} --plot {bad} succeeded");
+        assert!(
+            err.contains(&format!("--plot {bad}: cannot create the file")),
+            "bench {sub}: {err}"
+        );
+        assert!(
+            !err.contains("generating"),
+            "bench {sub} started measuring: {err}"
+        );
+    }
+}
+
+/// On a terminal (a pseudo-terminal from util-linux `script`) the bench draws its progress bar
+/// on stderr: its name, a count of rounds and an ETA; the report still goes to stdout.
+#[test]
+fn bench_progress_bar_is_drawn_on_a_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let report = dir.path().join("report.txt");
+    let cmd = format!(
+        "{} bench lookup --quick --only memory > {}",
+        env!("CARGO_BIN_EXE_dircache"),
+        report.display()
+    );
+    let out = Command::new("script")
+        .args(["-qfec", &cmd, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running script(1) (util-linux)");
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "script: {tty}");
+    assert!(
+        tty.contains("bench lookup") && tty.contains("/1 ETA"),
+        "no progress bar on the terminal: {tty:?}"
+    );
+    let text = std::fs::read_to_string(&report).expect("the report");
+    assert!(text.contains("bytes per dentry:"), "{text}");
+    assert!(!text.contains("ETA"), "the bar went to stdout: {text}");
+}

@@ -35,8 +35,10 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 
-use super::stats;
+use super::plot::{self, PlotFile};
+use super::progress::Progress;
 use super::tree::{self, TempDir};
+use super::{ablation, stats};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -62,17 +64,30 @@ pub struct Args {
     /// `.git` found within 3 levels). Nothing in it is changed.
     #[arg(long)]
     pub tree: Option<PathBuf>,
-    /// Only this cache state (cold or warm) [both].
-    #[arg(long, value_parser = ["cold", "warm"])]
+    /// Only this cache state [cold and warm; with --ablation also kcold]: cold = remounted
+    /// and the kernel's caches dropped; kcold = the kernel's caches dropped, the daemon's
+    /// cache kept (filled by an untimed run); warm = after an untimed run.
+    #[arg(long, value_parser = ["cold", "kcold", "warm"])]
     pub cache: Option<String>,
     /// Directory to create the temporary tree in (default: $TMPDIR or /tmp).
     #[arg(long)]
     pub base: Option<PathBuf>,
+    /// Also draw the results into this SVG file: bars of the time ratio to native (to the
+    /// all-on mount with --ablation) per workload and system, log scale.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Ablation: a dircache mount with every optimization on against the same mount with one
+    /// turned off (each core switch, then prefetch, lean, readdirplus as mount options), on
+    /// find, du, ls -lR, git status and a stat loop of missing names, cold, kcold and warm;
+    /// time over the all-on mount's, FUSE requests and the core's backend calls per run.
+    #[arg(long, conflicts_with = "systems")]
+    pub ablation: bool,
 }
 
 #[derive(clap::Args)]
 pub struct StatLoopArgs {
-    /// stat | open | readdir | mkstemp | read
+    /// stat | open | readdir | mkstemp | read | stat-names (N distinct missing names
+    /// PATH/missing-I)
     #[arg(long)]
     pub mode: String,
     /// Directory to chdir into first.
@@ -93,6 +108,9 @@ pub struct StatLoopArgs {
 pub fn stat_loop(a: StatLoopArgs) -> Result<i32> {
     std::env::set_current_dir(&a.dir).with_context(|| format!("chdir {}", a.dir.display()))?;
     let c = CString::new(a.path.as_os_str().as_bytes())?;
+    if a.mode == "stat-names" && a.path.join("missing-0").symlink_metadata().is_ok() {
+        bail!("{}/missing-0 exists", a.path.display());
+    }
     if a.mode == "stat" || a.mode == "open" {
         let exists =
             std::fs::symlink_metadata(&a.path).is_ok() && std::fs::metadata(&a.path).is_ok();
@@ -111,6 +129,15 @@ pub fn stat_loop(a: StatLoopArgs) -> Result<i32> {
             for _ in 0..a.n {
                 // SAFETY: `c` is NUL-terminated and `st` a writable stat buffer.
                 std::hint::black_box(unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) });
+            }
+        }
+        "stat-names" => {
+            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            for i in 0..a.n {
+                let mut p = a.path.as_os_str().as_bytes().to_vec();
+                p.extend_from_slice(format!("/missing-{i}\0").as_bytes());
+                // SAFETY: `p` is NUL-terminated and `st` a writable stat buffer.
+                std::hint::black_box(unsafe { libc::stat(p.as_ptr().cast(), st.as_mut_ptr()) });
             }
         }
         "open" => {
@@ -642,6 +669,12 @@ fn workloads(quick: bool) -> Vec<Workload> {
             });
         }
     }
+    v.push(Workload {
+        name: format!("stat missing names x{n}"),
+        prep: Prep::None,
+        action: Action::Loop("stat-names", n, "tree/deep/a".to_string()),
+        ops: n,
+    });
     for size in READDIR_SIZES {
         let reps = ((if quick { 20_000 } else { 200_000 }) / size).max(5);
         v.push(Workload {
@@ -674,7 +707,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
 /// Generate SRC: `tree/` (source-like files, a deep chain, a symlink, a git repository with
 /// one commit and a few uncommitted changes), `dirs/nN`, `data/big.bin`, `scratch/`; and a
 /// tarball of `tree` next to SRC.
-fn generate(base: &Path, quick: bool) -> Result<(PathBuf, PathBuf)> {
+fn generate(base: &Path, quick: bool, big: bool) -> Result<(PathBuf, PathBuf)> {
     let src = base.join("src");
     let t = src.join("tree");
     fs::create_dir_all(&t)?;
@@ -713,7 +746,12 @@ fn generate(base: &Path, quick: bool) -> Result<(PathBuf, PathBuf)> {
     }
     fs::create_dir_all(src.join("scratch"))?;
     fs::create_dir_all(src.join("data"))?;
-    let size: usize = if quick { 64 << 20 } else { 1 << 30 };
+    // Only the read workload reads it: not written when it does not run.
+    let size: usize = match (big, quick) {
+        (false, _) => 0,
+        (true, true) => 64 << 20,
+        (true, false) => 1 << 30,
+    };
     let mut f = fs::File::create(src.join("data/big.bin"))?;
     let chunk: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 31 % 251) as u8).collect();
     for _ in 0..size / chunk.len() {
@@ -820,9 +858,43 @@ fn daemon_requests(s: &System) -> BTreeMap<String, u64> {
 }
 
 /// One measured run: seconds, requests (perf), and for dircache the requests by kind.
-type RunResult = (f64, Option<u64>, BTreeMap<String, u64>);
+/// ... and the core's backend calls (lookup + getattr + readdir) the daemon made.
+type RunResult = (f64, Option<u64>, BTreeMap<String, u64>, Option<u64>);
 
-fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<RunResult> {
+/// The core's backend lookup + getattr + readdir calls so far (`dircache stats`), for
+/// dircache mounts.
+fn backend_calls(s: &System) -> Option<u64> {
+    let mnt = s.mount.as_ref().filter(|m| m.sys.kind == Kind::Dircache)?;
+    let v = dircache_fuse::stats::query_mount(&mnt.mnt, &json!({"op": "stats"})).ok()?;
+    let core = &v["stats"]["core"];
+    ["backend_lookup", "backend_getattr", "backend_readdir"]
+        .iter()
+        .map(|k| core[k].as_u64())
+        .sum()
+}
+
+/// The cache state a run starts in (`--cache`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    /// Remounted (a fresh daemon) and the kernel's caches dropped.
+    Cold,
+    /// The kernel's caches dropped, the daemon (and its cache) kept.
+    KernelCold,
+    /// Nothing dropped.
+    Warm,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::Cold => "cold",
+            State::KernelCold => "kcold",
+            State::Warm => "warm",
+        }
+    }
+}
+
+fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, state: State) -> Result<RunResult> {
     // One scratch directory per system: a change made natively must not race the FUSE
     // daemons' coherence (that is tested elsewhere, not timed here).
     let scratch = s.dir.join(format!("scratch/run-{}", s.sys.file_name()));
@@ -842,10 +914,12 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
             )?;
         }
     }
-    if cold {
+    if state == State::Cold {
         if let Some(m) = s.mount.as_mut() {
             m.recycle()?;
         }
+    }
+    if state != State::Warm {
         drop_caches()?;
     } else {
         // Write back what earlier runs left dirty, so no run pays for another's writeback
@@ -885,7 +959,7 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
             c
         }
     };
-    if cold {
+    if state != State::Warm {
         // drop_caches also evicted the program and its libraries: load them again (for every
         // system alike) so that "cold" means a cold file system, not a cold program.
         let prog = match &w.action {
@@ -903,6 +977,7 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let kinds0 = daemon_requests(s);
+    let be0 = backend_calls(s);
     let perf = match (&s.mount, ctx.perf) {
         (Some(m), true) => Some(PerfCounter::start(&ctx.work, m.connection()?)?),
         _ => None,
@@ -916,10 +991,18 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         Some(p) => Some(p.finish()?),
         None => None,
     };
+    let be1 = backend_calls(s);
     let mut kinds = daemon_requests(s);
     // A query costs requests of its own (the socket xattr, statfs): counted once in
     // `kinds`, measured by asking once more.
     let again = daemon_requests(s);
+    // The same for the backend calls (the queries' own, if any, measured by asking again).
+    let backend = match (be0, be1, backend_calls(s)) {
+        (Some(a), Some(b), Some(c)) => {
+            Some(b.saturating_sub(a).saturating_sub(c.saturating_sub(b)))
+        }
+        _ => None,
+    };
     for (k, n) in kinds.iter_mut() {
         let own = again.get(k).copied().unwrap_or(0).saturating_sub(*n);
         *n = n
@@ -952,24 +1035,29 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         }
         Action::Cmd(_) => wall,
     };
-    Ok((secs, requests, kinds))
+    Ok((secs, requests, kinds, backend))
 }
 
-struct Row {
-    workload: String,
-    system: &'static str,
-    cache: &'static str,
-    times: Vec<f64>,
-    requests: Vec<u64>,
+pub(super) struct Row {
+    pub(super) workload: String,
+    pub(super) system: &'static str,
+    pub(super) cache: &'static str,
+    pub(super) times: Vec<f64>,
+    pub(super) requests: Vec<u64>,
     /// Requests by kind of each run (dircache only).
-    kinds: Vec<BTreeMap<String, u64>>,
-    ops: usize,
-    error: Option<String>,
+    pub(super) kinds: Vec<BTreeMap<String, u64>>,
+    pub(super) ops: usize,
+    pub(super) error: Option<String>,
+    /// The core's backend calls of each run (dircache only).
+    pub(super) backend: Vec<u64>,
 }
 
 pub fn run(a: Args) -> Result<i32> {
     let runs = a.runs.unwrap_or(if a.quick { 2 } else { 5 }).max(1);
-    let note = |s: &str| eprintln!("bench apps: {s}");
+    // Opened first: a path that cannot be written fails before any measuring.
+    let plot = a.plot.as_deref().map(PlotFile::create).transpose()?;
+    let progress = Progress::new("bench apps", 0);
+    let note = |s: &str| progress.note(&format!("bench apps: {s}"));
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         note("not root: mounts, perf -a and drop_caches will probably fail");
@@ -990,7 +1078,10 @@ pub fn run(a: Args) -> Result<i32> {
         }
         None => {
             note(&format!("generating the tree in {}", base.path().display()));
-            let (src, tar) = generate(base.path(), a.quick)?;
+            let big = workloads(a.quick)
+                .iter()
+                .any(|w| w.name.starts_with("read ") && selected(&a, w));
+            let (src, tar) = generate(base.path(), a.quick, big)?;
             (src, tar, "tree".to_string(), "tree".to_string())
         }
     };
@@ -1013,7 +1104,12 @@ pub fn run(a: Args) -> Result<i32> {
         git_rel,
     };
 
-    let wanted: Vec<Sys> = if a.systems.is_empty() {
+    let wanted: Vec<Sys> = if a.ablation {
+        ablation::systems()
+            .iter()
+            .map(|s| Sys::parse(s))
+            .collect::<Result<_>>()?
+    } else if a.systems.is_empty() {
         vec![Sys::NATIVE, Sys::BINDFS, Sys::DIRCACHE]
     } else {
         a.systems
@@ -1050,7 +1146,7 @@ pub fn run(a: Args) -> Result<i32> {
     let mut rows: Vec<Row> = Vec::new();
     let wls: Vec<Workload> = workloads(a.quick)
         .into_iter()
-        .filter(|w| a.only.is_empty() || a.only.iter().any(|o| w.name.contains(o.as_str())))
+        .filter(|w| selected(&a, w))
         // An existing tree: only the read-only walks (no scratch, no generated paths).
         .filter(|w| {
             a.tree.is_none()
@@ -1059,18 +1155,25 @@ pub fn run(a: Args) -> Result<i32> {
                     && (has_git || !w.name.starts_with("git ")))
         })
         .collect();
+    let states: Vec<State> = [State::Cold, State::KernelCold, State::Warm]
+        .into_iter()
+        .filter(|st| match a.cache.as_deref() {
+            Some(c) => c == st.name(),
+            // kcold only for the ablation, unless asked for.
+            None => a.ablation || *st != State::KernelCold,
+        })
+        .collect();
+    let state_names: Vec<&str> = states.iter().map(|st| st.name()).collect();
+    progress.set_total((wls.len() * states.len() * runs * systems.len()) as u64);
     for w in &wls {
         note(&format!(
             "{} ({runs} runs x {} systems x {})",
             w.name,
             systems.len(),
-            a.cache.as_deref().unwrap_or("cold/warm")
+            state_names.join("/")
         ));
-        for cache in ["cold", "warm"] {
-            if a.cache.as_deref().is_some_and(|c| c != cache) {
-                continue;
-            }
-            let cold = cache == "cold";
+        for &state in &states {
+            let cache = state.name();
             let first = rows.len();
             for s in &systems {
                 rows.push(Row {
@@ -1082,11 +1185,19 @@ pub fn run(a: Args) -> Result<i32> {
                     kinds: vec![],
                     ops: w.ops,
                     error: None,
+                    backend: vec![],
                 });
             }
-            if !cold {
+            if state != State::Cold {
+                // An untimed run first: fills the kernel's caches (warm) or the daemon's
+                // (kcold: the timed runs drop the kernel's).
                 for (i, s) in systems.iter_mut().enumerate() {
-                    if let Err(e) = run_once(&ctx, s, w, false) {
+                    progress.running(format!(
+                        "{} ({cache}), untimed first run: {}",
+                        w.name,
+                        s.sys.name()
+                    ));
+                    if let Err(e) = run_once(&ctx, s, w, State::Warm) {
                         rows[first + i].error = Some(format!("{e:#}"));
                     }
                 }
@@ -1095,11 +1206,21 @@ pub fn run(a: Args) -> Result<i32> {
                 let n = systems.len();
                 for k in 0..n {
                     let i = (k + r) % n;
+                    progress.running(format!(
+                        "{} ({cache}), round {}/{runs}: {}",
+                        w.name,
+                        r + 1,
+                        systems[i].sys.name()
+                    ));
                     if rows[first + i].error.is_some() {
+                        progress.inc();
                         continue;
                     }
-                    match run_once(&ctx, &mut systems[i], w, cold) {
-                        Ok((t, req, kinds)) => {
+                    let res = run_once(&ctx, &mut systems[i], w, state);
+                    progress.inc();
+                    match res {
+                        Ok((t, req, kinds, be)) => {
+                            rows[first + i].backend.extend(be);
                             rows[first + i].kinds.push(kinds);
                             rows[first + i].times.push(t);
                             if let Some(q) = req {
@@ -1117,6 +1238,7 @@ pub fn run(a: Args) -> Result<i32> {
     }
     // Unmount before printing (and before `base` goes).
     drop(systems);
+    drop(progress);
 
     if a.json {
         let v: Vec<serde_json::Value> = rows
@@ -1131,6 +1253,7 @@ pub fn run(a: Args) -> Result<i32> {
                     "min_s": if has { json!(stats::min(&r.times)) } else { json!(null) },
                     "max_s": if has { json!(stats::max(&r.times)) } else { json!(null) },
                     "requests": if r.requests.is_empty() { json!(null) } else { json!(median_u64(&r.requests)) },
+                    "backend_calls": if r.backend.is_empty() { json!(null) } else { json!(median_u64(&r.backend)) },
                     "requests_by_kind": if r.kinds.iter().all(|k| k.is_empty()) { json!(null) } else { json!(median_kinds(&r.kinds).into_iter().collect::<BTreeMap<_, _>>()) },
                 });
                 if let (Some(e), Some(m)) = (&r.error, o.as_object_mut()) {
@@ -1140,10 +1263,71 @@ pub fn run(a: Args) -> Result<i32> {
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if a.ablation {
+        ablation::print_table(&rows, runs);
     } else {
         print_table(&rows, runs);
     }
+    if let Some(p) = plot {
+        let path = p.path().display().to_string();
+        p.write(&chart(&rows, runs, a.ablation))?;
+        eprintln!("bench apps: plot written to {path}");
+    }
     Ok(0)
+}
+
+/// Whether `w` runs: `--only`, and with `--ablation` only the ablation's workloads.
+fn selected(a: &Args, w: &Workload) -> bool {
+    (a.only.is_empty() || a.only.iter().any(|o| w.name.contains(o.as_str())))
+        && (!a.ablation || ablation::WORKLOADS.iter().any(|p| w.name.starts_with(p)))
+}
+
+/// The `--plot` chart: median time over the baseline's (native, the all-on mount for
+/// `--ablation`, else the first system) per workload and cache state.
+fn chart(rows: &[Row], runs: usize, ablation: bool) -> plot::Chart {
+    let base = if ablation {
+        "dircache"
+    } else if rows.iter().any(|r| r.system == "native") {
+        "native"
+    } else {
+        rows.first().map(|r| r.system).unwrap_or("native")
+    };
+    let mut bars = Vec::new();
+    for r in rows.iter().filter(|r| r.system != base) {
+        let b = rows
+            .iter()
+            .find(|b| b.system == base && b.workload == r.workload && b.cache == r.cache);
+        let (Some(b), false) = (b, r.times.is_empty()) else {
+            continue;
+        };
+        if b.times.is_empty() {
+            continue;
+        }
+        bars.push(plot::Bar {
+            group: format!("{} ({})", r.workload, r.cache),
+            series: r
+                .system
+                .strip_prefix("dircache:")
+                .unwrap_or(r.system)
+                .to_string(),
+            value: stats::median(&r.times) / stats::median(&b.times),
+        });
+    }
+    let what = if ablation {
+        "one optimization off: time / all on".to_string()
+    } else {
+        format!("time / {base}")
+    };
+    plot::Chart {
+        title: format!("dircache bench apps: {what}, median of {runs} interleaved runs"),
+        subtitle: plot::run_parameters(),
+        axis: format!(
+            "{what} (log scale; right of 1× = slower than {})",
+            if ablation { "all on" } else { base }
+        ),
+        groups_axis: "workload (cache state)".into(),
+        bars,
+    }
 }
 
 /// Median count of each request kind over the runs (a run without a kind counts 0),
@@ -1167,7 +1351,7 @@ fn median_kinds(runs: &[BTreeMap<String, u64>]) -> Vec<(String, u64)> {
     out
 }
 
-fn median_u64(v: &[u64]) -> u64 {
+pub(super) fn median_u64(v: &[u64]) -> u64 {
     let f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
     stats::median(&f).round() as u64
 }

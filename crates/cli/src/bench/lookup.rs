@@ -27,6 +27,7 @@ use dircache_core::{
 };
 use serde_json::{json, Map, Value};
 
+use super::progress::Progress;
 use super::sampler::{medians, Sampler};
 use super::tree::{self, TempDir};
 use super::{alloc, stats};
@@ -391,14 +392,30 @@ fn get(m: &BTreeMap<String, f64>, k: &str) -> f64 {
 pub fn run(a: Args) -> Result<i32> {
     let p = Params::new(a.quick);
     let want = |s: &str| a.only.is_empty() || a.only.iter().any(|x| x == s);
+    // A step per round of every section that runs.
+    let progress = Progress::new("bench lookup", 0);
+    progress.set_total(
+        [
+            ("lookups", 1 + p.rounds),
+            ("readdir", 1 + p.rounds.min(11)),
+            ("invalidate", 1 + p.inv_rounds),
+            ("threads", p.thread_rounds),
+            ("memory", 1),
+        ]
+        .iter()
+        .filter(|(s, _)| want(s))
+        .map(|(_, n)| *n as u64)
+        .sum(),
+    );
     let note = |s: &str| {
         if !a.json {
-            eprintln!("bench lookup: {s}");
+            progress.note(&format!("bench lookup: {s}"));
         }
     };
     // Announces a section as it starts, or says that `--only` skips it.
     let section = |name: &str, what: &str| {
         if want(name) {
+            progress.running(what.to_string());
             note(what);
         } else {
             note(&format!("{what}: skipped (--only)"));
@@ -457,7 +474,7 @@ pub fn run(a: Args) -> Result<i32> {
     // ---------------------------------------------------------------- single-path lookups
     section("lookups", "lookups");
     let lk = if want("lookups") {
-        let mut s = Sampler::new();
+        let mut s = Sampler::new().progress(&progress);
         for (key, path, _) in &cases {
             let (fast, slow, fc, sc) = (&fast, &slow, &fc, &sc);
             let pb = path.as_bytes().to_vec();
@@ -507,7 +524,7 @@ pub fn run(a: Args) -> Result<i32> {
                 bail!("getdents of {path}: {c} entries, expected {}", n + 2);
             }
         }
-        let mut s = Sampler::new();
+        let mut s = Sampler::new().progress(&progress);
         for n in READDIR_SIZES {
             let reps = (p.readdir_work / n).max(1);
             let path = format!("big/n{n}").into_bytes();
@@ -538,7 +555,7 @@ pub fn run(a: Args) -> Result<i32> {
     // ---------------------------------------------------------------- invalidation
     section("invalidate", "invalidation (chmod, rename)");
     let inv = if want("invalidate") {
-        bench_invalidate(&t, &p)?
+        bench_invalidate(&t, &p, &progress)?
     } else {
         BTreeMap::new()
     };
@@ -559,6 +576,7 @@ pub fn run(a: Args) -> Result<i32> {
     };
     let st0 = fast.stats();
     for _ in 0..if want("threads") { p.thread_rounds } else { 0 } {
+        progress.inc();
         for n in [1usize, 2] {
             let (wall, cpu) = throughput(paths.len(), n, p.thread_time, &cache_op);
             tp.entry(n).or_default().push(wall);
@@ -596,7 +614,9 @@ pub fn run(a: Args) -> Result<i32> {
     // ---------------------------------------------------------------- memory
     section("memory", "bytes per dentry");
     let mem = if want("memory") {
-        bytes_per_dentry(&t, &user)?
+        let m = bytes_per_dentry(&t, &user)?;
+        progress.inc();
+        m
     } else {
         Mem {
             per_dentry: f64::NAN,
@@ -628,6 +648,7 @@ pub fn run(a: Args) -> Result<i32> {
             )
         })
         .collect();
+    drop(progress);
     let skipped: Vec<&str> = SECTIONS.into_iter().filter(|s| !want(s)).collect();
     let out = json!({
         "skipped_sections": skipped,
@@ -713,7 +734,7 @@ pub fn run(a: Args) -> Result<i32> {
 
 /// Medians of the invalidation cases, keyed `{chmod,rename}.{cache,stub,sys}.{n}` (µs) and
 /// `{chmod,rename}.invalidated.{n}` (entries the cache reported invalidating per operation).
-fn bench_invalidate(t: &Tree, p: &Params) -> Result<BTreeMap<String, f64>> {
+fn bench_invalidate(t: &Tree, p: &Params, progress: &Progress) -> Result<BTreeMap<String, f64>> {
     let root = t.tmp.path();
     let rootfd = t.rootfd.as_raw_fd();
     let real = Cache::new(local_backend(root)?, Config::default()).context("Cache::new (inv)")?;
@@ -740,6 +761,7 @@ fn bench_invalidate(t: &Tree, p: &Params) -> Result<BTreeMap<String, f64>> {
     };
     let mut flip = false;
     for round in 0..p.inv_rounds + 1 {
+        progress.inc();
         for (n, dir, desc) in &t.inv {
             let renamed = format!("{dir}.renamed");
             for (sys, cache, c) in [("cache", &real, &rc), ("stub", &stub, &sc)] {

@@ -1,8 +1,11 @@
 //! `dircache bench ...`: each benchmark in its own module.
 
+mod ablation;
 mod alloc;
 mod apps;
 mod lookup;
+mod plot;
+mod progress;
 mod remote;
 mod sampler;
 mod search;

@@ -37,6 +37,8 @@ use dircache_tests::delay_proxy::{DelayProxy, Traffic};
 use dircache_tests::sshd::{sshd_available, which, Sshd};
 use serde_json::json;
 
+use super::plot::{self, PlotFile};
+use super::progress::Progress;
 use super::stats;
 use super::tree::{self, TempDir};
 
@@ -83,6 +85,10 @@ pub struct Args {
     /// Give up on one run after this many seconds (the run's process is killed).
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
+    /// Also draw the results into this SVG file: bars of the time ratio to native per
+    /// workload, system and RTT, log scale.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 /// The hidden loop's arguments (`dircache bench remote-loop`).
@@ -566,6 +572,8 @@ fn parse_rtt(s: &str) -> Result<Duration> {
 }
 
 pub fn run(a: Args) -> Result<i32> {
+    // Opened first: a path that cannot be written fails before any measuring.
+    let plot = a.plot.as_deref().map(PlotFile::create).transpose()?;
     let note = |s: &str| eprintln!("bench remote: {s}");
     let runs = a.runs.unwrap_or(if a.quick { 2 } else { 3 }).max(1);
     let rtts: Vec<Duration> = a.rtt.iter().map(|s| parse_rtt(s)).collect::<Result<_>>()?;
@@ -647,7 +655,43 @@ pub fn run(a: Args) -> Result<i32> {
     } else {
         print_table(&rows, runs, n_entries);
     }
+    if let Some(p) = plot {
+        let path = p.path().display().to_string();
+        p.write(&chart(&rows, runs, n_entries, rtts.len() > 1))?;
+        note(&format!("plot written to {path}"));
+    }
     Ok(0)
+}
+
+/// The `--plot` chart: median time over native's in the same RTT run, per workload and cache
+/// state; one series per system (and RTT, when several ran).
+fn chart(rows: &[Row], runs: usize, entries: usize, by_rtt: bool) -> plot::Chart {
+    let bars = rows
+        .iter()
+        .filter(|r| r.system != "native" && !r.times.is_empty())
+        .filter_map(|r| {
+            let n = native_median(rows, r).filter(|n| *n > 0.0)?;
+            Some(plot::Bar {
+                group: format!("{} ({})", r.workload, r.cache),
+                series: if by_rtt {
+                    format!("{}, RTT {} ms", r.system, r.rtt_ms)
+                } else {
+                    r.system.to_string()
+                },
+                value: stats::median(&r.times) / n,
+            })
+        })
+        .collect();
+    plot::Chart {
+        title: format!(
+            "dircache bench remote: time / native, {entries}-entry tree over ssh, median of \
+             {runs} interleaved runs"
+        ),
+        subtitle: plot::run_parameters(),
+        axis: "time / native (log scale; right of 1× = slower than native)".into(),
+        groups_axis: "workload (cache state)".into(),
+        bars,
+    }
 }
 
 fn bench(
@@ -658,7 +702,8 @@ fn bench(
     loop_n: usize,
     has_git: bool,
 ) -> Result<Vec<Row>> {
-    let note = |s: &str| eprintln!("bench remote: {s}");
+    let progress = Progress::new("bench remote", 0);
+    let note = |s: &str| progress.note(&format!("bench remote: {s}"));
     let want = |s: Sys| a.systems.is_empty() || a.systems.iter().any(|x| x == s.name());
     let mut systems: Vec<System> = Vec::new();
     for sys in Sys::ALL {
@@ -707,6 +752,7 @@ fn bench(
         .filter(|w| a.only.is_empty() || a.only.iter().any(|o| w.name.contains(o.as_str())))
         .collect();
     let mut rows: Vec<Row> = Vec::new();
+    progress.set_total((rtts.len() * wls.len() * 2 * runs * systems.len()) as u64);
     for &rtt in rtts {
         for s in &systems {
             if let Some(p) = &s.proxy {
@@ -742,6 +788,11 @@ fn bench(
                         if rows[first + i].error.is_some() {
                             continue;
                         }
+                        progress.running(format!(
+                            "RTT {rtt_ms} ms, {} (warm), untimed first run: {}",
+                            w.name,
+                            s.sys.name()
+                        ));
                         match run_once(env, s, w, false) {
                             Ok(r) => rows[first + i].lines = Some(r.lines),
                             Err(e) => {
@@ -755,10 +806,19 @@ fn bench(
                     let n = systems.len();
                     for k in 0..n {
                         let i = (k + r) % n;
+                        progress.running(format!(
+                            "RTT {rtt_ms} ms, {} ({cache}), round {}/{runs}: {}",
+                            w.name,
+                            r + 1,
+                            systems[i].sys.name()
+                        ));
                         if rows[first + i].error.is_some() {
+                            progress.inc();
                             continue;
                         }
-                        match run_once(env, &mut systems[i], w, cold) {
+                        let res = run_once(env, &mut systems[i], w, cold);
+                        progress.inc();
+                        match res {
                             Ok(res) => {
                                 let row = &mut rows[first + i];
                                 row.times.push(res.secs);

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::progress::Progress;
 use super::stats;
 
 /// One sample of a case: a measurement in the case's unit (ns per op, µs per op, ...).
@@ -11,11 +12,21 @@ pub type SampleFn<'a> = Box<dyn FnMut() -> anyhow::Result<f64> + 'a>;
 #[derive(Default)]
 pub struct Sampler<'a> {
     cases: Vec<(String, SampleFn<'a>)>,
+    progress: Option<&'a Progress>,
 }
 
 impl<'a> Sampler<'a> {
     pub fn new() -> Self {
-        Sampler { cases: Vec::new() }
+        Sampler {
+            cases: Vec::new(),
+            progress: None,
+        }
+    }
+
+    /// Count each round (warm-up rounds too) as a step of `p`.
+    pub fn progress(mut self, p: &'a Progress) -> Self {
+        self.progress = Some(p);
+        self
     }
 
     pub fn add(&mut self, key: impl Into<String>, f: impl FnMut() -> anyhow::Result<f64> + 'a) {
@@ -35,6 +46,9 @@ impl<'a> Sampler<'a> {
                 if r >= warmup {
                     out.entry(key.clone()).or_default().push(v);
                 }
+            }
+            if let Some(p) = self.progress {
+                p.inc();
             }
         }
         Ok(out)

@@ -20,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::progress::Progress;
 use anyhow::Context;
 use dircache_search::{search, CacheSource, DirectSource, Flags, SearchRequest};
 
@@ -478,8 +479,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         });
         rows.len() - 1
     };
+    // Rounds: warm (1 untimed + runs), cold (runs), then on the mount the same again.
+    let progress = Progress::new("bench search", 0);
+    let per_phase = (2 * a.runs + 1 - usize::from(!cold_ok) * a.runs) as u64;
+    progress.set_total(2 * per_phase);
     for run in 0..a.runs + 1 {
         let warmup = run == 0;
+        progress.running(format!("warm, round {run}/{} (0 = untimed)", a.runs));
         for q in &queries {
             for (sys, argv) in &q.peers {
                 let (dt, n) = time_cmd(argv)?;
@@ -512,11 +518,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 rows[i].times.push(dt);
             }
         }
+        progress.inc();
     }
     // Cold phase, after all warm runs (a drop_caches would otherwise make the next system's
     // "warm" run cold): every run preceded by drop_caches.
     if cold_ok {
-        for _ in 0..a.runs {
+        for run in 0..a.runs {
+            progress.running(format!("cold, round {}/{}", run + 1, a.runs));
             for q in &queries {
                 for (sys, argv) in &q.peers {
                     drop_caches();
@@ -525,6 +533,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                     rows[i].times.push(dt);
                 }
             }
+            progress.inc();
         }
     }
     // Mount phase: the same queries on a dircache mount of the tree: the peers walk the mount
@@ -573,6 +582,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             mount_queries.push((format!("{} [mount]", q.name), peers));
         }
         for run in 0..a.runs + 1 {
+            progress.running(format!(
+                "on the mount, round {run}/{} (0 = untimed)",
+                a.runs
+            ));
             for (qn, peers) in &mount_queries {
                 for (sys, argv) in peers {
                     let (dt, n) = time_cmd(argv)?;
@@ -583,11 +596,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                     }
                 }
             }
+            progress.inc();
         }
         // Kernel cold, daemon warm: drop_caches also makes the kernel forget the inodes it
         // looked up from the daemon, while the daemon's cache keeps its complete listings.
         if cold_ok {
-            for _ in 0..a.runs {
+            for run in 0..a.runs {
+                progress.running(format!(
+                    "on the mount, kernel cold, round {}/{}",
+                    run + 1,
+                    a.runs
+                ));
                 for (qn, peers) in &mount_queries {
                     for (sys, argv) in peers {
                         drop_caches();
@@ -596,6 +615,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                         rows[i].times.push(dt);
                     }
                 }
+                progress.inc();
             }
         }
         if have("perf") {
@@ -642,6 +662,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if !mount_queries.is_empty() {
         let _ = Command::new("umount").arg(&mnt).status();
     }
+    drop(progress);
     if a.json {
         for r in &rows {
             let (med, min, max) = stats(&r.times);
