@@ -27,6 +27,11 @@ impl Mount {
     /// Mount with `opts`; the tree has `d/` (never listed: its misses reach the backend) and
     /// `e/` with 5 files.
     fn new(opts: &str) -> Result<Mount, String> {
+        Mount::with(opts, false)
+    }
+
+    /// `remote`: SRC as `localhost:SRC`, its server started by a stand-in for ssh.
+    fn with(opts: &str, remote: bool) -> Result<Mount, String> {
         let dir = tempfile::tempdir().unwrap();
         let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
         std::fs::create_dir_all(src.join("d")).unwrap();
@@ -35,13 +40,30 @@ impl Mount {
             std::fs::write(src.join(format!("e/f{i}")), b"x").unwrap();
         }
         std::fs::create_dir(&mnt).unwrap();
+        let mut src_arg = src.clone().into_os_string();
+        let mut opts = opts.to_string();
+        if remote {
+            let fake = dir.path().join("fake-ssh");
+            std::fs::write(
+                &fake,
+                "#!/bin/sh\nfor last; do :; done\nexec sh -c \"exec $last\"\n",
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+            src_arg = format!("localhost:{}", src.display()).into();
+            opts.push_str(&format!(
+                ",ssh_command={},serve_command={BIN},IdentityFile=/nonexistent/id",
+                fake.display()
+            ));
+        }
         let out = Command::new(BIN)
             .arg("mount")
-            .arg(&src)
+            .arg(&src_arg)
             .arg(&mnt)
             .args([
                 "-o",
-                opts,
+                &opts,
                 "-o",
                 &format!("log={}", dir.path().join("log").display()),
             ])
@@ -415,4 +437,27 @@ fn a_port_in_use_fails_the_mount_and_leaves_nothing() {
         "{e}"
     );
     assert!(e.ends_with("(left mounted: false)"), "{e}");
+}
+
+#[test]
+fn a_remote_mount_serves_metrics_too() {
+    if !can_mount() {
+        return;
+    }
+    let m = Mount::with("metrics=127.0.0.1:0,negative_timeout=0,noprefetch", true).unwrap();
+    let addr = m.addr();
+    let _ = std::fs::metadata(m.mnt.join("d")).unwrap();
+    let s0 = settled(addr);
+    for i in 0..10 {
+        assert!(std::fs::metadata(m.mnt.join(format!("d/nothere{i}"))).is_err());
+    }
+    let s1 = settled(addr);
+    // Each name went to the server once (a backend lookup answered ENOENT).
+    assert_eq!(misses(&s1, "negative") - misses(&s0, "negative"), 10);
+    assert_eq!(
+        backend_calls(&s1, "lookup") - backend_calls(&s0, "lookup"),
+        10
+    );
+    assert!(m.umount());
+    assert!(TcpStream::connect(addr).is_err(), "still listening");
 }
