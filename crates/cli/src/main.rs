@@ -7,6 +7,7 @@ mod demo;
 mod install;
 mod logs;
 mod lsline;
+mod metricsopt;
 mod mount;
 mod remote;
 mod search;

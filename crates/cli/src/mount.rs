@@ -77,6 +77,9 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              [/var/log/dircache/MNT.log for root, else
                              $XDG_STATE_HOME/dircache/MNT.log; the journal under systemd]
   debug                      log every FUSE request (level debug) [off]
+  metrics=ADDR:PORT          serve OpenMetrics text at http://ADDR:PORT/metrics (an IP
+                             literal; loopback only unless metrics_public; port 0: any) [off]
+  metrics_public             allow a metrics address outside loopback (no authentication)
   persist=PATH               warm restart: load the cache's listings and negatives from the
                              snapshot PATH (an absolute path; a file, 0600, root's) at mount,
                              each directory checked against the tree first, and write it
@@ -166,6 +169,10 @@ pub struct Options {
     pub log: Option<PathBuf>,
     /// `-o debug`: log every request.
     pub debug: bool,
+    /// `-o metrics=ADDR:PORT` (metricsopt.rs).
+    pub metrics: Option<std::net::SocketAddr>,
+    /// `-o metrics_public`: a non-loopback metrics address is wanted.
+    pub metrics_public: bool,
 }
 
 impl Options {
@@ -275,6 +282,8 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         debug: false,
         core: Vec::new(),
         pcc_slots: None,
+        metrics: None,
+        metrics_public: false,
     };
     let mut cache_off = false;
     let mut bypass = false;
@@ -386,6 +395,11 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 "persist" => o.persist = Some(persist_path(v)?),
                 "log" => o.log = Some(file_path(v, "log")?),
                 "debug" => o.debug = true,
+                "metrics" => o.metrics = Some(crate::metricsopt::addr(v)?),
+                "metrics_public" => {
+                    no_value()?;
+                    o.metrics_public = true;
+                }
                 "threads" | "max_open_per_user" | "entry_timeout" | "attr_timeout"
                 | "negative_timeout" | "readdirplus" | "noreaddirplus" | "lean" | "nolean"
                 | "cache_dir" | "nocache_dir" | "opendir" | "noopendir" | "keep_cache"
@@ -404,6 +418,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
             )));
         }
     }
+    crate::metricsopt::check(o.metrics, o.metrics_public)?;
     if cache_off {
         o.policy = CachePolicy::uncached();
     }
@@ -808,6 +823,7 @@ fn serve(
     cfg.allow_other = opts.allow_other;
     cfg.socket_path = Some(socket);
     cfg.persist = opts.persist.clone();
+    cfg.metrics = opts.metrics;
     let mounted = dircache_fuse::mount(cache, &cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!("mounted {} on {}", src.display(), mnt.display());
 
@@ -898,6 +914,7 @@ fn human(s: &serde_json::Value) -> String {
     };
     let _ = writeln!(out, "core cache:   {hits} hits, {misses} misses ({rate:.1}% hit rate), {} negative hits, {} fast-path hits",
         g(&core, "negative_hits"), g(&core, "fastpath_hits"));
+    let _ = writeln!(out, "{}", crate::statwatch::by_kind(&core));
     let _ = writeln!(
         out,
         "  entries:    {} dentries, {} fast-table entries, {} bytes, {} evictions",

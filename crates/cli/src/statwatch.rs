@@ -81,6 +81,26 @@ fn line(a: &Sample, b: &Sample) -> String {
     )
 }
 
+/// Hits and misses by kind (the Coda MiniCache paper's Table 2), from `stats`' `core`
+/// object: one line of `kind hits/misses`, as `/metrics` names the kinds.
+pub fn by_kind(core: &Value) -> String {
+    let n = |k: &str| core[k].as_u64().unwrap_or(0);
+    let kinds = [
+        ("lookup", n("hits"), n("misses")),
+        ("access", n("fastpath_hits"), n("pcc_misses")),
+        ("attr", n("attr_hits"), n("attr_misses")),
+        ("symlink", n("symlink_hits"), n("symlink_misses")),
+        ("negative", n("negative_hits"), n("negative_misses")),
+        ("listing", n("readdir_hits"), n("readdir_misses")),
+        ("walk", n("walk_hits"), n("walk_misses")),
+    ];
+    let mut out = String::from("  hits/misses by kind:");
+    for (k, h, m) in kinds {
+        out.push_str(&format!(" {k} {h}/{m}"));
+    }
+    out
+}
+
 /// Prints a line every `every` until the mount ends (or `count` lines were printed).
 pub fn run(mnt: &Path, every: f64, count: Option<u64>) -> anyhow::Result<i32> {
     if !(every.is_finite() && (0.05..=86400.0).contains(&every)) {

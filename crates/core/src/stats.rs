@@ -1,6 +1,7 @@
 //! Statistics counters that many threads bump without sharing a cache line.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
@@ -107,15 +108,154 @@ impl Counter {
     }
 }
 
-/// Backend calls, by kind.
+/// Upper bounds of [`Histogram`] buckets: `2^k` microseconds, `k` in `0..BUCKETS` (1 µs to
+/// ~8.4 s); one more bucket holds everything slower.
+pub const BUCKETS: usize = 24;
+
+/// One thread's part of a [`Histogram`]: counts per bucket (the last one unbounded) and the
+/// sum of the observed nanoseconds.
+struct HistShard {
+    buckets: [AtomicU64; BUCKETS + 1],
+    sum_ns: AtomicU64,
+}
+
+/// A latency histogram sharded like [`Counter`] (one shard per thread, plain stores): an
+/// observation costs one `Instant::now()`, a leading-zero count and two stores.
+pub struct Histogram {
+    shards: Box<[CachePadded<HistShard>; SHARDS + 1]>,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            shards: Box::new(std::array::from_fn(|_| {
+                CachePadded::new(HistShard {
+                    buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+                    sum_ns: AtomicU64::new(0),
+                })
+            })),
+        }
+    }
+}
+
+/// A point-in-time copy of a [`Histogram`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HistogramSnapshot {
+    /// Observations per bucket (not cumulative); bucket `k < BUCKETS` holds those of at most
+    /// `2^k` µs and more than `2^(k-1)` µs, the last one those above `2^(BUCKETS-1)` µs.
+    pub buckets: Vec<u64>,
+    pub sum_ns: u64,
+}
+
+impl HistogramSnapshot {
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+    /// Upper bound of bucket `k` in seconds (`+inf` for the last).
+    pub fn bound_secs(k: usize) -> f64 {
+        if k < BUCKETS {
+            (1u64 << k) as f64 * 1e-6
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
+/// The bucket of a duration of `ns` nanoseconds: the least `k` with `ns <= 2^k µs`.
+#[inline]
+fn bucket_of(ns: u64) -> usize {
+    let us = ns.div_ceil(1000);
+    let k = if us <= 1 {
+        0
+    } else {
+        (64 - (us - 1).leading_zeros()) as usize
+    };
+    k.min(BUCKETS)
+}
+
+impl Histogram {
+    /// Record one observation of `ns` nanoseconds.
+    #[inline]
+    pub fn observe_ns(&self, ns: u64) {
+        let i = shard();
+        let s = &self.shards[i];
+        let b = &s.buckets[bucket_of(ns)];
+        if i == SHARED {
+            b.fetch_add(1, Ordering::Relaxed);
+            s.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        } else {
+            // Only this thread writes this shard.
+            b.store(b.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+            let sum = &s.sum_ns;
+            sum.store(
+                sum.load(Ordering::Relaxed).wrapping_add(ns),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Record the time since `t`.
+    #[inline]
+    pub fn since(&self, t: Instant) {
+        self.observe_ns(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Run `f`, recording how long it took.
+    #[inline]
+    pub fn time<R>(&self, f: impl FnOnce() -> R) -> R {
+        let t = Instant::now();
+        let r = f();
+        self.since(t);
+        r
+    }
+
+    /// Observations so far.
+    pub fn get(&self) -> u64 {
+        self.shards
+            .iter()
+            .flat_map(|s| s.buckets.iter())
+            .map(|b| b.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut out = HistogramSnapshot {
+            buckets: vec![0; BUCKETS + 1],
+            sum_ns: 0,
+        };
+        for s in self.shards.iter() {
+            for (o, b) in out.buckets.iter_mut().zip(s.buckets.iter()) {
+                *o += b.load(Ordering::Relaxed);
+            }
+            out.sum_ns = out.sum_ns.wrapping_add(s.sum_ns.load(Ordering::Relaxed));
+        }
+        out
+    }
+}
+
+/// Backend calls, by kind: each a latency histogram whose count is the number of calls.
 #[derive(Default)]
 pub struct BackendCounters {
-    pub lookup: Counter,
-    pub walk: Counter,
-    pub getattr: Counter,
-    pub readdir: Counter,
-    pub readlink: Counter,
-    pub mutation: Counter,
+    pub lookup: Histogram,
+    pub walk: Histogram,
+    pub getattr: Histogram,
+    pub readdir: Histogram,
+    pub readlink: Histogram,
+    pub mutation: Histogram,
+}
+
+impl BackendCounters {
+    /// `(kind, histogram)` for every kind, in a fixed order (for exporters).
+    pub fn by_kind(&self) -> [(&'static str, &Histogram); 6] {
+        [
+            ("lookup", &self.lookup),
+            ("walk", &self.walk),
+            ("getattr", &self.getattr),
+            ("readdir", &self.readdir),
+            ("readlink", &self.readlink),
+            ("mutation", &self.mutation),
+        ]
+    }
 }
 
 /// The live counters of one cache.
@@ -136,6 +276,20 @@ pub struct Stats {
     pub slowpath_walks: Counter,
     /// Readdirs served from a complete directory.
     pub readdir_hits: Counter,
+    /// Readdirs that listed the directory in the backend.
+    pub readdir_misses: Counter,
+    /// Names the backend answered ENOENT for (one-component lookups of names not cached).
+    pub negative_misses: Counter,
+    /// Attributes answered from the cache, and fetched from the backend.
+    pub attr_hits: Counter,
+    pub attr_misses: Counter,
+    /// Symlink targets answered from the cache, and read from the backend.
+    pub symlink_hits: Counter,
+    pub symlink_misses: Counter,
+    /// Component-at-a-time walks that called the backend for none of their components,
+    /// and walks that called it for at least one.
+    pub walk_hits: Counter,
+    pub walk_misses: Counter,
     pub backend: BackendCounters,
     /// Subtree invalidations (chmod, rename, ... and `invalidate`).
     pub invalidations: Counter,
@@ -154,6 +308,14 @@ pub struct StatsSnapshot {
     pub pcc_misses: u64,
     pub slowpath_walks: u64,
     pub readdir_hits: u64,
+    pub readdir_misses: u64,
+    pub negative_misses: u64,
+    pub attr_hits: u64,
+    pub attr_misses: u64,
+    pub symlink_hits: u64,
+    pub symlink_misses: u64,
+    pub walk_hits: u64,
+    pub walk_misses: u64,
     pub backend_lookup: u64,
     pub backend_walk: u64,
     pub backend_getattr: u64,
@@ -181,6 +343,14 @@ impl Stats {
             pcc_misses: self.pcc_misses.get(),
             slowpath_walks: self.slowpath_walks.get(),
             readdir_hits: self.readdir_hits.get(),
+            readdir_misses: self.readdir_misses.get(),
+            negative_misses: self.negative_misses.get(),
+            attr_hits: self.attr_hits.get(),
+            attr_misses: self.attr_misses.get(),
+            symlink_hits: self.symlink_hits.get(),
+            symlink_misses: self.symlink_misses.get(),
+            walk_hits: self.walk_hits.get(),
+            walk_misses: self.walk_misses.get(),
             backend_lookup: self.backend.lookup.get(),
             backend_walk: self.backend.walk.get(),
             backend_getattr: self.backend.getattr.get(),
@@ -198,6 +368,32 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn histogram_buckets_are_powers_of_two_microseconds() {
+        assert_eq!(bucket_of(0), 0);
+        assert_eq!(bucket_of(1000), 0);
+        assert_eq!(bucket_of(1001), 1);
+        assert_eq!(bucket_of(2000), 1);
+        assert_eq!(bucket_of(2001), 2);
+        assert_eq!(bucket_of(1_048_576_000), 20);
+        assert_eq!(bucket_of(u64::MAX), BUCKETS);
+        let h = Histogram::default();
+        std::thread::scope(|s| {
+            for _ in 0..3 * SHARDS {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        h.observe_ns(1500);
+                    }
+                });
+            }
+        });
+        let snap = h.snapshot();
+        assert_eq!(snap.count(), 3 * SHARDS as u64 * 1000);
+        assert_eq!(snap.buckets[1], snap.count());
+        assert_eq!(snap.sum_ns, 1500 * snap.count());
+        assert_eq!(h.get(), snap.count());
+    }
 
     /// Plain stores in owned shards must not lose counts: more threads than shards, threads
     /// exiting and handing their shard on, all counting at once.

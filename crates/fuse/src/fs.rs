@@ -267,8 +267,9 @@ impl DircacheFs {
         self.fs.noatime = on;
     }
 
-    fn count(&self, op: Op) {
-        self.fs.counters.inc(op);
+    /// Count a request and time it until the guard is dropped (the method's end).
+    fn count(&self, op: Op) -> crate::stats::Timed<'_> {
+        self.fs.counters.start(op)
     }
 }
 
@@ -369,18 +370,18 @@ impl fuser::Filesystem for DircacheFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.count(Op::lookup);
+        let _t = self.count(Op::lookup);
         self.fs.lean.looked_up(parent.0);
         reply_entry(self.fs.lookup(req, parent, name), reply)
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.count(Op::forget);
+        let _t = self.count(Op::forget);
         self.fs.forget(ino, nlookup)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.count(Op::getattr);
+        let _t = self.count(Op::getattr);
         reply_attr(self.fs.getattr(ino, fh), reply)
     }
 
@@ -402,7 +403,7 @@ impl fuser::Filesystem for DircacheFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.count(Op::setattr);
+        let _t = self.count(Op::setattr);
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -415,7 +416,7 @@ impl fuser::Filesystem for DircacheFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.count(Op::readlink);
+        let _t = self.count(Op::readlink);
         match self.fs.readlink(ino) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(e),
@@ -432,7 +433,7 @@ impl fuser::Filesystem for DircacheFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.count(Op::mknod);
+        let _t = self.count(Op::mknod);
         reply_entry(self.fs.mknod(req, parent, name, mode, umask, rdev), reply)
     }
 
@@ -445,17 +446,17 @@ impl fuser::Filesystem for DircacheFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.count(Op::mkdir);
+        let _t = self.count(Op::mkdir);
         reply_entry(self.fs.mkdir(req, parent, name, mode, umask), reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count(Op::unlink);
+        let _t = self.count(Op::unlink);
         reply_empty(self.fs.unlink(req, parent, name), reply)
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count(Op::rmdir);
+        let _t = self.count(Op::rmdir);
         reply_empty(self.fs.rmdir(req, parent, name), reply)
     }
 
@@ -467,7 +468,7 @@ impl fuser::Filesystem for DircacheFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.count(Op::symlink);
+        let _t = self.count(Op::symlink);
         reply_entry(self.fs.symlink(req, parent, link_name, target), reply)
     }
 
@@ -481,7 +482,7 @@ impl fuser::Filesystem for DircacheFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::rename);
+        let _t = self.count(Op::rename);
         let r = self.fs.rename(req, parent, name, newparent, newname, flags);
         reply_empty(r, reply)
     }
@@ -494,12 +495,12 @@ impl fuser::Filesystem for DircacheFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.count(Op::link);
+        let _t = self.count(Op::link);
         reply_entry(self.fs.link(req, ino, newparent, newname), reply)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.count(Op::open);
+        let _t = self.count(Op::open);
         let r = self.fs.open(req, ino, flags, |b| reply.open_backing(b));
         reply_opened(r, reply)
     }
@@ -515,7 +516,7 @@ impl fuser::Filesystem for DircacheFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.count(Op::read);
+        let _t = self.count(Op::read);
         match self.fs.read(req, ino, fh, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(e),
@@ -534,7 +535,7 @@ impl fuser::Filesystem for DircacheFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.count(Op::write);
+        let _t = self.count(Op::write);
         reply_written(
             self.fs
                 .write(req, ino, fh, offset, data, write_flags, flags),
@@ -550,7 +551,7 @@ impl fuser::Filesystem for DircacheFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::flush);
+        let _t = self.count(Op::flush);
         // A backend whose files keep writes locally (a remote mount's containers) stores
         // them back now, and close() gets its error.
         if self.fs.cache.backend().flush_on_close() {
@@ -572,7 +573,7 @@ impl fuser::Filesystem for DircacheFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::release);
+        let _t = self.count(Op::release);
         self.fs.release(ino, fh);
         reply.ok()
     }
@@ -585,12 +586,12 @@ impl fuser::Filesystem for DircacheFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::fsync);
+        let _t = self.count(Op::fsync);
         reply_empty(self.fs.fsync(req, ino, fh, datasync), reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.count(Op::opendir);
+        let _t = self.count(Op::opendir);
         reply_opened(self.fs.opendir(ino), reply)
     }
 
@@ -602,7 +603,7 @@ impl fuser::Filesystem for DircacheFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.count(Op::readdir);
+        let _t = self.count(Op::readdir);
         let r = self.fs.readdir(req, ino, fh, offset, |e| {
             reply.add(e.ino, e.offset, e.kind, e.name)
         });
@@ -620,7 +621,7 @@ impl fuser::Filesystem for DircacheFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        self.count(Op::readdirplus);
+        let _t = self.count(Op::readdirplus);
         let r = self.fs.readdirplus(req, ino, fh, offset, |e| {
             if e.unlinked {
                 reply.add_unlinked(e.ino, e.offset, e.attr.kind, e.name)
@@ -642,7 +643,7 @@ impl fuser::Filesystem for DircacheFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::releasedir);
+        let _t = self.count(Op::releasedir);
         self.fs.releasedir(fh);
         reply.ok()
     }
@@ -655,12 +656,12 @@ impl fuser::Filesystem for DircacheFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::fsyncdir);
+        let _t = self.count(Op::fsyncdir);
         reply_empty(self.fs.fsyncdir(req, ino, datasync), reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.count(Op::statfs);
+        let _t = self.count(Op::statfs);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -679,27 +680,27 @@ impl fuser::Filesystem for DircacheFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::setxattr);
+        let _t = self.count(Op::setxattr);
         reply_empty(self.fs.setxattr(req, ino, name, value, flags), reply)
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.count(Op::getxattr);
+        let _t = self.count(Op::getxattr);
         reply_xattr(self.fs.getxattr(req, ino, name, size), reply)
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.count(Op::listxattr);
+        let _t = self.count(Op::listxattr);
         reply_xattr(self.fs.listxattr(req, ino, size), reply)
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count(Op::removexattr);
+        let _t = self.count(Op::removexattr);
         reply_empty(self.fs.removexattr(req, ino, name), reply)
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        self.count(Op::access);
+        let _t = self.count(Op::access);
         reply_empty(self.fs.access(ino), reply)
     }
 
@@ -713,7 +714,7 @@ impl fuser::Filesystem for DircacheFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.count(Op::create);
+        let _t = self.count(Op::create);
         let r = self.fs.create(req, parent, name, mode, umask, flags, |b| {
             reply.open_backing(b)
         });
@@ -733,7 +734,7 @@ impl fuser::Filesystem for DircacheFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        self.count(Op::other);
+        let _t = self.count(Op::other);
         match self.fs.ioctl(req, ino, fh, cmd, in_data) {
             Ok(d) => reply.ioctl(0, &d),
             Err(e) => reply.error(e),
@@ -750,7 +751,7 @@ impl fuser::Filesystem for DircacheFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::fallocate);
+        let _t = self.count(Op::fallocate);
         reply_empty(self.fs.fallocate(req, ino, fh, offset, length, mode), reply)
     }
 
@@ -763,7 +764,7 @@ impl fuser::Filesystem for DircacheFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.count(Op::lseek);
+        let _t = self.count(Op::lseek);
         match self.fs.lseek(req, ino, fh, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(e),
@@ -783,7 +784,7 @@ impl fuser::Filesystem for DircacheFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        self.count(Op::copy_file_range);
+        let _t = self.count(Op::copy_file_range);
         let r = self.fs.copy_file_range(
             req,
             (ino_in, fh_in),

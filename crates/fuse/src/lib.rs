@@ -42,6 +42,7 @@ pub mod inodes;
 pub mod kmount;
 mod lean;
 mod listings;
+pub mod metrics;
 pub mod notifier;
 mod openfds;
 pub mod policy;
@@ -102,6 +103,9 @@ pub struct MountConfig {
     /// is valid and of this tree) and written when the mount ends. See
     /// `dircache_core::Persist`.
     pub persist: Option<PathBuf>,
+    /// Serve OpenMetrics text at `http://ADDR:PORT/metrics` ([`metrics`]; the caller decides
+    /// which addresses are allowed). Port 0: any free port, shown by `dircache stats`.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl MountConfig {
@@ -114,6 +118,7 @@ impl MountConfig {
             allow_other: true,
             socket_path: None,
             persist: None,
+            metrics: None,
         }
     }
 
@@ -132,6 +137,7 @@ pub struct Mounted {
     notify_tx: Sender<NotifyMsg>,
     notifier: Option<JoinHandle<()>>,
     _control: Option<stats::ControlServer>,
+    _metrics: Option<metrics::MetricsServer>,
     pub mnt: PathBuf,
     pub counters: Arc<stats::RequestCounters>,
     pub inodes: Arc<inodes::Inodes>,
@@ -154,6 +160,22 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         .persist
         .as_ref()
         .map(|p| Persist::new(p, persist_source(cfg)));
+    // Bound before mounting: an address in use fails the mount before anything is mounted.
+    let metrics_listener = cfg
+        .metrics
+        .map(|a| {
+            metrics::MetricsListener::bind(a).map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("metrics on {a}: {e}"),
+                ))
+            })
+        })
+        .transpose()?;
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(metrics::MetricsListener::local_addr)
+        .transpose()?;
     let persist_loaded = persist.as_ref().and_then(|p| load_snapshot(&cache, p));
     let (tx, rx) = crossbeam_channel::unbounded();
     let (mut fs, parts) = DircacheFs::new(
@@ -185,17 +207,25 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     let notifier = notifier::spawn(state, session.notifier(), rx, feed)?;
     guard.disarm();
     let persist = persist.map(|p| (cache.clone(), p));
+    let source = |cache: Arc<Cache>| {
+        let inodes = parts.inodes.clone();
+        stats::StatsSource {
+            cache,
+            requests: parts.counters.clone(),
+            src: cfg.src.clone(),
+            mnt: cfg.mnt.clone(),
+            kernel_inodes: Arc::new(move || inodes.len()),
+            started: std::time::Instant::now(),
+            metrics: metrics_addr,
+        }
+    };
+    let metrics = match metrics_listener {
+        Some(l) => Some(metrics::MetricsServer::start(l, source(cache.clone()))?),
+        None => None,
+    };
     let control = match &cfg.socket_path {
         Some(p) => {
-            let inodes = parts.inodes.clone();
-            let src = stats::StatsSource {
-                cache,
-                requests: parts.counters.clone(),
-                src: cfg.src.clone(),
-                mnt: cfg.mnt.clone(),
-                kernel_inodes: Arc::new(move || inodes.len()),
-                started: std::time::Instant::now(),
-            };
+            let src = source(cache);
             match stats::ControlServer::start(p, src) {
                 Ok(s) => Some(s),
                 Err(e) => {
@@ -211,6 +241,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         notify_tx: tx,
         notifier: Some(notifier),
         _control: control,
+        _metrics: metrics,
         mnt: cfg.mnt.clone(),
         counters: parts.counters,
         inodes: parts.inodes,
@@ -361,6 +392,7 @@ impl Mounted {
             notify_tx,
             notifier,
             _control,
+            _metrics,
             mnt,
             persist,
             ..
@@ -376,6 +408,8 @@ impl Mounted {
             let _ = h.join();
         }
         drop(_control);
+        // The port is free once `run` returns.
+        drop(_metrics);
         // The kernel is gone: the cache is written as it stands.
         if let Some((cache, p)) = &persist {
             save_snapshot(cache, p);

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dircache_core::stats::{Histogram, HistogramSnapshot};
 use dircache_core::Cache;
 use serde_json::{json, Value};
 
@@ -96,6 +97,9 @@ ops!(
 /// Per-kind request counters plus a few outcome counters.
 pub struct RequestCounters {
     counts: Vec<AtomicU64>,
+    /// How long each kind of request took to serve (from the adapter's call to its return,
+    /// which follows the reply), sharded per thread like the core's counters.
+    latency: Vec<Histogram>,
     /// Negative LOOKUP replies (ENOENT answered, cached by the kernel when the TTL allows).
     pub negative_lookups: AtomicU64,
     /// Notifications sent to the kernel.
@@ -124,6 +128,7 @@ impl Default for RequestCounters {
     fn default() -> Self {
         RequestCounters {
             counts: Op::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
+            latency: Op::ALL.iter().map(|_| Histogram::default()).collect(),
             negative_lookups: AtomicU64::new(0),
             notify_inval_entry: AtomicU64::new(0),
             notify_inval_inode: AtomicU64::new(0),
@@ -140,7 +145,40 @@ impl Default for RequestCounters {
     }
 }
 
+/// A request being served: its latency is recorded when this is dropped.
+pub struct Timed<'a> {
+    hist: Option<&'a Histogram>,
+    start: std::time::Instant,
+}
+
+impl Drop for Timed<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(h) = self.hist {
+            h.since(self.start);
+        }
+    }
+}
+
 impl RequestCounters {
+    /// Count a request of kind `op` and time it until the guard returned is dropped.
+    #[inline]
+    pub fn start(&self, op: Op) -> Timed<'_> {
+        self.inc(op);
+        Timed {
+            hist: self.latency.get(op as usize),
+            start: std::time::Instant::now(),
+        }
+    }
+
+    /// The latency histogram of requests of kind `op`.
+    pub fn latency(&self, op: Op) -> HistogramSnapshot {
+        self.latency
+            .get(op as usize)
+            .map(Histogram::snapshot)
+            .unwrap_or_default()
+    }
+
     #[inline]
     pub fn inc(&self, op: Op) {
         if let Some(c) = self.counts.get(op as usize) {
@@ -181,6 +219,8 @@ pub struct StatsSource {
     pub mnt: PathBuf,
     pub kernel_inodes: Arc<dyn Fn() -> usize + Send + Sync>,
     pub started: std::time::Instant,
+    /// Where the metrics endpoint listens (`-o metrics=`), if it does.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl StatsSource {
@@ -215,6 +255,7 @@ impl StatsSource {
                 "errors": r.notify_errors.load(Ordering::Relaxed),
             },
             "memory": { "rss_bytes": rss_bytes() },
+            "metrics": self.metrics.map(|a| a.to_string()),
         })
     }
 }

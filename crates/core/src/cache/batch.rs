@@ -98,8 +98,12 @@ impl Cache {
         *missed = true;
         let (walked, gen0, ver0) = self.by_path(dir, |dpath| {
             let (gen0, ver0) = (dir.inner.read().gen(), dir.version());
-            self.stats.backend.walk.inc();
-            (dir.sb.backend.walk(dpath, &names), gen0, ver0)
+            let w = self
+                .stats
+                .backend
+                .walk
+                .time(|| dir.sb.backend.walk(dpath, &names));
+            (w, gen0, ver0)
         })?;
         let mut attrs = walked.attrs.iter().take(names.len());
         // The first component: exactly what `child` caches for a lookup's answer.

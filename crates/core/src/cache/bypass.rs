@@ -32,12 +32,19 @@ impl Cache {
             tries += 1;
             let (r, gen0, ver0) = self.by_path(dir, |dpath| {
                 let (gen0, ver0) = (dir.inner.read().gen(), dir.version());
-                self.stats.backend.lookup.inc();
-                (dir.sb.backend.lookup(dpath, name), gen0, ver0)
+                let r = self
+                    .stats
+                    .backend
+                    .lookup
+                    .time(|| dir.sb.backend.lookup(dpath, name));
+                (r, gen0, ver0)
             })?;
             let attr = match r {
                 Ok(a) => Some(a),
-                Err(Error::NotFound) => None,
+                Err(Error::NotFound) => {
+                    self.stats.negative_misses.inc();
+                    None
+                }
                 Err(e) => return Err(e),
             };
             let mut gen = gen0;

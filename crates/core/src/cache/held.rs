@@ -454,8 +454,13 @@ impl Cache {
         let Ok(dir) = self.path_of(&parent) else {
             return false;
         };
-        self.stats.backend.lookup.inc();
-        match node.sb.backend.lookup(&dir, &node.name()) {
+        let name = node.name();
+        match self
+            .stats
+            .backend
+            .lookup
+            .time(|| node.sb.backend.lookup(&dir, &name))
+        {
             Ok(a) => (a.dev, a.ino) == key,
             Err(_) => false,
         }

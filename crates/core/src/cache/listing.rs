@@ -37,10 +37,15 @@ impl Cache {
                 return Ok(out);
             }
         }
+        self.stats.readdir_misses.inc();
         let (r, gen0, ver0) = self.by_path(node, |p| {
             let (gen0, ver0) = (node.inner.read().gen(), node.version());
-            self.stats.backend.readdir.inc();
-            (node.sb.backend.readdir(p, want_attrs), gen0, ver0)
+            let r = self
+                .stats
+                .backend
+                .readdir
+                .time(|| node.sb.backend.readdir(p, want_attrs));
+            (r, gen0, ver0)
         })?;
         let entries = r?;
         if self.trusts_cache() {

@@ -573,10 +573,12 @@ impl Cache {
     /// Look up one component `name` in directory `parent` (no symlink following; `.` and `..`
     /// allowed). Returns negative dentries as errors.
     pub fn lookup_child(&self, c: &Creds, parent: &NodeRef, name: &[u8]) -> Result<NodeRef> {
-        let n = self.child_checked(c, parent, name)?;
+        let mut missed = false;
+        let n = self.child_checked_counted(c, parent, name, &mut missed)?;
         match n.kind {
             NodeKind::Negative(e) => {
-                if self.trusts_cache() {
+                // A negative answer the backend just gave is a miss, not a hit.
+                if self.trusts_cache() && !missed {
                     self.stats.negative_hits.inc();
                 }
                 Err(e)
@@ -683,6 +685,17 @@ impl Cache {
         all.retain(|w| w.strong_count() > 0);
         all.push(Arc::downgrade(&new));
         new
+    }
+
+    /// Latency histograms of the backend calls, by kind (lookup, walk, getattr, readdir,
+    /// readlink, mutation); each one's count is the number of calls of its kind.
+    pub fn backend_latency(&self) -> Vec<(&'static str, crate::stats::HistogramSnapshot)> {
+        self.stats
+            .backend
+            .by_kind()
+            .iter()
+            .map(|(k, h)| (*k, h.snapshot()))
+            .collect()
     }
 
     /// Counters and sizes.

@@ -108,8 +108,7 @@ impl Cache {
         let _t = self.tree_lock.read();
         self.prepare_create(c, parent, name)?;
         let path = join(&self.path_of(parent)?, name);
-        self.stats.backend.mutation.inc();
-        let attr = op(&path)?;
+        let attr = self.stats.backend.mutation.time(|| op(&path))?;
         Ok(self.install(parent, name, attr, attr.is_dir()))
     }
 
@@ -201,8 +200,11 @@ impl Cache {
         }
         let old = self.path_of(node)?;
         let new = join(&self.path_of(newparent)?, newname);
-        self.stats.backend.mutation.inc();
-        let attr = newparent.sb.backend.link(&c.0.cred, &old, &new)?;
+        let attr = self
+            .stats
+            .backend
+            .mutation
+            .time(|| newparent.sb.backend.link(&c.0.cred, &old, &new))?;
         let n = self.install(newparent, newname, attr, false);
         let t = node.inner.read().target().map(<[u8]>::to_vec);
         if let Some(t) = t {
@@ -259,8 +261,10 @@ impl Cache {
             return Err(Error::IsDir);
         }
         let path = join(&self.path_of(parent)?, name);
-        self.stats.backend.mutation.inc();
-        parent.sb.backend.unlink(&c.0.cred, &path)?;
+        self.stats
+            .backend
+            .mutation
+            .time(|| parent.sb.backend.unlink(&c.0.cred, &path))?;
         let a = victim.attr_copy();
         self.uninstall(parent, name, &victim);
         // The other names of the inode lost a link.
@@ -292,8 +296,10 @@ impl Cache {
             return Err(Error::Busy);
         }
         let path = join(&self.path_of(parent)?, name);
-        self.stats.backend.mutation.inc();
-        parent.sb.backend.rmdir(&c.0.cred, &path)?;
+        self.stats
+            .backend
+            .mutation
+            .time(|| parent.sb.backend.rmdir(&c.0.cred, &path))?;
         self.uninstall(parent, name, &victim);
         Ok(())
     }
@@ -413,13 +419,15 @@ impl Cache {
         }
         let old = join(&self.path_of(parent)?, name);
         let new = join(&self.path_of(newparent)?, newname);
-        self.stats.backend.mutation.inc();
         let _w = self.inval_window();
         // From before the backend renames until the links below are updated, backend paths
         // computed from the old links may name other objects: a backend call by path that
         // overlaps this is asked again (`Cache::by_path`).
         let renaming = self.rename_begin();
-        parent.sb.backend.rename(&c.0.cred, &old, &new, full)?;
+        self.stats
+            .backend
+            .mutation
+            .time(|| parent.sb.backend.rename(&c.0.cred, &old, &new, full))?;
 
         // After a whiteout rename the source name holds the whiteout: no negative there, and
         // the parent's listing is no longer all cached (the next lookup asks the backend).
@@ -557,8 +565,11 @@ impl Cache {
             }
         }
         let path = self.path_of(node)?;
-        self.stats.backend.mutation.inc();
-        let attr = node.sb.backend.setattr(&c.0.cred, &path, set)?;
+        let attr = self
+            .stats
+            .backend
+            .mutation
+            .time(|| node.sb.backend.setattr(&c.0.cred, &path, set))?;
         if set.changes_permissions() && node.is_dir() {
             // Who may search below this directory may have changed: new attributes and
             // version bumps inside one invalidation window (SOSP'15 §3.2).
@@ -622,16 +633,16 @@ impl Cache {
         }
         self.check(c, parent, W_OK | X_OK)?;
         let path = join(&self.path_of(parent)?, name);
-        self.stats.backend.mutation.inc();
         let b = &parent.sb.backend;
-        let fd = b.open(
-            &c.0.cred,
-            &path,
-            flags | libc::O_CREAT | libc::O_EXCL,
-            mode & 0o7777,
-        )?;
-        self.stats.backend.getattr.inc();
-        let attr = b.getattr(&path)?;
+        let fd = self.stats.backend.mutation.time(|| {
+            b.open(
+                &c.0.cred,
+                &path,
+                flags | libc::O_CREAT | libc::O_EXCL,
+                mode & 0o7777,
+            )
+        })?;
+        let attr = self.stats.backend.getattr.time(|| b.getattr(&path))?;
         let node = self.install(parent, name, attr, false);
         Ok((node, fd))
     }

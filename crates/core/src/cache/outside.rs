@@ -254,8 +254,10 @@ impl Cache {
         }
         let dev = node.attr.dev();
         let r = self.by_path(parent, |dir| {
-            self.stats.backend.lookup.inc();
-            parent.sb.backend.lookup(dir, name)
+            self.stats
+                .backend
+                .lookup
+                .time(|| parent.sb.backend.lookup(dir, name))
         });
         match r {
             // Same inode number on another device: a file system was mounted over the name.
@@ -270,8 +272,10 @@ impl Cache {
     /// Whether `parent/name` is still missing in the backend.
     fn still_missing(&self, parent: &NodeRef, name: &[u8]) -> bool {
         let r = self.by_path(parent, |dir| {
-            self.stats.backend.lookup.inc();
-            parent.sb.backend.lookup(dir, name)
+            self.stats
+                .backend
+                .lookup
+                .time(|| parent.sb.backend.lookup(dir, name))
         });
         matches!(r, Ok(Err(Error::NotFound)))
     }
@@ -346,8 +350,12 @@ impl Cache {
             let name = n.name();
             let Ok((r, gen0, ver0)) = self.by_path(dir, |dpath| {
                 let (gen0, ver0) = (dir.inner.read().gen(), dir.version());
-                self.stats.backend.lookup.inc();
-                (dir.sb.backend.lookup(dpath, &name), gen0, ver0)
+                let r = self
+                    .stats
+                    .backend
+                    .lookup
+                    .time(|| dir.sb.backend.lookup(dpath, &name));
+                (r, gen0, ver0)
             }) else {
                 return;
             };

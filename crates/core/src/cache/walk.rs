@@ -44,6 +44,8 @@ pub(crate) struct Walk {
     /// followed yet: (byte offset of the `..`, node, version), published as prefixes so the
     /// fast path can check `..` later.
     pub(crate) dotdot: Vec<(usize, Arc<Mount>, Seen)>,
+    /// The walk called the backend (its answer, even a negative one, is a miss).
+    pub(crate) missed: bool,
 }
 
 enum Next {
@@ -124,7 +126,9 @@ impl Cache {
         let w = self.slow(&c.0, &st, path, flags)?;
         match w.node.kind {
             NodeKind::Negative(e) => {
-                self.stats.negative_hits.inc();
+                if !w.missed {
+                    self.stats.negative_hits.inc();
+                }
                 Err(e)
             }
             NodeKind::Positive(_) => match f.take() {
@@ -425,6 +429,7 @@ impl Cache {
             deps: Vec::new(),
             final_link: None,
             dotdot: Vec::new(),
+            missed: false,
         };
         let mut missed = false;
         loop {
@@ -515,9 +520,12 @@ impl Cache {
         }
         if missed {
             self.stats.misses.inc();
+            self.stats.walk_misses.inc();
         } else {
             self.stats.hits.inc();
+            self.stats.walk_hits.inc();
         }
+        w.missed = missed;
         let seen = Seen::now(&cur);
         w.ver = seen.ver;
         w.up = seen.up;
@@ -711,12 +719,19 @@ impl Cache {
             tries += 1;
             let (r, gen0, ver0) = self.by_path(dir, |dpath| {
                 let (gen0, ver0) = (dir.inner.read().gen(), dir.version());
-                self.stats.backend.lookup.inc();
-                (dir.sb.backend.lookup(dpath, name), gen0, ver0)
+                let r = self
+                    .stats
+                    .backend
+                    .lookup
+                    .time(|| dir.sb.backend.lookup(dpath, name));
+                (r, gen0, ver0)
             })?;
             let (kind, attr) = match r {
                 Ok(a) => (NodeKind::Positive(a.kind()), Some(a)),
-                Err(Error::NotFound) => (NodeKind::Negative(Error::NotFound), None),
+                Err(Error::NotFound) => {
+                    self.stats.negative_misses.inc();
+                    (NodeKind::Negative(Error::NotFound), None)
+                }
                 Err(e) => return Err(e),
             };
             let cacheable = attr.is_some() || self.config.negatives;
@@ -737,6 +752,17 @@ impl Cache {
     /// `child` with the search-permission check on `dir` and `.`/`..` handling, for the node
     /// API.
     pub(crate) fn child_checked(&self, c: &Creds, dir: &NodeRef, name: &[u8]) -> Result<NodeRef> {
+        self.child_checked_counted(c, dir, name, &mut false)
+    }
+
+    /// `child_checked`, telling whether the backend was asked (`missed`).
+    pub(crate) fn child_checked_counted(
+        &self,
+        c: &Creds,
+        dir: &NodeRef,
+        name: &[u8],
+        was_missed: &mut bool,
+    ) -> Result<NodeRef> {
         match dir.kind {
             NodeKind::Positive(FileType::Directory) => {}
             NodeKind::Positive(_) => return Err(Error::NotDir),
@@ -756,6 +782,7 @@ impl Cache {
             _ => {
                 let mut missed = false;
                 let n = self.child(dir, name, &mut missed)?;
+                *was_missed = missed;
                 if missed {
                     self.stats.misses.inc();
                 } else {
@@ -869,6 +896,7 @@ impl Cache {
             return Err(e);
         }
         if let Some(a) = node.attr_copy().filter(|_| self.trusts_cache()) {
+            self.stats.attr_hits.inc();
             return Ok(a);
         }
         if node.has(DEAD) {
@@ -877,12 +905,17 @@ impl Cache {
             return node.attr.load_last().ok_or(Error::NotFound);
         }
         *missed = true;
+        self.stats.attr_misses.inc();
         let (r, v0, s0) = self.by_path(node, |p| {
             // What the answer will be checked against before it is cached: a change of the
             // node's attributes (or an invalidation of it) during the call makes it older.
             let (v0, s0) = (node.version(), node.attr.stamp());
-            self.stats.backend.getattr.inc();
-            (node.sb.backend.getattr(p), v0, s0)
+            let r = self
+                .stats
+                .backend
+                .getattr
+                .time(|| node.sb.backend.getattr(p));
+            (r, v0, s0)
         })?;
         let a = r?;
         if !self.trusts_cache() {
@@ -939,12 +972,16 @@ impl Cache {
 
     fn link_target_counted(&self, node: &NodeRef, missed: &mut bool) -> Result<Vec<u8>> {
         if let Some(t) = node.inner.read().target().filter(|_| self.trusts_cache()) {
+            self.stats.symlink_hits.inc();
             return Ok(t.to_vec());
         }
         *missed = true;
+        self.stats.symlink_misses.inc();
         let t = self.by_path(node, |p| {
-            self.stats.backend.readlink.inc();
-            node.sb.backend.readlink(p)
+            self.stats
+                .backend
+                .readlink
+                .time(|| node.sb.backend.readlink(p))
         })??;
         // A symlink's target never changes (a new link is a new dentry).
         if self.trusts_cache() {
