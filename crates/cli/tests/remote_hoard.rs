@@ -480,3 +480,97 @@ fn read_grants_across_mounts_follow_the_server() {
     );
 }
 
+/// `dircache hoard MNT PATH`: every regular file of the subtree fetched whole (the later
+/// reads make no round trip at all), a file above `whole_file_max` skipped and said so, no
+/// progress bar on a non-terminal; the counters of `dircache stats` follow. A subtree larger
+/// than `cache_size` is warned about and the files beyond it skipped.
+#[test]
+fn hoard_fetches_a_subtree_for_later_reads_without_round_trips() {
+    if !can_mount() {
+        return;
+    }
+    let r = Remote::new();
+    let mut want = Vec::new();
+    for (i, rel) in [
+        "proj/a.c",
+        "proj/b.c",
+        "proj/sub/c.h",
+        "proj/sub/deep/d.txt",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let data = random_bytes(20_000 + i * 1000, 10 + i as u64);
+        std::fs::create_dir_all(r.s(rel).parent().unwrap()).unwrap();
+        std::fs::write(r.s(rel), &data).unwrap();
+        want.push((rel.to_string(), data));
+    }
+    std::fs::write(r.s("proj/big.bin"), random_bytes(300_000, 20)).unwrap();
+    std::fs::write(r.s("elsewhere"), b"not hoarded").unwrap();
+    let c = r.mount("1", "whole_file_max=100K");
+    let out = Command::new(BIN)
+        .arg("hoard")
+        .arg(&c.mnt)
+        .arg(c.m("proj"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    eprintln!("dircache hoard printed:\n{so}");
+    assert!(so.contains("hoarded 4 files"), "{so}");
+    assert!(so.contains("4 fetched"), "{so}");
+    assert!(
+        so.contains("skipped 1 files") && so.contains("whole_file_max"),
+        "{so}"
+    );
+    assert!(
+        !se.contains('\u{1b}'),
+        "no progress bar off a terminal: {se:?}"
+    );
+    let fetched = c.calls("Read {");
+    let before = c.calls("");
+    for (rel, data) in &want {
+        assert_eq!(&read(&c.m(rel)), data, "{rel}");
+    }
+    assert_eq!(c.calls("Read {"), fetched, "nothing fetched again");
+    assert_eq!(
+        c.calls(""),
+        before,
+        "the hoarded files read with no round trip:\n{}",
+        c.log_text()
+    );
+    let stats = Command::new(BIN)
+        .args(["stats", "--json"])
+        .arg(&c.mnt)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let b = &v["backend"];
+    assert_eq!(b["containers_fetches"], 4, "{b}");
+    assert!(b["containers_hits"].as_u64().unwrap() >= 4, "{b}");
+    assert_eq!(b["containers_kept"], 1, "{b}");
+    let human = Command::new(BIN).arg("stats").arg(&c.mnt).output().unwrap();
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(human.contains("containers:   4 fetches"), "{human}");
+    c.unmount();
+    // A cache_size smaller than the subtree: warned, the files beyond it skipped.
+    let c = r.mount("2", "whole_file_max=100K,cache_size=50K");
+    let out = Command::new(BIN)
+        .arg("hoard")
+        .arg(&c.mnt)
+        .arg(c.m("proj"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(se.contains("more than the mount's cache_size"), "{se}");
+    assert!(so.contains("beyond cache_size"), "{so}");
+}

@@ -215,6 +215,13 @@ impl StatsSource {
                 "errors": r.notify_errors.load(Ordering::Relaxed),
             },
             "memory": { "rss_bytes": rss_bytes() },
+            "backend": self
+                .cache
+                .backend()
+                .counters()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), json!(v)))
+                .collect::<serde_json::Map<String, Value>>(),
         })
     }
 }
