@@ -4,6 +4,7 @@ mod bench;
 mod coreopts;
 mod delay_proxy;
 mod demo;
+mod hoard;
 mod install;
 mod logs;
 mod lsline;
@@ -40,6 +41,8 @@ enum Cmd {
     Stats(mount::StatsArgs),
     /// Find files by pattern across directories in one call.
     Search(search::SearchArgs),
+    /// Fetch subtrees of a remote mount whole into its container files (for offline use).
+    Hoard(hoard::HoardArgs),
     /// Serve directory ROOT to a remote mount over stdin/stdout (started by ssh).
     Serve(serve::ServeArgs),
     /// Install the binary, the mount(8) helper, man pages and shell completions.
@@ -67,6 +70,7 @@ fn main() {
         Cmd::Stats(a) => mount::run_stats(a),
         Cmd::Search(a) => search::run(a),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Hoard(a) => hoard::run(a),
         Cmd::Install(a) => install::run(a, Cli::command()),
         Cmd::Completions(a) => install::completions(a, Cli::command()),
         Cmd::Bench(b) => bench::run(b),

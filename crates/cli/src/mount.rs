@@ -972,6 +972,39 @@ fn human(s: &serde_json::Value) -> String {
         g(&n, "inval_inode"),
         g(&n, "errors")
     );
+    let b = s.get("backend").cloned().unwrap_or_default();
+    if b.get("round_trips").is_some() {
+        let _ = writeln!(out, "remote:       {} round trips", g(&b, "round_trips"));
+    }
+    if b.get("containers_fetches").is_some() {
+        let _ = writeln!(
+            out,
+            "containers:   {} fetches ({} bytes), {} hits with no round trip, {} revalidated at \
+             open, {} stores back ({} bytes), {} evictions",
+            g(&b, "containers_fetches"),
+            g(&b, "containers_fetched_bytes"),
+            g(&b, "containers_hits"),
+            g(&b, "containers_revalidated_at_open"),
+            g(&b, "containers_stores"),
+            g(&b, "containers_stored_bytes"),
+            g(&b, "containers_evictions")
+        );
+        let _ = writeln!(
+            out,
+            "  held:       {} of {} bytes{}; from the last mount: {} taken over, {} revalidated \
+             at mount, {} stale",
+            g(&b, "containers_bytes"),
+            g(&b, "containers_max_bytes"),
+            if g(&b, "containers_kept") == 1 {
+                " (kept across mounts)"
+            } else {
+                " (this mount's only)"
+            },
+            g(&b, "containers_restored"),
+            g(&b, "containers_revalidated_at_mount"),
+            g(&b, "containers_stale_at_mount")
+        );
+    }
     let m = s.get("memory").cloned().unwrap_or_default();
     let _ = writeln!(out, "memory:       {} bytes resident", g(&m, "rss_bytes"));
     out

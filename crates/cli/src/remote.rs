@@ -11,8 +11,9 @@
 //!   started again (with backoff) before they fail with EIO; 0 = never reconnect [10]
 //! - `subtree=N` directory entries the client may hold from bulk subtree replies, 0 = no bulk
 //!   prefetching [131072] (dircache_remote::prefetch)
-//! - `cache_dir=PATH` where container files go (a per-mount directory is made in it; PATH
-//!   must belong to the daemon's user and be writable by no one else) [`/var/cache/dircache`
+//! - `cache_dir=PATH` where container files go (a directory per remote, kept across mounts,
+//!   is made in it; PATH must belong to the daemon's user and be writable by no one else)
+//!   [`/var/cache/dircache`
 //!   for root, else `$XDG_CACHE_HOME/dircache` or `~/.cache/dircache`]; without a value,
 //!   `cache_dir` is the local mount option (kernel-cached listings)
 //! - `cache_size=BYTES` bytes of container files kept, least recently used ones not open
@@ -53,14 +54,15 @@ pub struct Remote {
     pub containers: Option<dircache_remote::ContainerConfig>,
 }
 
-/// Removes a mount's container files when dropped (the daemon exits without dropping its
-/// backend).
+/// Closes a mount's containers when dropped (the daemon exits without dropping its backend):
+/// the remote's directory keeps them with its index written; a per-mount directory is
+/// removed.
 pub struct RemoveContainers(pub std::sync::Arc<dircache_remote::Containers>);
 
 impl Drop for RemoveContainers {
     fn drop(&mut self) {
         tracing::info!("containers: {:?}", self.0.stats());
-        self.0.remove_all();
+        self.0.close();
     }
 }
 
@@ -203,6 +205,18 @@ fn shell_quote(s: &str) -> String {
 }
 
 impl Remote {
+    /// Which remote tree this is, for the containers kept across mounts: the daemon's uid,
+    /// `[user@]host`, the port and the path.
+    pub fn identity(&self) -> String {
+        format!(
+            "{}:{}:{}:{}",
+            rustix::process::geteuid().as_raw(),
+            self.host,
+            self.port.unwrap_or(22),
+            self.path
+        )
+    }
+
     /// The ssh command line (module docs).
     pub fn command(&self) -> Command {
         let mut c = Command::new(&self.ssh_command[0]);
@@ -228,7 +242,11 @@ impl Remote {
     pub fn connect(&self) -> anyhow::Result<dircache_remote::RemoteBackend> {
         let containers = match &self.containers {
             Some(c) => Some(std::sync::Arc::new(
-                dircache_remote::Containers::new(c).map_err(|e| {
+                dircache_remote::Containers::new(&dircache_remote::ContainerConfig {
+                    remote: Some(self.identity()),
+                    ..c.clone()
+                })
+                .map_err(|e| {
                     anyhow::anyhow!(
                         "cache directory {}: {e}",
                         c.dir
@@ -240,6 +258,9 @@ impl Remote {
             )),
             None => None,
         };
+        if let Some(c) = &containers {
+            c.start_checkpoints();
+        }
         let cfg = dircache_remote::ClientConfig {
             prefetch: self.prefetch,
             reconnect_timeout: self.reconnect_timeout,

@@ -139,8 +139,8 @@ fn bench_remote_smoke_json() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    // 9 workloads x 3 systems x 2 RTTs x cold/warm.
-    assert_eq!(rows.len(), 9 * 3 * 2 * 2, "{rows:#?}");
+    // 12 workloads x 3 systems x 2 RTTs x cold/warm.
+    assert_eq!(rows.len(), 12 * 3 * 2 * 2, "{rows:#?}");
     for r in &rows {
         for k in ["workload", "system", "rtt_ms", "cache", "median_s"] {
             assert!(r.get(k).is_some(), "{k} missing in {r}");

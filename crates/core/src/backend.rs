@@ -270,4 +270,10 @@ pub trait Backend: Send + Sync + 'static {
     fn own_write_change(&self, _change: &Change) -> bool {
         false
     }
+
+    /// Counters of the backend's own (a remote backend's round trips and container files),
+    /// shown by `dircache stats` under `backend`. Default: none.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }

@@ -256,6 +256,13 @@ impl StatsSource {
             },
             "memory": { "rss_bytes": rss_bytes() },
             "metrics": self.metrics.map(|a| a.to_string()),
+            "backend": self
+                .cache
+                .backend()
+                .counters()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), json!(v)))
+                .collect::<serde_json::Map<String, Value>>(),
         })
     }
 }

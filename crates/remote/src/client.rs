@@ -1052,6 +1052,14 @@ impl Backend for RemoteBackend {
         self.prefetch.lock().enabled()
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut v = vec![("round_trips", self.round_trips())];
+        if let Some(cc) = &self.cfg.containers {
+            v.extend(cc.counters());
+        }
+        v
+    }
+
     fn watch(&self) -> Result<Option<ChangeFeed>> {
         if self.conn.lock().features & features::CALLBACKS == 0
             || self.watched.swap(true, Ordering::SeqCst)

@@ -278,6 +278,8 @@ struct Workload {
     ops: usize,
     /// Needs a git work tree.
     git: bool,
+    /// Needs the generated 1 MB file and C project (issue 11's rows).
+    project: bool,
 }
 
 fn workloads(loop_n: usize) -> Vec<Workload> {
@@ -286,6 +288,7 @@ fn workloads(loop_n: usize) -> Vec<Workload> {
         action: Action::Cmd(args),
         ops: 1,
         git: false,
+        project: false,
     };
     let mut git = w(
         "git status",
@@ -303,6 +306,26 @@ fn workloads(loop_n: usize) -> Vec<Workload> {
         ],
     );
     git.git = true;
+    // Issue 11's rows: a cached 1 MB file opened and read (per open), a no-op `make` and a
+    // whole `make -j2` of the generated C project.
+    let mut make_noop = w("make no-op", vec!["make", "-s", "-C", "{D}/cproj"]);
+    make_noop.project = true;
+    let mut make_build = w(
+        "make -j2 build",
+        vec![
+            "sh",
+            "-c",
+            "make -s -C {D}/cproj clean && make -s -j2 -C {D}/cproj",
+        ],
+    );
+    make_build.project = true;
+    let blob = Workload {
+        name: format!("open+read 1MB x{BLOB_OPENS}"),
+        action: Action::Loop("open-read", "blob.list", false),
+        ops: BLOB_OPENS,
+        git: false,
+        project: true,
+    };
     vec![
         w("find", vec!["find", "{D}"]),
         w("du -s", vec!["du", "-s", "{D}"]),
@@ -313,22 +336,67 @@ fn workloads(loop_n: usize) -> Vec<Workload> {
             action: Action::Loop("stat", "hit.list", false),
             ops: loop_n,
             git: false,
+            project: false,
         },
         Workload {
             name: format!("stat miss x{loop_n}"),
             action: Action::Loop("stat", "miss.list", true),
             ops: loop_n,
             git: false,
+            project: false,
         },
         Workload {
             name: format!("open+read x{loop_n}"),
             action: Action::Loop("open-read", "hit.list", false),
             ops: loop_n,
             git: false,
+            project: false,
         },
         w("find -name '*.c'", vec!["find", "{D}", "-name", "*.c"]),
         w("search '*.c'", vec!["{X}", "search", "{D}", "*.c"]),
+        blob,
+        make_build,
+        make_noop,
     ]
+}
+
+/// Opens of the 1 MB file per run of its workload.
+const BLOB_OPENS: usize = 20;
+/// The generated 1 MB file (relative to the tree).
+const BLOB: &str = "data/blob-1mb.bin";
+/// C files of the generated project.
+const C_FILES: usize = 24;
+
+/// A small C project in `dir/cproj`: `C_FILES` .c files with a shared header and a Makefile
+/// linking them into one program; ignored by git once built.
+fn c_project(dir: &Path) -> Result<()> {
+    let p = dir.join("cproj");
+    fs::create_dir_all(&p)?;
+    fs::write(p.join(".gitignore"), "*.o\nprog\n")?;
+    let mut h = String::from("#pragma once\n");
+    let mut main = String::from(
+        "#include <stdio.h>\n#include \"common.h\"\nint main(void) {\n    long s = 0;\n",
+    );
+    for i in 0..C_FILES {
+        h.push_str(&format!("long f{i}(long x);\n"));
+        let mut body = format!("#include \"common.h\"\nlong f{i}(long x) {{\n    long s = x;\n");
+        for k in 0..40 {
+            body.push_str(&format!("    s = s * {} + {};\n", k + 3, i * 7 + k));
+        }
+        body.push_str("    return s;\n}\n");
+        fs::write(p.join(format!("f{i}.c")), body)?;
+        main.push_str(&format!("    s += f{i}({i});\n"));
+    }
+    main.push_str("    printf(\"%ld\\n\", s);\n    return 0;\n}\n");
+    fs::write(p.join("common.h"), h)?;
+    fs::write(p.join("main.c"), main)?;
+    fs::write(
+        p.join("Makefile"),
+        "SRCS := $(wildcard *.c)\nOBJS := $(SRCS:.c=.o)\nCFLAGS := -O1\n\n\
+         prog: $(OBJS)\n\t$(CC) -o $@ $(OBJS)\n\n%.o: %.c common.h\n\t$(CC) $(CFLAGS) -c -o $@ $<\n\n\
+         clean:\n\trm -f $(OBJS) prog\n\n.PHONY: clean\n",
+    )?;
+    Ok(())
 }
 
 /// Generate a source-like tree of about `entries` entries with a git repository (one commit,
@@ -340,6 +408,18 @@ fn generate(dir: &Path, entries: usize) -> Result<()> {
     let modules = entries.div_ceil(per_module).max(1);
     tree::source_tree(dir, "src", modules, parts, files)?;
     fs::write(dir.join("README"), "a generated source-like tree\n")?;
+    fs::create_dir_all(dir.join("data"))?;
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let blob: Vec<u8> = (0..1_000_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    fs::write(dir.join(BLOB), blob)?;
+    c_project(dir)?;
     let git = |args: &[&str]| tree::git(dir, args);
     git(&["init", "-q"])?;
     // No automatic gc in the background after the commit: the `gc` below would find it
@@ -353,6 +433,16 @@ fn generate(dir: &Path, entries: usize) -> Result<()> {
             dir.join(format!("src/module{i:02}/Makefile")),
             format!("obj-y += changed{i}.o\n"),
         )?;
+    }
+    // Built once, so that `make` is a no-op until the build workload runs.
+    let st = Command::new("make")
+        .args(["-s", "-j2", "-C"])
+        .arg(dir.join("cproj"))
+        .stdin(Stdio::null())
+        .status()
+        .context("make (apt-get install make gcc)")?;
+    if !st.success() {
+        bail!("building the generated C project failed: {st}");
     }
     Ok(())
 }
@@ -614,6 +704,10 @@ pub fn run(a: Args) -> Result<i32> {
         .collect();
     fs::write(base.path().join("hit.list"), hit.join("\n") + "\n")?;
     fs::write(base.path().join("miss.list"), miss.join("\n") + "\n")?;
+    fs::write(
+        base.path().join("blob.list"),
+        format!("{BLOB}\n").repeat(BLOB_OPENS),
+    )?;
     let has_git = src.join(".git").exists();
     note(&format!(
         "tree {}: {n_entries} entries, {} small files, {} directories{}",
@@ -642,7 +736,8 @@ pub fn run(a: Args) -> Result<i32> {
         sshd,
         timeout: Duration::from_secs(a.timeout.max(1)),
     };
-    let result = bench(&a, &env, runs, &rtts, loop_n, has_git);
+    let has_project = src.join(BLOB).exists() && src.join("cproj/Makefile").exists();
+    let result = bench(&a, &env, runs, &rtts, loop_n, has_git, has_project);
     // Unmount (systems dropped inside `bench`), stop sshd, then remove the tree.
     drop(env);
     let rows = result?;
@@ -701,6 +796,7 @@ fn bench(
     rtts: &[Duration],
     loop_n: usize,
     has_git: bool,
+    has_project: bool,
 ) -> Result<Vec<Row>> {
     let progress = Progress::new("bench remote", 0);
     let note = |s: &str| progress.note(&format!("bench remote: {s}"));
@@ -749,6 +845,7 @@ fn bench(
     let wls: Vec<Workload> = workloads(loop_n)
         .into_iter()
         .filter(|w| has_git || !w.git)
+        .filter(|w| has_project || !w.project)
         .filter(|w| a.only.is_empty() || a.only.iter().any(|o| w.name.contains(o.as_str())))
         .collect();
     let mut rows: Vec<Row> = Vec::new();
@@ -1088,6 +1185,42 @@ fn print_targets(rows: &[Row]) {
         }
     } else {
         println!("  (no 5 ms RTT run: delegated search not judged; use --rtt 5ms)");
+    }
+    print_targets_11(rows);
+}
+
+/// Issue 11's targets (warm, 5 ms RTT): open+read of a cached 1 MB file <= 2x native,
+/// `git status` and a no-op `make` <= 1.2x, `make -j2` of a small C project <= 1.5x.
+fn print_targets_11(rows: &[Row]) {
+    let find = |pre: &str, sys: &str| -> Option<&Row> {
+        rows.iter().find(|r| {
+            r.workload.starts_with(pre)
+                && r.system == sys
+                && r.rtt_ms == 5.0
+                && r.cache == "warm"
+                && !r.times.is_empty()
+        })
+    };
+    println!("\ntargets (issue 11, warm, 5 ms RTT):");
+    let mut any = false;
+    for (pre, bound) in [
+        ("open+read 1MB", 2.0),
+        ("git status", 1.2),
+        ("make no-op", 1.2),
+        ("make -j2 build", 1.5),
+    ] {
+        if let (Some(d), Some(n)) = (find(pre, "dircache"), find(pre, "native")) {
+            any = true;
+            let x = stats::median(&d.times) / stats::median(&n.times);
+            println!(
+                "  {} {pre} within {bound}x native: {x:.2}x ({} round trips)",
+                if x <= bound { "PASS" } else { "MISS" },
+                median_u64(&d.round_trips)
+            );
+        }
+    }
+    if !any {
+        println!("  (no warm 5 ms RTT rows of dircache and native: use --rtt 5ms)");
     }
 }
 

@@ -45,6 +45,13 @@ impl RemoteBackend {
             }
             (p.generation(), p.begin(root))
         };
+        // Restored containers are revalidated from the parts (client/container.rs): only
+        // while no callback came after the call was sent.
+        let containers = self
+            .cfg
+            .containers
+            .as_ref()
+            .map(|cc| (cc.clone(), cc.gen()));
         let end = |p: &Mutex<Prefetch>, cv: &Condvar| {
             p.lock().end(token);
             cv.notify_all();
@@ -70,6 +77,7 @@ impl RemoteBackend {
             with_root,
             gen,
             token,
+            containers,
         };
         let spawned = std::thread::Builder::new()
             .name("dircache-remote-bulk".into())
@@ -160,6 +168,7 @@ struct Call {
     with_root: bool,
     gen: u64,
     token: u64,
+    containers: Option<(Arc<super::Containers>, u64)>,
 }
 
 impl Call {
@@ -184,6 +193,10 @@ impl Call {
             }
             listings += whole.len();
             entries += whole.iter().map(|d| d.entries.len()).sum::<usize>();
+            let learned = self
+                .containers
+                .as_ref()
+                .map(|(cc, _)| cc.scan(&self.root, &whole));
             let mut p = self.prefetch.lock();
             let kept = p.store_part(self.gen, self.token, &self.root, whole, self.with_root);
             kept_all &= kept;
@@ -191,6 +204,9 @@ impl Call {
                 p.mark_cut(&self.root, self.budget);
             }
             drop(p);
+            if let (true, Some((cc, gen)), Some(l)) = (kept, &self.containers, learned) {
+                cc.learn(l, *gen);
+            }
             self.arrived.notify_all();
             if !kept || last {
                 break;

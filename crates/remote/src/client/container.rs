@@ -28,6 +28,16 @@
 //! clients see the new contents when the writer closes (or syncs); a container with a local
 //! writer is not fetched again while that writer has it open (its data would be lost), so
 //! opens on this client see the local session's data; the last close stores its version.
+//!
+//! **Restart** (`index` submodule). With [`ContainerConfig::remote`] the containers live in a
+//! directory of that remote, kept after the mount with an index, and are used again by the
+//! next mount of the same remote: a container whose server attributes (dev, ino, size,
+//! mtime, ctime) the mount's bulk subtree reply (or an open's FileAttr) shows unchanged is
+//! valid again; one that changed is dropped; a read-only open needs no round trip for
+//! credentials the server granted a read before only when the file and every ancestor
+//! directory below the root are unchanged too.
+
+mod index;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -54,6 +64,10 @@ pub struct ContainerConfig {
     pub max_bytes: u64,
     /// Files larger than this are read in ranges from the server, not fetched whole.
     pub whole_file_max: u64,
+    /// The remote's identity (`[user@]host:port:path`): its containers are kept in a
+    /// directory of their own across mounts (module docs); `None`: a per-mount directory,
+    /// removed when the mount ends.
+    pub remote: Option<String>,
 }
 
 impl Default for ContainerConfig {
@@ -62,6 +76,7 @@ impl Default for ContainerConfig {
             dir: None,
             max_bytes: 1 << 30,
             whole_file_max: 64 << 20,
+            remote: None,
         }
     }
 }
@@ -97,6 +112,12 @@ pub struct ContainerStats {
     pub evictions: u64,
     /// Bytes of containers held now.
     pub bytes: u64,
+    /// Containers taken over from the previous mount's index.
+    pub restored: u64,
+    /// Of those, found unchanged on the server by the mount's bulk reply, and found changed
+    /// (dropped).
+    pub revalidated_at_mount: u64,
+    pub stale_at_mount: u64,
 }
 
 type Key = (u64, u64);
@@ -130,6 +151,18 @@ struct Entry {
     counted: u64,
     /// Serializes fetches and stores of this container.
     io: Arc<Mutex<()>>,
+    /// Its name is listed in the index written last: renamed before it is modified.
+    in_index: bool,
+    /// Being fetched (never listed in the index meanwhile).
+    fetching: bool,
+    /// Taken over from the index and not yet confirmed: the read grants recorded, with
+    /// the ancestors' attributes they were granted under.
+    restored: Option<Restored>,
+}
+
+struct Restored {
+    readers: Vec<(u32, u32, Vec<u32>)>,
+    ancestors: Vec<Attr>,
 }
 
 #[derive(Default)]
@@ -142,6 +175,14 @@ struct State {
     bytes: u64,
     next_name: u64,
     stats: ContainerStats,
+    /// Something the index lists (or should) changed since it was written.
+    index_dirty: bool,
+    /// Directories' attributes from this mount's bulk replies, forgotten with their callback
+    /// (the ancestors a read grant is recorded with).
+    dirs: HashMap<Vec<u8>, Attr>,
+    /// Restored containers found unchanged whose read grants wait for their ancestors'
+    /// attributes.
+    waiting: Vec<Key>,
 }
 
 /// The container cache of one client (module docs).
@@ -153,6 +194,11 @@ pub struct Containers {
     st: Mutex<State>,
     /// Open writable containers (a quick test before attribute overlays).
     writers: AtomicU64,
+    /// The remote's identity when the directory is kept across mounts (with its lock held).
+    persistent: Option<(String, OwnedFd)>,
+    /// Serializes index writes.
+    index_io: Mutex<()>,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Containers {
@@ -227,10 +273,24 @@ fn checked_dir(path: &Path) -> std::io::Result<OwnedFd> {
 use std::os::unix::fs::DirBuilderExt;
 
 impl Containers {
-    /// A new per-mount directory in `cfg.dir` (or the default base), mode 0700.
+    /// The containers of `cfg.remote` in its directory of `cfg.dir` (or the default base),
+    /// taken over from the last mount's index; a new per-mount directory when `cfg.remote`
+    /// is `None` or another mount of the same remote holds its directory. Directories 0700.
     pub fn new(cfg: &ContainerConfig) -> std::io::Result<Containers> {
         let base = cfg.dir.clone().unwrap_or_else(default_cache_base);
         checked_dir(&base)?;
+        if let Some(remote) = &cfg.remote {
+            let dir_path = base.join(index::dir_name(remote));
+            let dir = checked_dir(&dir_path)?;
+            match index::lock(&dir)? {
+                Some(lock) => return Ok(Self::restore(cfg, dir, dir_path, remote, lock)),
+                None => tracing::warn!(
+                    "{} is used by another mount of {remote}: this mount's containers go to a \
+                     directory of its own, removed when it ends",
+                    dir_path.display()
+                ),
+            }
+        }
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -256,7 +316,98 @@ impl Containers {
             whole_file_max: cfg.whole_file_max.min(cfg.max_bytes),
             st: Mutex::new(State::default()),
             writers: AtomicU64::new(0),
+            persistent: None,
+            index_io: Mutex::new(()),
+            closed: Default::default(),
         })
+    }
+
+    /// The remote's kept directory (its lock held): the index's containers whose files are
+    /// as recorded, not valid until revalidated; every other file removed.
+    fn restore(
+        cfg: &ContainerConfig,
+        dir: OwnedFd,
+        dir_path: PathBuf,
+        remote: &str,
+        lock: OwnedFd,
+    ) -> Containers {
+        let mut st = State::default();
+        let mut keep = HashSet::new();
+        let mut listed = 0usize;
+        if let Some(idx) = index::load(&dir, remote) {
+            listed = idx.entries.len();
+            for e in idx.entries {
+                let key = (e.attr.dev, e.attr.ino);
+                if st.by_key.contains_key(&key) || st.by_path.contains_key(&e.path) {
+                    continue;
+                }
+                let Some(file) = index::open_unchanged(&dir, &e) else {
+                    continue;
+                };
+                let n: u64 = e.name[1..].parse().unwrap_or(0);
+                st.next_name = st.next_name.max(n + 1);
+                st.clock = st.clock.max(e.used);
+                st.bytes += e.local.0;
+                keep.insert(e.name.clone());
+                st.by_path.insert(e.path.clone(), key);
+                st.by_key.insert(
+                    key,
+                    Entry {
+                        name: e.name,
+                        file: Arc::new(file),
+                        path: e.path,
+                        attr: Some(e.attr),
+                        local: Some(Local {
+                            size: e.local.0,
+                            mtime: e.local.1,
+                            ctime: e.local.2,
+                        }),
+                        valid: false,
+                        access: HashSet::new(),
+                        opens: 0,
+                        writers: 0,
+                        used: e.used,
+                        counted: e.local.0,
+                        io: Arc::new(Mutex::new(())),
+                        in_index: true,
+                        fetching: false,
+                        restored: Some(Restored {
+                            readers: e.readers,
+                            ancestors: e.ancestors,
+                        }),
+                    },
+                );
+            }
+        }
+        let removed = index::remove_others(&dir, &keep);
+        st.stats.restored = st.by_key.len() as u64;
+        tracing::info!(
+            "containers of {remote} in {} (at most {} bytes, whole files up to {} bytes): {} \
+             taken over from the index ({listed} listed), {removed} other files removed",
+            dir_path.display(),
+            cfg.max_bytes,
+            cfg.whole_file_max,
+            st.by_key.len(),
+        );
+        let cc = Containers {
+            dir,
+            dir_path,
+            max_bytes: cfg.max_bytes,
+            whole_file_max: cfg.whole_file_max.min(cfg.max_bytes),
+            st: Mutex::new(st),
+            writers: AtomicU64::new(0),
+            persistent: Some((remote.to_string(), lock)),
+            index_io: Mutex::new(()),
+            closed: Default::default(),
+        };
+        // A smaller bound than the last mount's.
+        cc.evict(&mut cc.st.lock());
+        cc
+    }
+
+    /// Whether the containers are kept after the mount (the remote's own directory).
+    pub fn persistent(&self) -> bool {
+        self.persistent.is_some()
     }
 
     /// The per-mount directory holding the containers.
@@ -270,6 +421,27 @@ impl Containers {
             bytes: st.bytes,
             ..st.stats
         }
+    }
+
+    /// [`Self::stats`] and the bounds, as `dircache stats` shows them (`containers_*`).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("containers_fetches", s.fetches),
+            ("containers_fetched_bytes", s.fetched_bytes),
+            ("containers_hits", s.reuses),
+            ("containers_revalidated_at_open", s.revalidated),
+            ("containers_stores", s.stores),
+            ("containers_stored_bytes", s.stored_bytes),
+            ("containers_evictions", s.evictions),
+            ("containers_bytes", s.bytes),
+            ("containers_restored", s.restored),
+            ("containers_revalidated_at_mount", s.revalidated_at_mount),
+            ("containers_stale_at_mount", s.stale_at_mount),
+            ("containers_max_bytes", self.max_bytes),
+            ("containers_whole_file_max", self.whole_file_max),
+            ("containers_kept", u64::from(self.persistent())),
+        ]
     }
 
     /// The callback counter now (read before asking the server anything an entry's validity
@@ -294,8 +466,10 @@ impl Containers {
             keys.push((path.to_vec(), *k));
         }
         if path.is_empty() {
+            st.dirs.clear();
             keys.extend(st.by_path.iter().map(|(p, k)| (p.clone(), *k)));
         } else {
+            st.dirs.retain(|d, _| d != path && !d.starts_with(&below));
             keys.extend(
                 st.by_path
                     .range(below.clone()..)
@@ -322,6 +496,8 @@ impl Containers {
     pub(super) fn touched_inode(&self, key: Key) {
         let mut st = self.st.lock();
         st.gen += 1;
+        // It may be a directory's: no ancestor attributes are trusted any more.
+        st.dirs.clear();
         if let Some(e) = st.by_key.get_mut(&key) {
             Self::invalidate(e);
         }
@@ -332,6 +508,7 @@ impl Containers {
         let mut st = self.st.lock();
         st.gen += 1;
         st.by_path.clear();
+        st.dirs.clear();
         for e in st.by_key.values_mut() {
             Self::invalidate(e);
         }
@@ -399,6 +576,9 @@ impl Containers {
                     used: 0,
                     counted: 0,
                     io: Arc::new(Mutex::new(())),
+                    in_index: false,
+                    fetching: false,
+                    restored: None,
                 },
             );
         }
@@ -434,6 +614,9 @@ impl Containers {
         let (io, made) = {
             let mut st = self.st.lock();
             let made = self.entry(&mut st, key, path)?;
+            if writable {
+                self.detach(&mut st, key)?;
+            }
             let e = st.by_key.get_mut(&key).ok_or(Error::Os(libc::EIO))?;
             // Counted as open at once: not evicted while fetching.
             e.opens += 1;
@@ -462,14 +645,24 @@ impl Containers {
             (!same && !local_writer, e.file.clone())
         };
         if fetch {
+            {
+                let mut st = self.st.lock();
+                self.detach(&mut st, key)?;
+                if let Some(e) = st.by_key.get_mut(&key) {
+                    e.fetching = true;
+                }
+            }
             let r = self
                 .fetch(&file, reader.as_ref().unwrap_or(&rf), attr.size)
                 .and_then(|n| Ok((n, local_of(&file)?)));
             let mut st = self.st.lock();
+            st.index_dirty = true;
             let Some(e) = st.by_key.get_mut(&key) else {
                 return Err(Error::Os(libc::EIO));
             };
             e.access.clear();
+            e.fetching = false;
+            e.restored = None;
             match r {
                 Ok((n, local)) => {
                     e.attr = Some(attr);
@@ -506,17 +699,22 @@ impl Containers {
             let held = st.gen == gen;
             st.clock += 1;
             let now = st.clock;
+            let mut grew = false;
             if let Some(e) = st.by_key.get_mut(&key) {
                 e.used = now;
                 e.valid = held;
                 if held {
+                    // The server answered for this version now: what the index recorded is
+                    // superseded.
+                    e.restored = None;
                     let mode = flags & libc::O_ACCMODE;
-                    e.access.insert(access_of(cred, mode));
+                    grew |= e.access.insert(access_of(cred, mode));
                     if mode == libc::O_RDWR {
-                        e.access.insert(access_of(cred, libc::O_RDONLY));
+                        grew |= e.access.insert(access_of(cred, libc::O_RDONLY));
                     }
                 }
             }
+            st.index_dirty |= grew;
             self.account(&mut st, key);
         }
         if let Some(r) = reader {
@@ -569,6 +767,12 @@ impl Containers {
             let old = std::mem::replace(&mut e.counted, sz);
             st.bytes = st.bytes - old + sz;
         }
+        self.evict(st);
+    }
+
+    /// Evict containers not open, least recently used first (never one with unstored
+    /// changes), until the bytes held are within the bound.
+    fn evict(&self, st: &mut State) {
         if st.bytes <= self.max_bytes {
             return;
         }
@@ -592,6 +796,7 @@ impl Containers {
                     rustix::fs::unlinkat(&self.dir, e.name.as_str(), rustix::fs::AtFlags::empty());
                 st.bytes -= e.counted;
                 st.stats.evictions += 1;
+                st.index_dirty |= e.in_index;
             }
         }
         if st.bytes > self.max_bytes {
@@ -666,9 +871,275 @@ fn overlay_local(a: &mut Attr, e: &Entry) {
     a.ctime = now.ctime;
 }
 
+/// What a part of a bulk subtree reply tells the containers (see [`Containers::scan`]).
+#[derive(Default)]
+pub(super) struct Learned {
+    dirs: Vec<(Vec<u8>, Attr)>,
+    files: Vec<(Vec<u8>, Attr)>,
+}
+
+/// The ancestor directories of `path` below the root, outermost first.
+fn ancestors(path: &[u8]) -> impl Iterator<Item = &[u8]> {
+    path.iter()
+        .enumerate()
+        .filter(|(_, c)| **c == b'/')
+        .map(move |(i, _)| &path[..i])
+}
+
 impl Containers {
-    /// Remove every container and the per-mount directory (the mount ends; containers do
-    /// not survive it yet). Idempotent.
+    /// Before a container the index lists is modified: rename it to a fresh name (the
+    /// index's name for it no longer exists; `index` module's invariant).
+    fn detach(&self, st: &mut State, key: Key) -> Result<()> {
+        if !st.by_key.get(&key).is_some_and(|e| e.in_index) {
+            return Ok(());
+        }
+        let name = format!("c{}", st.next_name);
+        st.next_name += 1;
+        st.index_dirty = true;
+        let Some(e) = st.by_key.get_mut(&key) else {
+            return Ok(());
+        };
+        let clean = !Self::is_dirty(e);
+        rustix::fs::renameat(&self.dir, e.name.as_str(), &self.dir, name.as_str()).map_err(os)?;
+        e.name = name;
+        e.in_index = false;
+        if clean {
+            // The rename moved its ctime: still clean.
+            e.local = Some(local_of(&e.file)?);
+        }
+        Ok(())
+    }
+
+    /// Write the index if anything changed since the last write (`force`: anyway): every
+    /// whole, clean container not open for writing, with its read grants while its callback
+    /// holds and every ancestor's attributes are known. No-op for a per-mount directory.
+    pub fn checkpoint(&self, force: bool) {
+        let Some((remote, _)) = &self.persistent else {
+            return;
+        };
+        let _io = self.index_io.lock();
+        let idx = {
+            let mut st = self.st.lock();
+            if !st.index_dirty && !force {
+                return;
+            }
+            st.index_dirty = false;
+            let st = &mut *st;
+            let mut entries = Vec::new();
+            for (key, e) in st.by_key.iter_mut() {
+                let (Some(attr), Some(local)) = (e.attr, e.local) else {
+                    continue;
+                };
+                if e.fetching
+                    || e.writers > 0
+                    || Self::is_dirty(e)
+                    || st.by_path.get(&e.path).is_some_and(|k| k != key)
+                {
+                    continue;
+                }
+                let (mut readers, mut ancs) = (Vec::new(), Vec::new());
+                if e.valid {
+                    readers = e
+                        .access
+                        .iter()
+                        .filter(|a| a.3 == libc::O_RDONLY)
+                        .map(|a| (a.0, a.1, a.2.clone()))
+                        .collect();
+                    readers.sort();
+                    for a in ancestors(&e.path) {
+                        match st.dirs.get(a) {
+                            Some(d) => ancs.push(*d),
+                            None => {
+                                readers.clear();
+                                break;
+                            }
+                        }
+                    }
+                } else if let Some(r) = &e.restored {
+                    // Not confirmed yet: what the last index said, as it said it.
+                    readers = r.readers.clone();
+                    ancs = r.ancestors.clone();
+                }
+                if readers.is_empty() {
+                    ancs.clear();
+                }
+                e.in_index = true;
+                entries.push(index::IndexEntry {
+                    name: e.name.clone(),
+                    path: e.path.clone(),
+                    attr,
+                    local: (local.size, local.mtime, local.ctime),
+                    readers,
+                    ancestors: ancs,
+                    used: e.used,
+                });
+            }
+            index::IndexFile {
+                remote: remote.clone(),
+                entries,
+            }
+        };
+        let n = idx.entries.len();
+        match index::write(&self.dir, &idx) {
+            Ok(()) => tracing::debug!("container index written: {n} containers"),
+            Err(e) => {
+                tracing::warn!("writing the container index: {e}");
+                self.st.lock().index_dirty = true;
+            }
+        }
+    }
+
+    /// Write the index about once a second while anything changes, on a thread of its own
+    /// (until the containers are closed or dropped), so that a killed client loses at most
+    /// the last second's fetches.
+    pub fn start_checkpoints(self: &Arc<Self>) {
+        if self.persistent.is_none() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("dircache-containers".into())
+            .spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                let Some(cc) = weak.upgrade() else { return };
+                if cc.closed.load(Ordering::SeqCst) {
+                    return;
+                }
+                cc.checkpoint(false);
+            });
+    }
+
+    /// From a bulk subtree part (`parts`, relative to `root`): the directories' attributes
+    /// and the attributes of restored containers' files (applied by [`Self::learn`] once
+    /// the part is known to be current).
+    pub(super) fn scan(&self, root: &[u8], parts: &[crate::proto::SubtreeDir]) -> Learned {
+        let st = self.st.lock();
+        let mut l = Learned::default();
+        for d in parts {
+            let dir = crate::prefetch::join(root, &d.dir);
+            for e in &d.entries {
+                let Some(a) = e.attr else { continue };
+                let kind = a.mode & libc::S_IFMT;
+                if kind == libc::S_IFDIR {
+                    l.dirs.push((crate::prefetch::join(&dir, &e.name), a));
+                } else if kind == libc::S_IFREG && st.stats.restored > 0 {
+                    let p = crate::prefetch::join(&dir, &e.name);
+                    let pending = st
+                        .by_path
+                        .get(&p)
+                        .and_then(|k| st.by_key.get(k))
+                        .is_some_and(|e| e.restored.is_some() && !e.valid);
+                    if pending {
+                        l.files.push((p, a));
+                    }
+                }
+            }
+        }
+        l
+    }
+
+    /// Apply what a bulk part showed (`gen`: the callback counter read before the bulk call
+    /// was sent; after any callback since, nothing is learnt): restored containers whose
+    /// file is unchanged are valid again (their read grants restored once every ancestor is
+    /// known unchanged too), changed ones are dropped.
+    pub(super) fn learn(&self, l: Learned, gen: u64) {
+        let mut st = self.st.lock();
+        if st.gen != gen {
+            return;
+        }
+        let st = &mut *st;
+        st.dirs.extend(l.dirs);
+        for (p, a) in l.files {
+            let Some(&key) = st.by_path.get(&p) else {
+                continue;
+            };
+            let Some(e) = st.by_key.get_mut(&key) else {
+                continue;
+            };
+            if e.restored.is_none() || e.valid || e.opens > 0 {
+                continue;
+            }
+            if e.attr.is_some_and(|r| same_version(&r, &a)) {
+                e.valid = true;
+                st.stats.revalidated_at_mount += 1;
+                st.waiting.push(key);
+            } else if let Some(e) = st.by_key.remove(&key) {
+                st.by_path.remove(&p);
+                let _ =
+                    rustix::fs::unlinkat(&self.dir, e.name.as_str(), rustix::fs::AtFlags::empty());
+                st.bytes -= e.counted;
+                st.stats.stale_at_mount += 1;
+                st.index_dirty = true;
+                tracing::debug!(
+                    "container of {:?}: changed on the server since the last mount, dropped",
+                    String::from_utf8_lossy(&p)
+                );
+            }
+        }
+        // Read grants: the file and every ancestor below the root as when they were given.
+        let dirs = &st.dirs;
+        let by_key = &mut st.by_key;
+        st.waiting.retain(|key| {
+            let Some(e) = by_key.get_mut(key) else {
+                return false;
+            };
+            let Some(r) = &e.restored else { return false };
+            if !e.valid {
+                return false;
+            }
+            let now: Option<Vec<Attr>> = ancestors(&e.path).map(|a| dirs.get(a).copied()).collect();
+            let Some(now) = now else { return true };
+            let same = now.len() == r.ancestors.len()
+                && now
+                    .iter()
+                    .zip(&r.ancestors)
+                    .all(|(a, b)| same_version(a, b));
+            if same {
+                for (uid, gid, groups) in &r.readers {
+                    e.access
+                        .insert((*uid, *gid, groups.clone(), libc::O_RDONLY));
+                }
+                tracing::debug!(
+                    "container of {:?}: unchanged, {} read grants restored",
+                    String::from_utf8_lossy(&e.path),
+                    r.readers.len()
+                );
+            } else {
+                tracing::debug!(
+                    "container of {:?}: unchanged, its read grants dropped (a directory above \
+                     it changed)",
+                    String::from_utf8_lossy(&e.path)
+                );
+            }
+            e.restored = None;
+            false
+        });
+    }
+
+    /// The mount ends: a kept directory gets its index written (its containers stay); a
+    /// per-mount one is removed. Idempotent.
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if self.persistent.is_some() {
+            self.checkpoint(true);
+            let st = self.st.lock();
+            for e in st.by_key.values().filter(|e| Self::is_dirty(e)) {
+                tracing::error!(
+                    "{:?}: changes never stored back are dropped with its container",
+                    String::from_utf8_lossy(&e.path)
+                );
+            }
+        } else {
+            self.remove_all();
+        }
+    }
+}
+
+impl Containers {
+    /// Remove every container and the directory (a per-mount directory when the mount
+    /// ends: [`Self::close`]). Idempotent.
     pub fn remove_all(&self) {
         let mut st = self.st.lock();
         for (_, e) in st.by_key.drain() {
@@ -692,7 +1163,7 @@ impl Containers {
 
 impl Drop for Containers {
     fn drop(&mut self) {
-        self.remove_all();
+        self.close();
     }
 }
 
@@ -951,6 +1422,10 @@ impl BackendFile for ContainerFile {
                 },
             },
         )?)?;
+        {
+            let mut st = self.cc.st.lock();
+            self.cc.detach(&mut st, self.key)?;
+        }
         self.file.set_len(size)?;
         let local = local_of(&self.file)?;
         self.with_entry(|e| {
@@ -978,6 +1453,10 @@ impl BackendFile for ContainerFile {
         };
         // Times set on the open file are the container's too (stored back with it).
         if set.atime.is_some() || set.mtime.is_some() {
+            {
+                let mut st = self.cc.st.lock();
+                self.cc.detach(&mut st, self.key)?;
+            }
             let clean = self
                 .with_entry(|e| !Containers::is_dirty(e))
                 .unwrap_or(false);

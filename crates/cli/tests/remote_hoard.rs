@@ -1,0 +1,578 @@
+//! Containers across mounts and hoarding (docs/remote.md, "Containers across mounts",
+//! "Hoarding"), with real parts: `dircache mount localhost:SRC MNT` through a stand-in ssh
+//! running `dircache serve --stdio SRC` as a child, real FUSE mounts mounted, unmounted and
+//! killed one after the other over the same cache directory. The client's round trips are
+//! counted from its trace log (every call is one `remote call` line).
+
+#[path = "../../fuse/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{can_mount, cannot_run, sh, sh_ok};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dircache");
+
+/// A served tree, a cache directory and (at most one at a time per `Client`) a mount of it.
+struct Remote {
+    dir: tempfile::TempDir,
+    src: PathBuf,
+    cache: PathBuf,
+    fake: PathBuf,
+}
+
+/// One mount of the remote: its daemon and its log. Drop unmounts and reaps the daemon.
+struct Client {
+    mnt: PathBuf,
+    log: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Remote {
+    fn new() -> Remote {
+        let dir = tempfile::Builder::new()
+            .prefix("dchoard")
+            .tempdir()
+            .expect("tempdir");
+        let src = dir.path().join("src");
+        let cache = dir.path().join("cache");
+        for d in [&src, &cache] {
+            std::fs::create_dir(d).unwrap();
+        }
+        common::chmod(dir.path(), 0o755);
+        common::chmod(&src, 0o755);
+        common::chmod(&cache, 0o700);
+        let fake = dir.path().join("fake-ssh");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\nfor last; do :; done\nexec sh -c \"exec $last\"\n",
+        )
+        .unwrap();
+        common::chmod(&fake, 0o755);
+        Remote {
+            dir,
+            src,
+            cache,
+            fake,
+        }
+    }
+
+    fn s(&self, rel: &str) -> PathBuf {
+        self.src.join(rel)
+    }
+
+    /// Mount at `mnt<name>` with `extra` options; waits until it is up.
+    fn mount(&self, name: &str, extra: &str) -> Client {
+        let mnt = self.dir.path().join(format!("mnt{name}"));
+        let _ = std::fs::create_dir(&mnt);
+        let log = self.dir.path().join(format!("client{name}.log"));
+        let mut opts = format!(
+            "ssh_command={},serve_command={BIN},cache_dir={}",
+            self.fake.display(),
+            self.cache.display()
+        );
+        if !extra.is_empty() {
+            opts.push(',');
+            opts.push_str(extra);
+        }
+        let daemon = Command::new(BIN)
+            .arg("mount")
+            .arg("-f")
+            .arg(format!("localhost:{}", self.src.display()))
+            .arg(&mnt)
+            .arg("-o")
+            .arg(opts)
+            .env(
+                "DIRCACHE_LOG",
+                "dircache_remote::client=trace,dircache_remote::client::container=debug",
+            )
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("dircache mount");
+        let mut c = Client {
+            mnt,
+            log,
+            daemon: Some(daemon),
+        };
+        let end = Instant::now() + Duration::from_secs(60);
+        while !dircache_fuse::is_mount_point(&c.mnt) {
+            if let Some(Ok(Some(st))) = c.daemon.as_mut().map(|d| d.try_wait()) {
+                panic!("dircache mount exited: {st}\n{}", c.log_text());
+            }
+            assert!(Instant::now() < end, "the remote mount did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c
+    }
+
+    /// The remote's kept container directory (`r-...`), if there is one.
+    fn kept_dir(&self) -> Option<PathBuf> {
+        std::fs::read_dir(&self.cache)
+            .unwrap()
+            .map(|d| d.unwrap().path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("r-"))
+    }
+
+    /// Per-mount container directories (`m...`) in the cache directory.
+    fn per_mount_dirs(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(&self.cache)
+            .unwrap()
+            .map(|d| d.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with('m'))
+            .collect()
+    }
+
+    /// (name, size) of the container files in the kept directory.
+    fn containers(&self) -> Vec<(String, u64)> {
+        let Some(d) = self.kept_dir() else {
+            return Vec::new();
+        };
+        let mut v: Vec<(String, u64)> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().len(),
+                )
+            })
+            .filter(|(n, _)| n.starts_with('c'))
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Client {
+    fn m(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Remote calls so far whose description contains `what` ("" = all).
+    fn calls(&self, what: &str) -> usize {
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains("remote call") && l.contains(what))
+            .count()
+    }
+
+    /// Unmount and wait for the daemon to exit (its index written).
+    fn unmount(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if self.daemon.is_none() {
+            return;
+        }
+        if dircache_fuse::unmount(&self.mnt).is_err() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        if let Some(mut d) = self.daemon.take() {
+            let end = Instant::now() + Duration::from_secs(20);
+            loop {
+                match d.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > end => {
+                        let _ = d.kill();
+                        let _ = d.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }
+    }
+
+    /// SIGKILL the daemon (by PID), then detach its dead mount.
+    fn kill9(mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Wait until `cond` holds, at most `secs` s.
+fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < end, "not within {secs} s: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Unmount, mount again: unchanged files (at the top and in a subdirectory) are not fetched
+/// again, and once the mount's bulk reply has revalidated them their read opens make no
+/// round trip at all.
+#[test]
+fn unchanged_files_are_reused_after_a_remount() {
+    if !can_mount() {
+        return;
+    }
+    let r = Remote::new();
+    let f = random_bytes(1 << 20, 1);
+    let g = random_bytes(300_000, 2);
+    std::fs::write(r.s("f"), &f).unwrap();
+    std::fs::create_dir(r.s("d")).unwrap();
+    std::fs::write(r.s("d/g"), &g).unwrap();
+    let c = r.mount("1", "");
+    assert_eq!(read(&c.m("f")), f);
+    assert_eq!(read(&c.m("d/g")), g);
+    assert!(c.calls("Read {") >= 2, "fetched:\n{}", c.log_text());
+    c.unmount();
+    assert!(
+        r.kept_dir().is_some_and(|d| d.join("index").exists()),
+        "an index in the remote's directory: {:?}",
+        std::fs::read_dir(&r.cache).unwrap().collect::<Vec<_>>()
+    );
+    let c = r.mount("2", "");
+    eventually(20, "the bulk reply revalidated both", || {
+        c.log_text().matches("read grants restored").count() >= 2
+    });
+    let before = c.calls("");
+    assert_eq!(read(&c.m("f")), f);
+    assert_eq!(read(&c.m("d/g")), g);
+    assert_eq!(c.calls("Read {"), 0, "no data fetched:\n{}", c.log_text());
+    assert_eq!(
+        c.calls(""),
+        before,
+        "no round trip for the opens:\n{}",
+        c.log_text()
+    );
+    assert_eq!(r.containers().len(), 2, "{:?}", r.containers());
+}
+
+/// A file changed on the server between mounts (same size, its mtime put back: only ctime
+/// tells) is fetched again, never served stale, whether the bulk reply or the open finds it
+/// changed; an unchanged one beside it is not fetched again.
+#[test]
+fn a_file_changed_between_mounts_is_fetched_again() {
+    if !can_mount() {
+        return;
+    }
+    let r = Remote::new();
+    std::fs::write(r.s("same"), b"unchanged").unwrap();
+    std::fs::write(r.s("changed"), b"version one").unwrap();
+    sh_ok(&r.src, "touch -d 2020-01-01 changed");
+    // Bulk revalidation at mount (default), and revalidation at open (no bulk replies).
+    for (round, extra) in [(1, ""), (2, "subtree=0")] {
+        let c = r.mount(&format!("a{round}"), extra);
+        assert_eq!(read(&c.m("same")), b"unchanged");
+        let old = read(&c.m("changed"));
+        c.unmount();
+        let new: &[u8] = if old == b"version one" {
+            b"version two"
+        } else {
+            b"version one"
+        };
+        std::fs::write(r.s("changed"), new).unwrap();
+        sh_ok(&r.src, "touch -d 2020-01-01 changed");
+        let c = r.mount(&format!("b{round}"), extra);
+        assert_eq!(read(&c.m("changed")), new, "round {round}: fresh");
+        assert_eq!(read(&c.m("same")), b"unchanged");
+        let reads = c.log_text();
+        assert_eq!(
+            c.calls("Read {"),
+            1,
+            "round {round}: only the changed file fetched:\n{reads}"
+        );
+        assert_eq!(read(&c.m("changed")), new, "round {round}: stays fresh");
+        c.unmount();
+    }
+}
+
+/// kill -9 of the client in the middle of fetching a new version of a file the index lists:
+/// the next mount serves the right content, removes the half-fetched container, and reuses
+/// the unchanged file.
+#[test]
+fn a_client_killed_mid_fetch_leaves_nothing_misusable() {
+    if !can_mount() {
+        return;
+    }
+    let r = Remote::new();
+    let n = 48 << 20;
+    let v1 = random_bytes(n, 3);
+    let v2 = random_bytes(n, 4);
+    std::fs::write(r.s("big"), &v1).unwrap();
+    std::fs::write(r.s("small"), b"small file").unwrap();
+    let c = r.mount("1", "");
+    assert_eq!(read(&c.m("small")), b"small file");
+    assert!(read(&c.m("big")) == v1);
+    // The index lists both (written about once a second).
+    eventually(20, "the index lists both containers", || {
+        c.log_text()
+            .contains("container index written: 2 containers")
+    });
+    std::fs::write(r.s("big"), &v2).unwrap();
+    eventually(10, "the callback reaches the client", || {
+        c.log_text().contains("containers invalid")
+    });
+    // Fetch the new version and kill the client when its container is half written.
+    let reader = Command::new("cat")
+        .arg(c.m("big"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut reader = scopeguard_child(reader);
+    let kept = r.kept_dir().expect("kept dir");
+    eventually(10, "a half-fetched container", || {
+        std::fs::read_dir(&kept)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with('c'))
+            .filter_map(|e| e.metadata().ok())
+            .any(|m| m.len() > 0 && m.len() < n as u64 && m.len() != 10)
+    });
+    c.kill9();
+    let _ = reader.0.wait();
+    let c = r.mount("2", "");
+    // Nothing left but whole containers (the half-fetched one is removed at mount).
+    for (name, size) in r.containers() {
+        assert!(
+            size == 10 || size == n as u64,
+            "{name}: {size} bytes left behind"
+        );
+    }
+    assert!(r.per_mount_dirs().is_empty(), "{:?}", r.per_mount_dirs());
+    assert_eq!(read(&c.m("small")), b"small file");
+    assert_eq!(c.calls("Read {"), 0, "small reused:\n{}", c.log_text());
+    assert!(read(&c.m("big")) == v2, "the new version");
+}
+
+/// Kills a child by PID when dropped (a test failing midway leaves no process behind).
+struct ChildGuard(Child);
+
+fn scopeguard_child(c: Child) -> ChildGuard {
+    ChildGuard(c)
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Two mounts of the same remote at once: the first holds the remote's directory, the
+/// second gets a per-mount directory (removed when it ends); both read right.
+#[test]
+fn a_second_mount_of_the_same_remote_gets_its_own_directory() {
+    if !can_mount() {
+        return;
+    }
+    let r = Remote::new();
+    std::fs::write(r.s("f"), b"shared").unwrap();
+    let a = r.mount("a", "");
+    let b = r.mount("b", "");
+    assert_eq!(read(&a.m("f")), b"shared");
+    assert_eq!(read(&b.m("f")), b"shared");
+    assert_eq!(
+        r.per_mount_dirs().len(),
+        1,
+        "the second mount's own directory"
+    );
+    assert!(b.log_text().contains("used by another mount"));
+    assert_eq!(r.containers().len(), 1, "the first mount's container");
+    b.unmount();
+    assert!(r.per_mount_dirs().is_empty(), "removed with its mount");
+    a.unmount();
+    assert_eq!(r.containers().len(), 1, "kept");
+}
+
+/// The read grants kept across mounts never let a user read what the server refuses: user
+/// B (refused by an ACL entry the client's kernel does not check under `noacl`) stays
+/// refused after a remount; user A, granted before, is refused after an ACL on the file's
+/// directory (only the directory changed) took the access away between mounts; a file in
+/// an unchanged directory is still read with no round trip.
+#[test]
+fn read_grants_across_mounts_follow_the_server() {
+    if !can_mount() {
+        return;
+    }
+    if Command::new("setfacl").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "setfacl missing under CI");
+        cannot_run("setfacl missing");
+        return;
+    }
+    let r = Remote::new();
+    sh_ok(
+        &r.src,
+        "mkdir -m 755 d e && for f in d/secret e/open; do echo for A > $f; done && \
+         chown 0:2000 d/secret e/open && chmod 640 d/secret e/open && \
+         setfacl -m u:1001:--- d/secret",
+    );
+    let as_user = |uid: u32, path: &Path| {
+        sh(
+            r.dir.path(),
+            &format!(
+                "setpriv --reuid={uid} --regid=2000 --clear-groups cat {}",
+                path.display()
+            ),
+        )
+    };
+    let c = r.mount("1", "noacl");
+    for p in ["d/secret", "e/open"] {
+        let a = as_user(1000, &c.m(p));
+        assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    }
+    assert!(!as_user(1001, &c.m("d/secret")).status.success());
+    c.unmount();
+    // Between mounts: A loses the directory d (an ACL on d only; the file is unchanged).
+    sh_ok(&r.src, "setfacl -m u:1000:--- d");
+    assert!(
+        !as_user(1000, &r.s("d/secret")).status.success(),
+        "natively"
+    );
+    let c = r.mount("2", "noacl");
+    eventually(20, "the bulk reply revalidated both", || {
+        c.log_text()
+            .contains("container of \"e/open\": unchanged, 1 read grants restored")
+            && c.log_text()
+                .contains("container of \"d/secret\": unchanged")
+    });
+    let b = as_user(1001, &c.m("d/secret"));
+    assert!(!b.status.success(), "B read after the remount");
+    let a = as_user(1000, &c.m("d/secret"));
+    assert!(
+        !a.status.success(),
+        "A read through a directory the server now refuses: {:?}",
+        String::from_utf8_lossy(&a.stdout)
+    );
+    let before = c.calls("");
+    let a = as_user(1000, &c.m("e/open"));
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert_eq!(
+        c.calls(""),
+        before,
+        "A's grant on e/open kept:\n{}",
+        c.log_text()
+    );
+}
+
+/// `dircache hoard MNT PATH`: every regular file of the subtree fetched whole (the later
+/// reads make no round trip at all), a file above `whole_file_max` skipped and said so, no
+/// progress bar on a non-terminal; the counters of `dircache stats` follow. A subtree larger
+/// than `cache_size` is warned about and the files beyond it skipped.
+#[test]
+fn hoard_fetches_a_subtree_for_later_reads_without_round_trips() {
+    if !can_mount() {
+        return;
+    }
+    let r = Remote::new();
+    let mut want = Vec::new();
+    for (i, rel) in [
+        "proj/a.c",
+        "proj/b.c",
+        "proj/sub/c.h",
+        "proj/sub/deep/d.txt",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let data = random_bytes(20_000 + i * 1000, 10 + i as u64);
+        std::fs::create_dir_all(r.s(rel).parent().unwrap()).unwrap();
+        std::fs::write(r.s(rel), &data).unwrap();
+        want.push((rel.to_string(), data));
+    }
+    std::fs::write(r.s("proj/big.bin"), random_bytes(300_000, 20)).unwrap();
+    std::fs::write(r.s("elsewhere"), b"not hoarded").unwrap();
+    let c = r.mount("1", "whole_file_max=100K");
+    let out = Command::new(BIN)
+        .arg("hoard")
+        .arg(&c.mnt)
+        .arg(c.m("proj"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    eprintln!("dircache hoard printed:\n{so}");
+    assert!(so.contains("hoarded 4 files"), "{so}");
+    assert!(so.contains("4 fetched"), "{so}");
+    assert!(
+        so.contains("skipped 1 files") && so.contains("whole_file_max"),
+        "{so}"
+    );
+    assert!(
+        !se.contains('\u{1b}'),
+        "no progress bar off a terminal: {se:?}"
+    );
+    let fetched = c.calls("Read {");
+    let before = c.calls("");
+    for (rel, data) in &want {
+        assert_eq!(&read(&c.m(rel)), data, "{rel}");
+    }
+    assert_eq!(c.calls("Read {"), fetched, "nothing fetched again");
+    assert_eq!(
+        c.calls(""),
+        before,
+        "the hoarded files read with no round trip:\n{}",
+        c.log_text()
+    );
+    let stats = Command::new(BIN)
+        .args(["stats", "--json"])
+        .arg(&c.mnt)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let b = &v["backend"];
+    assert_eq!(b["containers_fetches"], 4, "{b}");
+    assert!(b["containers_hits"].as_u64().unwrap() >= 4, "{b}");
+    assert_eq!(b["containers_kept"], 1, "{b}");
+    let human = Command::new(BIN).arg("stats").arg(&c.mnt).output().unwrap();
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(human.contains("containers:   4 fetches"), "{human}");
+    c.unmount();
+    // A cache_size smaller than the subtree: warned, the files beyond it skipped.
+    let c = r.mount("2", "whole_file_max=100K,cache_size=50K");
+    let out = Command::new(BIN)
+        .arg("hoard")
+        .arg(&c.mnt)
+        .arg(c.m("proj"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(se.contains("more than the mount's cache_size"), "{se}");
+    assert!(so.contains("beyond cache_size"), "{so}");
+}
