@@ -570,12 +570,13 @@ impl CacheFs {
             .or_else(|_| self.cache.attr_of_name(&node))
             .map_err(errno)?;
         let id = self.inodes.register(&self.cache, &node, &a, parent.0);
-        let attr = fuse_attr(id, &a);
+        let attr = self.attr_for(id, &a);
         let writable = is_writable(flags);
         let cred = c.cred().clone();
         let key = FdKey::new(id, oflags, cred.clone());
         let fd = self.fds.insert(Some(key), cred.uid, fd);
         let created = |opened| Created {
+            nodeid: INodeNo(id),
             ttl: self.policy.entry_ttl,
             attr,
             generation: Generation(self.inodes.generation(id)),
