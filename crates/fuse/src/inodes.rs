@@ -44,6 +44,7 @@
 //! know by this dentry, a FORGET of the last reference); lock order: `structure`, then an
 //! entry's mutex, then the core's held-inode lock.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dircache_core::{Attr, Cache, Held, NodeRef};
@@ -61,7 +62,17 @@ struct Inode {
     st_ino: u64,
     /// The file type (`st_mode & S_IFMT`) it was given out with.
     fmt: u32,
+    /// A regular file's size and times as last sent to the kernel ([`told_hash`]; 0: not
+    /// known, or invalidated since): the kernel sizes page-cache reads by them.
+    told: AtomicU64,
     m: Mutex<InodeMut>,
+}
+
+/// A nonzero digest of what the kernel's page cache depends on: size, mtime and ctime.
+fn told_hash(a: &Attr) -> u64 {
+    let mut h = mix(a.size, a.mtime.sec as u64 ^ (u64::from(a.mtime.nsec) << 32));
+    h = mix(h, a.ctime.sec as u64 ^ (u64::from(a.ctime.nsec) << 32));
+    h | 1
 }
 
 /// The file type bits of `a`.
@@ -130,6 +141,7 @@ impl Inodes {
                 held,
                 st_ino: ROOT,
                 fmt: libc::S_IFDIR,
+                told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
                     removed: false,
@@ -345,6 +357,7 @@ impl Inodes {
                 held,
                 st_ino,
                 fmt: fmt(attr),
+                told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
                     removed: false,
@@ -355,6 +368,33 @@ impl Inodes {
         by_key.insert(key, id);
         by_dentry.insert(node.id(), id);
         id
+    }
+
+    /// Attributes `a` of `nodeid` go to the kernel (an entry or attribute reply): remembered
+    /// for a regular file (read before written: the line is shared by every request).
+    pub fn told(&self, nodeid: u64, a: &Attr) {
+        if fmt(a) != libc::S_IFREG {
+            return;
+        }
+        let h = told_hash(a);
+        self.with_entry(nodeid, |i| {
+            if i.told.load(Ordering::Relaxed) != h {
+                i.told.store(h, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// Whether the kernel was last told attributes `a` for `nodeid` (the backend's now):
+    /// then its page cache, sized by them, shows the file as it is.
+    pub fn told_is(&self, nodeid: u64, a: &Attr) -> bool {
+        self.with_entry(nodeid, |i| i.told.load(Ordering::Relaxed) == told_hash(a))
+            .unwrap_or(false)
+    }
+
+    /// The kernel's attributes of `nodeid` are being invalidated: nothing is proven until
+    /// it is told again.
+    pub fn untold(&self, nodeid: u64) {
+        self.with_entry(nodeid, |i| i.told.store(0, Ordering::Relaxed));
     }
 
     /// The FUSE generation of `nodeid`: always 0, a nodeid is never given to another file

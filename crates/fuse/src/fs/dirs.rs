@@ -243,12 +243,14 @@ impl CacheFs {
                 continue;
             }
             if let Some(id) = self.inodes.held_by_kernel(&node, &a) {
+                // Only the number and type go out: not remembered as told.
+                let st_ino = self.inodes.st_ino(id);
                 if add(DirEntryPlus {
-                    ino: INodeNo(self.inodes.st_ino(id)),
+                    ino: INodeNo(st_ino),
                     offset: *cookie,
                     name: OsStr::from_bytes(&e.name),
                     ttl,
-                    attr: self.attr_for(id, &a),
+                    attr: fuse_attr(st_ino, &a),
                     generation: Generation(0),
                     unlinked: true,
                 }) {

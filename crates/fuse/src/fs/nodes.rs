@@ -41,8 +41,10 @@ impl CacheFs {
         }
     }
 
-    /// `a` as an attribute reply (GETATTR, SETATTR, readdir's "." and "..") for `nodeid`.
+    /// `a` as an attribute reply (GETATTR, SETATTR, readdir's "." and "..", an entry) for
+    /// `nodeid`, remembered as what the kernel holds (`Inodes::told`).
     pub(super) fn attr_for(&self, nodeid: u64, a: &Attr) -> FileAttr {
+        self.inodes.told(nodeid, a);
         fuse_attr(self.inodes.st_ino(nodeid), a)
     }
 
