@@ -149,6 +149,8 @@ fn negative_attr() -> FileAttr {
 
 /// An ENTRY reply: a looked-up or new name's attributes, their lifetimes and generation.
 struct EntryOut {
+    /// The kernel's inode (`attr.ino` is what `stat` shows: `Inodes::st_ino`).
+    nodeid: INodeNo,
     attr: FileAttr,
     attr_ttl: Duration,
     entry_ttl: Duration,
@@ -171,6 +173,7 @@ struct Opened {
 
 /// A CREATE reply: the new entry (one TTL for its name and attributes) and its open handle.
 struct Created {
+    nodeid: INodeNo,
     ttl: Duration,
     attr: FileAttr,
     generation: Generation,
@@ -302,7 +305,7 @@ fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
 
 fn reply_entry(r: Result<EntryOut, Errno>, reply: ReplyEntry) {
     match r {
-        Ok(e) => reply.entry_with_ttls(&e.attr_ttl, &e.entry_ttl, &e.attr, e.generation),
+        Ok(e) => reply.entry_nodeid(e.nodeid, &e.attr_ttl, &e.entry_ttl, &e.attr, e.generation),
         Err(e) => reply.error(e),
     }
 }
@@ -336,14 +339,20 @@ fn reply_opened(r: Result<Opened, Errno>, reply: ReplyOpen) {
 fn reply_created(r: Result<Created, Errno>, reply: ReplyCreate) {
     match r {
         Ok(Created {
+            nodeid,
             ttl,
             attr,
             generation,
             opened: Opened { fh, flags, backing },
-        }) => match backing {
-            Some(b) => reply.created_passthrough(&ttl, &attr, generation, fh, flags, &b),
-            None => reply.created(&ttl, &attr, generation, fh, flags),
-        },
+        }) => reply.created_nodeid(
+            nodeid,
+            &ttl,
+            &attr,
+            generation,
+            fh,
+            flags,
+            backing.as_deref(),
+        ),
         Err(e) => reply.error(e),
     }
 }
@@ -626,7 +635,7 @@ impl fuser::Filesystem for DircacheFs {
             if e.unlinked {
                 reply.add_unlinked(e.ino, e.offset, e.attr.kind, e.name)
             } else {
-                reply.add(e.ino, e.offset, e.name, &e.ttl, &e.attr, e.generation)
+                reply.add_nodeid(e.ino, e.offset, e.name, &e.ttl, &e.attr, e.generation)
             }
         });
         match r {

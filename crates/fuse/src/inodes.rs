@@ -12,17 +12,25 @@
 //!   `tar`, `rsync` and git's index keep working. Only when that number is taken by another
 //!   live inode (a hash collision, an inode number >= 2^62, or the number 1 which is the
 //!   root's) does a key get a counted number from [2^62, 2^63), unique but not stable.
-//! - `(nodeid, generation)` is never reused for a different file. When every dentry of a key
-//!   is dead (unlinked, replaced) and the same `(dev, ino)` shows up again while the kernel
-//!   still holds the old inode, it is a new file that reused the inode number: it keeps the
-//!   nodeid and gets the next generation, so the kernel marks its old inode bad instead of
-//!   mixing the old page cache with the new file (`fuse_iget`). A dentry the core has not
-//!   marked dead may still stand for a removed name (the change feed reports removals after
-//!   the fact): a new name of a known key counts the old names as live only if the backend
-//!   still shows them with that key ([`Inodes::register`] asks `Cache::names_inode`), so a reused number
-//!   is never taken for a hard link of a gone file. FORGETs carry no generation:
-//!   `lookups` counts references to the nodeid across generations, which is what the kernel
-//!   forgets.
+//! - A nodeid is never given to a different file while the kernel holds it (the generation
+//!   is always 0). When every dentry of a key is dead (unlinked, replaced), or the key shows
+//!   up with another file type, and the same `(dev, ino)` shows up again while the kernel
+//!   still holds the old inode, it is a new file that reused the inode number (ext4 does so
+//!   at once, often with another type): it gets a nodeid of its own (a counted one) while
+//!   `stat` keeps showing the backend's number (`st_ino`, sent apart from the nodeid). The
+//!   kernel's old inode stays what it was, a removed file or directory (ENOENT, as
+//!   natively), and every invalidation sent for a nodeid reaches the file it was given to.
+//!   (Reusing the nodeid with the next generation, as before, made the kernel mark the old
+//!   inode bad: EIO for a program listing the removed directory, ENOTDIR for
+//!   `inval_entry`s meant for it, `fuse_iget`/`fuse_stale_inode`; the same nodeid and
+//!   generation with another type did the same.) A dentry the core has not marked dead may
+//!   still stand for a removed name (the change feed reports removals after the fact): a new
+//!   name of a known key counts the old names as live only if the backend still shows them
+//!   with that key ([`Inodes::register`] asks `Cache::names_inode`), so a reused number is
+//!   never taken for a hard link of a gone file. Not detected: a file replaced by one of the
+//!   same type that gets the same number under the same name before the feed reports the
+//!   removal (the backend shows nothing that tells them apart without an identity such as
+//!   statx's btime); the kernel then keeps its inode, refreshed when the feed reports it.
 //! - `lookups` counts the kernel's references (each LOOKUP-like reply adds one, FORGET
 //!   subtracts); the entry is dropped when it reaches zero.
 //! - Each nodeid holds its inode in the core ([`Cache::hold`]): the core pins its names, keeps
@@ -49,10 +57,27 @@ pub const ROOT: u64 = 1;
 struct Inode {
     /// The inode as the core holds it for the kernel (names, staleness, open counts).
     held: Held,
-    /// The FUSE generation: bumped when the nodeid is reused for a new file (see above).
-    /// Written under `m`.
-    generation: AtomicU64,
+    /// What `stat` shows: the nodeid, or for a file that reused the number of one the kernel
+    /// still holds, that number (see above).
+    st_ino: u64,
+    /// The file type (`st_mode & S_IFMT`) it was given out with.
+    fmt: u32,
+    /// A regular file's size and times as last sent to the kernel ([`told_hash`]; 0: not
+    /// known, or invalidated since): the kernel sizes page-cache reads by them.
+    told: AtomicU64,
     m: Mutex<InodeMut>,
+}
+
+/// A nonzero digest of what the kernel's page cache depends on: size, mtime and ctime.
+fn told_hash(a: &Attr) -> u64 {
+    let mut h = mix(a.size, a.mtime.sec as u64 ^ (u64::from(a.mtime.nsec) << 32));
+    h = mix(h, a.ctime.sec as u64 ^ (u64::from(a.ctime.nsec) << 32));
+    h | 1
+}
+
+/// The file type bits of `a`.
+fn fmt(a: &Attr) -> u32 {
+    a.mode & libc::S_IFMT
 }
 
 struct InodeMut {
@@ -114,7 +139,9 @@ impl Inodes {
             ROOT,
             Arc::new(Inode {
                 held,
-                generation: AtomicU64::new(0),
+                st_ino: ROOT,
+                fmt: libc::S_IFDIR,
+                told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
                     removed: false,
@@ -210,7 +237,7 @@ impl Inodes {
         let known = self.by_dentry.pin().get(&node.id()).copied();
         if let Some(id) = known {
             let hit = self.with_entry(id, |i| {
-                if i.held.key() != key && id != ROOT {
+                if (i.held.key() != key || i.fmt != fmt(attr)) && id != ROOT {
                     return false;
                 }
                 let mut m = i.m.lock();
@@ -249,7 +276,7 @@ impl Inodes {
         let at = |id: u64| inodes.get(&id).cloned().filter(|i| !i.m.lock().removed);
         if let Some(&id) = by_dentry.get(&node.id()) {
             if let Some(i) = at(id) {
-                if i.held.key() == key || id == ROOT {
+                if (i.held.key() == key && i.fmt == fmt(attr)) || id == ROOT {
                     i.m.lock().lookups += 1;
                     if id != ROOT {
                         i.held.set_location(parent_held.as_ref(), &name);
@@ -258,16 +285,21 @@ impl Inodes {
                 }
             }
         }
+        // The number `stat` shows when this key is known under another nodeid.
+        let mut reused = None;
         if let Some(&id) = by_key.get(&key) {
             if let Some(i) = at(id) {
                 // Which names still stand for the inode: not dead in the core, and (unless
-                // it is `node` itself) still naming the inode in the backend.
+                // it is `node` itself) still naming the inode in the backend. None when the
+                // key comes back with another file type: a new file.
                 let kept = if id == ROOT {
                     Some(
                         i.held
                             .retain_names(|n| Arc::ptr_eq(n, node) || !n.is_dead())
                             .unwrap_or_default(),
                     )
+                } else if i.fmt != fmt(attr) {
+                    None
                 } else {
                     i.held.retain_names(|n| {
                         Arc::ptr_eq(n, node) || (!n.is_dead() && cache.names_inode(n, key))
@@ -287,23 +319,10 @@ impl Inodes {
                     by_dentry.insert(node.id(), id);
                     return id;
                 }
-                // A new file with the inode number of one the kernel still holds. Open
-                // handles pin the old inode (its number cannot be reused while they exist),
-                // so there are none; were there, the new file takes a counted number.
-                let mut m = i.m.lock();
-                if i.held.writers() == 0 && i.held.opens() == 0 && m.backing.is_none() {
-                    i.generation.fetch_add(1, Ordering::AcqRel);
-                    for n in i.held.replace_names(node, attr) {
-                        if by_dentry.get(&n.id()) == Some(&id) {
-                            by_dentry.remove(&n.id());
-                        }
-                    }
-                    m.lookups += 1;
-                    drop(m);
-                    i.held.set_location(parent_held.as_ref(), &name);
-                    by_dentry.insert(node.id(), id);
-                    return id;
-                }
+                // A new file with the inode number of one the kernel still holds: a nodeid
+                // of its own, the number `stat` shows kept. The old entry keeps its names
+                // (the kernel's old inode is the removed file) until its FORGET.
+                reused = Some(i.st_ino);
             }
         }
         let derived = self.derived(key);
@@ -317,12 +336,28 @@ impl Inodes {
             *next += 1;
             id
         };
+        // A counted nodeid for a key whose derived number the kernel holds for an older file
+        // of the same key (or the old file's own number) shows that number.
+        let st_ino = if id == derived {
+            id
+        } else {
+            reused
+                .or_else(|| {
+                    inodes
+                        .get(&derived)
+                        .filter(|e| derived != ROOT && e.held.key() == key)
+                        .map(|e| e.st_ino)
+                })
+                .unwrap_or(id)
+        };
         let held = cache.hold(node, attr, parent_held.as_ref());
         inodes.insert(
             id,
             Arc::new(Inode {
                 held,
-                generation: AtomicU64::new(0),
+                st_ino,
+                fmt: fmt(attr),
+                told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
                     removed: false,
@@ -335,19 +370,47 @@ impl Inodes {
         id
     }
 
-    /// The FUSE generation of `nodeid` (0 when unknown).
-    pub fn generation(&self, nodeid: u64) -> u64 {
-        self.with_entry(nodeid, |i| i.generation.load(Ordering::Acquire))
-            .unwrap_or(0)
+    /// Attributes `a` of `nodeid` go to the kernel (an entry or attribute reply): remembered
+    /// for a regular file (read before written: the line is shared by every request).
+    pub fn told(&self, nodeid: u64, a: &Attr) {
+        if fmt(a) != libc::S_IFREG {
+            return;
+        }
+        let h = told_hash(a);
+        self.with_entry(nodeid, |i| {
+            if i.told.load(Ordering::Relaxed) != h {
+                i.told.store(h, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// Whether the kernel was last told attributes `a` for `nodeid` (the backend's now):
+    /// then its page cache, sized by them, shows the file as it is.
+    pub fn told_is(&self, nodeid: u64, a: &Attr) -> bool {
+        self.with_entry(nodeid, |i| i.told.load(Ordering::Relaxed) == told_hash(a))
+            .unwrap_or(false)
+    }
+
+    /// The kernel's attributes of `nodeid` are being invalidated: nothing is proven until
+    /// it is told again.
+    pub fn untold(&self, nodeid: u64) {
+        self.with_entry(nodeid, |i| i.told.store(0, Ordering::Relaxed));
+    }
+
+    /// The FUSE generation of `nodeid`: always 0, a nodeid is never given to another file
+    /// while the kernel holds it (see the module invariants).
+    pub fn generation(&self, _nodeid: u64) -> u64 {
+        0
     }
 
     /// The inode number `stat` shows for nodeid `nodeid`: the nodeid itself, except for the
-    /// root (nodeid 1), which shows SRC's root inode number.
+    /// root (nodeid 1), which shows SRC's root inode number, and for a file that reused the
+    /// number of one the kernel still holds, which shows that number.
     pub fn st_ino(&self, nodeid: u64) -> u64 {
         if nodeid == ROOT {
             self.derived_root()
         } else {
-            nodeid
+            self.with_entry(nodeid, |i| i.st_ino).unwrap_or(nodeid)
         }
     }
 
@@ -361,10 +424,7 @@ impl Inodes {
             .get(&key)
             .copied()
             .unwrap_or_else(|| self.derived(key));
-        match id {
-            ROOT => self.derived_root(),
-            id => id,
-        }
+        self.st_ino(id)
     }
 
     /// Add `node` as a name of `nodeid` (after a rename moved the dentry the kernel knows),
@@ -396,11 +456,14 @@ impl Inodes {
     /// looked the name up (or had it from a listing) and has not forgotten it since. Its
     /// attributes there are current: every change the core learns of reaches it as an
     /// `inval_inode`.
-    pub fn held_by_kernel(&self, node: &NodeRef, key: Key) -> Option<u64> {
+    pub fn held_by_kernel(&self, node: &NodeRef, attr: &Attr) -> Option<u64> {
         let id = self.nodeid_of(node)?;
+        let key = (attr.dev, attr.ino);
         self.with_entry(id, |i| {
             let m = i.m.lock();
-            !m.removed && m.lookups > 0 && (id == ROOT || i.held.key() == key)
+            !m.removed
+                && m.lookups > 0
+                && (id == ROOT || (i.held.key() == key && i.fmt == fmt(attr)))
         })
         .filter(|ok| *ok)
         .map(|_| id)

@@ -14,8 +14,9 @@
 //!
 //! Nodeids: root is 1; every other inode's nodeid is derived from its backend `(dev, ino)` (the
 //! backend's inode number on SRC's own device), so all hard links share one and `st_ino` seen
-//! through the mount is stable across FORGET and remounts; an inode number reused for a new
-//! file gets a new generation ([`inodes`]).
+//! through the mount is stable across FORGET and remounts; a new file that reuses the inode
+//! number of one the kernel still holds gets a nodeid of its own while `st_ino` stays the
+//! backend's ([`inodes`]).
 //!
 //! Every action taken for a request runs with the requester's credentials on the inode the
 //! kernel named (verified by `(dev, ino)`): the front end reaches the files only through the
@@ -28,7 +29,7 @@
 //!   file-system layer, one file per subject: `fs/nodes.rs` (lookup, attributes, namespace
 //!   mutations), `fs/dirs.rs` (directory streams), `fs/handles.rs` (open files, data,
 //!   passthrough), `fs/xattrs.rs` (extended attributes), `fs/init.rs` (INIT capabilities);
-//! - [`inodes`]: the kernel's nodeids and generations, and the held nodes they stand for;
+//! - [`inodes`]: the kernel's nodeids and inode numbers, and the held nodes they stand for;
 //! - `listings`: directory listing streams (per-name cookies, per-stream snapshots);
 //! - `openfds`: the daemon's descriptors for open files, shared and bounded per user;
 //! - [`creds`]: the requester's supplementary groups; `umask`: the caller's umask at creation;

@@ -595,16 +595,11 @@ fn reused_inode_number_is_a_new_file() {
         checked += 1;
         let new = t.m(&format!("n{i}"));
         wait_for(Duration::from_secs(5), || new.exists()).expect("creation seen");
-        // Seen at its creation (empty), the content shows once the feed reports the write
-        // (a small file is read through the page cache, sized by the attributes the kernel
-        // holds); never the old file's.
+        // Its content at once (a small file is read through the page cache only when the
+        // kernel's attributes are the file's now: fs/handles.rs), never the old file's.
         let want = format!("brand new {i}, longer\n");
-        let mut got = String::new();
-        let shown = wait_for(Duration::from_secs(5), || {
-            got = std::fs::read_to_string(&new).unwrap();
-            got == want
-        });
-        assert!(shown.is_some(), "n{i} reads {got:?}, not {want:?}");
+        let got = std::fs::read_to_string(&new).unwrap();
+        assert_eq!(got, want, "n{i}");
         assert_eq!(sh_ok(&t.mnt, &format!("stat -c %i n{i}")), ino);
     }
     assert!(checked > 0, "ext4 never reused an inode number here");

@@ -270,6 +270,25 @@ impl ReplyEntry {
         ));
     }
 
+    /// dircache patch: as [`ReplyEntry::entry_with_ttls`], for the kernel's inode `nodeid`,
+    /// which may differ from the inode number `attr.ino` that `stat` shows.
+    pub fn entry_nodeid(
+        self,
+        nodeid: INodeNo,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    ) {
+        self.reply.send_ll(&ll::ResponseStruct::new_entry(
+            nodeid,
+            generation,
+            &attr.into(),
+            *attr_ttl,
+            *entry_ttl,
+        ));
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);
@@ -515,6 +534,38 @@ impl ReplyCreate {
             fh,
             flags,
             0,
+        ));
+    }
+
+    /// dircache patch: as [`ReplyCreate::created`] (`backing` `None`) or
+    /// [`ReplyCreate::created_passthrough`], for the kernel's inode `nodeid`, which may
+    /// differ from the inode number `attr.ino` that `stat` shows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn created_nodeid(
+        self,
+        nodeid: INodeNo,
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: ll::FileHandle,
+        flags: FopenFlags,
+        backing: Option<&BackingId>,
+    ) {
+        let (flags, id) = match backing {
+            Some(b) => (flags | FopenFlags::FOPEN_PASSTHROUGH, b.backing_id),
+            None => {
+                assert!(!flags.contains(FopenFlags::FOPEN_PASSTHROUGH));
+                (flags, 0)
+            }
+        };
+        self.reply.send_ll(&ll::ResponseStruct::new_create_nodeid(
+            nodeid,
+            ttl,
+            &attr.into(),
+            generation,
+            fh,
+            flags,
+            id,
         ));
     }
 
@@ -779,6 +830,33 @@ impl ReplyDirectoryPlus {
             attr.into(),
             *ttl,
         ))
+    }
+
+    /// dircache patch: as [`ReplyDirectoryPlus::add`], for the kernel's inode `nodeid`,
+    /// which may differ from the inode number `attr.ino` that the listing and `stat` show.
+    /// Returns true if the buffer is full.
+    pub fn add_nodeid<T: AsRef<OsStr>>(
+        &mut self,
+        nodeid: INodeNo,
+        offset: u64,
+        name: T,
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    ) -> bool {
+        let name = name.as_ref();
+        self.buf.push_nodeid(
+            nodeid.0,
+            &DirEntryPlus::new(
+                nodeid,
+                generation,
+                DirEntOffset(offset),
+                name,
+                *ttl,
+                attr.into(),
+                *ttl,
+            ),
+        )
     }
 
     /// dircache patch: add an entry the kernel already knows (it holds the name's dentry

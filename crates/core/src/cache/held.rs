@@ -396,7 +396,8 @@ impl Cache {
         match self.lookup_child(&c, &p, &name) {
             Ok(fresh) if matches!(fresh.kind(), NodeKind::Positive(_)) => {
                 match self.getattr(&fresh) {
-                    Ok(a) if (a.dev, a.ino) == held.key() => {
+                    // The same number with another type is a new file that reused it.
+                    Ok(a) if (a.dev, a.ino) == held.key() && fresh.kind() == n.kind() => {
                         held.add_name(&fresh, true);
                         Ok(fresh)
                     }

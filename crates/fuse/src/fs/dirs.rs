@@ -222,13 +222,34 @@ impl CacheFs {
                     Err(_) => continue,
                 },
             };
-            if let Some(id) = self.inodes.held_by_kernel(&node, (a.dev, a.ino)) {
+            // The core's dentry is of another type than the listing shows (the name was
+            // replaced in SRC, not reported yet): shown, not linked (a LOOKUP finds the file).
+            if node.kind() != NodeKind::Positive(a.kind()) {
+                let d_ino = self.inodes.ino_of(a.dev, a.ino).max(2);
                 if add(DirEntryPlus {
-                    ino: INodeNo(self.inodes.st_ino(id)),
+                    ino: INodeNo(d_ino),
                     offset: *cookie,
                     name: OsStr::from_bytes(&e.name),
                     ttl,
-                    attr: fuse_attr(id, &a),
+                    attr: fuse_attr(d_ino, &a),
+                    generation: Generation(0),
+                    unlinked: true,
+                }) {
+                    finished = false;
+                    break;
+                }
+                added = true;
+                continue;
+            }
+            if let Some(id) = self.inodes.held_by_kernel(&node, &a) {
+                // Only the number and type go out: not remembered as told.
+                let st_ino = self.inodes.st_ino(id);
+                if add(DirEntryPlus {
+                    ino: INodeNo(st_ino),
+                    offset: *cookie,
+                    name: OsStr::from_bytes(&e.name),
+                    ttl,
+                    attr: fuse_attr(st_ino, &a),
                     generation: Generation(0),
                     unlinked: true,
                 }) {
@@ -244,7 +265,7 @@ impl CacheFs {
                 offset: *cookie,
                 name: OsStr::from_bytes(&e.name),
                 ttl,
-                attr: fuse_attr(id, &a),
+                attr: self.attr_for(id, &a),
                 generation: Generation(self.inodes.generation(id)),
                 unlinked: false,
             }) {

@@ -375,11 +375,30 @@ impl CacheFs {
             self.attrs_changed(&node);
         }
         let cred = c.cred().clone();
+        // The kernel sizes page-cache reads by the attributes it holds: a read-only open
+        // through the page cache is right only if they are the file's now. When SRC changed
+        // the file and the change feed has not told the kernel yet (a file written right after
+        // its name was seen), this open reads past the kernel's copy (passthrough, or direct
+        // I/O when the inode is open through the page cache already) and the kernel's copy is
+        // dropped; later opens use the page cache again once the kernel has asked afresh.
+        // (Asked where the choice is made: with passthrough, of a read-only open; a remote
+        // file's `attr` may be a round trip.)
+        let fa = (self.passthrough && !writable)
+            .then(|| fd.attr().ok())
+            .flatten();
+        let current = fa.is_none_or(|a| self.inodes.told_is(ino.0, &a));
+        if !current && fa.is_some_and(|a| a.kind() == FileType::Regular) {
+            self.attrs_changed(&node);
+            self.inodes.untold(ino.0);
+            self.queue_inval_inode(ino.0);
+        }
         if self.passthrough {
-            let small_read = !writable && flags.0 & libc::O_DIRECT == 0 && self.read_cached(&fd);
+            let small_read = !writable
+                && flags.0 & libc::O_DIRECT == 0
+                && fa.is_some_and(|a| self.read_cached(&a));
             let mut modes = self.files.modes(ino.0);
             let m = modes.entry(ino.0).or_default();
-            if m.cached == 0 && (m.passthrough > 0 || !small_read) {
+            if m.cached == 0 && (m.passthrough > 0 || !small_read || !current) {
                 match self.backing_for(ino.0, &fd, &cred, register) {
                     Ok(b) => {
                         m.passthrough += 1;
@@ -419,21 +438,21 @@ impl CacheFs {
         });
         Ok(Opened {
             fh: FileHandle(fh),
-            flags: self.fopen_flags_for(flags.0),
+            flags: if current {
+                self.fopen_flags_for(flags.0)
+            } else {
+                FopenFlags::FOPEN_DIRECT_IO
+            },
             backing: None,
         })
     }
 
-    /// Whether a read-only open of `fd` goes through the page cache rather than passthrough
-    /// (`CachePolicy::cached_reads_max`): a regular file small enough, with pages kept
-    /// across opens.
-    fn read_cached(&self, fd: &SharedFd) -> bool {
+    /// Whether a read-only open of a file with attributes `a` goes through the page cache
+    /// rather than passthrough (`CachePolicy::cached_reads_max`): a regular file small
+    /// enough, with pages kept across opens.
+    fn read_cached(&self, a: &Attr) -> bool {
         let max = self.policy.cached_reads_max;
-        self.policy.keep_cache
-            && max > 0
-            && fd
-                .attr()
-                .is_ok_and(|a| a.kind() == FileType::Regular && a.size <= max)
+        self.policy.keep_cache && max > 0 && a.kind() == FileType::Regular && a.size <= max
     }
 
     pub(super) fn read(
@@ -570,12 +589,13 @@ impl CacheFs {
             .or_else(|_| self.cache.attr_of_name(&node))
             .map_err(errno)?;
         let id = self.inodes.register(&self.cache, &node, &a, parent.0);
-        let attr = fuse_attr(id, &a);
+        let attr = self.attr_for(id, &a);
         let writable = is_writable(flags);
         let cred = c.cred().clone();
         let key = FdKey::new(id, oflags, cred.clone());
         let fd = self.fds.insert(Some(key), cred.uid, fd);
         let created = |opened| Created {
+            nodeid: INodeNo(id),
             ttl: self.policy.entry_ttl,
             attr,
             generation: Generation(self.inodes.generation(id)),

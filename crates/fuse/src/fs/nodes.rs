@@ -41,8 +41,10 @@ impl CacheFs {
         }
     }
 
-    /// `a` as an attribute reply (GETATTR, SETATTR, readdir's "." and "..") for `nodeid`.
+    /// `a` as an attribute reply (GETATTR, SETATTR, readdir's "." and "..", an entry) for
+    /// `nodeid`, remembered as what the kernel holds (`Inodes::told`).
     pub(super) fn attr_for(&self, nodeid: u64, a: &Attr) -> FileAttr {
+        self.inodes.told(nodeid, a);
         fuse_attr(self.inodes.st_ino(nodeid), a)
     }
 
@@ -68,7 +70,8 @@ impl CacheFs {
         };
         let id = self.inodes.register(&self.cache, node, &a, parent.0);
         Ok(EntryOut {
-            attr: fuse_attr(id, &a),
+            nodeid: INodeNo(id),
+            attr: self.attr_for(id, &a),
             attr_ttl: self.attr_ttl_of(self.inodes.has_writers(id)),
             entry_ttl: self.policy.entry_ttl,
             generation: Generation(self.inodes.generation(id)),
@@ -212,6 +215,7 @@ impl CacheFs {
                     .negative_lookups
                     .fetch_add(1, Ordering::Relaxed);
                 Ok(EntryOut {
+                    nodeid: INodeNo(0),
                     attr: negative_attr(),
                     attr_ttl: self.policy.negative_ttl,
                     entry_ttl: self.policy.negative_ttl,
@@ -265,7 +269,14 @@ impl CacheFs {
         // The core finds a dropped dentry again by the name the kernel knows, and asks the
         // backend when its copy of the attributes may be behind (the held-node contract).
         let node = self.cache.held_node(&held).unwrap_or_else(|_| held.node());
-        match self.cache.attr_for_reply(&held, &node) {
+        let r = match self.cache.attr_for_reply(&held, &node) {
+            // The name the core has not seen go names another file by now (removed or
+            // replaced in SRC, not yet reported): not this inode's attributes (another
+            // type would make the kernel mark its inode bad: EIO).
+            Ok(a) if ino.0 != ROOT && (a.dev, a.ino) != held.key() => Err(CoreError::NotFound),
+            r => r,
+        };
+        match r {
             Ok(a) => Ok(out(&a)),
             Err(e) => {
                 // An unlinked file that is still open: answer from its descriptor.
@@ -274,7 +285,10 @@ impl CacheFs {
                     _ => match held.dir_attr() {
                         // A removed directory the kernel still holds (an open descriptor, a
                         // cwd): as natively, its attributes with nlink 0.
-                        Some(mut a) if node.is_dead() && e == CoreError::NotFound => {
+                        Some(mut a)
+                            if (node.is_dead() && e == CoreError::Stale)
+                                || e == CoreError::NotFound =>
+                        {
                             a.nlink = 0;
                             Ok(self.attr_out(ino.0, &a))
                         }
@@ -512,7 +526,8 @@ impl CacheFs {
             self.queue_inval_inode(ino.0);
         }
         Ok(EntryOut {
-            attr: fuse_attr(id, &a),
+            nodeid: INodeNo(id),
+            attr: self.attr_for(id, &a),
             attr_ttl: self.policy.attr_ttl,
             entry_ttl: self.policy.entry_ttl,
             generation: Generation(self.inodes.generation(id)),

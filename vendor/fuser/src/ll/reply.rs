@@ -229,6 +229,24 @@ impl ResponseStruct<abi::fuse_create_out> {
     }
 }
 
+impl ResponseStruct<abi::fuse_create_out> {
+    /// dircache patch: a CREATE reply whose entry names `nodeid`, which may differ from the
+    /// inode number `attr.ino` that `stat` shows.
+    pub(crate) fn new_create_nodeid(
+        nodeid: INodeNo,
+        ttl: &Duration,
+        attr: &Attr,
+        generation: Generation,
+        fh: FileHandle,
+        flags: FopenFlags,
+        backing_id: u32,
+    ) -> Self {
+        let mut r = Self::new_create(ttl, attr, generation, fh, flags, backing_id);
+        r.0.0.nodeid = nodeid.into();
+        r
+    }
+}
+
 impl ResponseStruct<abi::fuse_poll_out> {
     pub(crate) fn new_poll(revents: PollEvents) -> Self {
         ResponseStruct(abi::fuse_poll_out {
@@ -538,6 +556,31 @@ impl DirEntPlusList {
 }
 
 impl DirEntPlusList {
+    /// dircache patch: an entry whose entry part names `nodeid`, which may differ from the
+    /// inode number `attr.ino` the listing and `stat` show.
+    #[must_use]
+    pub(crate) fn push_nodeid<T: AsRef<Path>>(&mut self, nodeid: u64, x: &DirEntryPlus<T>) -> bool {
+        let name = x.name.as_ref().as_os_str().as_bytes();
+        let header = abi::fuse_direntplus {
+            entry_out: abi::fuse_entry_out {
+                nodeid,
+                generation: x.generation.into(),
+                entry_valid: x.entry_valid.as_secs(),
+                attr_valid: x.attr_valid.as_secs(),
+                entry_valid_nsec: x.entry_valid.subsec_nanos(),
+                attr_valid_nsec: x.attr_valid.subsec_nanos(),
+                attr: x.attr.attr,
+            },
+            dirent: abi::fuse_dirent {
+                ino: x.attr.attr.ino,
+                off: x.offset.0,
+                namelen: name.len().try_into().expect("Name too long"),
+                typ: x.attr.attr.mode >> 12,
+            },
+        };
+        self.0.push([header.as_bytes(), name])
+    }
+
     /// dircache patch: an entry with `nodeid` 0 in its entry part, so that the kernel
     /// links nothing for it (`fuse_direntplus_link`: "zero nodeid ... only means the
     /// userspace filesystem did not want to return attributes/handle for this entry"),
