@@ -20,6 +20,9 @@
 //! - `whole_file_max=BYTES` larger files are read and written in ranges [64M]
 //! - `nocontainers` no container files: reads and writes go to the server in ranges
 //!   (`containers` is the default)
+//! - `disconnected=on|off` disconnected operation: while the server cannot be reached, what
+//!   is cached stays usable and misses fail with ETIMEDOUT after a short wait; `off`: calls
+//!   wait up to `reconnect_timeout`, then EIO [on] (dircache_remote::client::disconnected)
 //! - any option whose name starts with a capital letter (`IdentityFile=...`,
 //!   `StrictHostKeyChecking=no`, `ProxyCommand=...`, ...) is an ssh option, passed as
 //!   `-o Key=Value`.
@@ -51,6 +54,8 @@ pub struct Remote {
     pub reconnect_timeout: std::time::Duration,
     /// Whole-file container files (`None`: `nocontainers`).
     pub containers: Option<dircache_remote::ContainerConfig>,
+    /// Disconnected operation (`disconnected=off`: false).
+    pub disconnected: bool,
 }
 
 /// Removes a mount's container files when dropped (the daemon exits without dropping its
@@ -121,6 +126,7 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
         prefetch: dircache_remote::ClientConfig::default().prefetch,
         reconnect_timeout: dircache_remote::ClientConfig::default().reconnect_timeout,
         containers: Some(Default::default()),
+        disconnected: true,
     };
     let mut containers = dircache_remote::ContainerConfig::default();
     let mut use_containers = true;
@@ -182,6 +188,13 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
                 }
                 "containers" if v.is_none() => use_containers = true,
                 "nocontainers" if v.is_none() => use_containers = false,
+                "disconnected" => {
+                    r.disconnected = match need()? {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(Usage(format!("bad value for -o disconnected: {v:?}"))),
+                    }
+                }
                 k if k.starts_with(|c: char| c.is_ascii_uppercase()) => {
                     let v = need()?;
                     r.ssh_options.push(format!("{k}={}", v.trim_matches('"')));
@@ -196,6 +209,10 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
     r.containers = use_containers.then_some(containers);
     Ok((Some(r), rest))
 }
+
+/// How long a call that needs the server waits for the reconnection while disconnected
+/// (then ETIMEDOUT).
+const DISCONNECTED_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `s` quoted for a POSIX shell.
 fn shell_quote(s: &str) -> String {
@@ -244,6 +261,9 @@ impl Remote {
             prefetch: self.prefetch,
             reconnect_timeout: self.reconnect_timeout,
             containers,
+            disconnected: self.disconnected.then(|| {
+                dircache_remote::Disconnected::new(DISCONNECTED_GRACE.min(self.reconnect_timeout))
+            }),
         };
         let me = self.clone();
         let connector: dircache_remote::client::Connector = Box::new(move || {

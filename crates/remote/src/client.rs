@@ -26,10 +26,12 @@ use parking_lot::Mutex;
 
 mod bulk;
 pub mod container;
+pub mod disconnected;
 mod reopen;
 mod search;
 
 pub use container::{ContainerConfig, ContainerFile, ContainerStats, Containers};
+pub use disconnected::Disconnected;
 
 use crate::frame::{read_frame, write_frame};
 use crate::prefetch::{join, Prefetch};
@@ -162,6 +164,9 @@ struct Conn {
     round_trips: Arc<AtomicU64>,
     /// Container files, told about callbacks (client/container.rs).
     containers: Option<Arc<Containers>>,
+    /// Disconnected operation (client/disconnected.rs): a loss keeps the promises until
+    /// the reconnection.
+    disconnected: Option<Arc<Disconnected>>,
 }
 
 /// Callbacks queued for the cache at most; past that they collapse into one Overflow.
@@ -296,7 +301,9 @@ impl Conn {
             Some(e) => tracing::error!("closing the connection to the server: {e}"),
         }
         self.closed.store(true, Ordering::SeqCst);
-        if let Some(cc) = &self.containers {
+        // Disconnected operation keeps the promises until the reconnection
+        // (client/disconnected.rs).
+        if let (Some(cc), None) = (&self.containers, &self.disconnected) {
             cc.invalidate_all();
         }
         {
@@ -306,6 +313,10 @@ impl Conn {
         }
         for (_, s) in self.pending.lock().drain() {
             let _ = s.send(Err(()));
+        }
+        if let Some(d) = &self.disconnected {
+            d.lost();
+            return;
         }
         // Every callback promise is broken: the cache forgets what it knew, and learns it
         // again from the next connection (Coda's revalidation on reconnect).
@@ -367,6 +378,9 @@ impl Drop for RemoteBackend {
             self.round_trips(),
             self.prefetch_hits()
         );
+        if let Some(d) = &self.cfg.disconnected {
+            d.stop();
+        }
         self.conn.lock().shutdown();
     }
 }
@@ -431,6 +445,7 @@ fn new_conn(
         close: Mutex::new(close),
         round_trips,
         containers: cfg.containers.clone(),
+        disconnected: cfg.disconnected.clone(),
     });
     let c = conn.clone();
     std::thread::Builder::new()
@@ -469,6 +484,9 @@ pub struct ClientConfig {
     /// Whole-file container cache for regular files (client/container.rs); `None`: reads and
     /// writes go to the server in ranges.
     pub containers: Option<Arc<Containers>>,
+    /// Disconnected operation (client/disconnected.rs); `None` (or no reconnecting): a lost
+    /// connection breaks every promise at once and calls get EIO.
+    pub disconnected: Option<Arc<Disconnected>>,
 }
 
 impl Default for ClientConfig {
@@ -477,6 +495,7 @@ impl Default for ClientConfig {
             prefetch: 131072,
             reconnect_timeout: Duration::from_secs(10),
             containers: None,
+            disconnected: None,
         }
     }
 }
@@ -510,6 +529,12 @@ impl RemoteBackend {
         connector: Option<Connector>,
         cfg: &ClientConfig,
     ) -> std::result::Result<RemoteBackend, ProtoError> {
+        let mut cfg = cfg.clone();
+        if connector.is_none() || cfg.reconnect_timeout.is_zero() {
+            // Nothing to reconnect to: a loss is for good.
+            cfg.disconnected = None;
+        }
+        let cfg = &cfg;
         let callbacks = Arc::new(Mutex::new(None));
         let lost = Arc::new(AtomicBool::new(false));
         let prefetch = Arc::new(Mutex::new(Prefetch::new(0)));
@@ -532,6 +557,9 @@ impl RemoteBackend {
             prefetch.clone(),
             round_trips.clone(),
         ));
+        if let Some(d) = &cfg.disconnected {
+            disconnected::spawn_reconnector(d.clone(), Arc::downgrade(&link));
+        }
         Ok(RemoteBackend {
             conn,
             watched: AtomicBool::new(false),
@@ -686,6 +714,9 @@ impl Backend for RemoteBackend {
                 return r.map(|a| self.seen(a));
             }
         }
+        if let Some(a) = self.offline_attr(&join(dir, name)) {
+            return Ok(a);
+        }
         want_attr(self.conn()?.call(Request::Lookup {
             dir: dir.to_vec(),
             name: name.to_vec(),
@@ -754,6 +785,9 @@ impl Backend for RemoteBackend {
                     return r.map(|a| self.seen(a));
                 }
             }
+        }
+        if let Some(a) = self.offline_attr(path) {
+            return Ok(a);
         }
         want_attr(self.conn()?.call(Request::Getattr {
             path: path.to_vec(),
@@ -1040,6 +1074,14 @@ impl Backend for RemoteBackend {
         )?)
     }
 
+    fn changed(&self, change: &Change) {
+        if let (Change::Inode { dev, ino }, Some(d)) = (change, &self.cfg.disconnected) {
+            if *dev == disconnected::BARRIER_DEV {
+                d.barrier_passed(*ino);
+            }
+        }
+    }
+
     fn flush_on_close(&self) -> bool {
         self.cfg.containers.is_some()
     }
@@ -1072,13 +1114,16 @@ impl RemoteBackend {
         flags: i32,
         mode: u32,
     ) -> Result<Box<dyn BackendFile>> {
-        let conn = self.conn()?;
         let plain = libc::O_CREAT | libc::O_TRUNC | libc::O_DIRECTORY | libc::O_PATH;
         if flags & libc::O_ACCMODE == libc::O_RDONLY && flags & plain == 0 {
+            // The connection as it is: while disconnected, a container valid at the loss is
+            // served (client/disconnected.rs).
+            let conn = self.conn.lock().clone();
             if let Some(f) = cc.reuse(&conn, path, cred) {
                 return Ok(Box::new(f));
             }
         }
+        let conn = self.conn()?;
         // Before the server is asked: a callback from now on makes what it says not valid.
         let gen = cc.gen();
         let r = conn.call_as(
@@ -1177,6 +1222,14 @@ impl RemoteBackend {
     }
 
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        if let [name] = names {
+            if let Some(a) = self.offline_attr(&join(dir, name)) {
+                return Walked {
+                    attrs: vec![a],
+                    error: None,
+                };
+            }
+        }
         let r = self.conn().and_then(|c| {
             c.call(Request::Walk {
                 dir: dir.to_vec(),

@@ -612,6 +612,16 @@ impl Containers {
         }
     }
 
+    /// The attributes of `path` as this client sees them, if a valid container holds it
+    /// (answered while disconnected: client/disconnected.rs).
+    pub(super) fn cached_attr(&self, path: &[u8]) -> Option<Attr> {
+        let st = self.st.lock();
+        let e = st.by_key.get(st.by_path.get(path)?)?;
+        let mut a = e.attr.filter(|_| e.valid)?;
+        overlay_local(&mut a, e);
+        Some(a)
+    }
+
     /// `a` (the server's attributes of some file) as this client sees them: a container
     /// open for writing with changes not stored yet shows its size and times.
     pub(super) fn overlay(&self, a: &mut Attr) {
