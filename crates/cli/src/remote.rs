@@ -240,6 +240,24 @@ impl Remote {
         c
     }
 
+    /// The client modification log of this remote tree (with containers and disconnected
+    /// operation): `cml-HASH` in the cache directory, HASH naming `host:path`, so that a
+    /// later mount of the same tree finds what was not reintegrated.
+    fn modification_log(&self) -> anyhow::Result<Option<std::path::PathBuf>> {
+        let Some(c) = &self.containers else {
+            return Ok(None);
+        };
+        let base = c
+            .dir
+            .clone()
+            .unwrap_or_else(dircache_remote::client::container::default_cache_base);
+        let id = format!("{}:{}", self.host, self.path);
+        let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
+            (h ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        Ok(Some(base.join(format!("cml-{hash:016x}"))))
+    }
+
     /// Start the server through ssh and do the handshake; the same again whenever the
     /// connection is lost (up to `reconnect_timeout`).
     pub fn connect(&self) -> anyhow::Result<dircache_remote::RemoteBackend> {
@@ -261,9 +279,13 @@ impl Remote {
             prefetch: self.prefetch,
             reconnect_timeout: self.reconnect_timeout,
             containers,
-            disconnected: self.disconnected.then(|| {
-                dircache_remote::Disconnected::new(DISCONNECTED_GRACE.min(self.reconnect_timeout))
-            }),
+            disconnected: match self.disconnected {
+                true => Some(dircache_remote::Disconnected::with_log(
+                    DISCONNECTED_GRACE.min(self.reconnect_timeout),
+                    self.modification_log()?,
+                )),
+                false => None,
+            },
         };
         let me = self.clone();
         let connector: dircache_remote::client::Connector = Box::new(move || {

@@ -25,6 +25,7 @@ use dircache_core::{
 use parking_lot::Mutex;
 
 mod bulk;
+pub mod cml;
 pub mod container;
 pub mod disconnected;
 mod reopen;
@@ -167,6 +168,9 @@ struct Conn {
     /// Disconnected operation (client/disconnected.rs): a loss keeps the promises until
     /// the reconnection.
     disconnected: Option<Arc<Disconnected>>,
+    /// Callbacks dropped: a new connection after a disconnection, until the `Overflow` that
+    /// subsumes them is sent (client/reopen.rs, `Link::install`).
+    pub(super) muted: AtomicBool,
 }
 
 /// Callbacks queued for the cache at most; past that they collapse into one Overflow.
@@ -330,6 +334,9 @@ impl Conn {
     fn callback(&self, c: Change) {
         let guard = self.callbacks.lock();
         let Some(tx) = guard.as_ref() else { return };
+        if self.muted.load(Ordering::SeqCst) {
+            return;
+        }
         if self.lost.load(Ordering::Relaxed) {
             if tx.try_send(Change::Overflow).is_err() {
                 return;
@@ -446,6 +453,7 @@ fn new_conn(
         round_trips,
         containers: cfg.containers.clone(),
         disconnected: cfg.disconnected.clone(),
+        muted: AtomicBool::new(cfg.disconnected.is_some()),
     });
     let c = conn.clone();
     std::thread::Builder::new()
@@ -547,6 +555,12 @@ impl RemoteBackend {
             prefetch.clone(),
             round_trips.clone(),
         )?;
+        conn.muted.store(false, Ordering::SeqCst);
+        // What a previous mount logged and did not reintegrate (a crash, an unmount while
+        // disconnected) goes first.
+        if let Some(d) = &cfg.disconnected {
+            d.reintegrate_all(&mut d.cml.lock(), &conn);
+        }
         let conn = Arc::new(Mutex::new(conn));
         let link = Arc::new(reopen::Link::new(
             conn.clone(),
@@ -648,6 +662,55 @@ impl RemoteBackend {
     }
 }
 
+impl RemoteBackend {
+    /// [`Backend::readdir`] from the prefetch buffer or the server.
+    fn readdir_online(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
+        let first = {
+            let mut p = self.prefetch.lock();
+            if let Some(l) = p.take(path) {
+                p.mark_listed(path);
+                return Ok(l);
+            }
+            p.enabled() && !p.was_listed(path)
+        };
+        // The first listing of a directory: its whole subtree (bounded) in one streamed bulk
+        // call (or the one in flight that brings it); this listing answers the call, the rest
+        // waits in the prefetch buffer (client/bulk.rs).
+        let got = first && self.bulk(path);
+        {
+            let mut p = self.prefetch.lock();
+            p.mark_listed(path);
+            if got {
+                if let Some(l) = p.take(path) {
+                    return Ok(l);
+                }
+            }
+        }
+        let c = self.conn()?;
+        let rx = c.start(
+            &c.own.clone(),
+            Request::Readdir {
+                path: path.to_vec(),
+                plus,
+            },
+        )?;
+        let mut out = Vec::new();
+        loop {
+            match rx.recv() {
+                Ok(Ok((last, Ok(Reply::Entries(e))))) => {
+                    out.extend(e);
+                    if last {
+                        return Ok(out);
+                    }
+                }
+                Ok(Ok((_, Err(e)))) => return Err(Error::from_errno(e)),
+                Ok(Ok(_)) => return Err(Error::Os(libc::EPROTO)),
+                _ => return Err(eio()),
+            }
+        }
+    }
+}
+
 /// The calling thread's umask, sent with creations: the FUSE front end sets a request thread's
 /// umask to its caller's around a creation (in a private fs context), as it does for the local
 /// backend, whose file system applies it there; here the server's must.
@@ -714,14 +777,15 @@ impl Backend for RemoteBackend {
                 return r.map(|a| self.seen(a));
             }
         }
-        if let Some(a) = self.offline_attr(&join(dir, name)) {
-            return Ok(a);
+        if let Some(r) = self.offline_lookup(dir, name) {
+            return r;
         }
         want_attr(self.conn()?.call(Request::Lookup {
             dir: dir.to_vec(),
             name: name.to_vec(),
         })?)
         .map(|a| self.seen(a))
+        .inspect(|a| self.remember(&join(dir, name), a))
     }
 
     fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
@@ -793,55 +857,24 @@ impl Backend for RemoteBackend {
             path: path.to_vec(),
         })?)
         .map(|a| self.seen(a))
+        .inspect(|a| self.remember(path, a))
     }
 
     fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
-        let first = {
-            let mut p = self.prefetch.lock();
-            if let Some(l) = p.take(path) {
-                p.mark_listed(path);
-                return Ok(l);
-            }
-            p.enabled() && !p.was_listed(path)
-        };
-        // The first listing of a directory: its whole subtree (bounded) in one streamed bulk
-        // call (or the one in flight that brings it); this listing answers the call, the rest
-        // waits in the prefetch buffer (client/bulk.rs).
-        let got = first && self.bulk(path);
-        {
-            let mut p = self.prefetch.lock();
-            p.mark_listed(path);
-            if got {
-                if let Some(l) = p.take(path) {
-                    return Ok(l);
-                }
-            }
+        if let Some(r) = self.offline_readdir(path) {
+            return r;
         }
-        let c = self.conn()?;
-        let rx = c.start(
-            &c.own.clone(),
-            Request::Readdir {
-                path: path.to_vec(),
-                plus,
-            },
-        )?;
-        let mut out = Vec::new();
-        loop {
-            match rx.recv() {
-                Ok(Ok((last, Ok(Reply::Entries(e))))) => {
-                    out.extend(e);
-                    if last {
-                        return Ok(out);
-                    }
-                }
-                Ok(Ok((_, Err(e)))) => return Err(Error::from_errno(e)),
-                Ok(Ok(_)) => return Err(Error::Os(libc::EPROTO)),
-                _ => return Err(eio()),
-            }
+        let r = self.readdir_online(path, plus);
+        if let Ok(l) = &r {
+            self.remember_listing(path, l);
         }
+        r
     }
 
     fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
+        if let Some(t) = self.offline_readlink(path) {
+            return Ok(t);
+        }
         want_data(self.conn()?.call(Request::Readlink {
             path: path.to_vec(),
         })?)
@@ -860,6 +893,9 @@ impl Backend for RemoteBackend {
     }
 
     fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
+        if let Some(r) = self.offline_mkdir(cred, path, mode) {
+            return r;
+        }
         want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Mkdir {
@@ -871,6 +907,9 @@ impl Backend for RemoteBackend {
     }
 
     fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
+        if let Some(r) = self.offline_symlink(cred, target, path) {
+            return r;
+        }
         want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Symlink {
@@ -891,6 +930,9 @@ impl Backend for RemoteBackend {
     }
 
     fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        if let Some(r) = self.offline_remove(cred, path, false) {
+            return r;
+        }
         let r = want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Unlink {
@@ -902,6 +944,9 @@ impl Backend for RemoteBackend {
     }
 
     fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        if let Some(r) = self.offline_remove(cred, path, true) {
+            return r;
+        }
         let r = want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Rmdir {
@@ -913,6 +958,9 @@ impl Backend for RemoteBackend {
     }
 
     fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
+        if let Some(r) = self.offline_rename(cred, old, new, mode) {
+            return r;
+        }
         let r = want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Rename {
@@ -930,6 +978,9 @@ impl Backend for RemoteBackend {
     }
 
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
+        if let Some(r) = self.offline_setattr(cred, path, set) {
+            return r;
+        }
         let r = want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Setattr {
@@ -1123,6 +1174,9 @@ impl RemoteBackend {
                 return Ok(Box::new(f));
             }
         }
+        if let Some(r) = self.offline_open(cc, cred, path, flags, mode) {
+            return r;
+        }
         let conn = self.conn()?;
         // Before the server is asked: a callback from now on makes what it says not valid.
         let gen = cc.gen();
@@ -1223,10 +1277,16 @@ impl RemoteBackend {
 
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
         if let [name] = names {
-            if let Some(a) = self.offline_attr(&join(dir, name)) {
-                return Walked {
-                    attrs: vec![a],
-                    error: None,
+            if let Some(r) = self.offline_lookup(dir, name) {
+                return match r {
+                    Ok(a) => Walked {
+                        attrs: vec![a],
+                        error: None,
+                    },
+                    Err(e) => Walked {
+                        attrs: Vec::new(),
+                        error: Some(e),
+                    },
                 };
             }
         }
@@ -1236,6 +1296,13 @@ impl RemoteBackend {
                 names: names.iter().map(|n| Bytes(n.to_vec())).collect(),
             })
         });
+        if let Ok(Reply::Walked { attrs, .. }) = &r {
+            let mut p = dir.to_vec();
+            for (a, n) in attrs.iter().zip(names) {
+                p = join(&p, n);
+                self.remember(&p, a);
+            }
+        }
         match r {
             Ok(Reply::Walked { attrs, error }) if attrs.len() <= names.len() => Walked {
                 error: match error {

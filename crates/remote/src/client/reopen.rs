@@ -156,11 +156,21 @@ impl Link {
     /// then calls may use it, then the open files are reopened on it.
     pub(super) fn install(&self, new: Arc<Conn>) {
         let _one = self.reconnecting.lock();
+        // The modification log first, in order; held until the connection is published, so
+        // that nothing is logged meanwhile (client/cml.rs).
+        let mut log = self.cfg.disconnected.as_ref().map(|d| d.cml.lock());
+        if let (Some(d), Some(g)) = (&self.cfg.disconnected, log.as_mut()) {
+            if !d.reintegrate_all(g, &new) {
+                return;
+            }
+        }
         if let Some(cc) = &self.cfg.containers {
             cc.invalidate_all();
         }
         let barrier = self.cfg.disconnected.as_ref().and_then(|d| {
             let guard = self.callbacks.lock();
+            // Callbacks from now on come after the Overflow (those before are subsumed).
+            new.muted.store(false, Ordering::SeqCst);
             let tx = guard.as_ref()?;
             if tx.try_send(Change::Overflow).is_err() {
                 self.lost.store(true, Ordering::Relaxed);
@@ -184,6 +194,7 @@ impl Link {
         if let Some(d) = &self.cfg.disconnected {
             d.online();
         }
+        drop(log);
         drop(_one);
         self.reopen_all(&new);
     }
