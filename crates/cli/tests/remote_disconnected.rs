@@ -24,6 +24,7 @@ struct Mount {
     mnt: PathBuf,
     log: PathBuf,
     cache: PathBuf,
+    opts: String,
     daemon: Option<Child>,
 }
 
@@ -55,36 +56,52 @@ impl Mount {
         .unwrap();
         common::chmod(&fake, 0o755);
         let log = dir.path().join("client.log");
-        let mut opts = format!(
+        let opts = format!(
             "ssh_command={},serve_command={BIN},cache_dir={}",
             fake.display(),
             cache.display()
         );
-        if !extra.is_empty() {
-            opts.push(',');
-            opts.push_str(extra);
-        }
-        let daemon = Command::new(BIN)
-            .arg("mount")
-            .arg("-f")
-            .arg(format!("localhost:{}", src.display()))
-            .arg(&mnt)
-            .arg("-o")
-            .arg(opts)
-            .env("DIRCACHE_LOG", "dircache_remote::client=trace")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("dircache mount");
+        let opts = if extra.is_empty() {
+            opts
+        } else {
+            format!("{opts},{extra}")
+        };
         let mut m = Mount {
             dir,
             src,
             mnt,
             log,
             cache,
-            daemon: Some(daemon),
+            opts,
+            daemon: None,
         };
+        m.spawn();
+        m
+    }
+
+    /// Start the daemon (again) and wait for the mount.
+    fn spawn(&mut self) {
+        let daemon = Command::new(BIN)
+            .arg("mount")
+            .arg("-f")
+            .arg(format!("localhost:{}", self.src.display()))
+            .arg(&self.mnt)
+            .arg("-o")
+            .arg(&self.opts)
+            .env("DIRCACHE_LOG", "dircache_remote::client=trace")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.log)
+                    .unwrap(),
+            )
+            .spawn()
+            .expect("dircache mount");
+        self.daemon = Some(daemon);
+        let m = self;
         let end = Instant::now() + Duration::from_secs(60);
         while !dircache_fuse::is_mount_point(&m.mnt) {
             if let Some(Ok(Some(st))) = m.daemon.as_mut().map(|d| d.try_wait()) {
@@ -93,7 +110,17 @@ impl Mount {
             assert!(Instant::now() < end, "the remote mount did not come up");
             std::thread::sleep(Duration::from_millis(20));
         }
-        m
+    }
+
+    /// Kill the daemon (SIGKILL, by PID) and detach its dead mount.
+    fn crash(&mut self) {
+        let mut d = self.daemon.take().expect("a daemon");
+        let _ = d.kill();
+        let _ = d.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        eventually("the dead mount detached", || {
+            !dircache_fuse::is_mount_point(&self.mnt)
+        });
     }
 
     fn m(&self, rel: &str) -> PathBuf {
@@ -524,4 +551,56 @@ fn a_conflict_keeps_both_versions() {
     let listed = std::fs::read_to_string(log_dir(&t).join("conflicts")).unwrap();
     assert_eq!(listed.lines().count(), 1, "{listed}");
     assert!(listed.contains(&format!("\tboth\t{kept}\t")), "{listed}");
+}
+
+/// The client killed (SIGKILL) while cut off with logged changes: nothing closed before the
+/// kill is lost. The next mount of the same tree replays the log left in the cache
+/// directory on its first connection, once: the server gets every change, and a file
+/// appended to while cut off has its appended bytes once.
+#[test]
+fn a_log_left_by_a_killed_client_is_replayed_by_the_next_mount() {
+    if !can_mount() {
+        return;
+    }
+    let mut t = Mount::start("reconnect_timeout=30");
+    sh_ok(&t.src, "mkdir inbox && printf base > inbox/grow");
+    eventually("the tree shows", || t.m("inbox/grow").exists());
+    eventually("inbox listed and grow cached with no round trip", || {
+        let before = t.calls();
+        assert_eq!(std::fs::read_dir(t.m("inbox")).unwrap().count(), 1);
+        assert!(!t.m("inbox/new").exists());
+        assert_eq!(std::fs::read(t.m("inbox/grow")).unwrap(), b"base");
+        t.calls() == before
+    });
+    drop(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(t.m("inbox/grow"))
+            .unwrap(),
+    );
+    t.cut();
+    sh_ok(
+        t.dir.path(),
+        "mkdir mnt/inbox/new && printf one > mnt/inbox/new/f && printf +more >> \
+         mnt/inbox/grow && mv mnt/inbox/new/f mnt/inbox/new/g",
+    );
+    t.crash();
+    assert!(
+        !t.s("inbox/new").exists(),
+        "nothing reached the server before the kill"
+    );
+    t.restore();
+    t.spawn();
+    eventually("the log replayed by the next mount", || {
+        std::fs::read(t.s("inbox/new/g")).is_ok_and(|d| d == b"one")
+    });
+    assert!(!t.s("inbox/new/f").exists());
+    assert_eq!(std::fs::read(t.s("inbox/grow")).unwrap(), b"base+more");
+    assert_eq!(std::fs::read(t.m("inbox/grow")).unwrap(), b"base+more");
+    assert_eq!(std::fs::read(t.m("inbox/new/g")).unwrap(), b"one");
+    assert!(
+        !log_dir(&t).join("log").exists(),
+        "the log is gone once replayed"
+    );
 }
