@@ -1,6 +1,7 @@
 //! `dircache`: mount a directory through the cache, search, statistics, benchmarks.
 
 mod bench;
+mod conflicts;
 mod coreopts;
 mod delay_proxy;
 mod demo;
@@ -37,6 +38,8 @@ enum Cmd {
     Umount(umount::UmountArgs),
     /// Live statistics of a running mount.
     Stats(mount::StatsArgs),
+    /// Conflicts found reintegrating a remote mount's changes made while disconnected.
+    Conflicts(conflicts::ConflictsArgs),
     /// Find files by pattern across directories in one call.
     Search(search::SearchArgs),
     /// Serve directory ROOT to a remote mount over stdin/stdout (started by ssh).
@@ -64,6 +67,7 @@ fn main() {
         Cmd::Mount(a) => mount::run_mount(a),
         Cmd::Umount(a) => umount::run(a),
         Cmd::Stats(a) => mount::run_stats(a),
+        Cmd::Conflicts(a) => conflicts::run(a),
         Cmd::Search(a) => search::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Install(a) => install::run(a, Cli::command()),

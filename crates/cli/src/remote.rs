@@ -210,6 +210,16 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
     Ok((Some(r), rest))
 }
 
+/// The modification log directory of remote tree `host:path` in cache directory `base`:
+/// `cml-HASH`, HASH the FNV-1a 64 of `host:path` in hex.
+pub fn log_dir(base: &Path, host: &str, path: &str) -> std::path::PathBuf {
+    let id = format!("{host}:{path}");
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
+        (h ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    base.join(format!("cml-{hash:016x}"))
+}
+
 /// How long a call that needs the server waits for the reconnection while disconnected
 /// (then ETIMEDOUT).
 const DISCONNECTED_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -251,11 +261,7 @@ impl Remote {
             .dir
             .clone()
             .unwrap_or_else(dircache_remote::client::container::default_cache_base);
-        let id = format!("{}:{}", self.host, self.path);
-        let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
-            (h ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-        Ok(Some(base.join(format!("cml-{hash:016x}"))))
+        Ok(Some(log_dir(&base, &self.host, &self.path)))
     }
 
     /// Start the server through ssh and do the handshake; the same again whenever the

@@ -551,6 +551,26 @@ fn a_conflict_keeps_both_versions() {
     let listed = std::fs::read_to_string(log_dir(&t).join("conflicts")).unwrap();
     assert_eq!(listed.lines().count(), 1, "{listed}");
     assert!(listed.contains(&format!("\tboth\t{kept}\t")), "{listed}");
+    let out = Command::new(BIN)
+        .arg("conflicts")
+        .arg(&t.mnt)
+        .arg("--cache-dir")
+        .arg(&t.cache)
+        .output()
+        .expect("dircache conflicts");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.starts_with(&format!(
+            "both: changed on the server; the local version is {kept}"
+        )),
+        "{text}"
+    );
 }
 
 /// The client killed (SIGKILL) while cut off with logged changes: nothing closed before the
