@@ -400,6 +400,7 @@ fn new_conn(
     lost: Arc<AtomicBool>,
     prefetch: Arc<Mutex<Prefetch>>,
     round_trips: Arc<AtomicU64>,
+    muted: bool,
 ) -> std::result::Result<Arc<Conn>, ProtoError> {
     let Halves {
         mut read,
@@ -453,7 +454,7 @@ fn new_conn(
         round_trips,
         containers: cfg.containers.clone(),
         disconnected: cfg.disconnected.clone(),
-        muted: AtomicBool::new(cfg.disconnected.is_some()),
+        muted: AtomicBool::new(muted),
     });
     let c = conn.clone();
     std::thread::Builder::new()
@@ -554,8 +555,8 @@ impl RemoteBackend {
             lost.clone(),
             prefetch.clone(),
             round_trips.clone(),
+            false,
         )?;
-        conn.muted.store(false, Ordering::SeqCst);
         // What a previous mount logged and did not reintegrate (a crash, an unmount while
         // disconnected) goes first.
         if let Some(d) = &cfg.disconnected {

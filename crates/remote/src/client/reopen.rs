@@ -147,6 +147,8 @@ impl Link {
                     self.lost.clone(),
                     self.prefetch.clone(),
                     self.round_trips.clone(),
+                    // Until `install` sends the Overflow that subsumes them.
+                    true,
                 )
             })
     }
@@ -213,6 +215,7 @@ impl Link {
                         self.lost.clone(),
                         self.prefetch.clone(),
                         self.round_trips.clone(),
+                        false,
                     )
                 });
             match attempt {
