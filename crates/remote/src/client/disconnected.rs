@@ -118,6 +118,12 @@ impl Disconnected {
             .as_ref()
             .filter(|d| d.join("log").exists())
             .and_then(|d| match Log::open(d) {
+                Ok(l) if l.pending().is_empty() => {
+                    // Nothing left to reintegrate: not held (another mount of the tree may
+                    // need it).
+                    l.remove_files();
+                    None
+                }
                 Ok(l) => Some(l),
                 Err(e) => {
                     tracing::error!("modification log {}: {e}", d.display());
