@@ -1,6 +1,7 @@
 //! `dircache`: mount a directory through the cache, search, statistics, benchmarks.
 
 mod bench;
+mod conflicts;
 mod coreopts;
 mod delay_proxy;
 mod demo;
@@ -39,6 +40,8 @@ enum Cmd {
     Umount(umount::UmountArgs),
     /// Live statistics of a running mount.
     Stats(mount::StatsArgs),
+    /// Conflicts found reintegrating a remote mount's changes made while disconnected.
+    Conflicts(conflicts::ConflictsArgs),
     /// Find files by pattern across directories in one call.
     Search(search::SearchArgs),
     /// Fetch subtrees of a remote mount whole into its container files (for offline use).
@@ -68,6 +71,7 @@ fn main() {
         Cmd::Mount(a) => mount::run_mount(a),
         Cmd::Umount(a) => umount::run(a),
         Cmd::Stats(a) => mount::run_stats(a),
+        Cmd::Conflicts(a) => conflicts::run(a),
         Cmd::Search(a) => search::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Hoard(a) => hoard::run(a),

@@ -87,7 +87,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
 Remote SRC ([user@]host:[path], docs/remote.md): ssh_command=CMD, port=N, serve_command=PATH,
   reconnect_timeout=SECS [10], subtree=N [131072], and ssh options Key=Value (IdentityFile=...);
   container files: cache_dir=PATH [/var/cache/dircache for root, else ~/.cache/dircache],
-  cache_size=BYTES [1G], whole_file_max=BYTES [64M], nocontainers (ranged reads/writes)
+  cache_size=BYTES [1G], whole_file_max=BYTES [64M], nocontainers (ranged reads/writes),
+  disconnected=on|off [on] (cached files and directories usable while the server is away)
 Accepted and ignored (for mount(8) and fstab): defaults, auto, noauto, user, nouser,
   users, nofail, _netdev, subtype=dircache, x-*, comment=*; on remount also the options
   mount(8) reads back from /proc/mounts (user_id=, group_id=, rootmode=, ...)";

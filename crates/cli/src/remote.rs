@@ -21,6 +21,9 @@
 //! - `whole_file_max=BYTES` larger files are read and written in ranges [64M]
 //! - `nocontainers` no container files: reads and writes go to the server in ranges
 //!   (`containers` is the default)
+//! - `disconnected=on|off` disconnected operation: while the server cannot be reached, what
+//!   is cached stays usable and misses fail with ETIMEDOUT after a short wait; `off`: calls
+//!   wait up to `reconnect_timeout`, then EIO [on] (dircache_remote::client::disconnected)
 //! - any option whose name starts with a capital letter (`IdentityFile=...`,
 //!   `StrictHostKeyChecking=no`, `ProxyCommand=...`, ...) is an ssh option, passed as
 //!   `-o Key=Value`.
@@ -52,6 +55,8 @@ pub struct Remote {
     pub reconnect_timeout: std::time::Duration,
     /// Whole-file container files (`None`: `nocontainers`).
     pub containers: Option<dircache_remote::ContainerConfig>,
+    /// Disconnected operation (`disconnected=off`: false).
+    pub disconnected: bool,
 }
 
 /// Closes a mount's containers when dropped (the daemon exits without dropping its backend):
@@ -123,6 +128,7 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
         prefetch: dircache_remote::ClientConfig::default().prefetch,
         reconnect_timeout: dircache_remote::ClientConfig::default().reconnect_timeout,
         containers: Some(Default::default()),
+        disconnected: true,
     };
     let mut containers = dircache_remote::ContainerConfig::default();
     let mut use_containers = true;
@@ -184,6 +190,13 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
                 }
                 "containers" if v.is_none() => use_containers = true,
                 "nocontainers" if v.is_none() => use_containers = false,
+                "disconnected" => {
+                    r.disconnected = match need()? {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(Usage(format!("bad value for -o disconnected: {v:?}"))),
+                    }
+                }
                 k if k.starts_with(|c: char| c.is_ascii_uppercase()) => {
                     let v = need()?;
                     r.ssh_options.push(format!("{k}={}", v.trim_matches('"')));
@@ -198,6 +211,20 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
     r.containers = use_containers.then_some(containers);
     Ok((Some(r), rest))
 }
+
+/// The modification log directory of remote tree `host:path` in cache directory `base`:
+/// `cml-HASH`, HASH the FNV-1a 64 of `host:path` in hex.
+pub fn log_dir(base: &Path, host: &str, path: &str) -> std::path::PathBuf {
+    let id = format!("{host}:{path}");
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
+        (h ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    base.join(format!("cml-{hash:016x}"))
+}
+
+/// How long a call that needs the server waits for the reconnection while disconnected
+/// (then ETIMEDOUT).
+const DISCONNECTED_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `s` quoted for a POSIX shell.
 fn shell_quote(s: &str) -> String {
@@ -237,6 +264,20 @@ impl Remote {
         c
     }
 
+    /// The client modification log of this remote tree (with containers and disconnected
+    /// operation): `cml-HASH` in the cache directory, HASH naming `host:path`, so that a
+    /// later mount of the same tree finds what was not reintegrated.
+    fn modification_log(&self) -> anyhow::Result<Option<std::path::PathBuf>> {
+        let Some(c) = &self.containers else {
+            return Ok(None);
+        };
+        let base = c
+            .dir
+            .clone()
+            .unwrap_or_else(dircache_remote::client::container::default_cache_base);
+        Ok(Some(log_dir(&base, &self.host, &self.path)))
+    }
+
     /// Start the server through ssh and do the handshake; the same again whenever the
     /// connection is lost (up to `reconnect_timeout`).
     pub fn connect(&self) -> anyhow::Result<dircache_remote::RemoteBackend> {
@@ -265,6 +306,13 @@ impl Remote {
             prefetch: self.prefetch,
             reconnect_timeout: self.reconnect_timeout,
             containers,
+            disconnected: match self.disconnected {
+                true => Some(dircache_remote::Disconnected::with_log(
+                    DISCONNECTED_GRACE.min(self.reconnect_timeout),
+                    self.modification_log()?,
+                )),
+                false => None,
+            },
         };
         let me = self.clone();
         let connector: dircache_remote::client::Connector = Box::new(move || {

@@ -438,7 +438,15 @@ fn server_killed_mid_copy_loses_nothing_closed() {
         // Success is only allowed if the whole copy arrived.
         assert_eq!(std::fs::read(srv.s("copy")).unwrap(), chunks(64));
     } else {
-        assert_eq!(res, format!("err {}", libc::EIO), "a clear error");
+        // EIO for a call in flight at the kill; ETIMEDOUT for one made while the client is
+        // disconnected and ssh has not connected again within the short wait
+        // (docs/remote.md, "Disconnected operation").
+        assert!(
+            [libc::EIO, libc::ETIMEDOUT]
+                .iter()
+                .any(|e| res == format!("err {e}")),
+            "a clear error: {res}"
+        );
     }
     // Nothing closed before the kill is lost: on the server, and through the mount after
     // the client reconnected.

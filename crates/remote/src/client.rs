@@ -25,11 +25,14 @@ use dircache_core::{
 use parking_lot::Mutex;
 
 mod bulk;
+pub mod cml;
 pub mod container;
+pub mod disconnected;
 mod reopen;
 mod search;
 
 pub use container::{ContainerConfig, ContainerFile, ContainerStats, Containers};
+pub use disconnected::Disconnected;
 
 use crate::frame::{read_frame, write_frame};
 use crate::prefetch::{join, Prefetch};
@@ -162,6 +165,12 @@ struct Conn {
     round_trips: Arc<AtomicU64>,
     /// Container files, told about callbacks (client/container.rs).
     containers: Option<Arc<Containers>>,
+    /// Disconnected operation (client/disconnected.rs): a loss keeps the promises until
+    /// the reconnection.
+    disconnected: Option<Arc<Disconnected>>,
+    /// Callbacks dropped: a new connection after a disconnection, until the `Overflow` that
+    /// subsumes them is sent (client/reopen.rs, `Link::install`).
+    pub(super) muted: AtomicBool,
 }
 
 /// Callbacks queued for the cache at most; past that they collapse into one Overflow.
@@ -296,7 +305,9 @@ impl Conn {
             Some(e) => tracing::error!("closing the connection to the server: {e}"),
         }
         self.closed.store(true, Ordering::SeqCst);
-        if let Some(cc) = &self.containers {
+        // Disconnected operation keeps the promises until the reconnection
+        // (client/disconnected.rs).
+        if let (Some(cc), None) = (&self.containers, &self.disconnected) {
             cc.invalidate_all();
         }
         {
@@ -306,6 +317,10 @@ impl Conn {
         }
         for (_, s) in self.pending.lock().drain() {
             let _ = s.send(Err(()));
+        }
+        if let Some(d) = &self.disconnected {
+            d.lost();
+            return;
         }
         // Every callback promise is broken: the cache forgets what it knew, and learns it
         // again from the next connection (Coda's revalidation on reconnect).
@@ -319,6 +334,9 @@ impl Conn {
     fn callback(&self, c: Change) {
         let guard = self.callbacks.lock();
         let Some(tx) = guard.as_ref() else { return };
+        if self.muted.load(Ordering::SeqCst) {
+            return;
+        }
         if self.lost.load(Ordering::Relaxed) {
             if tx.try_send(Change::Overflow).is_err() {
                 return;
@@ -367,6 +385,9 @@ impl Drop for RemoteBackend {
             self.round_trips(),
             self.prefetch_hits()
         );
+        if let Some(d) = &self.cfg.disconnected {
+            d.stop();
+        }
         self.conn.lock().shutdown();
     }
 }
@@ -379,6 +400,7 @@ fn new_conn(
     lost: Arc<AtomicBool>,
     prefetch: Arc<Mutex<Prefetch>>,
     round_trips: Arc<AtomicU64>,
+    muted: bool,
 ) -> std::result::Result<Arc<Conn>, ProtoError> {
     let Halves {
         mut read,
@@ -431,6 +453,8 @@ fn new_conn(
         close: Mutex::new(close),
         round_trips,
         containers: cfg.containers.clone(),
+        disconnected: cfg.disconnected.clone(),
+        muted: AtomicBool::new(muted),
     });
     let c = conn.clone();
     std::thread::Builder::new()
@@ -469,6 +493,9 @@ pub struct ClientConfig {
     /// Whole-file container cache for regular files (client/container.rs); `None`: reads and
     /// writes go to the server in ranges.
     pub containers: Option<Arc<Containers>>,
+    /// Disconnected operation (client/disconnected.rs); `None` (or no reconnecting): a lost
+    /// connection breaks every promise at once and calls get EIO.
+    pub disconnected: Option<Arc<Disconnected>>,
 }
 
 impl Default for ClientConfig {
@@ -477,6 +504,7 @@ impl Default for ClientConfig {
             prefetch: 131072,
             reconnect_timeout: Duration::from_secs(10),
             containers: None,
+            disconnected: None,
         }
     }
 }
@@ -510,6 +538,12 @@ impl RemoteBackend {
         connector: Option<Connector>,
         cfg: &ClientConfig,
     ) -> std::result::Result<RemoteBackend, ProtoError> {
+        let mut cfg = cfg.clone();
+        if connector.is_none() || cfg.reconnect_timeout.is_zero() {
+            // Nothing to reconnect to: a loss is for good.
+            cfg.disconnected = None;
+        }
+        let cfg = &cfg;
         let callbacks = Arc::new(Mutex::new(None));
         let lost = Arc::new(AtomicBool::new(false));
         let prefetch = Arc::new(Mutex::new(Prefetch::new(0)));
@@ -521,7 +555,13 @@ impl RemoteBackend {
             lost.clone(),
             prefetch.clone(),
             round_trips.clone(),
+            false,
         )?;
+        // What a previous mount logged and did not reintegrate (a crash, an unmount while
+        // disconnected) goes first.
+        if let Some(d) = &cfg.disconnected {
+            d.reintegrate_all(&mut d.cml.lock(), &conn);
+        }
         let conn = Arc::new(Mutex::new(conn));
         let link = Arc::new(reopen::Link::new(
             conn.clone(),
@@ -532,6 +572,9 @@ impl RemoteBackend {
             prefetch.clone(),
             round_trips.clone(),
         ));
+        if let Some(d) = &cfg.disconnected {
+            disconnected::spawn_reconnector(d.clone(), Arc::downgrade(&link));
+        }
         Ok(RemoteBackend {
             conn,
             watched: AtomicBool::new(false),
@@ -620,6 +663,55 @@ impl RemoteBackend {
     }
 }
 
+impl RemoteBackend {
+    /// [`Backend::readdir`] from the prefetch buffer or the server.
+    fn readdir_online(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
+        let first = {
+            let mut p = self.prefetch.lock();
+            if let Some(l) = p.take(path) {
+                p.mark_listed(path);
+                return Ok(l);
+            }
+            p.enabled() && !p.was_listed(path)
+        };
+        // The first listing of a directory: its whole subtree (bounded) in one streamed bulk
+        // call (or the one in flight that brings it); this listing answers the call, the rest
+        // waits in the prefetch buffer (client/bulk.rs).
+        let got = first && self.bulk(path);
+        {
+            let mut p = self.prefetch.lock();
+            p.mark_listed(path);
+            if got {
+                if let Some(l) = p.take(path) {
+                    return Ok(l);
+                }
+            }
+        }
+        let c = self.conn()?;
+        let rx = c.start(
+            &c.own.clone(),
+            Request::Readdir {
+                path: path.to_vec(),
+                plus,
+            },
+        )?;
+        let mut out = Vec::new();
+        loop {
+            match rx.recv() {
+                Ok(Ok((last, Ok(Reply::Entries(e))))) => {
+                    out.extend(e);
+                    if last {
+                        return Ok(out);
+                    }
+                }
+                Ok(Ok((_, Err(e)))) => return Err(Error::from_errno(e)),
+                Ok(Ok(_)) => return Err(Error::Os(libc::EPROTO)),
+                _ => return Err(eio()),
+            }
+        }
+    }
+}
+
 /// The calling thread's umask, sent with creations: the FUSE front end sets a request thread's
 /// umask to its caller's around a creation (in a private fs context), as it does for the local
 /// backend, whose file system applies it there; here the server's must.
@@ -686,11 +778,15 @@ impl Backend for RemoteBackend {
                 return r.map(|a| self.seen(a));
             }
         }
+        if let Some(r) = self.offline_lookup(dir, name) {
+            return r;
+        }
         want_attr(self.conn()?.call(Request::Lookup {
             dir: dir.to_vec(),
             name: name.to_vec(),
         })?)
         .map(|a| self.seen(a))
+        .inspect(|a| self.remember(&join(dir, name), a))
     }
 
     fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
@@ -755,59 +851,31 @@ impl Backend for RemoteBackend {
                 }
             }
         }
+        if let Some(a) = self.offline_attr(path) {
+            return Ok(a);
+        }
         want_attr(self.conn()?.call(Request::Getattr {
             path: path.to_vec(),
         })?)
         .map(|a| self.seen(a))
+        .inspect(|a| self.remember(path, a))
     }
 
     fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
-        let first = {
-            let mut p = self.prefetch.lock();
-            if let Some(l) = p.take(path) {
-                p.mark_listed(path);
-                return Ok(l);
-            }
-            p.enabled() && !p.was_listed(path)
-        };
-        // The first listing of a directory: its whole subtree (bounded) in one streamed bulk
-        // call (or the one in flight that brings it); this listing answers the call, the rest
-        // waits in the prefetch buffer (client/bulk.rs).
-        let got = first && self.bulk(path);
-        {
-            let mut p = self.prefetch.lock();
-            p.mark_listed(path);
-            if got {
-                if let Some(l) = p.take(path) {
-                    return Ok(l);
-                }
-            }
+        if let Some(r) = self.offline_readdir(path) {
+            return r;
         }
-        let c = self.conn()?;
-        let rx = c.start(
-            &c.own.clone(),
-            Request::Readdir {
-                path: path.to_vec(),
-                plus,
-            },
-        )?;
-        let mut out = Vec::new();
-        loop {
-            match rx.recv() {
-                Ok(Ok((last, Ok(Reply::Entries(e))))) => {
-                    out.extend(e);
-                    if last {
-                        return Ok(out);
-                    }
-                }
-                Ok(Ok((_, Err(e)))) => return Err(Error::from_errno(e)),
-                Ok(Ok(_)) => return Err(Error::Os(libc::EPROTO)),
-                _ => return Err(eio()),
-            }
+        let r = self.readdir_online(path, plus);
+        if let Ok(l) = &r {
+            self.remember_listing(path, l);
         }
+        r
     }
 
     fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
+        if let Some(t) = self.offline_readlink(path) {
+            return Ok(t);
+        }
         want_data(self.conn()?.call(Request::Readlink {
             path: path.to_vec(),
         })?)
@@ -826,6 +894,9 @@ impl Backend for RemoteBackend {
     }
 
     fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
+        if let Some(r) = self.offline_mkdir(cred, path, mode) {
+            return r;
+        }
         want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Mkdir {
@@ -837,6 +908,9 @@ impl Backend for RemoteBackend {
     }
 
     fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
+        if let Some(r) = self.offline_symlink(cred, target, path) {
+            return r;
+        }
         want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Symlink {
@@ -857,6 +931,9 @@ impl Backend for RemoteBackend {
     }
 
     fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        if let Some(r) = self.offline_remove(cred, path, false) {
+            return r;
+        }
         let r = want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Unlink {
@@ -868,6 +945,9 @@ impl Backend for RemoteBackend {
     }
 
     fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
+        if let Some(r) = self.offline_remove(cred, path, true) {
+            return r;
+        }
         let r = want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Rmdir {
@@ -879,6 +959,9 @@ impl Backend for RemoteBackend {
     }
 
     fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
+        if let Some(r) = self.offline_rename(cred, old, new, mode) {
+            return r;
+        }
         let r = want_unit(self.conn()?.call_as(
             &cred.into(),
             Request::Rename {
@@ -896,6 +979,9 @@ impl Backend for RemoteBackend {
     }
 
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
+        if let Some(r) = self.offline_setattr(cred, path, set) {
+            return r;
+        }
         let r = want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Setattr {
@@ -1040,6 +1126,14 @@ impl Backend for RemoteBackend {
         )?)
     }
 
+    fn changed(&self, change: &Change) {
+        if let (Change::Inode { dev, ino }, Some(d)) = (change, &self.cfg.disconnected) {
+            if *dev == disconnected::BARRIER_DEV {
+                d.barrier_passed(*ino);
+            }
+        }
+    }
+
     fn flush_on_close(&self) -> bool {
         self.cfg.containers.is_some()
     }
@@ -1088,13 +1182,19 @@ impl RemoteBackend {
         flags: i32,
         mode: u32,
     ) -> Result<Box<dyn BackendFile>> {
-        let conn = self.conn()?;
         let plain = libc::O_CREAT | libc::O_TRUNC | libc::O_DIRECTORY | libc::O_PATH;
         if flags & libc::O_ACCMODE == libc::O_RDONLY && flags & plain == 0 {
+            // The connection as it is: while disconnected, a container valid at the loss is
+            // served (client/disconnected.rs).
+            let conn = self.conn.lock().clone();
             if let Some(f) = cc.reuse(&conn, path, cred) {
                 return Ok(Box::new(f));
             }
         }
+        if let Some(r) = self.offline_open(cc, cred, path, flags, mode) {
+            return r;
+        }
+        let conn = self.conn()?;
         // Before the server is asked: a callback from now on makes what it says not valid.
         let gen = cc.gen();
         let r = conn.call_as(
@@ -1193,12 +1293,33 @@ impl RemoteBackend {
     }
 
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
+        if let [name] = names {
+            if let Some(r) = self.offline_lookup(dir, name) {
+                return match r {
+                    Ok(a) => Walked {
+                        attrs: vec![a],
+                        error: None,
+                    },
+                    Err(e) => Walked {
+                        attrs: Vec::new(),
+                        error: Some(e),
+                    },
+                };
+            }
+        }
         let r = self.conn().and_then(|c| {
             c.call(Request::Walk {
                 dir: dir.to_vec(),
                 names: names.iter().map(|n| Bytes(n.to_vec())).collect(),
             })
         });
+        if let Ok(Reply::Walked { attrs, .. }) = &r {
+            let mut p = dir.to_vec();
+            for (a, n) in attrs.iter().zip(names) {
+                p = join(&p, n);
+                self.remember(&p, a);
+            }
+        }
         match r {
             Ok(Reply::Walked { attrs, error }) if attrs.len() <= names.len() => Walked {
                 error: match error {

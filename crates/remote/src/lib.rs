@@ -17,7 +17,7 @@ pub use cached::CachedBackend;
 pub use dircache_frame as frame;
 
 pub use client::{
-    ChildTransport, ClientConfig, ContainerConfig, ContainerStats, Containers, RemoteBackend,
-    Transport,
+    ChildTransport, ClientConfig, ContainerConfig, ContainerStats, Containers, Disconnected,
+    RemoteBackend, Transport,
 };
 pub use server::{serve, ServerConfig};

@@ -492,6 +492,44 @@ impl Containers {
         }
     }
 
+    /// A rename made while disconnected (client/disconnected.rs): the containers at or
+    /// below `old` are at `new` now, still valid; whatever was at `new` is not.
+    pub(super) fn moved(&self, old: &[u8], new: &[u8]) {
+        let under = |p: &[u8], d: &[u8]| {
+            p.strip_prefix(d)
+                .filter(|r| r.is_empty() || r[0] == b'/')
+                .map(<[u8]>::to_vec)
+        };
+        let mut st = self.st.lock();
+        st.gen += 1;
+        let gone: Vec<Vec<u8>> = st
+            .by_path
+            .keys()
+            .filter(|p| under(p, new).is_some())
+            .cloned()
+            .collect();
+        for p in gone {
+            if let Some(k) = st.by_path.remove(&p) {
+                if let Some(e) = st.by_key.get_mut(&k) {
+                    Self::invalidate(e);
+                }
+            }
+        }
+        let moving: Vec<(Vec<u8>, Vec<u8>)> = st
+            .by_path
+            .keys()
+            .filter_map(|p| under(p, old).map(|rest| (p.clone(), [new, &rest].concat())))
+            .collect();
+        for (from, to) in moving {
+            if let Some(k) = st.by_path.remove(&from) {
+                if let Some(e) = st.by_key.get_mut(&k) {
+                    e.path = to.clone();
+                }
+                st.by_path.insert(to, k);
+            }
+        }
+    }
+
     /// A callback naming an inode.
     pub(super) fn touched_inode(&self, key: Key) {
         let mut st = self.st.lock();
@@ -522,16 +560,36 @@ impl Containers {
         path: &[u8],
         cred: &Cred,
     ) -> Option<ContainerFile> {
+        self.reuse_as(conn, path, cred, libc::O_RDONLY)
+    }
+
+    /// [`Containers::reuse`] for access mode `accmode` (a writable open while disconnected:
+    /// client/disconnected.rs), with no server handle.
+    pub(super) fn reuse_as(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        path: &[u8],
+        cred: &Cred,
+        accmode: i32,
+    ) -> Option<ContainerFile> {
         let mut st = self.st.lock();
         let key = *st.by_path.get(path)?;
         st.clock += 1;
         let now = st.clock;
         let e = st.by_key.get_mut(&key)?;
-        if !e.valid || e.attr.is_none() || !e.access.contains(&access_of(cred, libc::O_RDONLY)) {
+        // Write access was granted with a read-write open too.
+        let granted = e.access.contains(&access_of(cred, accmode))
+            || (accmode == libc::O_WRONLY && e.access.contains(&access_of(cred, libc::O_RDWR)));
+        if !e.valid || e.attr.is_none() || !granted {
             return None;
         }
         e.opens += 1;
         e.used = now;
+        let writable = accmode != libc::O_RDONLY;
+        if writable {
+            e.writers += 1;
+            self.writers.fetch_add(1, Ordering::Relaxed);
+        }
         let f = ContainerFile {
             cc: self.clone(),
             key,
@@ -540,10 +598,56 @@ impl Containers {
             conn: conn.clone(),
             cred: cred.clone(),
             path: path.to_vec(),
-            writable: false,
+            writable,
         };
         st.stats.reuses += 1;
         Some(f)
+    }
+
+    /// A file created while disconnected (client/disconnected.rs): a new, empty container
+    /// with the attributes `attr` made up for it, open for writing by `cred` (who may open
+    /// it again in any mode until the reconnection).
+    pub(super) fn create_local(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        path: &[u8],
+        cred: &Cred,
+        attr: Attr,
+    ) -> Result<ContainerFile> {
+        let key = (attr.dev, attr.ino);
+        let mut st = self.st.lock();
+        self.entry(&mut st, key, path)?;
+        st.clock += 1;
+        let now = st.clock;
+        let e = st.by_key.get_mut(&key).ok_or(Error::Os(libc::EIO))?;
+        e.file.set_len(0)?;
+        e.attr = Some(attr);
+        e.local = Some(local_of(&e.file)?);
+        e.valid = true;
+        for m in [libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR] {
+            e.access.insert(access_of(cred, m));
+        }
+        e.opens += 1;
+        e.writers += 1;
+        e.used = now;
+        self.writers.fetch_add(1, Ordering::Relaxed);
+        Ok(ContainerFile {
+            cc: self.clone(),
+            key,
+            file: e.file.clone(),
+            remote: None,
+            conn: conn.clone(),
+            cred: cred.clone(),
+            path: path.to_vec(),
+            writable: true,
+        })
+    }
+
+    /// The server's attributes of the version a valid container of `path` holds.
+    pub(super) fn recorded_attr(&self, path: &[u8]) -> Option<Attr> {
+        let st = self.st.lock();
+        let e = st.by_key.get(st.by_path.get(path)?)?;
+        e.attr.filter(|_| e.valid)
     }
 
     /// The entry of `key` (made, with an empty container file, if new), named `path`;
@@ -829,6 +933,16 @@ impl Containers {
         if set.atime.is_some() || set.mtime.is_some() {
             let _ = set_times(&e.file, set, a);
         }
+    }
+
+    /// The attributes of `path` as this client sees them, if a valid container holds it
+    /// (answered while disconnected: client/disconnected.rs).
+    pub(super) fn cached_attr(&self, path: &[u8]) -> Option<Attr> {
+        let st = self.st.lock();
+        let e = st.by_key.get(st.by_path.get(path)?)?;
+        let mut a = e.attr.filter(|_| e.valid)?;
+        overlay_local(&mut a, e);
+        Some(a)
     }
 
     /// `a` (the server's attributes of some file) as this client sees them: a container
@@ -1284,6 +1398,20 @@ impl ContainerFile {
             String::from_utf8_lossy(&self.path)
         );
         Ok(())
+    }
+
+    /// Its changes are safe elsewhere (the modification log, client/cml.rs): the container
+    /// counts as clean (evictable) from now on.
+    pub(super) fn logged(&self) {
+        if let Ok(l) = local_of(&self.file) {
+            self.with_entry(|e| {
+                if let Some(mut a) = e.attr {
+                    overlay_local(&mut a, e);
+                    e.attr = Some(a);
+                }
+                e.local = Some(l);
+            });
+        }
     }
 
     fn with_entry<T>(&self, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {

@@ -27,9 +27,10 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use dircache_core::{Change, RenameMode, Result};
+use dircache_core::{Change, Error, RenameMode, Result};
 use parking_lot::Mutex;
 
+use super::disconnected::Disconnected;
 use super::{eio, new_conn, ClientConfig, Conn, Connector};
 use crate::prefetch::Prefetch;
 use crate::proto::{ProtoError, Reply, Request, WireCred};
@@ -82,6 +83,9 @@ impl Link {
         if !c.closed.load(Ordering::SeqCst) {
             return Ok(c);
         }
+        if let Some(d) = self.disconnected() {
+            return self.wait_for_reconnector(d);
+        }
         let Some(connect) = &self.connector else {
             return Err(eio());
         };
@@ -102,6 +106,101 @@ impl Link {
         Ok(new)
     }
 
+    /// Disconnected operation, when it is on (client/disconnected.rs): a client with a
+    /// connector that reconnects.
+    pub(super) fn disconnected(&self) -> Option<&Arc<Disconnected>> {
+        self.cfg
+            .disconnected
+            .as_ref()
+            .filter(|_| self.connector.is_some() && !self.cfg.reconnect_timeout.is_zero())
+    }
+
+    /// Disconnected: wait for the reconnector at most `d.grace`, then ETIMEDOUT.
+    fn wait_for_reconnector(&self, d: &Arc<Disconnected>) -> Result<Arc<Conn>> {
+        let end = Instant::now() + d.grace.min(self.cfg.reconnect_timeout);
+        loop {
+            let c = self.conn.lock().clone();
+            if !c.closed.load(Ordering::SeqCst) {
+                return Ok(c);
+            }
+            let now = Instant::now();
+            if now >= end {
+                return Err(Error::Os(libc::ETIMEDOUT));
+            }
+            // Polled too: the loss may not be registered yet.
+            d.wait((end - now).min(Duration::from_millis(50)));
+        }
+    }
+
+    /// One attempt at a new connection (the reconnector's).
+    pub(super) fn connect_once(&self) -> std::result::Result<Arc<Conn>, ProtoError> {
+        let Some(connect) = &self.connector else {
+            return Err(ProtoError::Closed);
+        };
+        connect()
+            .map_err(|e| ProtoError::Frame(e.into()))
+            .and_then(|t| {
+                new_conn(
+                    t,
+                    &self.cfg,
+                    self.callbacks.clone(),
+                    self.lost.clone(),
+                    self.prefetch.clone(),
+                    self.round_trips.clone(),
+                    // Until `install` sends the Overflow that subsumes them.
+                    true,
+                )
+            })
+    }
+
+    /// Make `new` the live connection after a disconnection: the promises are broken first
+    /// (containers invalid, the cache and the kernel told `Overflow` and seen to apply it),
+    /// then calls may use it, then the open files are reopened on it.
+    pub(super) fn install(&self, new: Arc<Conn>) {
+        let _one = self.reconnecting.lock();
+        // The modification log first, in order; held until the connection is published, so
+        // that nothing is logged meanwhile (client/cml.rs).
+        let mut log = self.cfg.disconnected.as_ref().map(|d| d.cml.lock());
+        if let (Some(d), Some(g)) = (&self.cfg.disconnected, log.as_mut()) {
+            if !d.reintegrate_all(g, &new) {
+                return;
+            }
+        }
+        if let Some(cc) = &self.cfg.containers {
+            cc.invalidate_all();
+        }
+        let barrier = self.cfg.disconnected.as_ref().and_then(|d| {
+            let guard = self.callbacks.lock();
+            // Callbacks from now on come after the Overflow (those before are subsumed).
+            new.muted.store(false, Ordering::SeqCst);
+            let tx = guard.as_ref()?;
+            if tx.try_send(Change::Overflow).is_err() {
+                self.lost.store(true, Ordering::Relaxed);
+                return None;
+            }
+            self.lost.store(false, Ordering::Relaxed);
+            let n = d.next_barrier();
+            tx.try_send(Change::Inode {
+                dev: super::disconnected::BARRIER_DEV,
+                ino: n,
+            })
+            .ok()?;
+            Some((d.clone(), n))
+        });
+        if let Some((d, n)) = barrier {
+            if !d.wait_barrier(n, Duration::from_secs(10)) {
+                tracing::warn!("the front end did not apply the reconnection's Overflow in 10 s");
+            }
+        }
+        *self.conn.lock() = new.clone();
+        if let Some(d) = &self.cfg.disconnected {
+            d.online();
+        }
+        drop(log);
+        drop(_one);
+        self.reopen_all(&new);
+    }
+
     fn reconnect(&self, connect: &Connector) -> Result<Arc<Conn>> {
         let deadline = Instant::now() + self.cfg.reconnect_timeout;
         let mut delay = Duration::from_millis(50);
@@ -116,6 +215,7 @@ impl Link {
                         self.lost.clone(),
                         self.prefetch.clone(),
                         self.round_trips.clone(),
+                        false,
                     )
                 });
             match attempt {

@@ -1,0 +1,1160 @@
+//! Disconnected operation ("Coda on a remote mount", step 3; docs/remote.md, "Disconnected
+//! operation").
+//!
+//! With it on (the default of a reconnecting client, `-o disconnected=off` turns it off), a
+//! lost connection does not break the callback promises at once: the client is *disconnected*
+//! and serves what it cached, as Coda's Venus does during a disconnection:
+//!
+//! - the core cache keeps its listings (complete ones stay complete), attributes, negative
+//!   entries and symlink targets, and the kernel keeps its entries: `stat`, `readdir` and
+//!   lookups of what was cached are answered without the server, at local speed;
+//! - a container that was *valid* when the connection was lost (its callback still held: no
+//!   callback about it had arrived) stays valid while disconnected: a read-only open by
+//!   credentials the server had granted a read-only open of it since its callback was last
+//!   broken (the container's memo) is served from it. Nobody is granted more than the server
+//!   granted the same credentials; other opens are not answered;
+//! - anything else needs the server: the call waits for the reconnection at most
+//!   [`Disconnected::grace`] and then fails with ETIMEDOUT (Coda's answer to a miss while
+//!   disconnected), never the whole `reconnect_timeout`;
+//! - a reconnector thread starts ssh again with backoff (50 ms doubling to 2 s) for as long
+//!   as the mount lives. On success, before any call is sent on the new connection, the
+//!   promises are broken (Coda's revalidation on reconnect): every container becomes invalid
+//!   (the next open compares the server's attributes with the recorded ones) and the cache
+//!   and the kernel forget everything (`Overflow`, then a barrier through the change feed
+//!   that returns once the front end has applied it, so that no answer after the
+//!   reconnection comes from before it).
+//!
+//! With it off (or without reconnecting), a lost connection breaks every promise at once
+//! and calls wait for a new connection up to `reconnect_timeout`, then fail with EIO.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use dircache_core::{
+    Attr, BackendFile, Cred, DirEntry, Error, RenameMode, Result, SetAttr, TimeSet, Timespec,
+    Whence,
+};
+
+use super::cml::{Log, Op, Record};
+use super::reopen::Link;
+use super::{ContainerFile, Containers, RemoteBackend};
+use crate::proto::{Reply, Request, WireCred, MAX_IO};
+
+/// The marker of a feed barrier: a [`dircache_core::Change::Inode`] with this device number
+/// (no file system has it) and a sequence number as its inode.
+pub(super) const BARRIER_DEV: u64 = u64::MAX;
+
+/// Disconnected operation of one client (module docs).
+#[derive(Debug)]
+pub struct Disconnected {
+    /// How long a call that needs the server waits for the reconnection while disconnected.
+    pub grace: Duration,
+    st: Mutex<St>,
+    cv: Condvar,
+    /// The last feed barrier sent and the last one the front end applied.
+    barrier_sent: AtomicU64,
+    barrier_seen: Mutex<u64>,
+    barrier_cv: Condvar,
+    /// Disconnections so far (for statistics and logs).
+    pub disconnections: AtomicU64,
+    /// The client modification log (client/cml.rs), opened when there is something to log
+    /// (or left from before) and closed (its files removed) when all is reintegrated.
+    pub(super) cml: Mutex<Option<Log>>,
+    /// Its directory; `None`: mutations need the server.
+    log_dir: Option<std::path::PathBuf>,
+    /// What the client knows beyond the core cache, for while disconnected.
+    known: Mutex<Known>,
+    /// Conflicts found reintegrating, and records reintegrated.
+    pub conflicts: AtomicU64,
+    pub reintegrated: AtomicU64,
+}
+
+/// What the backend remembers for disconnected operation (the core cache forgets attributes
+/// after mutations and closes; these answer for them while disconnected).
+#[derive(Debug, Default)]
+struct Known {
+    /// The last attributes of every directory the backend handed out, and of everything made
+    /// or changed while disconnected.
+    attrs: HashMap<Vec<u8>, Attr>,
+    /// Symbolic links made while disconnected.
+    links: HashMap<Vec<u8>, Vec<u8>>,
+    /// Directories made while disconnected (their listings are what `attrs` holds below).
+    new_dirs: HashSet<Vec<u8>>,
+    /// Files changed while disconnected: the server's version they were changed from
+    /// (`None`: made while disconnected), the base of conflict detection.
+    bases: HashMap<Vec<u8>, Option<Attr>>,
+    next_ino: u64,
+}
+
+#[derive(Debug, Default)]
+struct St {
+    /// The connection is lost and no new one is installed yet.
+    offline: bool,
+    /// A loss the reconnector has not taken up yet.
+    lost: bool,
+    /// The mount is ending: no more reconnecting.
+    stopped: bool,
+    since: Option<Instant>,
+}
+
+impl Disconnected {
+    /// Disconnected operation on, calls needing the server waiting at most `grace` while the
+    /// server cannot be reached.
+    pub fn new(grace: Duration) -> Arc<Disconnected> {
+        Self::with_log(grace, None)
+    }
+
+    /// [`Disconnected::new`] with a client modification log in directory `dir`
+    /// (client/cml.rs): mutations while disconnected are applied locally and logged. A log
+    /// left there by an earlier mount is opened at once (reintegrated on the first
+    /// connection).
+    pub fn with_log(grace: Duration, dir: Option<std::path::PathBuf>) -> Arc<Disconnected> {
+        let log = dir
+            .as_ref()
+            .filter(|d| d.join("log").exists())
+            .and_then(|d| match Log::open(d) {
+                Ok(l) if l.pending().is_empty() => {
+                    // Nothing left to reintegrate: not held (another mount of the tree may
+                    // need it).
+                    l.remove_files();
+                    None
+                }
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::error!("modification log {}: {e}", d.display());
+                    None
+                }
+            });
+        Arc::new(Disconnected {
+            cml: Mutex::new(log),
+            log_dir: dir,
+            known: Mutex::default(),
+            conflicts: AtomicU64::new(0),
+            reintegrated: AtomicU64::new(0),
+            grace,
+            st: Mutex::new(St::default()),
+            cv: Condvar::new(),
+            barrier_sent: AtomicU64::new(0),
+            barrier_seen: Mutex::new(0),
+            barrier_cv: Condvar::new(),
+            disconnections: AtomicU64::new(0),
+        })
+    }
+
+    /// The connection was lost (its reader ended).
+    pub(super) fn lost(&self) {
+        let mut st = self.st.lock();
+        if st.stopped {
+            return;
+        }
+        if !st.offline {
+            st.offline = true;
+            st.since = Some(Instant::now());
+            self.disconnections.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                "disconnected from the server: serving what is cached (misses fail with \
+                 ETIMEDOUT after {:?}) while reconnecting",
+                self.grace
+            );
+        }
+        st.lost = true;
+        self.cv.notify_all();
+    }
+
+    /// Whether the client is disconnected now.
+    pub fn offline(&self) -> bool {
+        self.st.lock().offline
+    }
+
+    /// The mount ends: the reconnector stops.
+    pub(super) fn stop(&self) {
+        let mut st = self.st.lock();
+        st.stopped = true;
+        self.cv.notify_all();
+    }
+
+    fn stopped(&self) -> bool {
+        self.st.lock().stopped
+    }
+
+    /// Open the modification log in `dir` (client/cml.rs).
+    pub fn open_log(dir: &Path) -> std::io::Result<Log> {
+        Log::open(dir)
+    }
+
+    /// The log, opened if needed.
+    pub(super) fn log<'a>(&self, g: &'a mut Option<Log>) -> Result<&'a mut Log> {
+        if g.is_none() {
+            let dir = self.log_dir.as_ref().ok_or_else(timedout)?;
+            *g = Some(Log::open(dir).map_err(log_err)?);
+        }
+        g.as_mut().ok_or(Error::Os(libc::EIO))
+    }
+
+    /// Reintegrate what `g` holds on `conn`; an emptied log is closed and its files
+    /// removed. `false` when the connection ended first.
+    pub(super) fn reintegrate_all(&self, g: &mut Option<Log>, conn: &Arc<super::Conn>) -> bool {
+        let Some(l) = g.as_mut() else { return true };
+        if !self.reintegrate(l, conn) {
+            return false;
+        }
+        if l.pending().is_empty() {
+            l.remove_files();
+            *g = None;
+        }
+        true
+    }
+
+    /// Records waiting in the modification log.
+    pub fn pending(&self) -> usize {
+        self.cml.lock().as_ref().map_or(0, |l| l.pending().len())
+    }
+
+    /// A new connection is installed.
+    pub(super) fn online(&self) {
+        self.known.lock().forget_offline();
+        let mut st = self.st.lock();
+        if let Some(t) = st.since.take() {
+            tracing::warn!("reconnected after {:?} disconnected", t.elapsed());
+        }
+        st.offline = false;
+        self.cv.notify_all();
+    }
+
+    /// Wait at most `d` for a change of state (a new connection, a loss, the end).
+    pub(super) fn wait(&self, d: Duration) {
+        let mut st = self.st.lock();
+        if st.stopped {
+            return;
+        }
+        self.cv.wait_for(&mut st, d);
+    }
+
+    /// Wait for a loss to take up; `false` when the mount ends.
+    fn wait_lost(&self) -> bool {
+        let mut st = self.st.lock();
+        loop {
+            if st.stopped {
+                return false;
+            }
+            if st.lost {
+                st.lost = false;
+                return true;
+            }
+            self.cv.wait(&mut st);
+        }
+    }
+
+    /// A new barrier number to send through the feed.
+    pub(super) fn next_barrier(&self) -> u64 {
+        self.barrier_sent.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The front end applied everything up to barrier `n` (from `Backend::changed`).
+    pub(super) fn barrier_passed(&self, n: u64) {
+        let mut seen = self.barrier_seen.lock();
+        if n > *seen {
+            *seen = n;
+        }
+        self.barrier_cv.notify_all();
+    }
+
+    /// Wait until barrier `n` was applied, at most `d`; whether it was.
+    pub(super) fn wait_barrier(&self, n: u64, d: Duration) -> bool {
+        let end = Instant::now() + d;
+        let mut seen = self.barrier_seen.lock();
+        while *seen < n {
+            if self.barrier_cv.wait_until(&mut seen, end).timed_out() {
+                return *seen >= n;
+            }
+        }
+        true
+    }
+}
+
+/// The reconnector: after each loss, a new connection with backoff (50 ms doubling to 2 s)
+/// until one is made or the mount ends; the link installs it.
+pub(super) fn spawn_reconnector(d: Arc<Disconnected>, link: Weak<Link>) {
+    let r = std::thread::Builder::new()
+        .name("dircache-reconnect".into())
+        .spawn(move || {
+            while d.wait_lost() {
+                let mut delay = Duration::from_millis(50);
+                let mut attempts = 0u64;
+                loop {
+                    if d.stopped() {
+                        return;
+                    }
+                    let Some(l) = link.upgrade() else { return };
+                    attempts += 1;
+                    match l.connect_once() {
+                        Ok(new) => {
+                            l.install(new);
+                            break;
+                        }
+                        Err(e) => {
+                            // Every attempt at first, then one in 30 (every minute).
+                            if attempts <= 5 || attempts.is_multiple_of(30) {
+                                tracing::warn!("reconnecting (attempt {attempts}): {e}");
+                            }
+                        }
+                    }
+                    drop(l);
+                    d.wait(delay);
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        });
+    if let Err(e) = r {
+        tracing::error!("cannot start the reconnector thread: {e}");
+    }
+}
+
+impl Known {
+    /// After a reconnection: what was made while disconnected is the server's now (the cache
+    /// learns it again); directories' attributes are kept (refreshed as they are handed out).
+    fn forget_offline(&mut self) {
+        self.links.clear();
+        self.new_dirs.clear();
+        self.bases.clear();
+        let dirs: HashMap<Vec<u8>, Attr> = std::mem::take(&mut self.attrs)
+            .into_iter()
+            .filter(|(_, a)| a.is_dir() && a.ino & FAKE_INO != FAKE_INO)
+            .collect();
+        self.attrs = dirs;
+    }
+
+    /// Attributes for a new object at `path` (made while disconnected) of `mode` by `cred`.
+    fn made(&mut self, path: &[u8], mode: u32, cred: &Cred, size: u64) -> Attr {
+        self.next_ino += 1;
+        let now = now();
+        let dev = self.attrs.get(parent(path)).map_or(0, |a| a.dev);
+        let dir = mode & libc::S_IFMT == libc::S_IFDIR;
+        let a = Attr {
+            ino: FAKE_INO | self.next_ino,
+            dev,
+            mode,
+            nlink: if dir { 2 } else { 1 },
+            uid: cred.uid,
+            gid: cred.gid,
+            rdev: 0,
+            size: if dir { 4096 } else { size },
+            blocks: 0,
+            blksize: 4096,
+            atime: now,
+            mtime: now,
+            ctime: now,
+        };
+        self.attrs.insert(path.to_vec(), a);
+        self.touch(parent(path), if dir { 1 } else { 0 });
+        a
+    }
+
+    /// A change in directory `dir` (its times; `links`: its link count change).
+    fn touch(&mut self, dir: &[u8], links: i32) {
+        if let Some(a) = self.attrs.get_mut(dir) {
+            let now = now();
+            a.mtime = now;
+            a.ctime = now;
+            a.nlink = a.nlink.saturating_add_signed(links);
+        }
+    }
+
+    /// `path` and everything below it are gone.
+    fn remove(&mut self, path: &[u8]) {
+        let below =
+            |p: &[u8]| p == path || (p.starts_with(path) && p.get(path.len()) == Some(&b'/'));
+        self.attrs.retain(|p, _| !below(p));
+        self.links.retain(|p, _| !below(p));
+        self.new_dirs.retain(|p| !below(p));
+        self.bases.retain(|p, _| !below(p));
+    }
+
+    /// `old` (and everything below) is at `new` now.
+    fn moved(&mut self, old: &[u8], new: &[u8]) {
+        fn mv<V>(m: &mut HashMap<Vec<u8>, V>, old: &[u8], new: &[u8]) {
+            let keys: Vec<Vec<u8>> = m
+                .keys()
+                .filter(|p| moved_path(p, old, new).is_some())
+                .cloned()
+                .collect();
+            for k in keys {
+                if let (Some(v), Some(to)) = (m.remove(&k), moved_path(&k, old, new)) {
+                    m.insert(to, v);
+                }
+            }
+        }
+        self.remove(new);
+        mv(&mut self.attrs, old, new);
+        mv(&mut self.links, old, new);
+        mv(&mut self.bases, old, new);
+        let dirs: Vec<Vec<u8>> = self
+            .new_dirs
+            .iter()
+            .filter(|p| moved_path(p, old, new).is_some())
+            .cloned()
+            .collect();
+        for d in dirs {
+            self.new_dirs.remove(&d);
+            if let Some(to) = moved_path(&d, old, new) {
+                self.new_dirs.insert(to);
+            }
+        }
+    }
+}
+
+/// Inode numbers made up for objects made while disconnected (the high bits).
+const FAKE_INO: u64 = 0xD15C << 48;
+
+fn now() -> Timespec {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timespec {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
+}
+
+fn parent(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&c| c == b'/') {
+        Some(i) => &path[..i],
+        None => b"",
+    }
+}
+
+fn moved_path(p: &[u8], old: &[u8], new: &[u8]) -> Option<Vec<u8>> {
+    let rest = p.strip_prefix(old)?;
+    if !rest.is_empty() && rest[0] != b'/' {
+        return None;
+    }
+    let mut to = new.to_vec();
+    to.extend_from_slice(rest);
+    Some(to)
+}
+
+fn timedout() -> Error {
+    Error::Os(libc::ETIMEDOUT)
+}
+
+fn log_err(e: std::io::Error) -> Error {
+    tracing::error!("the modification log: {e}");
+    Error::Os(libc::EIO)
+}
+
+/// `set` with "now" replaced by the time now (a logged change sets the same times later).
+fn resolved(set: &SetAttr) -> SetAttr {
+    let t = |x: Option<TimeSet>| match x {
+        Some(TimeSet::Now) => Some(TimeSet::At(now())),
+        x => x,
+    };
+    SetAttr {
+        atime: t(set.atime),
+        mtime: t(set.mtime),
+        ..*set
+    }
+}
+
+/// `a` with `set` applied (as the server would), ctime now.
+fn applied(mut a: Attr, set: &SetAttr) -> Attr {
+    if let Some(m) = set.mode {
+        a.mode = (a.mode & libc::S_IFMT) | (m & 0o7777);
+    }
+    if let Some(u) = set.uid {
+        a.uid = u;
+    }
+    if let Some(g) = set.gid {
+        a.gid = g;
+    }
+    if let Some(TimeSet::At(t)) = set.atime {
+        a.atime = t;
+    }
+    if let Some(TimeSet::At(t)) = set.mtime {
+        a.mtime = t;
+    }
+    a.ctime = now();
+    a
+}
+
+impl RemoteBackend {
+    /// Disconnected operation, when the client is disconnected now.
+    fn offline_now(&self) -> Option<&Arc<Disconnected>> {
+        self.cfg.disconnected.as_ref().filter(|d| d.offline())
+    }
+
+    /// A directory's attributes the backend hands out (remembered for while disconnected).
+    pub(super) fn remember(&self, path: &[u8], a: &Attr) {
+        if let Some(d) = &self.cfg.disconnected {
+            if a.is_dir() && !d.offline() {
+                d.known.lock().attrs.insert(path.to_vec(), *a);
+            }
+        }
+    }
+
+    /// The entries of a listing the backend hands out (their directories remembered).
+    pub(super) fn remember_listing(&self, dir: &[u8], entries: &[DirEntry]) {
+        if self.cfg.disconnected.is_none() {
+            return;
+        }
+        for e in entries {
+            if let Some(a) = &e.attr {
+                self.remember(&super::join(dir, &e.name), a);
+            }
+        }
+    }
+
+    /// While disconnected: the attributes of `path` as known (a valid container, what was
+    /// made or changed while disconnected, a directory's last attributes).
+    pub(super) fn offline_attr(&self, path: &[u8]) -> Option<Attr> {
+        let d = self.offline_now()?;
+        let known = d.known.lock().attrs.get(path).copied();
+        let held = self
+            .cfg
+            .containers
+            .as_ref()
+            .and_then(|cc| cc.cached_attr(path));
+        match (held, known) {
+            (Some(mut c), Some(k)) => {
+                (c.mode, c.uid, c.gid) = (k.mode, k.uid, k.gid);
+                Some(c)
+            }
+            (Some(c), None) => Some(c),
+            (None, k) => k,
+        }
+    }
+
+    /// While disconnected: a lookup in a directory made while disconnected (its listing is
+    /// known whole).
+    pub(super) fn offline_lookup(&self, dir: &[u8], name: &[u8]) -> Option<Result<Attr>> {
+        let d = self.offline_now()?;
+        let path = super::join(dir, name);
+        if let Some(a) = self.offline_attr(&path) {
+            return Some(Ok(a));
+        }
+        d.known
+            .lock()
+            .new_dirs
+            .contains(dir)
+            .then_some(Err(Error::NotFound))
+    }
+
+    /// While disconnected: the listing of a directory made while disconnected.
+    pub(super) fn offline_readdir(&self, path: &[u8]) -> Option<Result<Vec<DirEntry>>> {
+        let d = self.offline_now()?;
+        let names: Vec<Vec<u8>> = {
+            let k = d.known.lock();
+            if !k.new_dirs.contains(path) {
+                return None;
+            }
+            k.attrs
+                .keys()
+                .filter(|p| p.as_slice() != path && parent(p) == path)
+                .cloned()
+                .collect()
+        };
+        let mut out = Vec::new();
+        for p in names {
+            if let Some(a) = self.offline_attr(&p) {
+                out.push(DirEntry {
+                    name: if path.is_empty() {
+                        p.clone()
+                    } else {
+                        p[path.len() + 1..].to_vec()
+                    },
+                    kind: a.kind(),
+                    ino: a.ino,
+                    attr: Some(a),
+                });
+            }
+        }
+        Some(Ok(out))
+    }
+
+    /// While disconnected: a symbolic link's target made while disconnected.
+    pub(super) fn offline_readlink(&self, path: &[u8]) -> Option<Vec<u8>> {
+        self.offline_now()?.known.lock().links.get(path).cloned()
+    }
+
+    /// The log, when disconnected with one: the mutation is applied locally and logged by
+    /// `f`; `None`: not disconnected (ask the server). Disconnected without a log: ETIMEDOUT.
+    fn offline_mutation<T>(
+        &self,
+        f: impl FnOnce(&Arc<Disconnected>, &mut Log, &mut Known) -> Result<T>,
+    ) -> Option<Result<T>> {
+        let d = self.offline_now()?;
+        let mut g = d.cml.lock();
+        if !d.offline() {
+            return None;
+        }
+        let log = match d.log(&mut g) {
+            Ok(l) => l,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut k = d.known.lock();
+        Some(f(d, log, &mut k))
+    }
+
+    pub(super) fn offline_mkdir(
+        &self,
+        cred: &Cred,
+        path: &[u8],
+        mode: u32,
+    ) -> Option<Result<Attr>> {
+        self.offline_mutation(|_, log, k| {
+            let umask = super::thread_umask();
+            log.append(
+                cred.into(),
+                Op::Mkdir {
+                    path: path.to_vec(),
+                    mode,
+                    umask,
+                },
+            )
+            .map_err(log_err)?;
+            let a = k.made(path, libc::S_IFDIR | (mode & !umask & 0o7777), cred, 0);
+            k.new_dirs.insert(path.to_vec());
+            Ok(a)
+        })
+    }
+
+    pub(super) fn offline_symlink(
+        &self,
+        cred: &Cred,
+        target: &[u8],
+        path: &[u8],
+    ) -> Option<Result<Attr>> {
+        self.offline_mutation(|_, log, k| {
+            log.append(
+                cred.into(),
+                Op::Symlink {
+                    target: target.to_vec(),
+                    path: path.to_vec(),
+                },
+            )
+            .map_err(log_err)?;
+            k.links.insert(path.to_vec(), target.to_vec());
+            Ok(k.made(path, libc::S_IFLNK | 0o777, cred, target.len() as u64))
+        })
+    }
+
+    pub(super) fn offline_remove(&self, cred: &Cred, path: &[u8], dir: bool) -> Option<Result<()>> {
+        self.offline_mutation(|_, log, k| {
+            let op = if dir {
+                Op::Rmdir {
+                    path: path.to_vec(),
+                }
+            } else {
+                Op::Unlink {
+                    path: path.to_vec(),
+                }
+            };
+            log.append(cred.into(), op).map_err(log_err)?;
+            k.remove(path);
+            k.touch(parent(path), if dir { -1 } else { 0 });
+            if let Some(cc) = &self.cfg.containers {
+                cc.touched(path);
+            }
+            Ok(())
+        })
+    }
+
+    pub(super) fn offline_rename(
+        &self,
+        cred: &Cred,
+        old: &[u8],
+        new: &[u8],
+        mode: RenameMode,
+    ) -> Option<Result<()>> {
+        self.offline_mutation(|_, log, k| {
+            if mode == RenameMode::Exchange {
+                return Err(timedout());
+            }
+            log.append(
+                cred.into(),
+                Op::Rename {
+                    old: old.to_vec(),
+                    new: new.to_vec(),
+                    mode,
+                },
+            )
+            .map_err(log_err)?;
+            k.moved(old, new);
+            k.touch(parent(old), 0);
+            k.touch(parent(new), 0);
+            if let Some(cc) = &self.cfg.containers {
+                cc.moved(old, new);
+            }
+            Ok(())
+        })
+    }
+
+    pub(super) fn offline_setattr(
+        &self,
+        cred: &Cred,
+        path: &[u8],
+        set: &SetAttr,
+    ) -> Option<Result<Attr>> {
+        let base = self.offline_attr(path);
+        self.offline_mutation(|_, log, k| {
+            // A truncation by path needs the file's data: not while disconnected.
+            let (Some(base), None) = (base, set.size) else {
+                return Err(timedout());
+            };
+            let set = resolved(set);
+            log.append(
+                cred.into(),
+                Op::Setattr {
+                    path: path.to_vec(),
+                    set,
+                },
+            )
+            .map_err(log_err)?;
+            let a = applied(base, &set);
+            k.attrs.insert(path.to_vec(), a);
+            Ok(a)
+        })
+    }
+
+    /// A writable or creating open while disconnected: a new container for a new file, or
+    /// the container of a cached file the server granted these credentials this access to;
+    /// its contents are logged when it is closed. `None`: not disconnected, or a read-only
+    /// open (served from a valid container or not at all).
+    pub(super) fn offline_open(
+        &self,
+        cc: &Arc<Containers>,
+        cred: &Cred,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+    ) -> Option<Result<Box<dyn BackendFile>>> {
+        let d = self.offline_now()?.clone();
+        let acc = flags & libc::O_ACCMODE;
+        if acc == libc::O_RDONLY && flags & (libc::O_CREAT | libc::O_TRUNC) == 0 {
+            return None;
+        }
+        if d.log_dir.is_none() && d.cml.lock().is_none() {
+            return Some(Err(timedout()));
+        }
+        let conn = self.conn.lock().clone();
+        let exists = self.offline_attr(path);
+        let umask = super::thread_umask();
+        let r = (|| {
+            let (cf, created, base) = match exists {
+                None if flags & libc::O_CREAT != 0 => {
+                    let a = d.known.lock().made(
+                        path,
+                        libc::S_IFREG | (mode & !umask & 0o7777),
+                        cred,
+                        0,
+                    );
+                    d.known.lock().bases.insert(path.to_vec(), None);
+                    (cc.create_local(&conn, path, cred, a)?, true, None)
+                }
+                None => return Err(timedout()),
+                Some(_) if flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0 => {
+                    return Err(Error::Exists)
+                }
+                Some(_) => {
+                    let base = *d
+                        .known
+                        .lock()
+                        .bases
+                        .entry(path.to_vec())
+                        .or_insert_with(|| cc.recorded_attr(path));
+                    let cf = cc.reuse_as(&conn, path, cred, acc).ok_or_else(timedout)?;
+                    if flags & libc::O_TRUNC != 0 {
+                        cf.set_size(cred, 0)?;
+                    }
+                    (cf, false, base)
+                }
+            };
+            let state = if created { None } else { state_of(&cf) };
+            Ok(Box::new(OfflineFile {
+                inner: cf,
+                d: d.clone(),
+                link: self.link.clone(),
+                path: path.to_vec(),
+                cred: cred.into(),
+                mode: if created { mode } else { 0o666 },
+                umask: if created { umask } else { 0 },
+                base,
+                logged: Mutex::new(state),
+            }) as Box<dyn BackendFile>)
+        })();
+        Some(r)
+    }
+}
+
+/// A container's size, mtime and ctime now.
+fn state_of(cf: &ContainerFile) -> Option<(u64, Timespec, Timespec)> {
+    let s = rustix::fs::fstat(cf.fd()?).ok()?;
+    Some((
+        s.st_size as u64,
+        Timespec {
+            sec: s.st_mtime,
+            nsec: s.st_mtime_nsec as u32,
+        },
+        Timespec {
+            sec: s.st_ctime,
+            nsec: s.st_ctime_nsec as u32,
+        },
+    ))
+}
+
+/// A file open for writing while disconnected: its container, whose contents are logged
+/// (a `Store` record) at close, fsync and release when they changed since last logged (a
+/// file made while disconnected: at least once).
+struct OfflineFile {
+    inner: ContainerFile,
+    d: Arc<Disconnected>,
+    link: Arc<Link>,
+    path: Vec<u8>,
+    cred: WireCred,
+    mode: u32,
+    umask: u32,
+    base: Option<Attr>,
+    /// The container's state when last logged (`None`: never, for a new file).
+    logged: Mutex<Option<(u64, Timespec, Timespec)>>,
+}
+
+impl OfflineFile {
+    fn log_store(&self) -> Result<()> {
+        let mut last = self.logged.lock();
+        let now = state_of(&self.inner).ok_or(Error::Os(libc::EIO))?;
+        if *last == Some(now) {
+            return Ok(());
+        }
+        let mut g = self.d.cml.lock();
+        let log = self.d.log(&mut g)?;
+        let fd = self.inner.fd().ok_or(Error::Os(libc::EIO))?;
+        let file = std::fs::File::from(fd.try_clone_to_owned()?);
+        log.save_data(&file, now.0).map_err(log_err)?;
+        log.append(
+            self.cred.clone(),
+            Op::Store {
+                path: self.path.clone(),
+                mode: self.mode,
+                umask: self.umask,
+                size: now.0,
+                mtime: now.1,
+                base: self.base,
+            },
+        )
+        .map_err(log_err)?;
+        self.inner.logged();
+        *last = Some(now);
+        // Closed after the reconnection: reintegrated at once, in order.
+        if !self.d.offline() {
+            let conn = self.link.conn.lock().clone();
+            self.d.reintegrate_all(&mut g, &conn);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OfflineFile {
+    fn drop(&mut self) {
+        if let Err(e) = self.log_store() {
+            tracing::error!(
+                "logging {:?} at release: {e}; the changes stay in its container only",
+                String::from_utf8_lossy(&self.path)
+            );
+        }
+    }
+}
+
+impl BackendFile for OfflineFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, cred: &Cred, data: &[u8], offset: u64, append: bool) -> Result<usize> {
+        self.inner.write_at(cred, data, offset, append)
+    }
+    fn sync(&self, _datasync: bool) -> Result<()> {
+        self.log_store()
+    }
+    fn flush(&self) -> Result<()> {
+        self.log_store()
+    }
+    fn allocate(&self, cred: &Cred, mode: i32, offset: u64, len: u64) -> Result<()> {
+        self.inner.allocate(cred, mode, offset, len)
+    }
+    fn seek(&self, offset: i64, whence: Whence) -> Result<u64> {
+        self.inner.seek(offset, whence)
+    }
+    fn set_size(&self, cred: &Cred, size: u64) -> Result<()> {
+        self.inner.set_size(cred, size)
+    }
+    /// fchmod, fchown, futimens: the contents are logged first (so the change applies to
+    /// the file as stored), then the change; times go on the container too.
+    fn setattr(&self, cred: &Cred, set: &SetAttr) -> Result<Attr> {
+        if set.size.is_some() {
+            return Err(timedout());
+        }
+        self.log_store()?;
+        let set = resolved(set);
+        if set.atime.is_some() || set.mtime.is_some() {
+            let ts = |t: Option<TimeSet>| match t {
+                Some(TimeSet::At(t)) => rustix::fs::Timespec {
+                    tv_sec: t.sec,
+                    tv_nsec: t.nsec as _,
+                },
+                _ => rustix::fs::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: rustix::fs::UTIME_OMIT,
+                },
+            };
+            let fd = self.inner.fd().ok_or(Error::Os(libc::EIO))?;
+            rustix::fs::futimens(
+                fd,
+                &rustix::fs::Timestamps {
+                    last_access: ts(set.atime),
+                    last_modification: ts(set.mtime),
+                },
+            )
+            .map_err(|e| Error::Os(e.raw_os_error()))?;
+        }
+        {
+            let mut g = self.d.cml.lock();
+            let log = self.d.log(&mut g)?;
+            log.append(
+                cred.into(),
+                Op::Setattr {
+                    path: self.path.clone(),
+                    set,
+                },
+            )
+            .map_err(log_err)?;
+            self.inner.logged();
+            *self.logged.lock() = state_of(&self.inner);
+        }
+        let a = applied(self.inner.attr()?, &set);
+        self.d.known.lock().attrs.insert(self.path.clone(), a);
+        Ok(a)
+    }
+    fn attr(&self) -> Result<Attr> {
+        let mut a = self.inner.attr()?;
+        if let Some(k) = self.d.known.lock().attrs.get(&self.path) {
+            (a.mode, a.uid, a.gid) = (k.mode, k.uid, k.gid);
+        }
+        Ok(a)
+    }
+    fn writable(&self) -> bool {
+        self.inner.writable()
+    }
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.fd()
+    }
+    fn as_caller(
+        &self,
+        cred: &Cred,
+        shared: bool,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        self.inner.as_caller(cred, shared, f)
+    }
+}
+
+fn same_version(a: &Attr, b: &Attr) -> bool {
+    (a.dev, a.ino, a.size, a.mtime, a.ctime) == (b.dev, b.ino, b.size, b.mtime, b.ctime)
+}
+
+impl Disconnected {
+    /// Reintegrate the log's records on `conn`, in order, each as the caller who made it;
+    /// `false` when the connection ended before all were (the rest waits for the next).
+    pub(super) fn reintegrate(&self, log: &mut Log, conn: &Arc<super::Conn>) -> bool {
+        let recs: Vec<Record> = log.pending().to_vec();
+        if recs.is_empty() {
+            return true;
+        }
+        tracing::warn!("reintegrating {} logged mutations", recs.len());
+        let mut stored: HashSet<Vec<u8>> = HashSet::new();
+        for r in recs {
+            let res = self.apply(log, conn, &r, &mut stored);
+            if conn.closed.load(Ordering::SeqCst) {
+                tracing::warn!("the connection ended while reintegrating #{}", r.seq);
+                return false;
+            }
+            match res {
+                Ok(()) => {}
+                Err(e) => tracing::error!(
+                    "not reintegrated: #{} {:?} by uid {}: {e}",
+                    r.seq,
+                    r.op,
+                    r.cred.uid
+                ),
+            }
+            self.reintegrated.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = log.done(r.seq) {
+                tracing::error!("the modification log: {e}");
+                return false;
+            }
+        }
+        true
+    }
+
+    fn apply(
+        &self,
+        log: &mut Log,
+        conn: &Arc<super::Conn>,
+        r: &Record,
+        stored: &mut HashSet<Vec<u8>>,
+    ) -> Result<()> {
+        let call = |req: Request| conn.call_as(&r.cred, req);
+        let benign = |res: Result<Reply>, ok: i32| match res {
+            Err(Error::Os(e)) if e == ok => Ok(()),
+            Err(e) if e.errno() == ok => Ok(()),
+            Err(e) => Err(e),
+            Ok(_) => Ok(()),
+        };
+        match &r.op {
+            Op::Mkdir { path, mode, umask } => benign(
+                call(Request::Mkdir {
+                    path: path.clone(),
+                    mode: *mode,
+                    umask: *umask,
+                }),
+                libc::EEXIST,
+            ),
+            Op::Symlink { target, path } => call(Request::Symlink {
+                target: target.clone(),
+                path: path.clone(),
+            })
+            .map(drop),
+            Op::Unlink { path } => {
+                benign(call(Request::Unlink { path: path.clone() }), libc::ENOENT)
+            }
+            Op::Rmdir { path } => benign(call(Request::Rmdir { path: path.clone() }), libc::ENOENT),
+            Op::Rename { old, new, mode } => call(Request::Rename {
+                old: old.clone(),
+                new: new.clone(),
+                mode: *mode,
+            })
+            .map(|_| {
+                if stored.remove(old) {
+                    stored.insert(new.clone());
+                }
+            }),
+            Op::Setattr { path, set } => call(Request::Setattr {
+                path: path.clone(),
+                set: *set,
+            })
+            .map(drop),
+            Op::Store {
+                path,
+                mode,
+                umask,
+                size,
+                mtime,
+                base,
+            } => {
+                let cur = conn.call(Request::Getattr { path: path.clone() });
+                let conflict = if stored.contains(path) {
+                    None
+                } else {
+                    match (base, &cur) {
+                        (Some(b), Ok(Reply::Attr(a))) if !same_version(b, a) => {
+                            Some("changed on the server")
+                        }
+                        (Some(_), Ok(_)) => None,
+                        (Some(_), Err(Error::NotFound)) => Some("removed on the server"),
+                        (None, Ok(_)) => Some("made on the server too"),
+                        (None, Err(Error::NotFound)) => None,
+                        (_, Err(e)) if e.errno() == libc::ENOENT => {
+                            base.map(|_| "removed on the server")
+                        }
+                        (_, Err(e)) => return Err(*e),
+                    }
+                };
+                let target = match conflict {
+                    None => path.clone(),
+                    Some(why) => {
+                        let mut t = path.clone();
+                        t.extend_from_slice(format!(".dircache-conflict-{}", now().sec).as_bytes());
+                        tracing::warn!(
+                            "conflict: {:?} {why} while disconnected; the local version is \
+                             kept as {:?}",
+                            String::from_utf8_lossy(path),
+                            String::from_utf8_lossy(&t)
+                        );
+                        self.conflicts.fetch_add(1, Ordering::Relaxed);
+                        log.note_conflict(path, &t, why);
+                        t
+                    }
+                };
+                self.store(log, conn, r, &target, *mode, *umask, *size, *mtime)?;
+                if conflict.is_none() {
+                    stored.insert(path.clone());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A logged file's data (record `r`) into `target` on the server, as its writer.
+    #[allow(clippy::too_many_arguments)]
+    fn store(
+        &self,
+        log: &Log,
+        conn: &Arc<super::Conn>,
+        r: &Record,
+        target: &[u8],
+        mode: u32,
+        umask: u32,
+        size: u64,
+        mtime: Timespec,
+    ) -> Result<()> {
+        let data = std::fs::File::open(log.data_path(r.seq))?;
+        let handle = match conn.call_as(
+            &r.cred,
+            Request::Open {
+                path: target.to_vec(),
+                flags: libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW,
+                mode,
+                umask,
+            },
+        )? {
+            Reply::Opened { handle, .. } => handle,
+            _ => return Err(Error::Os(libc::EPROTO)),
+        };
+        let res = (|| {
+            let mut buf = vec![0u8; MAX_IO];
+            let mut off = 0u64;
+            while off < size {
+                let want = ((size - off) as usize).min(buf.len());
+                let n = std::os::unix::fs::FileExt::read_at(&data, &mut buf[..want], off)?;
+                if n == 0 {
+                    break;
+                }
+                match conn.call_as(
+                    &r.cred,
+                    Request::Write {
+                        handle,
+                        offset: off,
+                        data: buf[..n].to_vec(),
+                        append: false,
+                    },
+                )? {
+                    Reply::Count(w) if w as usize == n => {}
+                    _ => return Err(Error::Os(libc::EIO)),
+                }
+                off += n as u64;
+            }
+            let set = SetAttr {
+                mtime: Some(TimeSet::At(mtime)),
+                ..Default::default()
+            };
+            match conn.call_as(&r.cred, Request::FileSetattr { handle, set }) {
+                Ok(_) | Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })();
+        let _ = conn.call(Request::Close { handle });
+        res
+    }
+}
