@@ -1,6 +1,7 @@
 //! `dircache`: mount a directory through the cache, search, statistics, benchmarks.
 
 mod bench;
+mod cacheview;
 mod coreopts;
 mod delay_proxy;
 mod demo;
@@ -37,6 +38,10 @@ enum Cmd {
     Umount(umount::UmountArgs),
     /// Live statistics of a running mount.
     Stats(mount::StatsArgs),
+    /// Load a subtree's metadata into the cache and the kernel (a walk as you).
+    Warm(cacheview::WarmArgs),
+    /// What the cache holds under a directory of a mount (as far as you may list it).
+    Cached(cacheview::CachedArgs),
     /// Find files by pattern across directories in one call.
     Search(search::SearchArgs),
     /// Serve directory ROOT to a remote mount over stdin/stdout (started by ssh).
@@ -64,6 +69,8 @@ fn main() {
         Cmd::Mount(a) => mount::run_mount(a),
         Cmd::Umount(a) => umount::run(a),
         Cmd::Stats(a) => mount::run_stats(a),
+        Cmd::Warm(a) => cacheview::run_warm(a),
+        Cmd::Cached(a) => cacheview::run_cached(a),
         Cmd::Search(a) => search::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Install(a) => install::run(a, Cli::command()),
