@@ -17,7 +17,7 @@
 use std::io::IsTerminal;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -271,7 +271,8 @@ pub fn run_warm(a: WarmArgs) -> anyhow::Result<i32> {
         indicatif::ProgressStyle::with_template("{spinner} {elapsed} warming: {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
-    let finished = AtomicBool::new(false);
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let mut elapsed = Duration::ZERO;
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..a.jobs)
             .map(|_| {
@@ -283,26 +284,31 @@ pub fn run_warm(a: WarmArgs) -> anyhow::Result<i32> {
                 })
             })
             .collect();
-        s.spawn(|| {
-            while !finished.load(Ordering::Acquire) {
-                bar.set_message(format!(
-                    "{} directories, {} files, {} symlinks",
-                    walk.dirs.load(Ordering::Relaxed),
-                    walk.files.load(Ordering::Relaxed),
-                    walk.symlinks.load(Ordering::Relaxed)
-                ));
-                bar.tick();
-                std::thread::sleep(Duration::from_millis(100));
+        let (bar, walk) = (&bar, &walk);
+        s.spawn(move || loop {
+            bar.set_message(format!(
+                "{} directories, {} files, {} symlinks",
+                walk.dirs.load(Ordering::Relaxed),
+                walk.files.load(Ordering::Relaxed),
+                walk.symlinks.load(Ordering::Relaxed)
+            ));
+            bar.tick();
+            // Until the walk ends (the sender is dropped).
+            if let Err(std::sync::mpsc::RecvTimeoutError::Disconnected) =
+                stop_rx.recv_timeout(Duration::from_millis(100))
+            {
+                return;
             }
         });
         // The workers end when the queue is empty and nobody is listing; then the ticker.
         for w in workers {
             let _ = w.join();
         }
-        finished.store(true, Ordering::Release);
+        elapsed = start.elapsed();
+        drop(stop_tx);
     });
     bar.finish_and_clear();
-    let secs = start.elapsed().as_secs_f64();
+    let secs = elapsed.as_secs_f64();
     let after = counters(&d);
     let (requests, entries, cached) = match (before, after) {
         (Some(b), Some(a)) => (
