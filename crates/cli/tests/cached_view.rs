@@ -33,6 +33,16 @@ impl Mounted {
     /// Mount a tree made by `fill` (in SRC) with `-o opts`. The temporary directory is 0755, so
     /// that other users can reach the mount.
     fn new(opts: &str, fill: impl FnOnce(&Path)) -> Mounted {
+        Self::mount(false, opts, fill)
+    }
+
+    /// A remote mount of SRC (`localhost:SRC`) through a stand-in ssh that runs
+    /// `dircache serve --stdio SRC` here (as crates/cli/tests/remote_mount.rs does).
+    fn remote(fill: impl FnOnce(&Path)) -> Mounted {
+        Self::mount(true, "", fill)
+    }
+
+    fn mount(remote: bool, opts: &str, fill: impl FnOnce(&Path)) -> Mounted {
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
@@ -40,7 +50,24 @@ impl Mounted {
         std::fs::create_dir(&mnt).unwrap();
         fill(&src);
         let mut c = Command::new(BIN);
-        c.arg("mount").arg(&src).arg(&mnt);
+        c.arg("mount");
+        if remote {
+            let fake = dir.path().join("fake-ssh");
+            std::fs::write(
+                &fake,
+                "#!/bin/sh\n# A stand-in for ssh: run the remote command here.\n\
+                 for last; do :; done\nexec sh -c \"exec $last\"\n",
+            )
+            .unwrap();
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+            c.arg(format!("localhost:{}", src.display())).arg(&mnt);
+            c.arg("-o").arg(format!(
+                "ssh_command={},serve_command={BIN}",
+                fake.display()
+            ));
+        } else {
+            c.arg(&src).arg(&mnt);
+        }
         c.arg("-o")
             .arg(format!("log={}", dir.path().join("log").display()));
         if !opts.is_empty() {
@@ -363,9 +390,23 @@ fn cached_shows_no_names_to_a_user_who_cannot_list() {
     if !can_mount() {
         return;
     }
+    no_names_for_a_user_who_cannot_list(false);
+}
+
+/// The same on a remote mount, where the core's access policy decides (mode bits of the
+/// attributes the server reported, as the client kernel's `default_permissions` does).
+#[test]
+fn cached_on_a_remote_mount_shows_no_names_to_a_user_who_cannot_list() {
+    if !can_mount() {
+        return;
+    }
+    no_names_for_a_user_who_cannot_list(true);
+}
+
+fn no_names_for_a_user_who_cannot_list(remote: bool) {
     const A: u32 = 1000;
     const B: u32 = 1001;
-    let m = Mounted::new("", |src| {
+    let fill = |src: &Path| {
         let p = src.join("private");
         std::fs::create_dir_all(p.join("inner")).unwrap();
         std::fs::write(p.join("secret-a"), b"x").unwrap();
@@ -376,7 +417,12 @@ fn cached_shows_no_names_to_a_user_who_cannot_list() {
             std::os::unix::fs::chown(q, Some(A), Some(A)).unwrap();
             std::fs::set_permissions(q, std::fs::Permissions::from_mode(0o700)).unwrap();
         }
-    });
+    };
+    let m = if remote {
+        Mounted::remote(fill)
+    } else {
+        Mounted::new("", fill)
+    };
     let mnt = m.mnt.to_str().unwrap();
     // Root fills the cache: listings and negatives inside A's directory.
     assert_eq!(std::fs::read_dir(m.mnt.join("private")).unwrap().count(), 2);

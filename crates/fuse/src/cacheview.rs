@@ -60,7 +60,10 @@ impl Checker<'_> {
     fn may_list(&self, rel: &[u8], node: Option<&NodeRef>) -> Result<(), Error> {
         match self {
             Checker::All => Ok(()),
-            Checker::Policy { cache, creds } => cache.access(creds, At::Root, rel, R_OK),
+            Checker::Policy { cache, creds } => {
+                let rel: &[u8] = if rel.is_empty() { b"." } else { rel };
+                cache.access(creds, At::Root, rel, R_OK)
+            }
             Checker::Kernel { src, root } => {
                 let fd = src.open_dir(root, rel)?;
                 let Some(node) = node else {
