@@ -2,6 +2,7 @@
 
 mod bench;
 mod conflicts;
+mod cacheview;
 mod coreopts;
 mod delay_proxy;
 mod demo;
@@ -42,6 +43,10 @@ enum Cmd {
     Stats(mount::StatsArgs),
     /// Conflicts found reintegrating a remote mount's changes made while disconnected.
     Conflicts(conflicts::ConflictsArgs),
+    /// Load a subtree's metadata into the cache and the kernel (a walk as you).
+    Warm(cacheview::WarmArgs),
+    /// What the cache holds under a directory of a mount (as far as you may list it).
+    Cached(cacheview::CachedArgs),
     /// Find files by pattern across directories in one call.
     Search(search::SearchArgs),
     /// Fetch subtrees of a remote mount whole into its container files (for offline use).
@@ -72,6 +77,8 @@ fn main() {
         Cmd::Umount(a) => umount::run(a),
         Cmd::Stats(a) => mount::run_stats(a),
         Cmd::Conflicts(a) => conflicts::run(a),
+        Cmd::Warm(a) => cacheview::run_warm(a),
+        Cmd::Cached(a) => cacheview::run_cached(a),
         Cmd::Search(a) => search::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Hoard(a) => hoard::run(a),

@@ -37,6 +37,7 @@
 //!   the kernel's caches may keep; [`stats`]: request counters and the control socket;
 //!   [`kmount`]: the kernel side of the mount (mount(2), remount, mountinfo).
 
+pub mod cacheview;
 pub mod creds;
 pub mod fs;
 pub mod inodes;

@@ -7,7 +7,8 @@
 //! client may send further requests on the same connection.
 //!
 //! Requests are objects tagged by `"op"`: `{"op":"stats"}`, `{"op":"ping"}`,
-//! `{"op":"search",...}` (dircache_search::proto: streamed results). Responses are
+//! `{"op":"search",...}` (dircache_search::proto: streamed results), `{"op":"cached",...}`
+//! (crate::cacheview: what the cache holds under a path, as far as the caller may list). Responses are
 //! `{"ok":true, ...}` or `{"ok":false,"error":"..."}`; unknown ops get an error response, so
 //! old daemons and new clients interoperate.
 //!
@@ -508,7 +509,12 @@ fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
             }
             continue;
         }
-        let resp = handle_request(&srv.stats, &req);
+        let resp = if req.get("op").and_then(Value::as_str) == Some("cached") {
+            // What the cache holds, shown only where the caller could list (cacheview.rs).
+            crate::cacheview::answer(&srv.stats.cache, srv.base.as_ref(), &cred, &req)
+        } else {
+            handle_request(&srv.stats, &req)
+        };
         if write_frame(&mut w, &resp).is_err() {
             return;
         }

@@ -63,6 +63,7 @@ mod dlht;
 mod evict;
 mod hardlinks;
 mod held;
+mod inspect;
 mod invalidate;
 mod listing;
 mod mounts;
