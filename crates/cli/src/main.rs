@@ -1,8 +1,8 @@
 //! `dircache`: mount a directory through the cache, search, statistics, benchmarks.
 
 mod bench;
-mod conflicts;
 mod cacheview;
+mod conflicts;
 mod coreopts;
 mod delay_proxy;
 mod demo;
