@@ -207,34 +207,41 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A tree as [`tree`] shows it: (relative name, permission bits, content or link target).
+type Tree = Vec<(String, u32, Option<Vec<u8>>)>;
+
 /// Every entry below `dir` (sorted, relative names; directories end in `/`) with its
 /// permission bits, and each regular file's content or each symlink's target.
-fn tree(dir: &Path) -> Vec<(String, u32, Option<Vec<u8>>)> {
+fn tree(dir: &Path) -> Tree {
+    try_tree(dir).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`tree`], or the first error met (with the path it was met on).
+fn try_tree(dir: &Path) -> Result<Tree, String> {
     use std::os::unix::fs::PermissionsExt;
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
+    let at = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("readdir {}: {e}", d.display())) {
-            let p = e.unwrap().path();
+        for e in std::fs::read_dir(&d).map_err(|e| at("readdir", &d, e))? {
+            let p = e.map_err(|e| at("readdir", &d, e))?.path();
             let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
-            let md = std::fs::symlink_metadata(&p)
-                .unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
+            let md = std::fs::symlink_metadata(&p).map_err(|e| at("lstat", &p, e))?;
             let mode = md.permissions().mode() & 0o7777;
             if md.is_dir() {
                 stack.push(p);
                 out.push((rel + "/", mode, None));
             } else if md.is_file() {
-                let data =
-                    std::fs::read(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+                let data = std::fs::read(&p).map_err(|e| at("read", &p, e))?;
                 out.push((rel, mode, Some(data)));
             } else {
-                let t = std::fs::read_link(&p).unwrap();
+                let t = std::fs::read_link(&p).map_err(|e| at("readlink", &p, e))?;
                 out.push((rel, 0, Some(t.as_os_str().as_encoded_bytes().to_vec())));
             }
         }
     }
     out.sort();
-    out
+    Ok(out)
 }
 
 /// `find DIR` sorted, names relative to DIR, with each regular file's content.
@@ -489,7 +496,23 @@ fn a_copy_made_while_disconnected_is_reintegrated() {
         t.s("inbox/copy/sub/deeper/x").exists() && !log.join("log").exists()
     });
     assert_eq!(tree(&t.s("inbox/copy")), tree(&base.join("expected/copy")));
-    assert_eq!(tree(&t.m("inbox/copy")), tree(&base.join("expected/copy")));
+    // Through the mount once the reconnection's Overflow has been applied. KNOWN GAP (CI
+    // dry run at load): right after the log is gone, a listing showed `a2` while its lstat
+    // answered ENOENT for a moment; the first error seen is printed.
+    let want = tree(&base.join("expected/copy"));
+    let mut first_err = None;
+    eventually("the copy through the mount", || {
+        match try_tree(&t.m("inbox/copy")) {
+            Ok(got) => got == want,
+            Err(e) => {
+                first_err.get_or_insert(e);
+                false
+            }
+        }
+    });
+    if let Some(e) = first_err {
+        eprintln!("known gap: right after reintegration, through the mount: {e}");
+    }
     assert_eq!(std::fs::read(t.s("inbox/kept")).unwrap(), b"keep");
     assert!(t.log_text().contains("reintegrating"), "{}", t.log_text());
 }
@@ -536,9 +559,12 @@ fn a_conflict_keeps_both_versions() {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .find(|n| n.starts_with("both.dircache-conflict-"))
     };
-    eventually("the conflict's copy on the server", || conflict().is_some());
+    // Its name shows before its data is written (a CI dry run read it empty once).
+    eventually("the conflict's copy on the server", || {
+        conflict()
+            .is_some_and(|k| std::fs::read(t.s(&k)).is_ok_and(|d| d == b"the client's version"))
+    });
     let kept = conflict().unwrap();
-    assert_eq!(std::fs::read(t.s(&kept)).unwrap(), b"the client's version");
     assert_eq!(std::fs::read(t.s("both")).unwrap(), b"the server's version");
     eventually("the client-only change stored", || {
         std::fs::read(t.s("mine")).is_ok_and(|d| d == b"changed on the client only")

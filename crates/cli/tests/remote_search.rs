@@ -115,6 +115,17 @@ impl RemoteMount {
             .count()
     }
 
+    /// Assert that the server logged exactly `n` search lines with `what`, waiting up to 10 s
+    /// for them: the server logs a search's completion after its last result frame, so the
+    /// client may have every result a moment before the line is written (a CI dry run read 0).
+    fn expect_search_lines(&self, what: &str, n: usize) {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.search_lines(what) < n && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(self.search_lines(what), n, "{what}:\n{}", self.log());
+    }
+
     /// Unmount, wait for the server to end, and return how many calls it answered in all.
     fn calls_at_unmount(mut self) -> u64 {
         self.stop();
@@ -241,7 +252,7 @@ fn search_on_a_remote_mount_is_one_call_and_matches_find() {
     // The server ran it, once; and answered four calls in all: the bulk fetch of the tree
     // the mount starts (one call), the mount root's getattr, the daemon's socket attribute,
     // the search (a walk through the mount lists directories).
-    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
+    t.expect_search_lines("complete", 1);
     let calls = t.calls_at_unmount();
     assert!(calls <= 4, "the server answered {calls} calls");
 }
@@ -269,7 +280,7 @@ fn a_denied_directory_is_not_searched_for_a_non_root_caller() {
     assert_eq!(got, want, "uid 1000: search vs find\n{err}");
     assert!(err.contains("delegated to"), "not delegated: {err}");
     assert!(every.len() > got.len());
-    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
+    t.expect_search_lines("complete", 1);
 }
 
 #[test]
@@ -324,11 +335,11 @@ fn a_non_root_server_searches_only_for_its_own_uid() {
     let (got, err) = search(Some(1000), &t.mnt, "*.c");
     assert_eq!(got, find_names(Some(1000), &t.src, "*.c"), "{err}");
     assert!(err.contains("delegated to"), "not delegated: {err}");
-    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
+    t.expect_search_lines("complete", 1);
     // Another uid: the server refuses, the search walks the mount (the client's kernel
     // checks every step), with the same results here (everything is world-readable).
     let (got, err) = search(Some(1001), &t.mnt, "*.c");
     assert_eq!(got, find_names(Some(1001), &t.src, "*.c"), "{err}");
     assert!(!err.contains("delegated to"), "delegated: {err}");
-    assert_eq!(t.search_lines("complete"), 1, "{}", t.log());
+    t.expect_search_lines("complete", 1);
 }
