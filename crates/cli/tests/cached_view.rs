@@ -390,7 +390,7 @@ fn cached_shows_no_names_to_a_user_who_cannot_list() {
     if !can_mount() {
         return;
     }
-    no_names_for_a_user_who_cannot_list(false);
+    no_names_for_a_user_who_cannot_list(false, false);
 }
 
 /// The same on a remote mount, where the core's access policy decides (mode bits of the
@@ -400,10 +400,31 @@ fn cached_on_a_remote_mount_shows_no_names_to_a_user_who_cannot_list() {
     if !can_mount() {
         return;
     }
-    no_names_for_a_user_who_cannot_list(true);
+    no_names_for_a_user_who_cannot_list(true, false);
 }
 
-fn no_names_for_a_user_who_cannot_list(remote: bool) {
+/// The same attack where mode bits allow and a POSIX ACL on the server denies B (`u:B:---`
+/// on 0755 directories): the client kernel applies the ACL, so must `cached` (the core's
+/// policy alone reads mode bits: with the ACL check removed B got the names).
+#[test]
+fn cached_on_a_remote_mount_follows_the_servers_acls() {
+    if !can_mount() {
+        return;
+    }
+    no_names_for_a_user_who_cannot_list(true, true);
+}
+
+/// The same ACL attack on a local mount (the kernel decides there).
+#[test]
+fn cached_follows_acls_on_a_local_mount() {
+    if !can_mount() {
+        return;
+    }
+    no_names_for_a_user_who_cannot_list(false, true);
+}
+
+/// `acl`: A's directories are 0755 with an ACL entry denying B everything, instead of 0700.
+fn no_names_for_a_user_who_cannot_list(remote: bool, acl: bool) {
     const A: u32 = 1000;
     const B: u32 = 1001;
     let fill = |src: &Path| {
@@ -415,7 +436,16 @@ fn no_names_for_a_user_who_cannot_list(remote: bool) {
         std::fs::write(src.join("open/public"), b"x").unwrap();
         for q in [&p, &p.join("inner")] {
             std::os::unix::fs::chown(q, Some(A), Some(A)).unwrap();
-            std::fs::set_permissions(q, std::fs::Permissions::from_mode(0o700)).unwrap();
+            let mode = if acl { 0o755 } else { 0o700 };
+            std::fs::set_permissions(q, std::fs::Permissions::from_mode(mode)).unwrap();
+            if acl {
+                let st = Command::new("setfacl")
+                    .args(["-m", &format!("u:{B}:---")])
+                    .arg(q)
+                    .status()
+                    .expect("setfacl");
+                assert!(st.success(), "setfacl");
+            }
         }
     };
     let m = if remote {

@@ -14,7 +14,9 @@
 //! (`dircache_search::DirectSource`: no symlink followed) and checks that the descriptor is the
 //! inode the cache holds; ACLs, capabilities-free root and LSMs count as natively. A remote
 //! mount (no local SRC) asks the core's access policy (mode bits of the attributes the server
-//! reported, which is what the client kernel's `default_permissions` checks). uid 0 sees
+//! reported) and, since the client kernel also applies the server's POSIX ACLs, shows nothing
+//! of a directory on whose way a directory the caller does not own has an access ACL (or one
+//! that cannot be read): conservative, an ACL that would grant is not evaluated. uid 0 sees
 //! everything (the control socket cannot see a root caller's capabilities).
 //!
 //! A directory the caller may not list is reported as `denied` with nothing about its
@@ -25,7 +27,9 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use dircache_core::{At, Cache, Cred, Error, FileType, NodeKind, NodeRef, R_OK};
+use dircache_core::{
+    At, Cache, Cred, Error, FileType, LookupFlags, NodeKind, NodeRef, XattrTarget, R_OK,
+};
 use dircache_search::source::Source;
 use serde_json::{json, Value};
 
@@ -47,10 +51,12 @@ enum Checker<'a> {
         src: dircache_search::DirectSource,
         root: OwnedFd,
     },
-    /// The core's access policy (remote mounts).
+    /// The core's access policy (remote mounts), and no POSIX ACL on the way for a caller
+    /// who does not own the directory.
     Policy {
         cache: &'a Cache,
         creds: dircache_core::Creds,
+        cred: Cred,
     },
 }
 
@@ -60,9 +66,43 @@ impl Checker<'_> {
     fn may_list(&self, rel: &[u8], node: Option<&NodeRef>) -> Result<(), Error> {
         match self {
             Checker::All => Ok(()),
-            Checker::Policy { cache, creds } => {
-                let rel: &[u8] = if rel.is_empty() { b"." } else { rel };
-                cache.access(creds, At::Root, rel, R_OK)
+            Checker::Policy { cache, creds, cred } => {
+                let target: &[u8] = if rel.is_empty() { b"." } else { rel };
+                cache.access(creds, At::Root, target, R_OK)?;
+                // The core's policy reads mode bits only, while the client's kernel also
+                // applies the server's POSIX ACLs: a named-user or named-group entry can deny
+                // what the mode bits allow. A directory on the way (the root, each ancestor,
+                // the directory itself) that has an access ACL, or whose ACL cannot be read,
+                // is not shown to a caller who does not own it (for its owner the mode's
+                // owner bits are the ACL's owner entry: exact).
+                let mut at = Vec::with_capacity(rel.len());
+                let parts = rel.split(|b| *b == b'/').filter(|c| !c.is_empty());
+                for c in std::iter::once(&b""[..]).chain(parts) {
+                    if !c.is_empty() {
+                        if !at.is_empty() {
+                            at.push(b'/');
+                        }
+                        at.extend_from_slice(c);
+                    }
+                    let here: &[u8] = if at.is_empty() { b"." } else { &at };
+                    let owner = cache.stat(creds, At::Root, here, LookupFlags::FOLLOW)?.uid;
+                    if owner == cred.uid {
+                        continue;
+                    }
+                    let target = XattrTarget {
+                        path: &at,
+                        expect: None,
+                        open: None,
+                    };
+                    match cache
+                        .backend()
+                        .getxattr(cred, target, b"system.posix_acl_access")
+                    {
+                        Err(e) if e.errno() == libc::ENODATA || e.errno() == libc::EOPNOTSUPP => {}
+                        _ => return Err(Error::Access),
+                    }
+                }
+                Ok(())
             }
             Checker::Kernel { src, root } => {
                 let fd = src.open_dir(root, rel)?;
@@ -126,6 +166,7 @@ pub fn answer(cache: &Cache, base: Option<&Arc<OwnedFd>>, cred: &Cred, req: &Val
             Checker::Policy {
                 cache,
                 creds: cache.credentials(cred.clone()),
+                cred: cred.clone(),
             }
         };
         return view(cache, &checker, &comps, max_dirs, max_names);
