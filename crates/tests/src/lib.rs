@@ -17,6 +17,7 @@ use dircache_core::{
 pub mod child_mount;
 pub mod delay_proxy;
 pub mod kernel;
+pub mod remote;
 pub mod sshd;
 
 /// A test that cannot run here (no root, no sshd, no /dev/fuse, ...). Under CI (the `CI`
