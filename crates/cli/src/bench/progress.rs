@@ -1,0 +1,3 @@
+//! The benches' progress bars: the CLI's one progress helper (crates/cli/src/progress.rs).
+
+pub use crate::progress::Progress;
