@@ -11,10 +11,11 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{can_mount, cannot_run, sh, sh_ok};
+use common::{can_mount, sh, sh_ok};
 // The remote-mount harness (crates/tests/src/remote.rs): a `Remote` (a served tree, its
 // cache directory, a stand-in ssh) mounted by `Client`s one after the other.
-use dircache_tests::remote::{eventually_within, random_bytes, Remote};
+use dircache_tests::have_tool;
+use dircache_tests::remote::{eventually_within, random_bytes, Client, Remote};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
@@ -216,9 +217,7 @@ fn read_grants_across_mounts_follow_the_server() {
     if !can_mount() {
         return;
     }
-    if Command::new("setfacl").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "setfacl missing under CI");
-        cannot_run("setfacl missing");
+    if !have_tool("setfacl") {
         return;
     }
     let r = Remote::new();
@@ -276,6 +275,23 @@ fn read_grants_across_mounts_follow_the_server() {
     );
 }
 
+/// `dircache hoard MNT MNT/rel` (not on a terminal), which must succeed: its stdout and stderr.
+fn hoard(c: &Client, rel: &str) -> (String, String) {
+    let out = Command::new(BIN)
+        .arg("hoard")
+        .arg(&c.mnt)
+        .arg(c.m(rel))
+        .stdin(Stdio::null())
+        .output()
+        .expect("dircache hoard");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    (so, se)
+}
+
 /// `dircache hoard MNT PATH`: every regular file of the subtree fetched whole (the later
 /// reads make no round trip at all), a file above `whole_file_max` skipped and said so, no
 /// progress bar on a non-terminal; the counters of `dircache stats` follow. A subtree larger
@@ -304,18 +320,7 @@ fn hoard_fetches_a_subtree_for_later_reads_without_round_trips() {
     std::fs::write(r.s("proj/big.bin"), random_bytes(300_000, 20)).unwrap();
     std::fs::write(r.s("elsewhere"), b"not hoarded").unwrap();
     let c = r.mount("1", "whole_file_max=100K");
-    let out = Command::new(BIN)
-        .arg("hoard")
-        .arg(&c.mnt)
-        .arg(c.m("proj"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{so}\n{se}");
+    let (so, se) = hoard(&c, "proj");
     eprintln!("dircache hoard printed:\n{so}");
     assert!(so.contains("hoarded 4 files"), "{so}");
     assert!(so.contains("4 fetched"), "{so}");
@@ -355,18 +360,7 @@ fn hoard_fetches_a_subtree_for_later_reads_without_round_trips() {
     c.unmount();
     // A cache_size smaller than the subtree: warned, the files beyond it skipped.
     let c = r.mount("2", "whole_file_max=100K,cache_size=50K");
-    let out = Command::new(BIN)
-        .arg("hoard")
-        .arg(&c.mnt)
-        .arg(c.m("proj"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{so}\n{se}");
+    let (so, se) = hoard(&c, "proj");
     assert!(se.contains("more than the mount's cache_size"), "{se}");
     assert!(so.contains("beyond cache_size"), "{so}");
 }

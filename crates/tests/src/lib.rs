@@ -35,6 +35,21 @@ pub fn cannot_run(why: &str) {
     );
 }
 
+/// Whether the program `tool` runs here (`tool --version`); if not, the test cannot run
+/// ([`cannot_run`]: a failure under CI) and the caller returns.
+pub fn have_tool(tool: &str) -> bool {
+    let runs = std::process::Command::new(tool)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok();
+    if !runs {
+        cannot_run(&format!("{tool} missing"));
+    }
+    runs
+}
+
 /// The errno of the last failed libc call.
 pub fn errno() -> i32 {
     std::io::Error::last_os_error()
