@@ -14,15 +14,17 @@
 //!
 //! PATH is relative to MNT (or an absolute path below MNT).
 
-use std::io::IsTerminal;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use clap::Args;
 use serde_json::{json, Value};
+
+use crate::progress::Progress;
+use crate::walk;
 
 #[derive(Args)]
 pub struct WarmArgs {
@@ -109,101 +111,55 @@ fn counters(d: &dircache_search::proto::Daemon) -> Option<(u64, u64)> {
     ))
 }
 
-/// The walk's shared state: a stack of directories to list, how many are being listed.
-struct Walk {
-    queue: Mutex<(Vec<PathBuf>, usize)>,
-    more: Condvar,
-    dev: u64,
+/// What `warm` counts of its walk.
+#[derive(Default)]
+struct Counts {
     dirs: AtomicU64,
     files: AtomicU64,
     symlinks: AtomicU64,
     other: AtomicU64,
     errors: AtomicU64,
     first_error: Mutex<Option<String>>,
+    progress: Option<Progress>,
 }
 
-impl Walk {
-    fn error(&self, p: &Path, e: &std::io::Error) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
-        let mut f = self.first_error.lock().unwrap_or_else(|e| e.into_inner());
-        if f.is_none() {
-            *f = Some(format!("{}: {e}", p.display()));
-        }
-    }
-
-    /// Next directory to list, or `None` when all are done.
-    fn next(&self) -> Option<PathBuf> {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(p) = q.0.pop() {
-                q.1 += 1;
-                return Some(p);
-            }
-            if q.1 == 0 {
-                return None;
-            }
-            q = self.more.wait(q).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn done(&self, found: Vec<PathBuf>) {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        q.1 -= 1;
-        q.0.extend(found);
-        self.more.notify_all();
-    }
-
-    /// List `dir` and lstat each entry; returns its subdirectories on the same file system.
-    fn list(&self, dir: &Path) -> Vec<PathBuf> {
-        let mut sub = Vec::new();
-        let rd = match std::fs::read_dir(dir) {
-            Ok(r) => r,
-            Err(e) => {
-                self.error(dir, &e);
-                return sub;
-            }
+impl walk::Visitor for Counts {
+    fn entry(&self, _path: &Path, md: &std::fs::Metadata) {
+        let n = if md.is_dir() {
+            return; // counted once listed
+        } else if md.file_type().is_symlink() {
+            &self.symlinks
+        } else if md.is_file() {
+            &self.files
+        } else {
+            &self.other
         };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn listed(&self, dir: &Path) {
         self.dirs.fetch_add(1, Ordering::Relaxed);
-        self.entries(dir, rd, &mut sub);
         // A listing the kernel had to ask for marks the directory's atime stale
         // (fuse_readdir_uncached -> fuse_invalidate_atime): stat it after the listing, so a
         // later `find` or `du` finds its attributes valid too.
         if let Err(e) = std::fs::symlink_metadata(dir) {
             self.error(dir, &e);
         }
-        sub
+        if let Some(p) = &self.progress {
+            p.running(format!(
+                "{} directories, {} files, {} symlinks",
+                self.dirs.load(Ordering::Relaxed),
+                self.files.load(Ordering::Relaxed),
+                self.symlinks.load(Ordering::Relaxed)
+            ));
+        }
     }
 
-    fn entries(&self, dir: &Path, rd: std::fs::ReadDir, sub: &mut Vec<PathBuf>) {
-        for ent in rd {
-            let ent = match ent {
-                Ok(e) => e,
-                Err(e) => {
-                    self.error(dir, &e);
-                    break;
-                }
-            };
-            let p = ent.path();
-            // lstat (not d_type alone): the kernel then holds every entry's attributes, as
-            // `du` or `ls -l` would need them.
-            match std::fs::symlink_metadata(&p) {
-                Ok(m) if m.is_dir() => {
-                    if m.dev() == self.dev {
-                        sub.push(p);
-                    }
-                }
-                Ok(m) if m.file_type().is_symlink() => {
-                    self.symlinks.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(m) if m.is_file() => {
-                    self.files.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(_) => {
-                    self.other.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // removed meanwhile
-                Err(e) => self.error(&p, &e),
-            }
+    fn error(&self, p: &Path, e: &std::io::Error) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let mut f = self.first_error.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            *f = Some(format!("{}: {e}", p.display()));
         }
     }
 }
@@ -233,25 +189,9 @@ pub fn run_warm(a: WarmArgs) -> anyhow::Result<i32> {
     let dev = std::fs::symlink_metadata(&d.root)?.dev();
     let before = counters(&d);
     let start = Instant::now();
-    let walk = Walk {
-        queue: Mutex::new((Vec::new(), 0)),
-        more: Condvar::new(),
-        dev,
-        dirs: AtomicU64::new(0),
-        files: AtomicU64::new(0),
-        symlinks: AtomicU64::new(0),
-        other: AtomicU64::new(0),
-        errors: AtomicU64::new(0),
-        first_error: Mutex::new(None),
-    };
     for r in &roots {
         match std::fs::metadata(r) {
-            Ok(m) if m.is_dir() => walk
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .0
-                .push(r.clone()),
+            Ok(m) if m.is_dir() => {}
             Ok(_) => {
                 eprintln!("dircache warm: {}: not a directory", r.display());
                 return Ok(2);
@@ -262,52 +202,13 @@ pub fn run_warm(a: WarmArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    let bar = if std::io::stderr().is_terminal() {
-        indicatif::ProgressBar::new_spinner()
-    } else {
-        indicatif::ProgressBar::hidden()
+    let mut counts = Counts {
+        progress: Some(Progress::spinner("warming")),
+        ..Counts::default()
     };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {elapsed} warming: {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
-    );
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let mut elapsed = Duration::ZERO;
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..a.jobs)
-            .map(|_| {
-                s.spawn(|| {
-                    while let Some(dir) = walk.next() {
-                        let found = walk.list(&dir);
-                        walk.done(found);
-                    }
-                })
-            })
-            .collect();
-        let (bar, walk) = (&bar, &walk);
-        s.spawn(move || loop {
-            bar.set_message(format!(
-                "{} directories, {} files, {} symlinks",
-                walk.dirs.load(Ordering::Relaxed),
-                walk.files.load(Ordering::Relaxed),
-                walk.symlinks.load(Ordering::Relaxed)
-            ));
-            bar.tick();
-            // Until the walk ends (the sender is dropped).
-            if let Err(std::sync::mpsc::RecvTimeoutError::Disconnected) =
-                stop_rx.recv_timeout(Duration::from_millis(100))
-            {
-                return;
-            }
-        });
-        // The workers end when the queue is empty and nobody is listing; then the ticker.
-        for w in workers {
-            let _ = w.join();
-        }
-        elapsed = start.elapsed();
-        drop(stop_tx);
-    });
-    bar.finish_and_clear();
+    walk::walk(roots.clone(), dev, a.jobs.into(), &counts);
+    let elapsed = start.elapsed();
+    counts.progress = None; // cleared before the summary
     let secs = elapsed.as_secs_f64();
     let after = counters(&d);
     let (requests, entries, cached) = match (before, after) {
@@ -319,7 +220,7 @@ pub fn run_warm(a: WarmArgs) -> anyhow::Result<i32> {
         _ => (None, None, None),
     };
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let first_error = walk
+    let first_error = counts
         .first_error
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -327,11 +228,11 @@ pub fn run_warm(a: WarmArgs) -> anyhow::Result<i32> {
     let summary = json!({
         "mnt": d.root.display().to_string(),
         "paths": roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>(),
-        "dirs": g(&walk.dirs),
-        "files": g(&walk.files),
-        "symlinks": g(&walk.symlinks),
-        "other": g(&walk.other),
-        "errors": g(&walk.errors),
+        "dirs": g(&counts.dirs),
+        "files": g(&counts.files),
+        "symlinks": g(&counts.symlinks),
+        "other": g(&counts.other),
+        "errors": g(&counts.errors),
         "first_error": first_error,
         "fuse_requests": requests,
         "entries_added": entries,
@@ -350,20 +251,20 @@ pub fn run_warm(a: WarmArgs) -> anyhow::Result<i32> {
                 .map(|r| r.display().to_string())
                 .collect::<Vec<_>>()
                 .join(" "),
-            g(&walk.dirs),
-            g(&walk.files),
-            g(&walk.symlinks),
-            g(&walk.other),
+            g(&counts.dirs),
+            g(&counts.files),
+            g(&counts.symlinks),
+            g(&counts.other),
             secs,
             opt(requests.map(|n| n as i64)),
             opt(cached.map(|n| n as i64)),
             entries.unwrap_or(0),
         );
         if let Some(e) = &first_error {
-            println!("{} errors (first: {e})", g(&walk.errors));
+            println!("{} errors (first: {e})", g(&counts.errors));
         }
     }
-    Ok(if g(&walk.errors) > 0 { 1 } else { 0 })
+    Ok(if g(&counts.errors) > 0 { 1 } else { 0 })
 }
 
 pub fn run_cached(a: CachedArgs) -> anyhow::Result<i32> {

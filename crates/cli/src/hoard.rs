@@ -12,12 +12,15 @@
 //! open (ranged reads) and are skipped, as are files that no longer fit in `cache_size`
 //! once the files before them are counted.
 
-use std::io::IsTerminal;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+
+use crate::progress::Progress;
+use crate::walk;
 
 #[derive(clap::Args)]
 pub struct HoardArgs {
@@ -46,41 +49,61 @@ struct File {
     size: u64,
 }
 
-/// Regular files below `root` (not following symbolic links, not leaving its file system);
-/// unreadable directories are counted in `errors`.
-fn walk(root: &Path, dev: u64, files: &mut Vec<File>, errors: &mut Vec<String>) {
-    let md = match std::fs::symlink_metadata(root) {
-        Ok(m) => m,
-        Err(e) => {
-            errors.push(format!("{}: {e}", root.display()));
-            return;
+/// What the walk found: regular files on the mount's device, and what could not be read.
+struct Found {
+    dev: u64,
+    files: Mutex<Vec<File>>,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Found {
+    fn file(&self, path: &Path, md: &std::fs::Metadata) {
+        if md.is_file() && md.dev() == self.dev {
+            let f = File {
+                path: path.to_path_buf(),
+                size: md.len(),
+            };
+            self.files.lock().unwrap_or_else(|e| e.into_inner()).push(f);
         }
+    }
+}
+
+impl walk::Visitor for Found {
+    fn entry(&self, path: &Path, md: &std::fs::Metadata) {
+        self.file(path, md);
+    }
+
+    fn error(&self, path: &Path, e: &std::io::Error) {
+        let e = format!("{}: {e}", path.display());
+        self.errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(e);
+    }
+}
+
+/// Regular files below `root` (not following symbolic links, not leaving its file system),
+/// in path order; unreadable directories go to `errors`.
+fn files_below(root: &Path, dev: u64, files: &mut Vec<File>, errors: &mut Vec<String>) {
+    let found = Found {
+        dev,
+        files: Mutex::new(Vec::new()),
+        errors: Mutex::new(Vec::new()),
     };
-    if md.dev() != dev {
-        return;
-    }
-    if md.is_file() {
-        files.push(File {
-            path: root.to_path_buf(),
-            size: md.len(),
-        });
-        return;
-    }
-    if !md.is_dir() {
-        return;
-    }
-    let rd = match std::fs::read_dir(root) {
-        Ok(rd) => rd,
-        Err(e) => {
-            errors.push(format!("{}: {e}", root.display()));
-            return;
+    match std::fs::symlink_metadata(root) {
+        Ok(md) if md.is_dir() && md.dev() == dev => {
+            walk::walk(vec![root.to_path_buf()], dev, 1, &found)
         }
-    };
-    let mut names: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
-    names.sort();
-    for p in names {
-        walk(&p, dev, files, errors);
+        Ok(md) => found.file(root, &md),
+        Err(e) => walk::Visitor::error(&found, root, &e),
     }
+    let mut f = found.files.into_inner().unwrap_or_else(|e| e.into_inner());
+    // The order of a depth-first walk with each directory's names sorted.
+    f.sort_by(|a, b| a.path.cmp(&b.path));
+    files.extend(f);
+    let mut e = found.errors.into_inner().unwrap_or_else(|e| e.into_inner());
+    e.sort();
+    errors.extend(e);
 }
 
 fn human(b: u64) -> String {
@@ -134,7 +157,7 @@ pub fn run(a: HoardArgs) -> Result<i32> {
             );
             return Ok(2);
         }
-        walk(&p, dev, &mut files, &mut errors);
+        files_below(&p, dev, &mut files, &mut errors);
     }
     let total: u64 = files
         .iter()
@@ -149,20 +172,7 @@ pub fn run(a: HoardArgs) -> Result<i32> {
             human(cache_size)
         );
     }
-    let bar = if std::io::stderr().is_terminal() {
-        indicatif::ProgressBar::with_draw_target(
-            Some(total),
-            indicatif::ProgressDrawTarget::stderr(),
-        )
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bytes}/{total_bytes} {wide_msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = Progress::bytes(total);
     let (mut done, mut done_bytes) = (0u64, 0u64);
     let (mut too_large, mut too_large_bytes) = (0u64, 0u64);
     let (mut over, mut over_bytes) = (0u64, 0u64);
@@ -177,7 +187,7 @@ pub fn run(a: HoardArgs) -> Result<i32> {
             over_bytes += f.size;
             continue;
         }
-        bar.set_message(
+        bar.running(
             f.path
                 .strip_prefix(&mnt)
                 .unwrap_or(&f.path)
@@ -192,9 +202,9 @@ pub fn run(a: HoardArgs) -> Result<i32> {
             }
             Err(e) => errors.push(format!("{}: {e}", f.path.display())),
         }
-        bar.inc(f.size);
+        bar.inc_by(f.size);
     }
-    bar.finish_and_clear();
+    drop(bar);
     let after = mount_stats(&mnt).unwrap_or_default();
     let delta = |k: &str| {
         backend_counter(&after, k)

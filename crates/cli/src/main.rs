@@ -12,11 +12,13 @@ mod logs;
 mod lsline;
 mod metricsopt;
 mod mount;
+mod progress;
 mod remote;
 mod search;
 mod serve;
 mod statwatch;
 mod umount;
+mod walk;
 
 use clap::{CommandFactory, Parser, Subcommand};
 

@@ -52,14 +52,7 @@ impl Mounted {
         let mut c = Command::new(BIN);
         c.arg("mount");
         if remote {
-            let fake = dir.path().join("fake-ssh");
-            std::fs::write(
-                &fake,
-                "#!/bin/sh\n# A stand-in for ssh: run the remote command here.\n\
-                 for last; do :; done\nexec sh -c \"exec $last\"\n",
-            )
-            .unwrap();
-            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let fake = dircache_tests::remote::stand_in_ssh(dir.path());
             c.arg(format!("localhost:{}", src.display())).arg(&mnt);
             c.arg("-o").arg(format!(
                 "ssh_command={},serve_command={BIN}",

@@ -43,14 +43,7 @@ impl Mount {
         let mut src_arg = src.clone().into_os_string();
         let mut opts = opts.to_string();
         if remote {
-            let fake = dir.path().join("fake-ssh");
-            std::fs::write(
-                &fake,
-                "#!/bin/sh\nfor last; do :; done\nexec sh -c \"exec $last\"\n",
-            )
-            .unwrap();
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let fake = dircache_tests::remote::stand_in_ssh(dir.path());
             src_arg = format!("localhost:{}", src.display()).into();
             opts.push_str(&format!(
                 ",ssh_command={},serve_command={BIN},IdentityFile=/nonexistent/id",

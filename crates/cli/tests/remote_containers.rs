@@ -7,192 +7,17 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
-use common::{can_mount, cannot_run, py, sh, sh_ok};
+use common::{can_mount, py, sh, sh_ok};
+// The remote-mount harness (crates/tests/src/remote.rs): `Mount` is a mount of its own
+// remote through a stand-in ssh, containers in the remote's `cache`, the client's trace of
+// remote calls in `log` (`calls`).
+use dircache_tests::have_tool;
+use dircache_tests::remote::{eventually, eventually_or, random_bytes, RemoteMount as Mount};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
-
-/// A remote mount with containers in a cache directory of the test's; the daemon's trace log
-/// of remote calls in `log`. Drop unmounts and reaps the daemon.
-struct Mount {
-    dir: tempfile::TempDir,
-    src: PathBuf,
-    mnt: PathBuf,
-    cache: PathBuf,
-    log: PathBuf,
-    daemon: Option<Child>,
-}
-
-impl Mount {
-    fn start(extra: &str) -> Mount {
-        let dir = tempfile::Builder::new()
-            .prefix("dccontainer")
-            .tempdir()
-            .expect("tempdir");
-        let src = dir.path().join("src");
-        let mnt = dir.path().join("mnt");
-        let cache = dir.path().join("cache");
-        for d in [&src, &mnt, &cache] {
-            std::fs::create_dir(d).unwrap();
-        }
-        common::chmod(dir.path(), 0o755);
-        common::chmod(&src, 0o755);
-        common::chmod(&cache, 0o700);
-        let fake = dir.path().join("fake-ssh");
-        std::fs::write(
-            &fake,
-            format!(
-                "#!/bin/sh\nfor last; do :; done\necho $$ > {pid}\nexec sh -c \"exec $last\"\n",
-                pid = dir.path().join("server-pid").display(),
-            ),
-        )
-        .unwrap();
-        common::chmod(&fake, 0o755);
-        let log = dir.path().join("client.log");
-        let mut opts = format!(
-            "ssh_command={},serve_command={BIN},cache_dir={}",
-            fake.display(),
-            cache.display()
-        );
-        if !extra.is_empty() {
-            opts.push(',');
-            opts.push_str(extra);
-        }
-        let daemon = Command::new(BIN)
-            .arg("mount")
-            .arg("-f")
-            .arg(format!("localhost:{}", src.display()))
-            .arg(&mnt)
-            .arg("-o")
-            .arg(opts)
-            .env(
-                "DIRCACHE_LOG",
-                "dircache_remote::client=trace,dircache_remote::client::container=debug",
-            )
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("dircache mount");
-        let mut m = Mount {
-            dir,
-            src,
-            mnt,
-            cache,
-            log,
-            daemon: Some(daemon),
-        };
-        let end = Instant::now() + Duration::from_secs(60);
-        while !dircache_fuse::is_mount_point(&m.mnt) {
-            if let Some(Ok(Some(st))) = m.daemon.as_mut().map(|d| d.try_wait()) {
-                panic!("dircache mount exited: {st}\n{}", m.log_text());
-            }
-            assert!(Instant::now() < end, "the remote mount did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
-    }
-
-    fn m(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel)
-    }
-
-    /// Writes `name` on the server and waits until the mount shows it with that size: the
-    /// tree was fetched at mount, so a name made on the server afterwards shows once its
-    /// callback has come.
-    fn put(&self, name: &str, data: impl AsRef<[u8]>) {
-        let data = data.as_ref();
-        std::fs::write(self.s(name), data).unwrap();
-        let want = data.len() as u64;
-        eventually(&format!("{name} seen through the mount"), || {
-            std::fs::metadata(self.m(name)).is_ok_and(|m| m.len() == want)
-        });
-    }
-
-    fn s(&self, rel: &str) -> PathBuf {
-        self.src.join(rel)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Remote calls so far whose description contains `what` ("" = all).
-    fn calls(&self, what: &str) -> usize {
-        self.log_text()
-            .lines()
-            .filter(|l| l.contains("remote call") && l.contains(what))
-            .count()
-    }
-
-    fn server_pid(&self) -> i32 {
-        std::fs::read_to_string(self.dir.path().join("server-pid"))
-            .expect("server pid")
-            .trim()
-            .parse()
-            .expect("a pid")
-    }
-
-    /// Bytes of container files in the cache directory now.
-    fn cached_bytes(&self) -> u64 {
-        let mut n = 0;
-        for d in std::fs::read_dir(&self.cache).unwrap() {
-            let d = d.unwrap().path();
-            if d.is_dir() {
-                for f in std::fs::read_dir(&d).unwrap() {
-                    n += f.unwrap().metadata().map(|m| m.len()).unwrap_or(0);
-                }
-            }
-        }
-        n
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if dircache_fuse::unmount(&self.mnt).is_err() {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        if let Some(mut d) = self.daemon.take() {
-            let end = Instant::now() + Duration::from_secs(20);
-            loop {
-                match d.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > end => {
-                        let _ = d.kill();
-                        let _ = d.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }
-    }
-}
-
-/// Wait until `cond` holds, at most 10 s.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < end, "not within 10 s: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// The second open+read of an unchanged file is served from its container with no round
 /// trip at all; the first fetched it whole (and its bytes are right).
@@ -426,9 +251,7 @@ fn another_user_denied_by_the_server_cannot_read_the_container() {
     if !can_mount() {
         return;
     }
-    if Command::new("setfacl").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "setfacl missing under CI");
-        cannot_run("setfacl missing");
+    if !have_tool("setfacl") {
         return;
     }
     let t = Mount::start("noacl");
@@ -592,22 +415,22 @@ fn a_read_through_an_old_open_after_a_callback_does_not_stick() {
             "round {round}: the old open read {got:?}"
         );
         drop(f);
-        // Every new open reads the new contents (within 10 s; in practice at once).
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            let last = std::fs::read(t.m("h")).unwrap();
-            if last == new {
-                break;
-            }
-            assert!(
-                Instant::now() < end,
-                "round {round}: new opens still read {:?}, not {:?} (size {:?})",
-                String::from_utf8_lossy(&last),
-                String::from_utf8_lossy(new),
-                std::fs::metadata(t.m("h")).map(|m| m.len())
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        // Every new open reads the new contents (in practice at once).
+        eventually_or(
+            &format!("round {round}: new opens read the new contents"),
+            || {
+                let last = std::fs::read(t.m("h")).unwrap();
+                if last == new {
+                    return Ok(());
+                }
+                Err(format!(
+                    "they read {:?}, not {:?} (size {:?})",
+                    String::from_utf8_lossy(&last),
+                    String::from_utf8_lossy(new),
+                    std::fs::metadata(t.m("h")).map(|m| m.len())
+                ))
+            },
+        );
     }
 }
 
@@ -622,9 +445,7 @@ fn acls_answered_from_listings_are_still_enforced() {
     if !can_mount() {
         return;
     }
-    if Command::new("setfacl").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "setfacl missing under CI");
-        cannot_run("setfacl missing");
+    if !have_tool("setfacl") {
         return;
     }
     let t = Mount::start("");

@@ -7,226 +7,21 @@
 #[path = "../../fuse/tests/common/mod.rs"]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{can_mount, cannot_run, sh, sh_ok};
+use common::{can_mount, sh, sh_ok};
+// The remote-mount harness (crates/tests/src/remote.rs): a `Remote` (a served tree, its
+// cache directory, a stand-in ssh) mounted by `Client`s one after the other.
+use dircache_tests::have_tool;
+use dircache_tests::remote::{eventually_within, random_bytes, Client, Remote};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
-/// A served tree, a cache directory and (at most one at a time per `Client`) a mount of it.
-struct Remote {
-    dir: tempfile::TempDir,
-    src: PathBuf,
-    cache: PathBuf,
-    fake: PathBuf,
-}
-
-/// One mount of the remote: its daemon and its log. Drop unmounts and reaps the daemon.
-struct Client {
-    mnt: PathBuf,
-    log: PathBuf,
-    daemon: Option<Child>,
-}
-
-impl Remote {
-    fn new() -> Remote {
-        let dir = tempfile::Builder::new()
-            .prefix("dchoard")
-            .tempdir()
-            .expect("tempdir");
-        let src = dir.path().join("src");
-        let cache = dir.path().join("cache");
-        for d in [&src, &cache] {
-            std::fs::create_dir(d).unwrap();
-        }
-        common::chmod(dir.path(), 0o755);
-        common::chmod(&src, 0o755);
-        common::chmod(&cache, 0o700);
-        let fake = dir.path().join("fake-ssh");
-        std::fs::write(
-            &fake,
-            "#!/bin/sh\nfor last; do :; done\nexec sh -c \"exec $last\"\n",
-        )
-        .unwrap();
-        common::chmod(&fake, 0o755);
-        Remote {
-            dir,
-            src,
-            cache,
-            fake,
-        }
-    }
-
-    fn s(&self, rel: &str) -> PathBuf {
-        self.src.join(rel)
-    }
-
-    /// Mount at `mnt<name>` with `extra` options; waits until it is up.
-    fn mount(&self, name: &str, extra: &str) -> Client {
-        let mnt = self.dir.path().join(format!("mnt{name}"));
-        let _ = std::fs::create_dir(&mnt);
-        let log = self.dir.path().join(format!("client{name}.log"));
-        let mut opts = format!(
-            "ssh_command={},serve_command={BIN},cache_dir={}",
-            self.fake.display(),
-            self.cache.display()
-        );
-        if !extra.is_empty() {
-            opts.push(',');
-            opts.push_str(extra);
-        }
-        let daemon = Command::new(BIN)
-            .arg("mount")
-            .arg("-f")
-            .arg(format!("localhost:{}", self.src.display()))
-            .arg(&mnt)
-            .arg("-o")
-            .arg(opts)
-            .env(
-                "DIRCACHE_LOG",
-                "dircache_remote::client=trace,dircache_remote::client::container=debug",
-            )
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("dircache mount");
-        let mut c = Client {
-            mnt,
-            log,
-            daemon: Some(daemon),
-        };
-        let end = Instant::now() + Duration::from_secs(60);
-        while !dircache_fuse::is_mount_point(&c.mnt) {
-            if let Some(Ok(Some(st))) = c.daemon.as_mut().map(|d| d.try_wait()) {
-                panic!("dircache mount exited: {st}\n{}", c.log_text());
-            }
-            assert!(Instant::now() < end, "the remote mount did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        c
-    }
-
-    /// The remote's kept container directory (`r-...`), if there is one.
-    fn kept_dir(&self) -> Option<PathBuf> {
-        std::fs::read_dir(&self.cache)
-            .unwrap()
-            .map(|d| d.unwrap().path())
-            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("r-"))
-    }
-
-    /// Per-mount container directories (`m...`) in the cache directory.
-    fn per_mount_dirs(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(&self.cache)
-            .unwrap()
-            .map(|d| d.unwrap().path())
-            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with('m'))
-            .collect()
-    }
-
-    /// (name, size) of the container files in the kept directory.
-    fn containers(&self) -> Vec<(String, u64)> {
-        let Some(d) = self.kept_dir() else {
-            return Vec::new();
-        };
-        let mut v: Vec<(String, u64)> = std::fs::read_dir(d)
-            .unwrap()
-            .map(|e| e.unwrap())
-            .map(|e| {
-                (
-                    e.file_name().to_string_lossy().into_owned(),
-                    e.metadata().unwrap().len(),
-                )
-            })
-            .filter(|(n, _)| n.starts_with('c'))
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-impl Client {
-    fn m(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Remote calls so far whose description contains `what` ("" = all).
-    fn calls(&self, what: &str) -> usize {
-        self.log_text()
-            .lines()
-            .filter(|l| l.contains("remote call") && l.contains(what))
-            .count()
-    }
-
-    /// Unmount and wait for the daemon to exit (its index written).
-    fn unmount(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
-        if self.daemon.is_none() {
-            return;
-        }
-        if dircache_fuse::unmount(&self.mnt).is_err() {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        if let Some(mut d) = self.daemon.take() {
-            let end = Instant::now() + Duration::from_secs(20);
-            loop {
-                match d.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > end => {
-                        let _ = d.kill();
-                        let _ = d.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }
-    }
-
-    /// SIGKILL the daemon (by PID), then detach its dead mount.
-    fn kill9(mut self) {
-        if let Some(mut d) = self.daemon.take() {
-            let _ = d.kill();
-            let _ = d.wait();
-        }
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 /// Wait until `cond` holds, at most `secs` s.
-fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < end, "not within {secs} s: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+fn eventually(secs: u64, what: &str, cond: impl FnMut() -> bool) {
+    eventually_within(Duration::from_secs(secs), what, cond);
 }
 
 fn read(p: &Path) -> Vec<u8> {
@@ -422,9 +217,7 @@ fn read_grants_across_mounts_follow_the_server() {
     if !can_mount() {
         return;
     }
-    if Command::new("setfacl").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "setfacl missing under CI");
-        cannot_run("setfacl missing");
+    if !have_tool("setfacl") {
         return;
     }
     let r = Remote::new();
@@ -482,6 +275,23 @@ fn read_grants_across_mounts_follow_the_server() {
     );
 }
 
+/// `dircache hoard MNT MNT/rel` (not on a terminal), which must succeed: its stdout and stderr.
+fn hoard(c: &Client, rel: &str) -> (String, String) {
+    let out = Command::new(BIN)
+        .arg("hoard")
+        .arg(&c.mnt)
+        .arg(c.m(rel))
+        .stdin(Stdio::null())
+        .output()
+        .expect("dircache hoard");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    (so, se)
+}
+
 /// `dircache hoard MNT PATH`: every regular file of the subtree fetched whole (the later
 /// reads make no round trip at all), a file above `whole_file_max` skipped and said so, no
 /// progress bar on a non-terminal; the counters of `dircache stats` follow. A subtree larger
@@ -510,18 +320,7 @@ fn hoard_fetches_a_subtree_for_later_reads_without_round_trips() {
     std::fs::write(r.s("proj/big.bin"), random_bytes(300_000, 20)).unwrap();
     std::fs::write(r.s("elsewhere"), b"not hoarded").unwrap();
     let c = r.mount("1", "whole_file_max=100K");
-    let out = Command::new(BIN)
-        .arg("hoard")
-        .arg(&c.mnt)
-        .arg(c.m("proj"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{so}\n{se}");
+    let (so, se) = hoard(&c, "proj");
     eprintln!("dircache hoard printed:\n{so}");
     assert!(so.contains("hoarded 4 files"), "{so}");
     assert!(so.contains("4 fetched"), "{so}");
@@ -561,18 +360,7 @@ fn hoard_fetches_a_subtree_for_later_reads_without_round_trips() {
     c.unmount();
     // A cache_size smaller than the subtree: warned, the files beyond it skipped.
     let c = r.mount("2", "whole_file_max=100K,cache_size=50K");
-    let out = Command::new(BIN)
-        .arg("hoard")
-        .arg(&c.mnt)
-        .arg(c.m("proj"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{so}\n{se}");
+    let (so, se) = hoard(&c, "proj");
     assert!(se.contains("more than the mount's cache_size"), "{se}");
     assert!(so.contains("beyond cache_size"), "{so}");
 }

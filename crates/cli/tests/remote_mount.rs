@@ -9,11 +9,12 @@
 #[path = "../../fuse/tests/common/mod.rs"]
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use common::{can_mount, py, sh, sh_ok};
+// The remote-mount harness (crates/tests/src/remote.rs): a mount of its own remote through
+// a stand-in ssh, and waiting with a generous bound.
+use dircache_tests::remote::{eventually, RemoteMount};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
@@ -23,156 +24,13 @@ fn posix_checks() -> &'static str {
     common::posix_checks::CHECKS
 }
 
-/// A remote mount served through the CLI. Drop unmounts and reaps the daemon (and so the
-/// server, whose input closes).
-struct RemoteMount {
-    dir: tempfile::TempDir,
-    src: PathBuf,
-    mnt: PathBuf,
-    daemon: Option<Child>,
-}
-
-impl RemoteMount {
-    fn start(extra: &str) -> RemoteMount {
-        Self::start_as(extra, None)
-    }
-
-    /// With `as_user`, the server runs as that uid (through setpriv), over an SRC it owns.
-    fn start_as(extra: &str, as_user: Option<u32>) -> RemoteMount {
-        let dir = tempfile::Builder::new()
-            .prefix("dcremote")
-            .tempdir()
-            .expect("tempdir");
-        let src = dir.path().join("src");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&src).unwrap();
-        std::fs::create_dir(&mnt).unwrap();
-        common::chmod(dir.path(), 0o755);
-        let fake = dir.path().join("fake-ssh");
-        std::fs::write(
-            &fake,
-            format!(
-                "#!/bin/sh\n\
-                 # A stand-in for ssh: record the arguments, run the remote command here.\n\
-                 printf '%s\\n' \"$@\" > {args}\n\
-                 for last; do :; done\n\
-                 echo $$ > {pid}\n\
-                 exec sh -c \"exec $last\"\n",
-                args = dir.path().join("ssh-args").display(),
-                pid = dir.path().join("server-pid").display(),
-            ),
-        )
-        .unwrap();
-        common::chmod(&fake, 0o755);
-        let serve = match &as_user {
-            None => BIN.to_string(),
-            Some(uid) => {
-                // The server as an ordinary user, owning SRC.
-                let w = dir.path().join("serve-as-user");
-                std::fs::write(
-                    &w,
-                    format!(
-                        "#!/bin/sh\nexec setpriv --reuid={uid} --regid={uid} --clear-groups {BIN} \"$@\"\n"
-                    ),
-                )
-                .unwrap();
-                common::chmod(&w, 0o755);
-                std::os::unix::fs::chown(&src, Some(*uid), Some(*uid)).unwrap();
-                w.display().to_string()
-            }
-        };
-        let mut opts = format!(
-            "ssh_command={},serve_command={serve},port=2222,IdentityFile=/nonexistent/id",
-            fake.display()
-        );
-        if !extra.is_empty() {
-            opts.push(',');
-            opts.push_str(extra);
-        }
-        let daemon = Command::new(BIN)
-            .arg("mount")
-            .arg("-f")
-            .arg(format!("localhost:{}", src.display()))
-            .arg(&mnt)
-            .arg("-o")
-            .arg(opts)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("dircache mount");
-        let mut m = RemoteMount {
-            dir,
-            src,
-            mnt,
-            daemon: Some(daemon),
-        };
-        let end = Instant::now() + Duration::from_secs(60);
-        while !dircache_fuse::is_mount_point(&m.mnt) {
-            if let Some(Ok(Some(st))) = m.daemon.as_mut().map(|d| d.try_wait()) {
-                panic!("dircache mount exited: {st}");
-            }
-            assert!(Instant::now() < end, "the remote mount did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
-    }
-
-    fn m(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel)
-    }
-
-    fn s(&self, rel: &str) -> PathBuf {
-        self.src.join(rel)
-    }
-
-    fn server_pid(&self) -> i32 {
-        std::fs::read_to_string(self.dir.path().join("server-pid"))
-            .expect("server pid")
-            .trim()
-            .parse()
-            .expect("a pid")
-    }
-}
-
-impl Drop for RemoteMount {
-    fn drop(&mut self) {
-        if dircache_fuse::unmount(&self.mnt).is_err() {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        if let Some(mut d) = self.daemon.take() {
-            let end = Instant::now() + Duration::from_secs(20);
-            loop {
-                match d.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > end => {
-                        eprintln!("daemon did not exit after unmount: killing it");
-                        let _ = d.kill();
-                        let _ = d.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }
-    }
-}
-
-/// Wait until `cond` holds, at most 10 s.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < end, "not within 10 s: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn ssh_gets_sshfs_style_arguments() {
     if !can_mount() {
         return;
     }
-    let t = RemoteMount::start("StrictHostKeyChecking=no");
+    let t = RemoteMount::start("port=2222,IdentityFile=/nonexistent/id,StrictHostKeyChecking=no");
     let args = std::fs::read_to_string(t.dir.path().join("ssh-args")).unwrap();
-    // (serve_command is BIN here.)
     let args: Vec<&str> = args.lines().collect();
     let want = [
         "-x".to_string(),
@@ -186,7 +44,11 @@ fn ssh_gets_sshfs_style_arguments() {
         "-o".into(),
         "StrictHostKeyChecking=no".into(),
         "localhost".into(),
-        format!("'{BIN}' serve --stdio '{}'", t.src.display()),
+        format!(
+            "'{}' serve --stdio '{}'",
+            t.serve_command().display(),
+            t.src.display()
+        ),
     ];
     assert_eq!(args, want);
     // The mount shows its source as host:path.
@@ -388,10 +250,7 @@ fn server_killed_gives_errors_and_umount_works() {
         std::fs::metadata(t.m("never-seen")).is_err_and(|e| e.raw_os_error() == Some(libc::EIO))
     });
     dircache_fuse::unmount(&t.mnt).expect("umount with the server gone");
-    let d = t.daemon.as_mut().unwrap();
-    eventually("the daemon exits after umount", || {
-        d.try_wait().is_ok_and(|s| s.is_some())
-    });
+    eventually("the daemon exits after umount", || t.daemon_exited());
 }
 
 /// The server killed: the client starts ssh again and carries on; the cache forgot what it

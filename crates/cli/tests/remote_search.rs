@@ -9,169 +9,55 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use common::{can_mount, sh_ok};
+use common::{can_mount, sh_ok, wait_for};
+// The remote-mount harness (crates/tests/src/remote.rs): a mount through a stand-in ssh
+// whose server logs to the remote's `server.log`.
+use dircache_tests::remote::{Remote, RemoteMount, WAIT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
-/// A remote mount whose server logs (DIRCACHE_LOG=info) to `log`. Drop unmounts and reaps.
-struct RemoteMount {
-    _dir: tempfile::TempDir,
-    src: PathBuf,
-    mnt: PathBuf,
-    log: PathBuf,
-    daemon: Option<Child>,
+/// A remote mount of a tree that `fill` makes in SRC before the mount (so the server's log
+/// counts only what the tests do).
+fn start(fill: impl FnOnce(&Path)) -> RemoteMount {
+    start_as(fill, None)
 }
 
-impl RemoteMount {
-    /// `fill` makes the tree in SRC before the mount (so the server's log counts only what
-    /// the tests do).
-    fn start(fill: impl FnOnce(&Path)) -> RemoteMount {
-        Self::start_as(fill, None)
+/// With `server_uid`, the server runs as that user (setpriv), over an SRC it owns.
+fn start_as(fill: impl FnOnce(&Path), server_uid: Option<u32>) -> RemoteMount {
+    let mut remote = Remote::new();
+    fill(&remote.src);
+    if let Some(uid) = server_uid {
+        remote.serve_as(uid);
     }
+    RemoteMount::over(remote, "")
+}
 
-    /// With `server_uid`, the server runs as that user (setpriv), over an SRC it owns.
-    fn start_as(fill: impl FnOnce(&Path), server_uid: Option<u32>) -> RemoteMount {
-        let dir = tempfile::Builder::new()
-            .prefix("dcrsearch")
-            .tempdir()
-            .expect("tempdir");
-        let src = dir.path().join("src");
-        let mnt = dir.path().join("mnt");
-        let log = dir.path().join("server.log");
-        std::fs::create_dir(&src).unwrap();
-        std::fs::create_dir(&mnt).unwrap();
-        common::chmod(dir.path(), 0o755);
-        fill(&src);
-        if let Some(u) = server_uid {
-            sh_ok(&src, &format!("chown -R {u}:{u} ."));
-        }
-        let setpriv = match server_uid {
-            Some(u) => format!("setpriv --reuid={u} --regid={u} --clear-groups "),
-            None => String::new(),
-        };
-        let fake = dir.path().join("fake-ssh");
-        std::fs::write(
-            &fake,
-            "#!/bin/sh\n# A stand-in for ssh: run the remote command here.\n\
-             for last; do :; done\nexec sh -c \"exec $last\"\n",
-        )
-        .unwrap();
-        common::chmod(&fake, 0o755);
-        let serve = dir.path().join("serve-logged");
-        std::fs::write(
-            &serve,
-            format!(
-                "#!/bin/sh\nDIRCACHE_LOG=info exec {setpriv}{BIN} \"$@\" 2>>{}\n",
-                log.display()
-            ),
-        )
-        .unwrap();
-        common::chmod(&serve, 0o755);
-        let daemon = Command::new(BIN)
-            .arg("mount")
-            .arg("-f")
-            .arg(format!("localhost:{}", src.display()))
-            .arg(&mnt)
-            .arg("-o")
-            .arg(format!(
-                "ssh_command={},serve_command={}",
-                fake.display(),
-                serve.display()
-            ))
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("dircache mount");
-        let mut m = RemoteMount {
-            _dir: dir,
-            src,
-            mnt,
-            log,
-            daemon: Some(daemon),
-        };
-        let end = Instant::now() + Duration::from_secs(60);
-        while !dircache_fuse::is_mount_point(&m.mnt) {
-            if let Some(Ok(Some(st))) = m.daemon.as_mut().map(|d| d.try_wait()) {
-                panic!("dircache mount exited: {st}");
-            }
-            assert!(Instant::now() < end, "the remote mount did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
+/// What this file reads in the server's log (DIRCACHE_LOG=info): its search calls.
+trait SearchLog {
     /// Lines of the server's log about search calls that match `what`.
+    fn search_lines(&self, what: &str) -> usize;
+
+    /// Assert that the server logged exactly `n` search lines with `what`, waiting for them:
+    /// the server logs a search's completion after its last result frame, so the client may
+    /// have every result a moment before the line is written (a CI dry run read 0).
+    fn expect_search_lines(&self, what: &str, n: usize);
+}
+
+impl SearchLog for RemoteMount {
     fn search_lines(&self, what: &str) -> usize {
-        self.log()
+        self.server_log()
             .lines()
             .filter(|l| l.contains("search call") && l.contains(what))
             .count()
     }
 
-    /// Assert that the server logged exactly `n` search lines with `what`, waiting up to 10 s
-    /// for them: the server logs a search's completion after its last result frame, so the
-    /// client may have every result a moment before the line is written (a CI dry run read 0).
     fn expect_search_lines(&self, what: &str, n: usize) {
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while self.search_lines(what) < n && std::time::Instant::now() < end {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        assert_eq!(self.search_lines(what), n, "{what}:\n{}", self.log());
-    }
-
-    /// Unmount, wait for the server to end, and return how many calls it answered in all.
-    fn calls_at_unmount(mut self) -> u64 {
-        self.stop();
-        let end = Instant::now() + Duration::from_secs(20);
-        loop {
-            let log = self.log();
-            if let Some(i) = log.find("connection ends after ") {
-                let rest = &log[i + "connection ends after ".len()..];
-                let n: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-                return n.parse().expect("a call count");
-            }
-            assert!(
-                Instant::now() < end,
-                "no call count in the server log:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop(&mut self) {
-        if self.daemon.is_none() {
-            return;
-        }
-        if dircache_fuse::unmount(&self.mnt).is_err() {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        if let Some(mut d) = self.daemon.take() {
-            let end = Instant::now() + Duration::from_secs(20);
-            loop {
-                match d.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > end => {
-                        let _ = d.kill();
-                        let _ = d.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }
-    }
-}
-
-impl Drop for RemoteMount {
-    fn drop(&mut self) {
-        self.stop();
+        let _ = wait_for(WAIT, || self.search_lines(what) >= n);
+        assert_eq!(self.search_lines(what), n, "{what}:\n{}", self.server_log());
     }
 }
 
@@ -239,7 +125,7 @@ fn search_on_a_remote_mount_is_one_call_and_matches_find() {
     if !can_mount() {
         return;
     }
-    let t = RemoteMount::start(make_tree);
+    let t = start(make_tree);
     let want = find_names(Some(1000), &t.src, "*.c");
     assert!(want.len() > 50, "{want:?}");
     // (Not as root: `dircache search` does not delegate for a caller with CAP_DAC_*.)
@@ -263,7 +149,7 @@ fn a_denied_directory_is_not_searched_for_a_non_root_caller() {
         return;
     }
     // The server runs as root: it searches with the caller's credentials.
-    let t = RemoteMount::start(|src| {
+    let t = start(|src| {
         make_tree(src);
         sh_ok(src, "chmod 700 a/x2 && chmod 711 b && chmod 600 c/x3/deep");
     });
@@ -289,7 +175,7 @@ fn a_client_that_hangs_up_cancels_the_search_on_the_server() {
         return;
     }
     // Many results: every name matches, and the client stops reading after the first line.
-    let t = RemoteMount::start(|src| {
+    let t = start(|src| {
         sh_ok(
             src,
             "python3 -c \"import os\nfor i in range(400):\n d='d%d/e/f'%i; os.makedirs(d)\n \
@@ -315,14 +201,13 @@ fn a_client_that_hangs_up_cancels_the_search_on_the_server() {
     // The daemon notices, drops the delegated search and tells the server to stop it (the
     // server's own cancellation is crates/remote/src/server/search.rs's unit test: the
     // search here may have finished on the server before the cancel arrives).
-    let end = Instant::now() + Duration::from_secs(30);
-    while t.search_lines("cancel requested") == 0
-        || t.search_lines("cancelled") + t.search_lines("complete") == 0
-    {
-        assert!(Instant::now() < end, "no cancel, or no end:\n{}", t.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(t.search_lines("cancel requested"), 1, "{}", t.log());
+    let ended = || {
+        t.search_lines("cancel requested") > 0
+            && t.search_lines("cancelled") + t.search_lines("complete") > 0
+    };
+    let _ = wait_for(Duration::from_secs(30), ended);
+    assert!(ended(), "no cancel, or no end:\n{}", t.server_log());
+    assert_eq!(t.search_lines("cancel requested"), 1, "{}", t.server_log());
 }
 
 #[test]
@@ -330,7 +215,7 @@ fn a_non_root_server_searches_only_for_its_own_uid() {
     if !can_mount() {
         return;
     }
-    let t = RemoteMount::start_as(make_tree, Some(1000));
+    let t = start_as(make_tree, Some(1000));
     // The server's own uid: delegated.
     let (got, err) = search(Some(1000), &t.mnt, "*.c");
     assert_eq!(got, find_names(Some(1000), &t.src, "*.c"), "{err}");

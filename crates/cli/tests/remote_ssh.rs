@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::{can_mount, cannot_run, py};
 use dircache_tests::child_mount::ChildMount;
+use dircache_tests::remote::{eventually, eventually_or};
 use dircache_tests::sshd::{sshd_available, Sshd};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
@@ -121,26 +122,6 @@ impl Client {
             .lines()
             .filter_map(|l| l.trim().parse().ok())
             .collect()
-    }
-}
-
-/// Wait until `cond` holds, at most 10 s; returns how long it took.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
-    eventually_or(what, || if cond() { Ok(()) } else { Err(String::new()) })
-}
-
-/// Wait until `probe` returns `Ok`, at most 10 s; the failure names `what` and the last
-/// state `probe` described.
-fn eventually_or(what: &str, mut probe: impl FnMut() -> Result<(), String>) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        match probe() {
-            Ok(()) => return t0.elapsed(),
-            Err(state) if t0.elapsed() >= Duration::from_secs(10) => {
-                panic!("not within 10 s: {what}; {state}")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(1)),
-        }
     }
 }
 

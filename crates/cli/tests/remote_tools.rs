@@ -1,41 +1,19 @@
 //! The remote-tree tooling through the `dircache` binary: `dircache delay-proxy` as ssh's and
 //! sshfs's ProxyCommand to a throwaway sshd, and a smoke run of `dircache bench remote`.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dircache_tests::cannot_run;
 use dircache_tests::child_mount::{is_mounted, ChildMount};
-use dircache_tests::sshd::{sshd_available, which, Sshd};
+use dircache_tests::sshd::{can_mount_sshfs, sshd_available, sshd_for_test};
 use serde_json::Value;
 
 const EXE: &str = env!("CARGO_BIN_EXE_dircache");
 
-fn sshd() -> Option<Sshd> {
-    if !sshd_available() {
-        cannot_run("needs openssh-server and openssh-client (apt-get install openssh-server)");
-        return None;
-    }
-    Some(Sshd::start().unwrap())
-}
-
-fn can_mount_sshfs() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
-        cannot_run("needs root and /dev/fuse");
-        return false;
-    }
-    if which("sshfs").is_none() {
-        cannot_run("needs sshfs (apt-get install sshfs)");
-        return false;
-    }
-    true
-}
-
 #[test]
 fn delay_proxy_as_ssh_proxycommand_delays_and_counts() {
-    let Some(s) = sshd() else { return };
+    let Some(s) = sshd_for_test() else { return };
     let dir = tempfile::tempdir().unwrap();
     let stats = dir.path().join("traffic.jsonl");
     let delay_ms = 20;
@@ -83,7 +61,7 @@ fn sshfs_through_delay_proxy_proxycommand() {
     if !can_mount_sshfs() {
         return;
     }
-    let Some(s) = sshd() else { return };
+    let Some(s) = sshd_for_test() else { return };
     let dir = tempfile::tempdir().unwrap();
     let tree = dir.path().join("tree");
     std::fs::create_dir_all(&tree).unwrap();

@@ -1,8 +1,9 @@
 //! A FUSE file system run in the foreground as our child (sshfs -f, `dircache mount -f`,
 //! bindfs -f): [`ChildMount::start`] returns once the mount point shows in
-//! `/proc/self/mountinfo` and the file system answered a stat of its root; dropping it unmounts (lazily if busy) and reaps the daemon, stopping
-//! it by PID if it lingers.
+//! `/proc/self/mountinfo` and the file system answered a stat of its root; dropping it
+//! unmounts (lazily if busy) and reaps the daemon, stopping it by PID if it lingers.
 
+use std::ffi::CString;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -46,23 +47,24 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
     out
 }
 
-/// Unmount `mnt` (umount, then a lazy umount if that fails).
+/// Unmount `mnt` (umount(2), then a lazy one if that fails). The syscall, not umount(8),
+/// which stats the file system first: a request the tests that count them would see.
 pub fn unmount(mnt: &Path) {
     if !is_mounted(mnt) {
         return;
     }
-    let ok = Command::new("umount")
-        .arg(mnt)
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok && is_mounted(mnt) {
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(mnt)
-            .stderr(Stdio::null())
-            .status();
+    if umount2(mnt, 0).is_err() && is_mounted(mnt) {
+        let _ = umount2(mnt, libc::MNT_DETACH);
+    }
+}
+
+fn umount2(mnt: &Path, flags: i32) -> std::io::Result<()> {
+    let c = CString::new(mnt.as_os_str().as_bytes())?;
+    // SAFETY: c is a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -147,7 +149,24 @@ impl ChildMount {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Unmount and reap the daemon (what Drop does).
+    /// Whether the daemon has exited (it is reaped then; Drop still detaches a mount left).
+    pub fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().is_ok_and(|st| st.is_some()))
+    }
+
+    /// A crash: SIGKILL the daemon (by PID), reap it, and detach its dead mount.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = umount2(&self.mnt, libc::MNT_DETACH);
+    }
+
+    /// Unmount and reap the daemon (what Drop does). A daemon still running 20 s after the
+    /// unmount (a loaded machine writing its state) gets SIGTERM, then SIGKILL.
     pub fn stop(&mut self) {
         if self.child.is_some() {
             unmount(&self.mnt);
@@ -159,7 +178,7 @@ impl ChildMount {
         loop {
             match c.try_wait() {
                 Ok(Some(_)) => return,
-                Ok(None) if t0.elapsed() < Duration::from_secs(5) => {
+                Ok(None) if t0.elapsed() < Duration::from_secs(20) => {
                     std::thread::sleep(Duration::from_millis(10))
                 }
                 _ => break,

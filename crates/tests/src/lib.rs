@@ -17,6 +17,7 @@ use dircache_core::{
 pub mod child_mount;
 pub mod delay_proxy;
 pub mod kernel;
+pub mod remote;
 pub mod sshd;
 
 /// A test that cannot run here (no root, no sshd, no /dev/fuse, ...). Under CI (the `CI`
@@ -32,6 +33,21 @@ pub fn cannot_run(why: &str) {
         format!("\n*** SKIPPED {test}: {why}. This test did NOT run (in CI it fails). ***\n")
             .as_bytes(),
     );
+}
+
+/// Whether the program `tool` runs here (`tool --version`); if not, the test cannot run
+/// ([`cannot_run`]: a failure under CI) and the caller returns.
+pub fn have_tool(tool: &str) -> bool {
+    let runs = std::process::Command::new(tool)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok();
+    if !runs {
+        cannot_run(&format!("{tool} missing"));
+    }
+    runs
 }
 
 /// The errno of the last failed libc call.

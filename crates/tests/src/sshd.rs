@@ -39,6 +39,33 @@ pub fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// A started sshd for a test, or `None` (after [`crate::cannot_run`]: a failure under CI)
+/// when openssh-server is not installed.
+pub fn sshd_for_test() -> Option<Sshd> {
+    if !sshd_available() {
+        crate::cannot_run(
+            "needs openssh-server and openssh-client (apt-get install openssh-server)",
+        );
+        return None;
+    }
+    Some(Sshd::start().unwrap_or_else(|e| panic!("sshd: {e}")))
+}
+
+/// Whether a test can mount with sshfs here (root, /dev/fuse, sshfs); if not, says so
+/// through [`crate::cannot_run`] (a failure under CI).
+pub fn can_mount_sshfs() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+        crate::cannot_run("needs root and /dev/fuse");
+        return false;
+    }
+    if which("sshfs").is_none() {
+        crate::cannot_run("needs sshfs (apt-get install sshfs)");
+        return false;
+    }
+    true
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released: another process may take it meanwhile,
 /// which [`Sshd::start`] detects and retries).
 pub fn free_port() -> std::io::Result<u16> {

@@ -1,21 +1,11 @@
 //! The throwaway sshd on loopback (`dircache_tests::sshd`), alone and behind the delay proxy,
 //! and sshfs mounting through it (the harness the remote tests and `bench remote` use).
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use dircache_tests::cannot_run;
 use dircache_tests::child_mount::{is_mounted, ChildMount};
 use dircache_tests::delay_proxy::DelayProxy;
-use dircache_tests::sshd::{sshd_available, which, Sshd};
-
-fn sshd() -> Option<Sshd> {
-    if !sshd_available() {
-        cannot_run("needs openssh-server and openssh-client (apt-get install openssh-server)");
-        return None;
-    }
-    Some(Sshd::start().unwrap())
-}
+use dircache_tests::sshd::{can_mount_sshfs, sshd_for_test, Sshd};
 
 fn run_ok(mut c: std::process::Command) -> String {
     let o = c.stdin(std::process::Stdio::null()).output().unwrap();
@@ -30,7 +20,7 @@ fn run_ok(mut c: std::process::Command) -> String {
 
 #[test]
 fn ssh_runs_a_command_as_the_current_user() {
-    let Some(s) = sshd() else { return };
+    let Some(s) = sshd_for_test() else { return };
     let out = run_ok(s.ssh(s.port(), None, "echo hello from $(id -u)"));
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
@@ -46,7 +36,7 @@ fn ssh_runs_a_command_as_the_current_user() {
 
 #[test]
 fn ssh_through_the_delay_proxy_pays_round_trips() {
-    let Some(s) = sshd() else { return };
+    let Some(s) = sshd_for_test() else { return };
     let delay = Duration::from_millis(25);
     let proxy = DelayProxy::start(("127.0.0.1", s.port()), delay).unwrap();
     let t0 = Instant::now();
@@ -95,25 +85,12 @@ fn sshfs_roundtrip(s: &Sshd, port: u16, tag: &str) {
     assert!(!is_mounted(&mnt), "{tag}: still mounted after drop");
 }
 
-fn can_sshfs() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
-        cannot_run("needs root and /dev/fuse");
-        return false;
-    }
-    if which("sshfs").is_none() {
-        cannot_run("needs sshfs (apt-get install sshfs)");
-        return false;
-    }
-    true
-}
-
 #[test]
 fn sshfs_mounts_through_sshd_directly_and_through_the_proxy() {
-    if !can_sshfs() {
+    if !can_mount_sshfs() {
         return;
     }
-    let Some(s) = sshd() else { return };
+    let Some(s) = sshd_for_test() else { return };
     sshfs_roundtrip(&s, s.port(), "direct");
     let proxy = DelayProxy::start(("127.0.0.1", s.port()), Duration::from_millis(2)).unwrap();
     sshfs_roundtrip(&s, proxy.port(), "proxied");
@@ -122,10 +99,10 @@ fn sshfs_mounts_through_sshd_directly_and_through_the_proxy() {
 
 #[test]
 fn a_failed_sshfs_mount_leaves_nothing_behind() {
-    if !can_sshfs() {
+    if !can_mount_sshfs() {
         return;
     }
-    let Some(s) = sshd() else { return };
+    let Some(s) = sshd_for_test() else { return };
     let root = tempfile::tempdir().unwrap();
     let mnt = root.path().join("mnt");
     let missing = root.path().join("no-such-dir");

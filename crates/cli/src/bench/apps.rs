@@ -1,6 +1,6 @@
 //! `dircache bench apps`: real programs on native SRC, on a bindfs mount and on a dircache
 //! mount of SRC, warm and cold, interleaved, with the FUSE requests that reached each daemon
-//! (issue 3's benchmark).
+//! (issue 3's benchmark; the targets it judges are issue 9's).
 //!
 //! Method. A source-like tree with a git repository, directories of 10..10,000 entries, a deep
 //! chain with a symlink and a large file are generated in a temporary SRC. For every workload,
@@ -1427,7 +1427,7 @@ fn print_targets(rows: &[Row]) {
         .iter()
         .any(|r| r.system == "dircache" && !r.times.is_empty());
     if !has_dc {
-        println!("\ntargets (issue 3): no dircache rows (mount unavailable), nothing to judge");
+        println!("\ntargets (issue 9): no dircache rows (mount unavailable), nothing to judge");
         return;
     }
     let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
@@ -1437,7 +1437,7 @@ fn print_targets(rows: &[Row]) {
             names.push(&r.workload);
         }
     }
-    println!("\ntargets (issue 3):");
+    println!("\ntargets (issue 9):");
     // Warm <= 1.10x native on every metadata workload.
     let mut worst: Vec<(f64, &str)> = Vec::new();
     let mut missing = Vec::new();
