@@ -35,38 +35,32 @@ pub struct RequestGroups {
     kept: Mutex<HashMap<u32, Arc<File>>>,
 }
 
-/// The fourth field (the fs id) of a `Uid:` or `Gid:` line of a `/proc/PID/status` file.
-fn fs_id(status: &str, key: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))?
-        .split_whitespace()
-        .nth(3)?
-        .parse()
-        .ok()
+/// The numbers in `field` (whitespace-separated decimal ids).
+fn ids(field: &[u8]) -> impl Iterator<Item = Option<u32>> + '_ {
+    field
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|w| !w.is_empty())
+        .map(|w| std::str::from_utf8(w).ok()?.parse().ok())
 }
 
-/// Parse the `Groups:` line of a `/proc/PID/status` file.
-pub fn parse_groups(status: &str) -> Vec<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|rest| {
-            rest.split_whitespace()
-                .filter_map(|g| g.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The groups in `status` when it is the status of a thread with fs uid `uid` and fs gid
-/// `gid`; none otherwise.
-fn groups_of(status: &str, uid: u32, gid: u32) -> Vec<u32> {
-    if fs_id(status, "Uid:") == Some(uid) && fs_id(status, "Gid:") == Some(gid) {
-        parse_groups(status)
-    } else {
-        Vec::new()
+/// The groups in the text of a `/proc/PID/status` file when it is the status of a thread with
+/// fs uid `uid` and fs gid `gid` (the fourth id of its `Uid:` and `Gid:` lines); none
+/// otherwise. One pass over the bytes, up to the `Groups:` line.
+fn groups_of(status: &[u8], uid: u32, gid: u32) -> Vec<u32> {
+    let (mut fsuid, mut fsgid) = (None, None);
+    for line in status.split(|&b| b == b'\n') {
+        if let Some(r) = line.strip_prefix(b"Uid:") {
+            fsuid = ids(r).nth(3).flatten();
+        } else if let Some(r) = line.strip_prefix(b"Gid:") {
+            fsgid = ids(r).nth(3).flatten();
+        } else if let Some(r) = line.strip_prefix(b"Groups:") {
+            if fsuid != Some(uid) || fsgid != Some(gid) {
+                return Vec::new();
+            }
+            return ids(r).flatten().collect();
+        }
     }
+    Vec::new()
 }
 
 /// Whether `buf` holds a whole `Groups:` line (the last line [`groups_of`] needs: `Uid:` and
@@ -134,7 +128,7 @@ impl RequestGroups {
         }
         let groups = self
             .status(pid)
-            .map(|s| groups_of(&String::from_utf8_lossy(&s), uid, gid))
+            .map(|s| groups_of(&s, uid, gid))
             .unwrap_or_default();
         Cred::new(uid, gid, groups)
     }
@@ -152,19 +146,31 @@ mod tests {
 
     #[test]
     fn parses_groups_line() {
-        let s = "Name:\tbash\nUid:\t0\t0\t0\t0\nGroups:\t4 24 27 \nNgid:\t0\n";
-        assert_eq!(parse_groups(s), vec![4, 24, 27]);
-        assert_eq!(parse_groups("Groups:\t\n"), Vec::<u32>::new());
-        assert_eq!(parse_groups("Name: x\n"), Vec::<u32>::new());
+        let s = b"Name:\tbash\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nGroups:\t4 24 27 \nNgid:\t0\n";
+        assert_eq!(groups_of(s, 0, 0), vec![4, 24, 27]);
+        assert_eq!(
+            groups_of(b"Uid:\t0 0 0 0\nGid:\t0 0 0 0\nGroups:\t\n", 0, 0),
+            Vec::<u32>::new()
+        );
+        assert_eq!(groups_of(b"Name: x\n", 0, 0), Vec::<u32>::new());
+        // A name that is not UTF-8 does not matter.
+        assert_eq!(
+            groups_of(
+                b"Name:\t\xff\nUid:\t0 0 0 0\nGid:\t0 0 0 0\nGroups:\t5\n",
+                0,
+                0
+            ),
+            vec![5]
+        );
     }
 
     #[test]
     fn groups_only_for_the_headers_fs_ids() {
-        let s = "Uid:\t1000\t1000\t1000\t1001\nGid:\t50\t50\t50\t51\nGroups:\t4 24\n";
+        let s = b"Uid:\t1000\t1000\t1000\t1001\nGid:\t50\t50\t50\t51\nGroups:\t4 24\n";
         assert_eq!(groups_of(s, 1001, 51), vec![4, 24]);
         assert_eq!(groups_of(s, 1000, 51), Vec::<u32>::new());
         assert_eq!(groups_of(s, 1001, 50), Vec::<u32>::new());
-        assert_eq!(groups_of("Groups:\t4\n", 0, 0), Vec::<u32>::new());
+        assert_eq!(groups_of(b"Groups:\t4\n", 0, 0), Vec::<u32>::new());
     }
 
     #[test]
