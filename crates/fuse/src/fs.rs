@@ -248,7 +248,7 @@ impl DircacheFs {
             cache,
             policy,
             inodes: inodes.clone(),
-            groups: RequestGroups,
+            groups: RequestGroups::default(),
             files: OpenFiles::new(),
             fds,
             next_fh: AtomicU64::new(1),

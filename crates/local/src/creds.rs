@@ -48,7 +48,10 @@
 //! them; [`ActAs::when`] skips the switch when told the process cannot switch (an unprivileged
 //! daemon acts as itself, which no caller can exceed through it). Switching again from inside
 //! a guard whose policy trimmed the capabilities fails (CAP_SETGID is gone) and changes
-//! nothing. [`Caps::FsOnly`] does not look at the capabilities: restoring an fs uid of 0 raises
+//! nothing, unless it has nothing to change. A switch changes only the ids and groups that
+//! differ from the thread's (queried at every switch, never remembered: one `getgroups` and two
+//! fs id queries) and its guard puts back only those: a root caller of a root daemon whose
+//! groups are the daemon's costs three syscalls instead of fourteen. [`Caps::FsOnly`] does not look at the capabilities: restoring an fs uid of 0 raises
 //! the permitted fs capabilities, which is exact when the thread held them effective before
 //! (the daemon does).
 
@@ -82,19 +85,43 @@ fn rustix_err(e: rustix::io::Errno) -> Error {
 }
 
 fn raw_getgroups() -> Result<Vec<u32>> {
-    // SAFETY: size 0 with a null pointer only asks for the number of groups.
-    let n = unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<libc::gid_t>()) };
-    if n < 0 {
-        return Err(os_err());
+    // One call into a buffer that holds the usual number of groups; asking for the number
+    // first only when it is too small (EINVAL).
+    let mut v = vec![0u32; 32];
+    loop {
+        let size = libc::c_long::try_from(v.len()).unwrap_or(libc::c_long::MAX);
+        // SAFETY: `v` has room for `size` gid_t values, which is the size passed.
+        let m = unsafe { libc::syscall(libc::SYS_getgroups, size, v.as_mut_ptr()) };
+        if m >= 0 {
+            v.truncate(usize::try_from(m).unwrap_or(0));
+            return Ok(v);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            return Err(Error::from(e));
+        }
+        // SAFETY: size 0 with a null pointer only asks for the number of groups.
+        let n =
+            unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<libc::gid_t>()) };
+        if n < 0 {
+            return Err(os_err());
+        }
+        v = vec![0u32; usize::try_from(n).unwrap_or(0).max(v.len() * 2)];
     }
-    let mut v = vec![0u32; usize::try_from(n).unwrap_or(0)];
-    // SAFETY: `v` has room for `n` gid_t values, which is the size passed.
-    let m = unsafe { libc::syscall(libc::SYS_getgroups, n, v.as_mut_ptr()) };
-    if m < 0 {
-        return Err(os_err());
+}
+
+/// Whether group lists `a` and `b` hold the same groups (in any order, with repeats).
+fn same_groups(a: &[u32], b: &[u32]) -> bool {
+    if a == b {
+        return true;
     }
-    v.truncate(usize::try_from(m).unwrap_or(0));
-    Ok(v)
+    let set = |g: &[u32]| {
+        let mut g = g.to_vec();
+        g.sort_unstable();
+        g.dedup();
+        g
+    };
+    set(a) == set(b)
 }
 
 fn raw_setgroups(groups: &[u32]) -> Result<()> {
@@ -124,11 +151,11 @@ fn raw_setfs(sys: libc::c_long, id: u32) -> Result<()> {
     Ok(())
 }
 
-/// What a guard puts back.
+/// What a guard puts back: only what the switch changed (`None`: left as it was).
 struct Saved {
-    fsuid: u32,
-    fsgid: u32,
-    groups: Vec<u32>,
+    fsuid: Option<u32>,
+    fsgid: Option<u32>,
+    groups: Option<Vec<u32>>,
     /// The capability sets, when the policy changes them.
     caps: Option<CapabilitySets>,
 }
@@ -203,21 +230,38 @@ impl ActAs {
             Caps::AdminOnly { shared: false } if cred.uid == 0 => None,
             _ => Some(rustix::thread::capabilities(None).map_err(rustix_err)?),
         };
+        // Only what differs is changed (and then put back): a caller with the thread's own
+        // ids and groups (a root caller of a root daemon) costs three queries.
         let groups = raw_getgroups()?;
         let fsuid = raw_getfs(libc::SYS_setfsuid);
         let fsgid = raw_getfs(libc::SYS_setfsgid);
-        raw_setgroups(cred.groups())?;
+        let groups = if same_groups(&groups, cred.groups()) {
+            None
+        } else {
+            raw_setgroups(cred.groups())?;
+            Some(groups)
+        };
         // From here on, the guard restores everything, also on error.
-        let guard = ActAs {
+        let mut guard = ActAs {
             saved: Some(Saved {
-                fsuid,
-                fsgid,
+                fsuid: None,
+                fsgid: None,
                 groups,
                 caps: saved_caps,
             }),
         };
-        raw_setfs(libc::SYS_setfsgid, cred.gid)?;
-        raw_setfs(libc::SYS_setfsuid, cred.uid)?;
+        if fsgid != cred.gid {
+            if let Some(s) = guard.saved.as_mut() {
+                s.fsgid = Some(fsgid);
+            }
+            raw_setfs(libc::SYS_setfsgid, cred.gid)?;
+        }
+        if fsuid != cred.uid {
+            if let Some(s) = guard.saved.as_mut() {
+                s.fsuid = Some(fsuid);
+            }
+            raw_setfs(libc::SYS_setfsuid, cred.uid)?;
+        }
         // After the id switch (setfsuid needs CAP_SETUID); the guard restores them first.
         // (What the fs uid switch dropped are fs capabilities, which no policy keeps.)
         if let Some(saved) = saved_caps {
@@ -242,9 +286,13 @@ impl Drop for ActAs {
             None => true,
         };
         // fsuid first: going back to 0 raises the permitted fs capabilities.
-        let b = raw_setfs(libc::SYS_setfsuid, s.fsuid).is_ok();
-        let c = raw_setfs(libc::SYS_setfsgid, s.fsgid).is_ok();
-        let d = raw_setgroups(&s.groups).is_ok();
+        let b = s
+            .fsuid
+            .is_none_or(|u| raw_setfs(libc::SYS_setfsuid, u).is_ok());
+        let c = s
+            .fsgid
+            .is_none_or(|g| raw_setfs(libc::SYS_setfsgid, g).is_ok());
+        let d = s.groups.as_ref().is_none_or(|g| raw_setgroups(g).is_ok());
         // That raise may have added fs capabilities the saved effective set lacked.
         let e = match s.caps {
             Some(c) if c.effective != c.permitted => {
@@ -430,5 +478,59 @@ mod tests {
         }
         assert_eq!(fsuid(), 0);
         assert_eq!(rustix::thread::capabilities(None).ok(), Some(before));
+    }
+
+    #[test]
+    fn same_groups_ignores_order_and_repeats() {
+        assert!(same_groups(&[1, 2, 2], &[2, 1]));
+        assert!(same_groups(&[], &[]));
+        assert!(!same_groups(&[1], &[1, 2]));
+    }
+
+    /// A switch changes only what differs from the thread's ids and groups, and its guard puts
+    /// back exactly what the thread had, also when the thread's fs gid and groups were not
+    /// the process's (a switch queries them, never remembers them).
+    #[test]
+    fn switch_changes_only_what_differs_and_restores_exactly() {
+        if !can_switch() {
+            return;
+        }
+        let fsgid = || raw_getfs(libc::SYS_setfsgid);
+        let groups = || {
+            let mut g = raw_getgroups().unwrap();
+            g.sort_unstable();
+            g
+        };
+        // On a thread of its own (this one's ids are changed behind ActAs's back first).
+        std::thread::spawn(move || {
+            raw_setgroups(&[31, 32]).unwrap();
+            raw_setfs(libc::SYS_setfsgid, 30).unwrap();
+            let same = Cred::new(0, 30, [31, 32]);
+            {
+                let _g = ActAs::switch(&same, Caps::FsOnly).unwrap();
+                assert_eq!((fsuid(), fsgid(), groups()), (0, 30, vec![31, 32]));
+            }
+            {
+                let _g = ActAs::switch(&Cred::new(0, 40, [31, 32]), Caps::FsOnly).unwrap();
+                assert_eq!((fsuid(), fsgid(), groups()), (0, 40, vec![31, 32]));
+            }
+            assert_eq!((fsuid(), fsgid(), groups()), (0, 30, vec![31, 32]));
+            {
+                let c = Cred::new(1000, 30, [41]);
+                let _g = ActAs::switch(&c, Caps::AdminOnly { shared: false }).unwrap();
+                assert_eq!((fsuid(), fsgid(), groups()), (1000, 30, vec![41]));
+                assert!(!has_cap(CapabilitySet::FSETID));
+                // Nothing to change: allowed inside a guard that trimmed the capabilities.
+                let _h = ActAs::switch(&c, Caps::FsOnly).unwrap();
+                assert_eq!((fsuid(), fsgid(), groups()), (1000, 30, vec![41]));
+                // Something to change: refused, and nothing changed.
+                assert!(ActAs::switch(&Cred::new(1001, 30, [41]), Caps::FsOnly).is_err());
+                assert_eq!((fsuid(), fsgid(), groups()), (1000, 30, vec![41]));
+            }
+            assert_eq!((fsuid(), fsgid(), groups()), (0, 30, vec![31, 32]));
+            assert!(has_cap(CapabilitySet::FSETID));
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -184,23 +184,20 @@ impl CacheFs {
 
     /// Check that `file` is the real inode the kernel's `nodeid` stands for (the path may name
     /// another file since the kernel's lookup). ESTALE makes the kernel look the name up again.
-    pub(super) fn check_same_inode(
-        &self,
-        nodeid: u64,
-        file: &dyn BackendFile,
-    ) -> Result<(), Errno> {
+    /// The file's attributes when the check read them.
+    fn check_same_inode(&self, nodeid: u64, file: &dyn BackendFile) -> Result<Option<Attr>, Errno> {
         let Some(key) = self.inodes.key(nodeid) else {
-            return Ok(());
+            return Ok(None);
         };
         if key == (u64::MAX, u64::MAX) {
-            return Ok(());
+            return Ok(None);
         }
         let a = file.attr().map_err(errno)?;
         if (a.dev, a.ino) != key {
             tracing::debug!("open of nodeid {nodeid}: the path names another inode now");
             return Err(Errno::ESTALE);
         }
-        Ok(())
+        Ok(Some(a))
     }
 
     /// The daemon's descriptor for an open of `ino` with `oflags` by `c`: the one this caller
@@ -212,22 +209,37 @@ impl CacheFs {
         ino: INodeNo,
         oflags: i32,
     ) -> Result<Arc<SharedFd>, Errno> {
+        self.open_shared_attr(c, ino, oflags).map(|(fd, _)| fd)
+    }
+
+    /// [`Self::open_shared`], with the file's attributes when a new descriptor was opened
+    /// (read by the check that it is the kernel's inode: one `fstat` for both).
+    fn open_shared_attr(
+        &self,
+        c: &Creds,
+        ino: INodeNo,
+        oflags: i32,
+    ) -> Result<(Arc<SharedFd>, Option<Attr>), Errno> {
         let key = FdKey::new(ino.0, oflags, c.cred().clone());
         if let Some(s) = self.fds.get(&key) {
-            return Ok(s);
+            return Ok((s, None));
         }
         self.fds.admit(key.cred.uid).map_err(Errno::from_i32)?;
         // Through a name that still stands for the kernel's inode (see `with_node`).
+        let attr = std::cell::Cell::new(None);
         let fd = self.with_node(ino, |n| {
             let fd = self.cache.open_node(c, n, oflags)?;
             match self.check_same_inode(ino.0, &*fd) {
-                Ok(()) => Ok(fd),
+                Ok(a) => {
+                    attr.set(a);
+                    Ok(fd)
+                }
                 Err(e) if e == Errno::ESTALE => Err(CoreError::Stale),
                 Err(e) => Err(CoreError::Os(e.code())),
             }
         })?;
         let uid = key.cred.uid;
-        Ok(self.fds.insert(Some(key), uid, fd))
+        Ok((self.fds.insert(Some(key), uid, fd), attr.into_inner()))
     }
 
     /// Register `file` as the passthrough backing file of `nodeid` (or share the inode's). The
@@ -355,7 +367,7 @@ impl CacheFs {
         let node = self.node(ino)?;
         let c = self.creds(req);
         let oflags = Self::open_flags(flags.0);
-        let fd = match self.open_shared(&c, ino, oflags) {
+        let (fd, checked) = match self.open_shared_attr(&c, ino, oflags) {
             // The core still has the name, the backend has not (removed outside, not yet
             // reported): as for an xattr call (`xattr_error`), forget it and answer ESTALE so
             // the kernel looks again (an open(O_CREAT) then creates, as natively).
@@ -384,7 +396,7 @@ impl CacheFs {
         // (Asked where the choice is made: with passthrough, of a read-only open; a remote
         // file's `attr` may be a round trip.)
         let fa = (self.passthrough && !writable)
-            .then(|| fd.attr().ok())
+            .then(|| checked.or_else(|| fd.attr().ok()))
             .flatten();
         let current = fa.is_none_or(|a| self.inodes.told_is(ino.0, &a));
         if !current && fa.is_some_and(|a| a.kind() == FileType::Regular) {
