@@ -541,7 +541,7 @@ fn a_conflict_keeps_both_versions() {
     if !can_mount() {
         return;
     }
-    let t = Mount::start("reconnect_timeout=30");
+    let t = Mount::start("reconnect_timeout=30,metrics=127.0.0.1:0");
     sh_ok(&t.src, "printf base > both && printf base > mine");
     eventually("the files show", || t.m("mine").exists());
     // Read until the callbacks of their creation have come (no round trip), then opened for
@@ -611,6 +611,36 @@ fn a_conflict_keeps_both_versions() {
             "both: changed on the server; the local version is {kept}"
         )),
         "{text}"
+    );
+    // Counted in `dircache stats` and on the metrics endpoint.
+    let stats = |json: bool| {
+        let mut c = Command::new(BIN);
+        c.arg("stats");
+        if json {
+            c.arg("--json");
+        }
+        let out = c.arg(&t.mnt).output().expect("dircache stats");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let v: serde_json::Value = serde_json::from_str(&stats(true)).unwrap();
+    let b = &v["backend"];
+    assert_eq!(b["conflicts"], 1, "{b}");
+    assert_eq!(b["disconnections"], 1, "{b}");
+    assert!(b["reintegrated"].as_u64().unwrap() >= 2, "{b}");
+    let human = stats(false);
+    assert!(human.contains(", 1 conflicts"), "{human}");
+    let addr: std::net::SocketAddr = v["metrics"].as_str().expect("metrics").parse().unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    use std::io::{Read, Write};
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(
+        body.lines()
+            .any(|l| l == "dircache_remote_conflicts_total 1"),
+        "{body}"
     );
 }
 
@@ -766,11 +796,6 @@ fn a_client_killed_in_the_middle_of_reintegration_applies_each_change_once() {
     eventually("the rest replayed and the log gone", || {
         !dir.join("log").exists()
     });
-    let text = t.log_text();
-    assert!(
-        text.contains("may be applied already"),
-        "a record applied before a kill was met again:\n{text}"
-    );
     assert_eq!(tree(&t.s("inbox")), tree(&base.join("expected/inbox")));
     eventually("the same through the mount", || {
         try_tree(&t.m("inbox")).is_ok_and(|g| g == tree(&base.join("expected/inbox")))
@@ -779,5 +804,10 @@ fn a_client_killed_in_the_middle_of_reintegration_applies_each_change_once() {
         !dir.join("conflicts").exists(),
         "no conflict: {}",
         std::fs::read_to_string(dir.join("conflicts")).unwrap_or_default()
+    );
+    let text = t.log_text();
+    assert!(
+        text.contains("may be applied already"),
+        "a record applied before a kill was met again:\n{text}"
     );
 }

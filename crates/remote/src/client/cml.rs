@@ -511,6 +511,39 @@ mod tests {
     }
 
     #[test]
+    fn the_replay_journal_survives_a_reopen_and_a_torn_line_is_ignored() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("cml");
+        let mut l = Log::open(&dir).unwrap();
+        let r = rec(0);
+        for _ in 0..3 {
+            l.append(r.cred.clone(), r.op.clone()).unwrap();
+        }
+        l.begin(1, None).unwrap();
+        l.done(1).unwrap();
+        l.begin(2, Some(b"a/b.dircache-conflict-1")).unwrap();
+        drop(l);
+        // A line cut short by a crash: never acted on.
+        let mut j = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("replay"))
+            .unwrap();
+        j.write_all(b"3 61").unwrap();
+        drop(j);
+        let l = Log::open(&dir).unwrap();
+        assert_eq!(l.applied().iter().map(|r| r.seq).collect::<Vec<_>>(), [1]);
+        assert_eq!(
+            l.pending().iter().map(|r| r.seq).collect::<Vec<_>>(),
+            [2, 3]
+        );
+        assert_eq!(l.begun(1), Some(None));
+        assert_eq!(l.begun(2), Some(Some(&b"a/b.dircache-conflict-1"[..])));
+        assert_eq!(l.begun(3), None);
+        l.remove_files();
+        assert!(!dir.join("replay").exists());
+    }
+
+    #[test]
     fn a_log_keeps_what_is_not_done_across_opens() {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().join("cml");

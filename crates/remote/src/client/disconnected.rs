@@ -210,6 +210,19 @@ impl Disconnected {
         true
     }
 
+    /// Counters for `dircache stats` (under `backend`): disconnections, conflicts found
+    /// reintegrating (each kept local version), records reintegrated.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            (
+                "disconnections",
+                self.disconnections.load(Ordering::Relaxed),
+            ),
+            ("conflicts", self.conflicts.load(Ordering::Relaxed)),
+            ("reintegrated", self.reintegrated.load(Ordering::Relaxed)),
+        ]
+    }
+
     /// Records waiting in the modification log.
     pub fn pending(&self) -> usize {
         self.cml.lock().as_ref().map_or(0, |l| l.pending().len())
