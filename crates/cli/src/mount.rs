@@ -1006,6 +1006,16 @@ fn human(s: &serde_json::Value) -> String {
             g(&b, "containers_stale_at_mount")
         );
     }
+    if b.get("conflicts").is_some() {
+        let _ = writeln!(
+            out,
+            "disconnected: {} disconnections, {} records reintegrated, {} conflicts (dircache \
+             conflicts MNT)",
+            g(&b, "disconnections"),
+            g(&b, "reintegrated"),
+            g(&b, "conflicts")
+        );
+    }
     let m = s.get("memory").cloned().unwrap_or_default();
     let _ = writeln!(out, "memory:       {} bytes resident", g(&m, "rss_bytes"));
     out

@@ -30,6 +30,11 @@ struct Mount {
 
 impl Mount {
     fn start(extra: &str) -> Mount {
+        Mount::start_with(extra, &[])
+    }
+
+    /// [`Mount::start`] with `env` added to the daemon's environment.
+    fn start_with(extra: &str, env: &[(&str, &str)]) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("dcdisc")
             .tempdir()
@@ -75,13 +80,20 @@ impl Mount {
             opts,
             daemon: None,
         };
-        m.spawn();
+        m.spawn_with(env, true);
         m
     }
 
     /// Start the daemon (again) and wait for the mount.
     fn spawn(&mut self) {
+        self.spawn_with(&[], true);
+    }
+
+    /// Start the daemon (again) with `env` added to its environment; with `wait`, wait for
+    /// the mount (a log left behind is replayed before it appears).
+    fn spawn_with(&mut self, env: &[(&str, &str)], wait: bool) {
         let daemon = Command::new(BIN)
+            .envs(env.iter().copied())
             .arg("mount")
             .arg("-f")
             .arg(format!("localhost:{}", self.src.display()))
@@ -101,6 +113,9 @@ impl Mount {
             .spawn()
             .expect("dircache mount");
         self.daemon = Some(daemon);
+        if !wait {
+            return;
+        }
         let m = self;
         let end = Instant::now() + Duration::from_secs(60);
         while !dircache_fuse::is_mount_point(&m.mnt) {
@@ -526,7 +541,7 @@ fn a_conflict_keeps_both_versions() {
     if !can_mount() {
         return;
     }
-    let t = Mount::start("reconnect_timeout=30");
+    let t = Mount::start("reconnect_timeout=30,metrics=127.0.0.1:0");
     sh_ok(&t.src, "printf base > both && printf base > mine");
     eventually("the files show", || t.m("mine").exists());
     // Read until the callbacks of their creation have come (no round trip), then opened for
@@ -597,6 +612,36 @@ fn a_conflict_keeps_both_versions() {
         )),
         "{text}"
     );
+    // Counted in `dircache stats` and on the metrics endpoint.
+    let stats = |json: bool| {
+        let mut c = Command::new(BIN);
+        c.arg("stats");
+        if json {
+            c.arg("--json");
+        }
+        let out = c.arg(&t.mnt).output().expect("dircache stats");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let v: serde_json::Value = serde_json::from_str(&stats(true)).unwrap();
+    let b = &v["backend"];
+    assert_eq!(b["conflicts"], 1, "{b}");
+    assert_eq!(b["disconnections"], 1, "{b}");
+    assert!(b["reintegrated"].as_u64().unwrap() >= 2, "{b}");
+    let human = stats(false);
+    assert!(human.contains(", 1 conflicts"), "{human}");
+    let addr: std::net::SocketAddr = v["metrics"].as_str().expect("metrics").parse().unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    use std::io::{Read, Write};
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(
+        body.lines()
+            .any(|l| l == "dircache_remote_conflicts_total 1"),
+        "{body}"
+    );
 }
 
 /// The client killed (SIGKILL) while cut off with logged changes: nothing closed before the
@@ -648,5 +693,121 @@ fn a_log_left_by_a_killed_client_is_replayed_by_the_next_mount() {
     assert!(
         !log_dir(&t).join("log").exists(),
         "the log is gone once replayed"
+    );
+}
+
+/// The records in a modification log file (its framing: docs/remote.md, "The client
+/// modification log": an 8-byte header, then `len` u32 LE, an 8-byte check, the body).
+fn logged_records(log: &Path) -> usize {
+    let b = std::fs::read(log).unwrap_or_default();
+    let (mut n, mut at) = (0, 8);
+    while at + 12 <= b.len() {
+        let len = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+        at += 12 + len;
+        n += 1;
+    }
+    n
+}
+
+/// Replays begun so far (lines of the log's replay journal).
+fn begun(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("replay"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// The client killed (SIGKILL, by PID) again and again in the middle of reintegrating a
+/// long log, once on the reconnection of a live mount and then during the replay each next
+/// mount makes before it appears, each time right after a record was applied on the server
+/// and before it was marked done (the test-only pause `DIRCACHE_TEST_REPLAY_DELAY_MS` sits
+/// there): nothing is lost or applied twice. The server's tree equals the same commands run
+/// natively: appends once, no conflict copy of the client's own writes, renames and
+/// symlinks not failing the rest.
+#[test]
+fn a_client_killed_in_the_middle_of_reintegration_applies_each_change_once() {
+    if !can_mount() {
+        return;
+    }
+    let slow = [("DIRCACHE_TEST_REPLAY_DELAY_MS", "300")];
+    let mut t = Mount::start_with("reconnect_timeout=30", &slow);
+    let base = &t.dir.path().to_path_buf();
+    sh_ok(
+        base,
+        "mkdir -p native/sub && printf hello > native/a && printf bee > native/b && printf c \
+         > native/sub/c && ln -s ../a native/sub/link && mkdir -p expected/inbox && printf \
+         base > expected/inbox/grow && printf old > expected/inbox/keep",
+    );
+    sh_ok(
+        &t.src,
+        "mkdir inbox && printf base > inbox/grow && printf old > inbox/keep",
+    );
+    eventually("the tree shows", || t.m("inbox/keep").exists());
+    eventually("inbox listed and grow cached with no round trip", || {
+        let before = t.calls();
+        assert_eq!(std::fs::read_dir(t.m("inbox")).unwrap().count(), 2);
+        assert!(!t.m("inbox/copy").exists());
+        assert_eq!(std::fs::read(t.m("inbox/grow")).unwrap(), b"base");
+        t.calls() == before
+    });
+    drop(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(t.m("inbox/grow"))
+            .unwrap(),
+    );
+    t.cut();
+    let changes = "cp -r native {d}/copy && mv {d}/copy/a {d}/copy/a2 && printf +more >> \
+                   {d}/grow && printf +again >> {d}/copy/a2 && rm {d}/copy/b && chmod 600 \
+                   {d}/copy/sub/c && ln -s a2 {d}/copy/toa2 && mkdir {d}/copy/gone && rmdir \
+                   {d}/copy/gone && for i in 1 2 3 4 5 6; do printf $i >> {d}/copy/n; done && \
+                   mv {d}/copy/sub {d}/copy/sub2 && printf +third >> {d}/grow && printf \
+                   +last >> {d}/copy/sub2/c";
+    sh_ok(
+        base,
+        &changes.replace("{d}", &t.m("inbox").display().to_string()),
+    );
+    sh_ok(base, &changes.replace("{d}", "expected/inbox"));
+    let dir = log_dir(&t);
+    let n = logged_records(&dir.join("log"));
+    assert!(n >= 20, "a long log: {n} records");
+    // Kill points: a few records in, on the reconnection of the live mount; then further
+    // on, each during the replay of the next mount's first connection.
+    let points = [2, n / 3, n / 2, 2 * n / 3, n - 2];
+    t.restore();
+    let mut cut_short = 0;
+    for (i, &k) in points.iter().enumerate() {
+        if i > 0 {
+            t.spawn_with(&slow, false);
+        }
+        eventually(&format!("{k} of {n} records begun"), || begun(&dir) >= k);
+        t.crash();
+        if dir.join("log").exists() {
+            cut_short += 1;
+        }
+    }
+    assert_eq!(cut_short, points.len(), "every kill cut a replay short");
+    assert_ne!(
+        std::fs::read(t.s("inbox/copy/sub2/c")).ok().as_deref(),
+        Some(&b"c+last"[..]),
+        "the last record was not replayed yet"
+    );
+    t.spawn();
+    eventually("the rest replayed and the log gone", || {
+        !dir.join("log").exists()
+    });
+    assert_eq!(tree(&t.s("inbox")), tree(&base.join("expected/inbox")));
+    eventually("the same through the mount", || {
+        try_tree(&t.m("inbox")).is_ok_and(|g| g == tree(&base.join("expected/inbox")))
+    });
+    assert!(
+        !dir.join("conflicts").exists(),
+        "no conflict: {}",
+        std::fs::read_to_string(dir.join("conflicts")).unwrap_or_default()
+    );
+    let text = t.log_text();
+    assert!(
+        text.contains("may be applied already"),
+        "a record applied before a kill was met again:\n{text}"
     );
 }

@@ -505,6 +505,17 @@ impl prometheus_client::collector::Collector for Collector {
             "Kernel notifications that failed",
             ld(&r.notify_errors),
         )?;
+        // A remote mount's disconnected operation (dircache_remote::client::disconnected).
+        let b = src.cache.backend().counters();
+        if let Some((_, n)) = b.iter().find(|(k, _)| *k == "conflicts") {
+            counter(
+                &mut e,
+                "dircache_remote_conflicts",
+                "Conflicts found reintegrating changes made while disconnected (each local \
+                 version kept beside the server's)",
+                *n,
+            )?;
+        }
         gauge(
             &mut e,
             "dircache_resident_memory_bytes",

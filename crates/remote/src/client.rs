@@ -1151,6 +1151,9 @@ impl Backend for RemoteBackend {
         if let Some(cc) = &self.cfg.containers {
             v.extend(cc.counters());
         }
+        if let Some(d) = &self.cfg.disconnected {
+            v.extend(d.counters());
+        }
         v
     }
 

@@ -9,7 +9,12 @@
 //!   ends the log (a crash while appending: the record was never acknowledged);
 //! - `d<seq>`: the data of a [`Op::Store`] record (0600, fsync'ed before its record);
 //! - `done`: the sequence number of the last record reintegrated (written to a temporary
-//!   file, fsync'ed, renamed), so a reintegration cut short resumes after it.
+//!   file, fsync'ed, renamed), so a reintegration cut short resumes after it;
+//! - `replay`: the replay journal, one line per record whose replay was begun (appended and
+//!   fsync'ed before the record is sent to the server: `SEQ -`, or `SEQ TARGET-IN-HEX` for a
+//!   [`Op::Store`], the name its data goes to, decided once). A record begun but not `done`
+//!   may have been applied already (the client was killed between the two): it is replayed
+//!   again as "maybe applied" (client/disconnected.rs, `Disconnected::reintegrate`).
 //!
 //! When every record is reintegrated the log is truncated to its header and the data files
 //! are removed.
@@ -136,6 +141,10 @@ pub struct Log {
     file: File,
     /// Records not reintegrated yet, in order.
     pending: Vec<Record>,
+    /// Records reintegrated (by this run or an earlier one), in order.
+    applied: Vec<Record>,
+    /// The replay journal: records begun, with the target of a `Store`.
+    begun: std::collections::HashMap<u64, Option<Vec<u8>>>,
     next_seq: u64,
     /// Conflicts found by reintegrations (for statistics).
     pub conflicts: u64,
@@ -196,6 +205,7 @@ impl Log {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         let mut pending = Vec::new();
+        let mut applied = Vec::new();
         if bytes.len() < HEADER.len() {
             file.set_len(0)?;
             file.write_all(&HEADER)?;
@@ -224,7 +234,7 @@ impl Log {
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
                 .unwrap_or(0);
-            pending = recs.into_iter().filter(|r| r.seq > done).collect();
+            (applied, pending) = recs.into_iter().partition(|r| r.seq <= done);
             if !pending.is_empty() {
                 tracing::warn!(
                     "{}: {} mutations not reintegrated yet",
@@ -240,10 +250,17 @@ impl Log {
                 .unwrap_or(0)
                 + 1,
         );
+        let begun = if pending.is_empty() && applied.is_empty() {
+            Default::default()
+        } else {
+            read_journal(&dir.join("replay"))
+        };
         Ok(Log {
             dir: dir.to_path_buf(),
             file,
             pending,
+            applied,
+            begun,
             next_seq,
             conflicts: 0,
         })
@@ -343,6 +360,38 @@ impl Log {
         &self.pending
     }
 
+    /// Records reintegrated so far (by this run or an earlier one), in order.
+    pub fn applied(&self) -> &[Record] {
+        &self.applied
+    }
+
+    /// Whether the replay of record `seq` was begun (by this run or an earlier one), and
+    /// the target then decided for a `Store` (`Some(None)`: begun, no target recorded).
+    pub fn begun(&self, seq: u64) -> Option<Option<&[u8]>> {
+        self.begun.get(&seq).map(|t| t.as_deref())
+    }
+
+    /// The replay of record `seq` begins (with the target of a `Store`): appended to the
+    /// replay journal and fsync'ed before this returns, so that a later run knows the
+    /// record may have been applied.
+    pub fn begin(&mut self, seq: u64, target: Option<&[u8]>) -> std::io::Result<()> {
+        let line = match target {
+            Some(t) => format!("{seq} {}\n", hex(t)),
+            None => format!("{seq} -\n"),
+        };
+        let p = self.dir.join("replay");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&p)?;
+        f.write_all(line.as_bytes())?;
+        f.sync_data()?;
+        self.begun.insert(seq, target.map(<[u8]>::to_vec));
+        Ok(())
+    }
+
     /// Record `seq` (the first pending) is reintegrated: remembered on disk before it is
     /// dropped, so it is never applied twice by a later run.
     pub fn done(&mut self, seq: u64) -> std::io::Result<()> {
@@ -360,20 +409,72 @@ impl Log {
         std::fs::rename(&tmp, self.dir.join("done"))?;
         sync_dir(&self.dir)?;
         let _ = std::fs::remove_file(self.data_path(seq));
-        self.pending.retain(|r| r.seq > seq);
+        let (now, rest) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|r| r.seq <= seq);
+        self.pending = rest;
+        self.applied.extend::<Vec<Record>>(now);
         Ok(())
     }
 
     /// Everything is reintegrated: remove the log's files (the directory and its `conflicts`
     /// stay); the next log starts again at sequence number 1.
     pub fn remove_files(&self) {
-        for f in ["log", "done"] {
+        // The journal first: what is left of a removal cut short never names records of
+        // the next log.
+        for f in ["replay", "log", "done"] {
             if let Err(e) = std::fs::remove_file(self.dir.join(f)) {
                 tracing::warn!("removing {}: {e}", self.dir.join(f).display());
             }
         }
         let _ = sync_dir(&self.dir);
     }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|c| format!("{c:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The replay journal's lines (module docs); a torn last line is ignored (its record was not
+/// sent yet).
+fn read_journal(p: &Path) -> std::collections::HashMap<u64, Option<Vec<u8>>> {
+    let text = std::fs::read(p).unwrap_or_default();
+    let mut out = std::collections::HashMap::new();
+    let mut lines: Vec<&[u8]> = text.split(|&c| c == b'\n').collect();
+    // After the last newline: empty, or a line cut short.
+    lines.pop();
+    for line in lines {
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        let mut w = line.split(' ');
+        let (Some(seq), Some(t), None) = (w.next(), w.next(), w.next()) else {
+            continue;
+        };
+        let Ok(seq) = seq.parse::<u64>() else {
+            continue;
+        };
+        let target = if t == "-" {
+            None
+        } else {
+            match unhex(t) {
+                Some(t) => Some(t),
+                None => continue,
+            }
+        };
+        out.insert(seq, target);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -407,6 +508,39 @@ mod tests {
         let n = bad.len();
         bad[n - 1] ^= 1;
         assert_eq!(parse(&bad), (vec![rec(1)], false));
+    }
+
+    #[test]
+    fn the_replay_journal_survives_a_reopen_and_a_torn_line_is_ignored() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("cml");
+        let mut l = Log::open(&dir).unwrap();
+        let r = rec(0);
+        for _ in 0..3 {
+            l.append(r.cred.clone(), r.op.clone()).unwrap();
+        }
+        l.begin(1, None).unwrap();
+        l.done(1).unwrap();
+        l.begin(2, Some(b"a/b.dircache-conflict-1")).unwrap();
+        drop(l);
+        // A line cut short by a crash: never acted on.
+        let mut j = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("replay"))
+            .unwrap();
+        j.write_all(b"3 61").unwrap();
+        drop(j);
+        let l = Log::open(&dir).unwrap();
+        assert_eq!(l.applied().iter().map(|r| r.seq).collect::<Vec<_>>(), [1]);
+        assert_eq!(
+            l.pending().iter().map(|r| r.seq).collect::<Vec<_>>(),
+            [2, 3]
+        );
+        assert_eq!(l.begun(1), Some(None));
+        assert_eq!(l.begun(2), Some(Some(&b"a/b.dircache-conflict-1"[..])));
+        assert_eq!(l.begun(3), None);
+        l.remove_files();
+        assert!(!dir.join("replay").exists());
     }
 
     #[test]

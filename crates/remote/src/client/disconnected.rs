@@ -210,6 +210,19 @@ impl Disconnected {
         true
     }
 
+    /// Counters for `dircache stats` (under `backend`): disconnections, conflicts found
+    /// reintegrating (each kept local version), records reintegrated.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            (
+                "disconnections",
+                self.disconnections.load(Ordering::Relaxed),
+            ),
+            ("conflicts", self.conflicts.load(Ordering::Relaxed)),
+            ("reintegrated", self.reintegrated.load(Ordering::Relaxed)),
+        ]
+    }
+
     /// Records waiting in the modification log.
     pub fn pending(&self) -> usize {
         self.cml.lock().as_ref().map_or(0, |l| l.pending().len())
@@ -960,6 +973,49 @@ impl BackendFile for OfflineFile {
     }
 }
 
+/// The paths the log's reintegrated records stored at their own names (followed through
+/// their renames): a later `Store` of one of them is no conflict (the server's copy changed
+/// because this client wrote it), also when the replay was cut short and resumed.
+fn stored_before(log: &Log) -> HashSet<Vec<u8>> {
+    let mut stored = HashSet::new();
+    for r in log.applied() {
+        match &r.op {
+            Op::Store { path, .. } if log.begun(r.seq) == Some(Some(path.as_slice())) => {
+                stored.insert(path.clone());
+            }
+            Op::Rename { old, new, .. } => stored_moved(&mut stored, old, new),
+            _ => {}
+        }
+    }
+    stored
+}
+
+/// `old` (a file, or a directory and what is below it) was renamed to `new`.
+fn stored_moved(stored: &mut HashSet<Vec<u8>>, old: &[u8], new: &[u8]) {
+    let moved: Vec<Vec<u8>> = stored
+        .iter()
+        .filter(|p| moved_path(p, old, new).is_some())
+        .cloned()
+        .collect();
+    for p in moved {
+        stored.remove(&p);
+        if let Some(to) = moved_path(&p, old, new) {
+            stored.insert(to);
+        }
+    }
+}
+
+/// Test-only: `DIRCACHE_TEST_REPLAY_DELAY_MS`, a pause after each record is applied and
+/// before it is marked done, so that a test can kill the client in the middle of a
+/// reintegration (crates/cli/tests/remote_disconnected.rs). Not for any other use.
+fn replay_delay() -> Option<Duration> {
+    std::env::var("DIRCACHE_TEST_REPLAY_DELAY_MS")
+        .ok()?
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_millis)
+}
+
 fn same_version(a: &Attr, b: &Attr) -> bool {
     (a.dev, a.ino, a.size, a.mtime, a.ctime) == (b.dev, b.ino, b.size, b.mtime, b.ctime)
 }
@@ -967,13 +1023,24 @@ fn same_version(a: &Attr, b: &Attr) -> bool {
 impl Disconnected {
     /// Reintegrate the log's records on `conn`, in order, each as the caller who made it;
     /// `false` when the connection ended before all were (the rest waits for the next).
+    ///
+    /// Exactly once in effect: each record is marked begun in the log's replay journal
+    /// before it is sent (a `Store` with the name its data goes to, decided then) and done
+    /// after. A record begun but not done (the client was killed between the two, or the
+    /// connection ended) may have been applied: it is replayed again as "maybe applied",
+    /// where finding the server in the state it leaves counts as success: a `Store` goes to
+    /// the target decided before (its data written whole again, never a conflict with
+    /// itself), a `Rename` whose old name is gone and a `Symlink` whose name holds the same
+    /// target are done (as a `Mkdir` finding a directory and `Unlink`/`Rmdir` finding
+    /// nothing always are).
     pub(super) fn reintegrate(&self, log: &mut Log, conn: &Arc<super::Conn>) -> bool {
         let recs: Vec<Record> = log.pending().to_vec();
         if recs.is_empty() {
             return true;
         }
         tracing::warn!("reintegrating {} logged mutations", recs.len());
-        let mut stored: HashSet<Vec<u8>> = HashSet::new();
+        let mut stored = stored_before(log);
+        let delay = replay_delay();
         for r in recs {
             let res = self.apply(log, conn, &r, &mut stored);
             if conn.closed.load(Ordering::SeqCst) {
@@ -988,6 +1055,9 @@ impl Disconnected {
                     r.op,
                     r.cred.uid
                 ),
+            }
+            if let Some(d) = delay {
+                std::thread::sleep(d);
             }
             self.reintegrated.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = log.done(r.seq) {
@@ -1012,6 +1082,24 @@ impl Disconnected {
             Err(e) => Err(e),
             Ok(_) => Ok(()),
         };
+        // Begun by an earlier run (or before the connection ended): maybe applied already.
+        let again = log.begun(r.seq).map(|t| t.map(<[u8]>::to_vec));
+        if again.is_some() {
+            tracing::warn!(
+                "#{} was begun before and may be applied already: {:?}",
+                r.seq,
+                r.op
+            );
+        }
+        let mark = |log: &mut Log, target: Option<&[u8]>| -> Result<()> {
+            if again.is_none() {
+                log.begin(r.seq, target).map_err(log_err)?;
+            }
+            Ok(())
+        };
+        if !matches!(r.op, Op::Store { .. }) {
+            mark(log, None)?;
+        }
         match &r.op {
             Op::Mkdir { path, mode, umask } => benign(
                 call(Request::Mkdir {
@@ -1021,25 +1109,42 @@ impl Disconnected {
                 }),
                 libc::EEXIST,
             ),
-            Op::Symlink { target, path } => call(Request::Symlink {
-                target: target.clone(),
-                path: path.clone(),
-            })
-            .map(drop),
+            Op::Symlink { target, path } => {
+                match call(Request::Symlink {
+                    target: target.clone(),
+                    path: path.clone(),
+                }) {
+                    Err(e) if again.is_some() && e.errno() == libc::EEXIST => {
+                        match call(Request::Readlink { path: path.clone() }) {
+                            Ok(Reply::Data(t)) if &t == target => Ok(()),
+                            _ => Err(e),
+                        }
+                    }
+                    res => res.map(drop),
+                }
+            }
             Op::Unlink { path } => {
                 benign(call(Request::Unlink { path: path.clone() }), libc::ENOENT)
             }
             Op::Rmdir { path } => benign(call(Request::Rmdir { path: path.clone() }), libc::ENOENT),
-            Op::Rename { old, new, mode } => call(Request::Rename {
-                old: old.clone(),
-                new: new.clone(),
-                mode: *mode,
-            })
-            .map(|_| {
-                if stored.remove(old) {
-                    stored.insert(new.clone());
-                }
-            }),
+            Op::Rename { old, new, mode } => {
+                let res = call(Request::Rename {
+                    old: old.clone(),
+                    new: new.clone(),
+                    mode: *mode,
+                });
+                let res = match res {
+                    // Applied before: the old name is gone (and the new one is there).
+                    Err(e) if again.is_some() && e.errno() == libc::ENOENT => {
+                        match conn.call(Request::Getattr { path: new.clone() }) {
+                            Ok(_) => Ok(()),
+                            Err(_) => Err(e),
+                        }
+                    }
+                    res => res.map(drop),
+                };
+                res.map(|()| stored_moved(stored, old, new))
+            }
             Op::Setattr { path, set } => call(Request::Setattr {
                 path: path.clone(),
                 set: *set,
@@ -1053,47 +1158,88 @@ impl Disconnected {
                 mtime,
                 base,
             } => {
-                let cur = conn.call(Request::Getattr { path: path.clone() });
-                let conflict = if stored.contains(path) {
-                    None
-                } else {
-                    match (base, &cur) {
-                        (Some(b), Ok(Reply::Attr(a))) if !same_version(b, a) => {
-                            Some("changed on the server")
+                let target = match again {
+                    // Decided when it was begun: its data goes there again, whole.
+                    Some(Some(t)) => {
+                        if t != *path {
+                            let why = "in conflict (found by a replay cut short)";
+                            self.conflict_noted(log, path, &t, why);
                         }
-                        (Some(_), Ok(_)) => None,
-                        (Some(_), Err(Error::NotFound)) => Some("removed on the server"),
-                        (None, Ok(_)) => Some("made on the server too"),
-                        (None, Err(Error::NotFound)) => None,
-                        (_, Err(e)) if e.errno() == libc::ENOENT => {
-                            base.map(|_| "removed on the server")
-                        }
-                        (_, Err(e)) => return Err(*e),
-                    }
-                };
-                let target = match conflict {
-                    None => path.clone(),
-                    Some(why) => {
-                        let mut t = path.clone();
-                        t.extend_from_slice(format!(".dircache-conflict-{}", now().sec).as_bytes());
-                        tracing::warn!(
-                            "conflict: {:?} {why} while disconnected; the local version is \
-                             kept as {:?}",
-                            String::from_utf8_lossy(path),
-                            String::from_utf8_lossy(&t)
-                        );
-                        self.conflicts.fetch_add(1, Ordering::Relaxed);
-                        log.note_conflict(path, &t, why);
                         t
+                    }
+                    _ => {
+                        let (target, why) = self.store_target(conn, path, base, stored)?;
+                        mark(log, Some(&target))?;
+                        if let Some(why) = why {
+                            self.conflict_noted(log, path, &target, why);
+                        }
+                        target
                     }
                 };
                 self.store(log, conn, r, &target, *mode, *umask, *size, *mtime)?;
-                if conflict.is_none() {
+                if target == *path {
                     stored.insert(path.clone());
                 }
                 Ok(())
             }
         }
+    }
+
+    /// Where a logged `Store` of `path` goes: `path`, or (a conflict: the server's copy is
+    /// not the one it was changed from) `path.dircache-conflict-TIME`, with why.
+    fn store_target(
+        &self,
+        conn: &Arc<super::Conn>,
+        path: &[u8],
+        base: &Option<Attr>,
+        stored: &HashSet<Vec<u8>>,
+    ) -> Result<(Vec<u8>, Option<&'static str>)> {
+        if stored.contains(path) {
+            return Ok((path.to_vec(), None));
+        }
+        let cur = conn.call(Request::Getattr {
+            path: path.to_vec(),
+        });
+        let conflict = match (base, &cur) {
+            (Some(b), Ok(Reply::Attr(a))) if !same_version(b, a) => Some("changed on the server"),
+            (Some(_), Ok(_)) => None,
+            (Some(_), Err(Error::NotFound)) => Some("removed on the server"),
+            (None, Ok(_)) => Some("made on the server too"),
+            (None, Err(Error::NotFound)) => None,
+            (_, Err(e)) if e.errno() == libc::ENOENT => base.map(|_| "removed on the server"),
+            (_, Err(e)) => return Err(*e),
+        };
+        Ok(match conflict {
+            None => (path.to_vec(), None),
+            Some(why) => {
+                let mut t = path.to_vec();
+                t.extend_from_slice(format!(".dircache-conflict-{}", now().sec).as_bytes());
+                (t, Some(why))
+            }
+        })
+    }
+
+    /// A conflict of `path` whose local version goes to `kept`: counted, logged and listed
+    /// in the log's `conflicts` (once: a record replayed again finds its line there).
+    fn conflict_noted(&self, log: &mut Log, path: &[u8], kept: &[u8], why: &str) {
+        let line = format!(
+            "\t{}\t{}\t",
+            String::from_utf8_lossy(path),
+            String::from_utf8_lossy(kept)
+        );
+        if Log::conflicts_in(log.dir())
+            .iter()
+            .any(|l| l.contains(&line))
+        {
+            return;
+        }
+        tracing::warn!(
+            "conflict: {:?} {why} while disconnected; the local version is kept as {:?}",
+            String::from_utf8_lossy(path),
+            String::from_utf8_lossy(kept)
+        );
+        self.conflicts.fetch_add(1, Ordering::Relaxed);
+        log.note_conflict(path, kept, why);
     }
 
     /// A logged file's data (record `r`) into `target` on the server, as its writer.
