@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{cache_with, resolve, root, user};
+use common::{cache_with, resolve, root, user, Outcome};
 use dircache_core::{At, Backend, Change, Config, Cred, LookupFlags, SetAttr};
 
 const F: LookupFlags = LookupFlags::FOLLOW;
@@ -349,4 +349,88 @@ fn rename_of_an_ancestor_moves_cached_paths() {
             Ok("a".into())
         );
     }
+}
+
+/// Fast-path entries validate by a bound (a `seq` value reserved before the publishing walk's
+/// last window check; docs/core.md I2): lookups that begin after a chmod or rename returned
+/// must never hit an entry published before it, also while other threads keep publishing
+/// (racing the changes) and evicting. The main thread changes the tree and checks each answer
+/// right after the change returns; two threads hammer the same paths (and evict, with a small
+/// `max_entries`). A leaf below a chmod'ed directory checks the parent half of the bound
+/// (leaves are not bumped, I1).
+#[test]
+fn fast_path_hits_racing_chmod_rename_and_eviction_are_never_stale() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut spec = vec!["a/b/f", "a/b/g", "a/c/h", "z/"];
+    let fill: Vec<String> = (0..200).map(|i| format!("e/{i}")).collect();
+    spec.extend(fill.iter().map(String::as_str));
+    let config = Config {
+        max_entries: 64,
+        ..Config::default()
+    };
+    let (_m, c) = cache_with(&spec, config);
+    let r = root(&c);
+    let stop = AtomicBool::new(false);
+    // Stops the hammers also when a check panics (the scope joins them before unwinding).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let paths = [
+        "a/b/f",
+        "a/b/g",
+        "a/c/h",
+        "z/b/f",
+        "a/b",
+        "a/b/../c/h",
+        "a/b/f/",
+    ];
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (c, stop, fill) = (&c, &stop, &fill);
+            s.spawn(move || {
+                let u = user(c, 1000);
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    for p in paths {
+                        let _ = resolve(c, &u, At::Root, p, F);
+                    }
+                    let _ = resolve(c, &u, At::Root, &fill[i % fill.len()], F);
+                    i += 7;
+                }
+            });
+        }
+        let _stop = Stop(&stop);
+        let u = user(&c, 1000);
+        let check = |p: &str, want: Outcome, when: &str| {
+            for _ in 0..3 {
+                assert_eq!(resolve(&c, &u, At::Root, p, F), want, "{p} after {when}");
+            }
+        };
+        let mv = |from: &[u8], to: &[u8]| {
+            c.rename(&r, At::Root, from, to, Default::default())
+                .expect("rename");
+        };
+        for _ in 0..300 {
+            c.setattr(&r, At::Root, b"a", &chmod(0o700), F).unwrap();
+            check("a/b/f", Err(libc::EACCES), "chmod 700 a");
+            check("a/b/../c/h", Err(libc::EACCES), "chmod 700 a");
+            c.setattr(&r, At::Root, b"a", &chmod(0o755), F).unwrap();
+            check("a/b/f", Ok("a/b/f".into()), "chmod 755 a");
+            check("a/b/../c/h", Ok("a/c/h".into()), "chmod 755 a");
+            mv(b"a/b", b"z/b");
+            check("a/b/f", Err(libc::ENOENT), "mv a/b z/b");
+            check("z/b/f", Ok("z/b/f".into()), "mv a/b z/b");
+            mv(b"z/b", b"a/b");
+            check("z/b/f", Err(libc::ENOENT), "mv z/b a/b");
+            check("a/b/g", Ok("a/b/g".into()), "mv z/b a/b");
+            c.setattr(&r, At::Root, b"a/b", &chmod(0o700), F).unwrap();
+            check("a/b/f", Err(libc::EACCES), "chmod 700 a/b");
+            check("a/b", Ok("a/b".into()), "chmod 700 a/b");
+            c.setattr(&r, At::Root, b"a/b", &chmod(0o755), F).unwrap();
+            check("a/b/f", Ok("a/b/f".into()), "chmod 755 a/b");
+        }
+    });
 }

@@ -300,18 +300,90 @@ impl Drop for Dentry {
 /// removed behind the cache's back is still permission-checked with its last attributes, as
 /// Linux checks an open descriptor's (dead) inode. The sequence is 32 bits, as Linux's
 /// `seqcount_t`: a reader (or a [`AttrCell::store_if_unchanged`] stamp) would need 2^31
-/// writes of this one dentry during one read to be fooled. 104 bytes (it was 112).
+/// writes of this one dentry during one read to be fooled.
+///
+/// **Packed** into 8 words (72 bytes with the sequence and the pins; it was 104): what real
+/// files have fits exactly — the device number in 32 bits (Linux's `new_encode_dev` of a
+/// 12-bit major and 20-bit minor), `st_blksize` as a power of two (or 0), `st_blocks` below
+/// 2^40, times as 34-bit signed seconds (years 1698–2242) and 30-bit nanoseconds, `st_rdev` in
+/// the size word of a device file (whose size is 0). Attributes that do not fit ([`pack`]
+/// says `None`) are not cached: the cell then holds none (the inode number stays), so every
+/// use asks the backend, as for any attribute miss. Nothing is ever rounded.
 pub(crate) struct AttrCell {
     seq: AtomicU32,
     /// Not an attribute: the dentry's front-end pins (e.g. inodes the kernel holds; pinned
     /// dentries are never evicted), kept here because the cell has 4 bytes of padding after
     /// `seq` (8 bytes less per dentry than a field of its own). The seqlock does not cover it.
     pub(crate) pins: AtomicU32,
-    w: [AtomicU64; 12],
+    w: [AtomicU64; WORDS],
 }
 
-/// Bit of the mode word (word 2) meaning "forgotten": file modes use 16 bits.
-const FORGOTTEN: u64 = 1 << 31;
+const WORDS: usize = 8;
+
+/// Word 2 ("meta"): mode in bits 0..16, [`FORGOTTEN`] bit 16, the block-size code in bits
+/// 17..23 (0: 0, k: 2^(k-1)), blocks in bits 24..64.
+const MODE_MASK: u64 = 0xffff;
+/// Bit of the meta word meaning "forgotten".
+const FORGOTTEN: u64 = 1 << 16;
+const BLKSIZE_SHIFT: u32 = 17;
+const BLOCKS_SHIFT: u32 = 24;
+const TIME_SEC_BITS: u32 = 34;
+
+/// One timestamp in a word: seconds (34 bits, signed) above nanoseconds (30 bits).
+fn pack_time(t: crate::Timespec) -> Option<u64> {
+    let lim = 1i64 << (TIME_SEC_BITS - 1);
+    if t.sec < -lim || t.sec >= lim || t.nsec >= 1 << 30 {
+        return None;
+    }
+    Some(((t.sec as u64) << 30) | u64::from(t.nsec))
+}
+
+fn unpack_time(w: u64) -> crate::Timespec {
+    crate::Timespec {
+        // Arithmetic shift: the sign of the 34-bit seconds comes back.
+        sec: (w as i64) >> 30,
+        nsec: (w & ((1 << 30) - 1)) as u32,
+    }
+}
+
+fn is_device(mode: u32) -> bool {
+    matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK)
+}
+
+/// The packed words of `a`, or `None` if some field does not fit exactly.
+fn pack(a: &Attr) -> Option<[u64; WORDS]> {
+    if a.mode == 0 || u64::from(a.mode) > MODE_MASK || a.blocks >= 1 << (64 - BLOCKS_SHIFT) {
+        return None;
+    }
+    let dev = u32::try_from(a.dev).ok()?;
+    let bs = match a.blksize {
+        0 => 0,
+        b if b.is_power_of_two() => u64::from(b.trailing_zeros()) + 1,
+        _ => return None,
+    };
+    // A device file's size word holds its rdev (its size is 0); others have no rdev.
+    let size = if is_device(a.mode) {
+        if a.size != 0 {
+            return None;
+        }
+        a.rdev
+    } else {
+        if a.rdev != 0 {
+            return None;
+        }
+        a.size
+    };
+    Some([
+        a.ino,
+        size,
+        u64::from(a.mode) | (bs << BLKSIZE_SHIFT) | (a.blocks << BLOCKS_SHIFT),
+        u64::from(a.uid) | (u64::from(a.gid) << 32),
+        u64::from(a.nlink) | (u64::from(dev) << 32),
+        pack_time(a.atime)?,
+        pack_time(a.mtime)?,
+        pack_time(a.ctime)?,
+    ])
+}
 
 impl AttrCell {
     pub(crate) fn new(a: Option<Attr>, ino: u64) -> AttrCell {
@@ -327,23 +399,20 @@ impl AttrCell {
         c
     }
 
+    /// Store `a` (or, if it does not pack, no attributes: its inode number only).
     fn store_words(&self, a: &Attr) {
-        let w = [
-            a.ino,
-            a.dev,
-            u64::from(a.mode) & !FORGOTTEN | (u64::from(a.nlink) << 32),
-            u64::from(a.uid) | (u64::from(a.gid) << 32),
-            a.rdev,
-            a.size,
-            a.blocks,
-            u64::from(a.blksize) | (u64::from(a.atime.nsec) << 32),
-            a.atime.sec as u64,
-            a.mtime.sec as u64,
-            u64::from(a.mtime.nsec) | (u64::from(a.ctime.nsec) << 32),
-            a.ctime.sec as u64,
-        ];
-        for (slot, v) in self.w.iter().zip(w) {
-            slot.store(v, Ordering::Relaxed);
+        match pack(a) {
+            Some(w) => {
+                for (slot, v) in self.w.iter().zip(w) {
+                    slot.store(v, Ordering::Relaxed);
+                }
+            }
+            None => {
+                self.w[0].store(a.ino, Ordering::Relaxed);
+                self.w[2].store(0, Ordering::Relaxed);
+                let dev = u32::try_from(a.dev).map_or(0, u64::from);
+                self.w[4].store(dev << 32, Ordering::Relaxed);
+            }
         }
     }
 
@@ -365,39 +434,31 @@ impl AttrCell {
                 std::hint::spin_loop();
                 continue;
             }
-            let w: [u64; 12] = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
+            let w: [u64; WORDS] = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
             std::sync::atomic::fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) != s1 {
                 continue;
             }
-            if w[2] as u32 == 0 || (w[2] & FORGOTTEN != 0 && !last) {
+            let mode = (w[2] & MODE_MASK) as u32;
+            if mode == 0 || (w[2] & FORGOTTEN != 0 && !last) {
                 return None;
             }
-            let mode = (w[2] & !FORGOTTEN) as u32;
-            use crate::Timespec;
+            let bs = (w[2] >> BLKSIZE_SHIFT) & 0x3f;
+            let dev = is_device(mode);
             return Some(Attr {
                 ino: w[0],
-                dev: w[1],
+                dev: w[4] >> 32,
                 mode,
-                nlink: (w[2] >> 32) as u32,
+                nlink: w[4] as u32,
                 uid: w[3] as u32,
                 gid: (w[3] >> 32) as u32,
-                rdev: w[4],
-                size: w[5],
-                blocks: w[6],
-                blksize: w[7] as u32,
-                atime: Timespec {
-                    sec: w[8] as i64,
-                    nsec: (w[7] >> 32) as u32,
-                },
-                mtime: Timespec {
-                    sec: w[9] as i64,
-                    nsec: w[10] as u32,
-                },
-                ctime: Timespec {
-                    sec: w[11] as i64,
-                    nsec: (w[10] >> 32) as u32,
-                },
+                rdev: if dev { w[1] } else { 0 },
+                size: if dev { 0 } else { w[1] },
+                blocks: w[2] >> BLOCKS_SHIFT,
+                blksize: if bs == 0 { 0 } else { 1 << (bs - 1) },
+                atime: unpack_time(w[5]),
+                mtime: unpack_time(w[6]),
+                ctime: unpack_time(w[7]),
             });
         }
     }
@@ -430,7 +491,7 @@ impl AttrCell {
             Some(a) => self.store_words(&a),
             None => {
                 let w2 = self.w[2].load(Ordering::Relaxed);
-                if w2 as u32 != 0 {
+                if w2 & MODE_MASK != 0 {
                     self.w[2].store(w2 | FORGOTTEN, Ordering::Relaxed);
                 }
             }
@@ -471,9 +532,10 @@ impl AttrCell {
         self.w[0].load(Ordering::Relaxed)
     }
 
-    /// The device number, if attributes were ever stored (0 otherwise).
+    /// The device number, if attributes were ever stored (0 otherwise, also after attributes
+    /// that did not pack: callers treat 0 as "unknown").
     pub(crate) fn dev(&self) -> u64 {
-        self.w[1].load(Ordering::Relaxed)
+        self.w[4].load(Ordering::Relaxed) >> 32
     }
 }
 
@@ -541,18 +603,123 @@ mod tests {
         assert_eq!(c.load(), Some(a));
     }
 
+    #[test]
+    fn packed_attributes_round_trip_exactly_or_are_not_cached() {
+        let a = attr(libc::S_IFREG | 0o644);
+        let lim = 1i64 << 33;
+        let fits = [
+            a,
+            Attr {
+                dev: u64::from(u32::MAX),
+                blocks: (1 << 40) - 1,
+                blksize: 1 << 31,
+                ..a
+            },
+            Attr {
+                blksize: 0,
+                nlink: u32::MAX,
+                uid: u32::MAX,
+                gid: u32::MAX,
+                size: u64::MAX,
+                ..a
+            },
+            Attr {
+                atime: Timespec { sec: -lim, nsec: 0 },
+                mtime: Timespec {
+                    sec: lim - 1,
+                    nsec: (1 << 30) - 1,
+                },
+                ctime: Timespec {
+                    sec: -1,
+                    nsec: 999_999_999,
+                },
+                ..a
+            },
+            Attr {
+                mode: libc::S_IFCHR | 0o620,
+                rdev: u64::MAX,
+                size: 0,
+                ..a
+            },
+            Attr {
+                mode: libc::S_IFBLK | 0o660,
+                rdev: 0x803,
+                size: 0,
+                ..a
+            },
+            Attr {
+                mode: libc::S_IFLNK | 0o777,
+                ino: u64::MAX,
+                ..a
+            },
+        ];
+        for (i, f) in fits.iter().enumerate() {
+            let c = AttrCell::new(Some(*f), f.ino);
+            assert_eq!(c.load(), Some(*f), "case {i}");
+            assert_eq!((c.ino(), c.dev()), (f.ino, f.dev), "case {i}");
+        }
+        let misfits = [
+            Attr { dev: 1 << 32, ..a },
+            Attr {
+                blocks: 1 << 40,
+                ..a
+            },
+            Attr { blksize: 4095, ..a },
+            Attr { rdev: 1, ..a },
+            Attr {
+                mode: libc::S_IFCHR | 0o600,
+                rdev: 5,
+                size: 1,
+                ..a
+            },
+            Attr {
+                mode: 1 << 16 | libc::S_IFREG,
+                ..a
+            },
+            Attr {
+                atime: Timespec { sec: lim, nsec: 0 },
+                ..a
+            },
+            Attr {
+                mtime: Timespec {
+                    sec: -lim - 1,
+                    nsec: 0,
+                },
+                ..a
+            },
+            Attr {
+                ctime: Timespec {
+                    sec: 0,
+                    nsec: 1 << 30,
+                },
+                ..a
+            },
+        ];
+        for (i, m) in misfits.iter().enumerate() {
+            let m = Attr { ino: 99, ..*m };
+            // Cached before: a misfit replaces them with none (never a rounded copy).
+            let c = AttrCell::new(Some(a), a.ino);
+            c.store(Some(m));
+            assert_eq!(
+                (c.load(), c.load_last(), c.ino()),
+                (None, None, 99),
+                "misfit {i}"
+            );
+            let fresh = AttrCell::new(Some(m), m.ino);
+            assert_eq!((fresh.load(), fresh.ino()), (None, 99), "misfit {i}");
+        }
+    }
+
     /// Where a dentry's bytes go (docs/benchmarks.md): the allocation is this plus the
     /// `Arc` header (16). Fails if a field grows it back.
     #[test]
     fn dentry_size() {
-        // 104: the 4-byte sequence, the pins in its padding, 12 words.
-        assert_eq!(std::mem::size_of::<AttrCell>(), 104);
-        // 168 (was 176): `gen` moved into the children box (only directories whose children
-        // changed need one), the pins into the attribute cell's padding. (`NodeKind` is 8
-        // bytes, 4-aligned, because of `Error::Os(i32)`: with `flags` 12 bytes, so 4 are left
-        // over.)
+        // 72 (was 104): the 4-byte sequence, the pins in its padding, 8 packed words.
+        assert_eq!(std::mem::size_of::<AttrCell>(), 72);
+        // 136 (was 168). (`NodeKind` is 8 bytes, 4-aligned, because of `Error::Os(i32)`: with
+        // `flags` 12 bytes, so 4 are left over.)
         assert!(
-            std::mem::size_of::<Dentry>() <= 168,
+            std::mem::size_of::<Dentry>() <= 136,
             "Dentry is {} bytes",
             std::mem::size_of::<Dentry>()
         );

@@ -145,13 +145,24 @@ impl Seen {
     }
 }
 
-/// One DLHT entry.
+/// One DLHT entry (32 bytes; papaya boxes it with its 16-byte signature).
+///
+/// **Validity by bound.** The entry keeps no versions: `stamp` is a value of the cache's `seq`
+/// taken before the publishing walk's last check that no invalidation window had opened
+/// (`publish`), and the entry is valid while its dentry and the dentry's parent both have
+/// versions *below* it. Every version store takes a fresh value from `seq` (creations,
+/// `bump_subtree`, eviction, revival), so a store ordered after that reservation is
+/// `>= stamp`: any bump of the node or its parent after publication (a window opening after
+/// the check, I4) makes the entry invalid at once, as a changed recorded version did. A bump
+/// ordered before the reservation either lies inside a window the walk overlapped (it then
+/// publishes nothing) or was seen by the walk's own `Seen::valid` re-check at publication.
+/// The stamp doubles as the entry's unique id for the PCC (values of `seq` are never reused).
+/// (It was 48 bytes: node and parent versions were kept next to a separate stamp.)
 pub(crate) struct FastEntry {
     pub(crate) node: NodeRef,
-    pub(crate) ver: u64,
-    /// The parent and its version when inserted (see [`Seen`]).
-    pub(crate) up: Option<(NodeRef, u64)>,
-    /// Unique id of this entry; PCC slots name the entry they confirm.
+    /// The parent as the walk saw it (leaves are not bumped when their parent is: I1).
+    pub(crate) up: Option<NodeRef>,
+    /// Unique id of this entry (PCC slots name the entry they confirm) and validity bound.
     pub(crate) stamp: u64,
     /// What most entries do not need, in one optional box (keeps the common entry small).
     pub(crate) extra: Option<Box<EntryExtra>>,
@@ -171,12 +182,12 @@ pub(crate) struct EntryExtra {
 impl FastEntry {
     #[inline]
     pub(crate) fn valid(&self) -> bool {
-        self.node.version.load(Ordering::Acquire) == self.ver
+        self.node.version.load(Ordering::Acquire) < self.stamp
             && self.node.flags.load(Ordering::Acquire) & (DEAD | EVICTED) == 0
             && self
                 .up
                 .as_ref()
-                .is_none_or(|(p, v)| p.version.load(Ordering::Acquire) == *v)
+                .is_none_or(|p| p.version.load(Ordering::Acquire) < self.stamp)
             && self
                 .extra
                 .as_ref()
@@ -198,12 +209,14 @@ impl FastEntry {
         self.extra.as_ref().and_then(|x| x.path.as_deref())
     }
 
-    pub(crate) fn seen(&self) -> Seen {
-        Seen {
-            node: self.node.clone(),
-            ver: self.ver,
-            up: self.up.clone(),
-        }
+    /// Whether this entry names the dentry (and parent) `seen` names.
+    pub(crate) fn same_target(&self, seen: &Seen) -> bool {
+        let up = match (&self.up, &seen.up) {
+            (None, None) => true,
+            (Some(a), Some((b, _))) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        Arc::ptr_eq(&self.node, &seen.node) && up
     }
 }
 

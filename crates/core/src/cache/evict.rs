@@ -80,7 +80,7 @@ impl Cache {
                 self.entries.fetch_sub(1, Ordering::Relaxed);
             }
             n.version
-                .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
+                .store(self.seq.fetch_add(1, Ordering::SeqCst), Ordering::Release);
             evicted += 1;
             self.stats.evictions.inc();
         }

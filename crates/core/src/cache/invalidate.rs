@@ -81,7 +81,7 @@ impl Cache {
     /// version, which invalidates their DLHT entries and every PCC slot confirming them.
     /// Must be called inside an invalidation window.
     pub(crate) fn bump_subtree(&self, root: &NodeRef) {
-        let v = self.seq.fetch_add(1, Ordering::AcqRel);
+        let v = self.seq.fetch_add(1, Ordering::SeqCst);
         let mut n = 0u64;
         // The walk's stack is kept per thread and reused: no allocation while invalidating
         // (a growing `Vec` made glibc consolidate its free lists inside the timed window after

@@ -150,7 +150,7 @@ impl Cache {
                 }
                 let sb = Arc::new(Super { backend: b });
                 let nid = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let ver = self.seq.fetch_add(1, Ordering::AcqRel);
+                let ver = self.seq.fetch_add(1, Ordering::SeqCst);
                 Arc::new(Dentry::new(
                     nid,
                     sb,

@@ -324,7 +324,7 @@ impl Cache {
         node.set_attr(Some(*a));
         node.clear(COMPLETE);
         node.version
-            .store(self.seq.fetch_add(1, Ordering::AcqRel), Ordering::Release);
+            .store(self.seq.fetch_add(1, Ordering::SeqCst), Ordering::Release);
         node.clear(DEAD);
         Some(node)
     }

@@ -543,9 +543,21 @@ impl Cache {
         // Checking only after publishing (and retracting) would leave a gap in which a lookup
         // starting after a completed chmod could hit the entry (found by the shuttle model and
         // the concurrency test).
+        // Reserve the stamps (validity bounds, see `FastEntry`) of every entry this walk may
+        // publish *before* the check below: a window that opens after the check bumps with
+        // values above them, so those bumps invalidate what we publish.
+        let want = w.dotdot.len() as u64 + 2;
+        let mut next = self.seq.fetch_add(want, Ordering::SeqCst);
+        let end = next + want;
         if self.inval_start.load(Ordering::SeqCst) != s0 {
             return;
         }
+        let mut stamp = || {
+            let s = next;
+            next += 1;
+            debug_assert!(s < end);
+            s
+        };
         let ns = st.ns;
         let abs = path.first() == Some(&b'/');
         let lex: &[u8] = match (abs, st.handle) {
@@ -562,7 +574,7 @@ impl Cache {
             if full.is_empty() {
                 continue;
             }
-            if let Some(p) = self.publish_one(cs, ns, &full, false, seen, &[], mnt.opts) {
+            if let Some(p) = self.publish_one(cs, ns, &full, false, seen, &[], mnt.opts, stamp()) {
                 published.push(p);
             }
         }
@@ -588,20 +600,35 @@ impl Cache {
                 match link {
                     Some(l) => {
                         // path -> the link itself; path + FOLLOW_MARK -> the target.
-                        if let Some(p) = self.publish_one(cs, ns, &full, false, l, deps, w.mnt.opts)
+                        if let Some(p) =
+                            self.publish_one(cs, ns, &full, false, l, deps, w.mnt.opts, stamp())
                         {
                             published.push(p);
                         }
-                        if let Some(p) =
-                            self.publish_one(cs, ns, &full, true, &target, &w.deps, w.mnt.opts)
-                        {
+                        if let Some(p) = self.publish_one(
+                            cs,
+                            ns,
+                            &full,
+                            true,
+                            &target,
+                            &w.deps,
+                            w.mnt.opts,
+                            stamp(),
+                        ) {
                             published.push(p);
                         }
                     }
                     None => {
-                        if let Some(p) =
-                            self.publish_one(cs, ns, &full, false, &target, deps, w.mnt.opts)
-                        {
+                        if let Some(p) = self.publish_one(
+                            cs,
+                            ns,
+                            &full,
+                            false,
+                            &target,
+                            deps,
+                            w.mnt.opts,
+                            stamp(),
+                        ) {
                             published.push(p);
                         }
                     }
@@ -628,8 +655,11 @@ impl Cache {
         seen: &Seen,
         deps: &[Seen],
         mount: MountOptions,
+        fresh: u64,
     ) -> Option<(u128, u64)> {
-        if !seen.valid() {
+        // Every version the walk recorded is still current (a store before `fresh` was
+        // reserved that the walk did not see is caught here; later ones are `>= fresh`).
+        if !seen.valid() || !deps.iter().all(Seen::valid) {
             return None;
         }
         if !deps.is_empty() && !self.config.symlink_aliases {
@@ -644,7 +674,9 @@ impl Cache {
         let sig = finish(&h);
         let guard = ns.dlht.guard();
         let reuse = ns.dlht.get(&sig, &guard).and_then(|e| {
-            let same = e.seen().same(seen)
+            // A valid entry for the same dentry and parent describes the state this walk saw
+            // (a bump since its publication would have made it invalid).
+            let same = e.same_target(seen)
                 && e.deps().len() == deps.len()
                 && e.deps().iter().zip(deps).all(|(a, b)| a.same(b))
                 && e.valid();
@@ -653,11 +685,10 @@ impl Cache {
         let stamp = match reuse {
             Some(s) => s,
             None => {
-                let stamp = self.seq.fetch_add(1, Ordering::AcqRel);
+                let stamp = fresh;
                 let e = FastEntry {
                     node: seen.node.clone(),
-                    ver: seen.ver,
-                    up: seen.up.clone(),
+                    up: seen.up.as_ref().map(|(p, _)| p.clone()),
                     stamp,
                     extra: (!deps.is_empty()
                         || mount != MountOptions::default()
@@ -869,7 +900,7 @@ impl Cache {
         attr: Option<Attr>,
     ) -> NodeRef {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let ver = self.seq.fetch_add(1, Ordering::AcqRel);
+        let ver = self.seq.fetch_add(1, Ordering::SeqCst);
         let n = Arc::new(Dentry::new(
             id,
             parent.sb.clone(),
