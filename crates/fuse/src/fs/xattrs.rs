@@ -154,7 +154,7 @@ impl CacheFs {
         name: &OsStr,
         size: u32,
     ) -> Result<XattrOut, Errno> {
-        if ino.0 == ROOT && name.as_bytes() == SOCKET_XATTR.as_bytes() {
+        if ino.0 == self.inodes.root() && name.as_bytes() == SOCKET_XATTR.as_bytes() {
             if let Some(p) = &self.socket_path {
                 return Self::xattr_out(size, p.as_os_str().as_bytes().to_vec());
             }
