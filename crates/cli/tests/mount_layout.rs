@@ -182,9 +182,9 @@ fn nonempty_mount_point_shows_src_then_its_own_files() {
     assert_eq!(std::fs::read(d.mnt.join("own")).unwrap(), b"mine");
 }
 
-/// The control socket is found from MNT (its root's xattr) and the paths clients send
-/// (relative to the super block's root, `/src/...` in mountinfo) reach SRC: `stats`,
-/// `cached` of MNT and of a directory, and a delegated `search`.
+/// The control socket is found from MNT (its root's xattr) and the paths clients send reach
+/// SRC (mountinfo's root `/src` less the `user.dircache.fsroot` prefix): `stats`, `cached`
+/// of MNT and of a directory, and a delegated `search`.
 #[test]
 fn control_socket_from_mnt() {
     if !can_mount() {

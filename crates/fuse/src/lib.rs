@@ -196,7 +196,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     let mut fc = fuser::Config::default();
     fc.n_threads = Some(cfg.policy.threads.max(1));
     fc.clone_fd = true;
-    let (session, abi, served_below) = mount_session(fs, cfg, fc)?;
+    let (session, abi, _served_below) = mount_session(fs, cfg, fc)?;
     // Until `Mounted` exists, a failure leaves no dead mount behind.
     let guard = UnmountOnError(Some(cfg.mnt.clone()));
     let feed = match cache.backend().watch() {
@@ -225,7 +225,6 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
             kernel_inodes: Arc::new(move || inodes.len()),
             started: std::time::Instant::now(),
             metrics: metrics_addr,
-            served_below,
         }
     };
     let metrics = match metrics_listener {

@@ -19,8 +19,10 @@
 //!    super block: `umount MNT` ends the connection as before, and /proc/self/mountinfo shows
 //!    the mount with root `/src` (`findmnt` prints `SOURCE[/src]`).
 //!
-//! Paths the control socket's clients send are relative to the super block's root, as
-//! mountinfo shows it (`/src/...`); [`served_path`] maps them to SRC.
+//! mountinfo shows the mount's root as `/src` (the served tree's path in the super block); the
+//! daemon tells control clients so through the xattr [`FSROOT_XATTR`] of MNT's root (next to
+//! the socket's), and they strip it from mountinfo's root field: paths on the control socket
+//! stay relative to SRC's root (`dircache_search::proto`).
 //!
 //! When the kernel has no new mount API (ENOSYS from `fsopen`), the mount is made with
 //! mount(2) as before (`kmount::mount_fuse`): SRC's root is the FUSE root (nodeid 1).
@@ -36,6 +38,10 @@ use rustix::mount::{
 
 /// The name SRC's root has in the synthetic FUSE root.
 pub const SERVED_NAME: &str = "src";
+
+/// Extended attribute of MNT's root holding the served tree's path in the super block
+/// (`/src`): what to strip from mountinfo's root field (`dircache_search::proto`).
+pub const FSROOT_XATTR: &str = "user.dircache.fsroot";
 
 /// The permission bits of the synthetic root (reached only by the daemon, through the
 /// detached mount's descriptor, while it attaches the served tree).
@@ -152,68 +158,9 @@ pub fn attach(d: Detached, mnt: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A control request's path (relative to the super block's root, as mountinfo's root field
-/// shows it) as a path below SRC's root: `/src/a` -> `/a`, `src/a` -> `a`. `None` for a path
-/// outside the served tree.
-pub fn served_path(p: &str) -> Option<String> {
-    let (lead, rest) = match p.strip_prefix('/') {
-        Some(r) => ("/", r),
-        None => ("", p),
-    };
-    let rest = rest.trim_start_matches('/');
-    let below = rest.strip_prefix(SERVED_NAME)?;
-    if below.is_empty() {
-        return Some(lead.to_string());
-    }
-    let below = below.strip_prefix('/')?.trim_start_matches('/');
-    Some(format!("{lead}{below}"))
-}
-
-/// Rewrite the paths of a control request (`search`: the `:`-separated `paths`; `cached`:
-/// `path`) from the super block's root to SRC's. `Err`: a path outside the served tree.
-pub fn served_request(req: &mut serde_json::Value) -> Result<(), String> {
-    let op = req.get("op").and_then(serde_json::Value::as_str);
-    let key = match op {
-        Some("search") => "paths",
-        Some("cached") => "path",
-        _ => return Ok(()),
-    };
-    let Some(v) = req.get(key).and_then(serde_json::Value::as_str) else {
-        return Ok(());
-    };
-    let parts: Option<Vec<String>> = if key == "paths" {
-        v.split(':').map(served_path).collect()
-    } else {
-        served_path(v).map(|p| vec![p])
-    };
-    let Some(parts) = parts else {
-        return Err(format!("{v}: not below /{SERVED_NAME}, the served tree"));
-    };
-    req[key] = serde_json::Value::String(parts.join(":"));
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_map_to_src() {
-        assert_eq!(served_path("/src").as_deref(), Some("/"));
-        assert_eq!(served_path("/src/").as_deref(), Some("/"));
-        assert_eq!(served_path("/src/a/b").as_deref(), Some("/a/b"));
-        assert_eq!(served_path("src").as_deref(), Some(""));
-        assert_eq!(served_path("src/a").as_deref(), Some("a"));
-        assert_eq!(served_path("/srcx"), None);
-        assert_eq!(served_path("/"), None);
-        assert_eq!(served_path(""), None);
-        assert_eq!(served_path("a"), None);
-        let mut r = serde_json::json!({"op": "search", "paths": "/src/a:/src"});
-        served_request(&mut r).unwrap();
-        assert_eq!(r["paths"], "/a:/");
-        let mut r = serde_json::json!({"op": "cached", "path": "/other"});
-        assert!(served_request(&mut r).is_err());
-    }
 
     #[test]
     fn mount_attrs_follow_flags() {

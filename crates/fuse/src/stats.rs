@@ -222,8 +222,6 @@ pub struct StatsSource {
     pub started: std::time::Instant,
     /// Where the metrics endpoint listens (`-o metrics=`), if it does.
     pub metrics: Option<std::net::SocketAddr>,
-    /// SRC is served below the FUSE root (`rootmount`): request paths start at `/src`.
-    pub served_below: bool,
 }
 
 impl StatsSource {
@@ -452,7 +450,7 @@ fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
     let _ = s.set_write_timeout(Some(limits::WRITE_TIMEOUT));
     let mut w = &s;
     loop {
-        let mut req = match read_request(&s) {
+        let req = match read_request(&s) {
             Ok(Some(r)) => r,
             Ok(None) | Err(Error::Io(_)) => return,
             Err(e) => {
@@ -461,15 +459,6 @@ fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
                 return;
             }
         };
-        if srv.stats.served_below {
-            if let Err(e) = crate::rootmount::served_request(&mut req) {
-                let errno = libc::ENOENT;
-                if write_frame(&mut w, &json!({"ok": false, "error": e, "errno": errno})).is_err() {
-                    return;
-                }
-                continue;
-            }
-        }
         if req.get("op").and_then(Value::as_str) == Some("search") {
             let resp = match serde_json::from_value::<dircache_search::SearchRequest>(req) {
                 Err(e) => json!({"ok": false, "error": e.to_string()}),

@@ -70,4 +70,20 @@ impl CacheFs {
             generation: Generation(self.inodes.generation(root.0)),
         }))
     }
+
+    /// GETXATTR of `rootmount::FSROOT_XATTR` on SRC's root when it is served below the FUSE
+    /// root: `/src`; `None` otherwise (the name is then an ordinary xattr).
+    pub(super) fn fsroot_xattr(
+        &self,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
+    ) -> Option<Result<XattrOut, Errno>> {
+        let root = self.inodes.root();
+        if root == ROOT || ino.0 != root || name != crate::rootmount::FSROOT_XATTR {
+            return None;
+        }
+        let v = format!("/{}", crate::rootmount::SERVED_NAME).into_bytes();
+        Some(Self::xattr_out(size, v))
+    }
 }
