@@ -12,9 +12,10 @@
 //!   passthrough when it has a local descriptor);
 //! - statistics are served on a unix socket ([`stats`]).
 //!
-//! Nodeids: SRC's root is 1, or `inodes::SERVED_ROOT` when it is served below a synthetic FUSE
-//! root ([`rootmount`], every mount made with the new mount API); every other inode's nodeid is derived from its backend `(dev, ino)` (the
-//! backend's inode number on SRC's own device), so all hard links share one and `st_ino` seen
+//! Nodeids: SRC's root is 1, or `inodes::SERVED_ROOT` when it is served below a synthetic
+//! FUSE root ([`rootmount`], every mount made with the new mount API); every other inode's
+//! nodeid is derived from its backend `(dev, ino)` (the backend's inode number on SRC's own
+//! device), so all hard links share one and `st_ino` seen
 //! through the mount is stable across FORGET and remounts; a new file that reuses the inode
 //! number of one the kernel still holds gets a nodeid of its own while `st_ino` stays the
 //! backend's ([`inodes`]).
