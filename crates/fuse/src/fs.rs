@@ -54,6 +54,7 @@ mod init;
 mod nodes;
 mod noopen;
 mod own_writes;
+mod served_root;
 mod xattrs;
 
 use handles::OpenFiles;
@@ -265,6 +266,12 @@ impl DircacheFs {
         (DircacheFs { fs }, FsParts { inodes, counters })
     }
 
+    /// Serve SRC one directory below a synthetic FUSE root (`rootmount.rs`): before the
+    /// kernel sends any request.
+    pub fn serve_root_below(&mut self) {
+        self.fs.inodes.serve_root_below();
+    }
+
     /// The mount is `noatime` (reads through it leave the backend's atime alone).
     pub fn set_noatime(&mut self, on: bool) {
         self.fs.noatime = on;
@@ -380,6 +387,9 @@ impl fuser::Filesystem for DircacheFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _t = self.count(Op::lookup);
+        if let Some(r) = self.fs.synthetic_lookup(parent, name) {
+            return reply_entry(r, reply);
+        }
         self.fs.lean.looked_up(parent.0);
         reply_entry(self.fs.lookup(req, parent, name), reply)
     }
@@ -391,6 +401,9 @@ impl fuser::Filesystem for DircacheFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let _t = self.count(Op::getattr);
+        if let Some(r) = self.fs.synthetic_getattr(ino) {
+            return reply_attr(r, reply);
+        }
         reply_attr(self.fs.getattr(ino, fh), reply)
     }
 

@@ -1,7 +1,9 @@
 //! The kernel's nodeids and the core cache's dentries.
 //!
 //! Invariants:
-//! - nodeid 1 is the root and is never forgotten.
+//! - SRC's root is never forgotten. Its nodeid is 1 (FUSE_ROOT_ID), or [`SERVED_ROOT`] when
+//!   SRC is served one directory below a synthetic FUSE root (`rootmount.rs`; nodeid 1 is
+//!   then that synthetic directory, answered by `fs/served_root.rs`, not in this table).
 //! - One nodeid per live inode, keyed by `(dev, ino)`, so that all hard links of a file share
 //!   one kernel inode (the kernel's nlink/ctime stay consistent across names).
 //! - The nodeid is the inode number `stat` shows (fuser sends one number as both the entry's
@@ -51,8 +53,12 @@ use dircache_core::{Attr, Cache, Held, NodeRef};
 use fuser::BackingId;
 use parking_lot::Mutex;
 
-/// The root's nodeid (FUSE_ROOT_ID).
+/// The FUSE root's nodeid (FUSE_ROOT_ID): SRC's root unless it is served below it.
 pub const ROOT: u64 = 1;
+
+/// SRC's root's nodeid when it is served below a synthetic FUSE root: the first counted
+/// nodeid (counting then starts after it), so no derived nodeid is ever it.
+pub const SERVED_ROOT: u64 = COUNTED;
 
 struct Inode {
     /// The inode as the core holds it for the kernel (names, staleness, open counts).
@@ -121,6 +127,8 @@ pub struct Inodes {
     structure: Mutex<u64>,
     /// SRC's root: its device (whose inode numbers are used as they are) and its key.
     root_key: Key,
+    /// SRC's root's nodeid: [`ROOT`] or [`SERVED_ROOT`] (set before any request).
+    root: AtomicU64,
 }
 
 impl Inodes {
@@ -134,6 +142,7 @@ impl Inodes {
             by_dentry: papaya::HashMap::with_hasher(Hasher::default()),
             structure: Mutex::new(COUNTED),
             root_key: key,
+            root: AtomicU64::new(ROOT),
         };
         t.inodes.pin().insert(
             ROOT,
@@ -152,6 +161,27 @@ impl Inodes {
         t.by_dentry.pin().insert(root.id(), ROOT);
         t.by_key.pin().insert(key, ROOT);
         t
+    }
+
+    /// SRC's root's nodeid.
+    pub fn root(&self) -> u64 {
+        self.root.load(Ordering::Relaxed)
+    }
+
+    /// Give SRC's root the nodeid [`SERVED_ROOT`]: it is served below a synthetic FUSE root
+    /// (`rootmount.rs`). Called before the kernel sends any request.
+    pub fn serve_root_below(&self) {
+        let mut next = self.structure.lock();
+        let inodes = self.inodes.pin();
+        let Some(i) = inodes.get(&ROOT).cloned() else {
+            return;
+        };
+        inodes.remove(&ROOT);
+        inodes.insert(SERVED_ROOT, i.clone());
+        self.by_dentry.pin().insert(i.held.node().id(), SERVED_ROOT);
+        self.by_key.pin().insert(self.root_key, SERVED_ROOT);
+        *next = (*next).max(SERVED_ROOT + 1);
+        self.root.store(SERVED_ROOT, Ordering::Relaxed);
     }
 
     fn entry(&self, nodeid: u64) -> Option<Arc<Inode>> {
@@ -178,7 +208,7 @@ impl Inodes {
     /// The number `key` gets when it is free: see the module invariants.
     fn derived(&self, key: Key) -> u64 {
         if key == self.root_key {
-            ROOT
+            self.root()
         } else if key.0 == self.root_key.0 && key.1 > ROOT && key.1 < COUNTED {
             key.1
         } else {
@@ -237,7 +267,8 @@ impl Inodes {
         let known = self.by_dentry.pin().get(&node.id()).copied();
         if let Some(id) = known {
             let hit = self.with_entry(id, |i| {
-                if (i.held.key() != key || i.fmt != fmt(attr)) && id != ROOT {
+                let root = id == self.root();
+                if (i.held.key() != key || i.fmt != fmt(attr)) && !root {
                     return false;
                 }
                 let mut m = i.m.lock();
@@ -246,7 +277,7 @@ impl Inodes {
                 }
                 m.lookups += 1;
                 drop(m);
-                if id != ROOT {
+                if !root {
                     let name = node.name();
                     let moved = self
                         .with_held(parent, |p| i.held.set_location(Some(p), &name))
@@ -276,9 +307,9 @@ impl Inodes {
         let at = |id: u64| inodes.get(&id).cloned().filter(|i| !i.m.lock().removed);
         if let Some(&id) = by_dentry.get(&node.id()) {
             if let Some(i) = at(id) {
-                if (i.held.key() == key && i.fmt == fmt(attr)) || id == ROOT {
+                if (i.held.key() == key && i.fmt == fmt(attr)) || id == self.root() {
                     i.m.lock().lookups += 1;
-                    if id != ROOT {
+                    if id != self.root() {
                         i.held.set_location(parent_held.as_ref(), &name);
                     }
                     return id;
@@ -292,7 +323,7 @@ impl Inodes {
                 // Which names still stand for the inode: not dead in the core, and (unless
                 // it is `node` itself) still naming the inode in the backend. None when the
                 // key comes back with another file type: a new file.
-                let kept = if id == ROOT {
+                let kept = if id == self.root() {
                     Some(
                         i.held
                             .retain_names(|n| Arc::ptr_eq(n, node) || !n.is_dead())
@@ -313,7 +344,7 @@ impl Inodes {
                     }
                     i.held.add_name(node, false);
                     i.m.lock().lookups += 1;
-                    if id != ROOT {
+                    if id != self.root() {
                         i.held.set_location(parent_held.as_ref(), &name);
                     }
                     by_dentry.insert(node.id(), id);
@@ -326,7 +357,7 @@ impl Inodes {
             }
         }
         let derived = self.derived(key);
-        let id = if derived != ROOT && !inodes.contains_key(&derived) {
+        let id = if derived != ROOT && derived != self.root() && !inodes.contains_key(&derived) {
             derived
         } else {
             while inodes.contains_key(&*next) {
@@ -345,7 +376,7 @@ impl Inodes {
                 .or_else(|| {
                     inodes
                         .get(&derived)
-                        .filter(|e| derived != ROOT && e.held.key() == key)
+                        .filter(|e| derived != self.root() && e.held.key() == key)
                         .map(|e| e.st_ino)
                 })
                 .unwrap_or(id)
@@ -404,10 +435,10 @@ impl Inodes {
     }
 
     /// The inode number `stat` shows for nodeid `nodeid`: the nodeid itself, except for the
-    /// root (nodeid 1), which shows SRC's root inode number, and for a file that reused the
+    /// root (nodeid 1 or [`SERVED_ROOT`]), which shows SRC's root inode number, and for a file that reused the
     /// number of one the kernel still holds, which shows that number.
     pub fn st_ino(&self, nodeid: u64) -> u64 {
-        if nodeid == ROOT {
+        if nodeid == self.root() {
             self.derived_root()
         } else {
             self.with_entry(nodeid, |i| i.st_ino).unwrap_or(nodeid)
@@ -463,7 +494,7 @@ impl Inodes {
             let m = i.m.lock();
             !m.removed
                 && m.lookups > 0
-                && (id == ROOT || (i.held.key() == key && i.fmt == fmt(attr)))
+                && (id == self.root() || (i.held.key() == key && i.fmt == fmt(attr)))
         })
         .filter(|ok| *ok)
         .map(|_| id)
@@ -471,7 +502,7 @@ impl Inodes {
 
     /// Drop `n` kernel references; the last one gives the inode back to the core.
     pub fn forget(&self, cache: &Cache, nodeid: u64, n: u64) {
-        if nodeid == ROOT {
+        if nodeid == ROOT || nodeid == self.root() {
             return;
         }
         let Some(i) = self.entry(nodeid) else {

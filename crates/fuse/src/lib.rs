@@ -12,8 +12,10 @@
 //!   passthrough when it has a local descriptor);
 //! - statistics are served on a unix socket ([`stats`]).
 //!
-//! Nodeids: root is 1; every other inode's nodeid is derived from its backend `(dev, ino)` (the
-//! backend's inode number on SRC's own device), so all hard links share one and `st_ino` seen
+//! Nodeids: SRC's root is 1, or `inodes::SERVED_ROOT` when it is served below a synthetic
+//! FUSE root ([`rootmount`], every mount made with the new mount API); every other inode's
+//! nodeid is derived from its backend `(dev, ino)` (the backend's inode number on SRC's own
+//! device), so all hard links share one and `st_ino` seen
 //! through the mount is stable across FORGET and remounts; a new file that reuses the inode
 //! number of one the kernel still holds gets a nodeid of its own while `st_ino` stays the
 //! backend's ([`inodes`]).
@@ -35,7 +37,9 @@
 //! - [`creds`]: the requester's supplementary groups; `umask`: the caller's umask at creation;
 //! - [`notifier`]: the only thread telling the kernel to drop cached state; [`policy`]: what
 //!   the kernel's caches may keep; [`stats`]: request counters and the control socket;
-//!   [`kmount`]: the kernel side of the mount (mount(2), remount, mountinfo).
+//!   [`kmount`]: the kernel side of the mount (mount(2), remount, mountinfo);
+//!   [`rootmount`]: SRC served one directory below the FUSE root, bind-mounted on MNT (so
+//!   the kernel caches the ACLs of the mount's root).
 
 pub mod cacheview;
 pub mod creds;
@@ -49,6 +53,7 @@ pub mod notifier;
 mod openfds;
 pub mod policy;
 pub mod prefetch;
+pub mod rootmount;
 pub mod stats;
 mod umask;
 
@@ -133,9 +138,10 @@ impl MountConfig {
     }
 }
 
-/// A mounted, not yet serving file system. Call [`Mounted::run`] to serve until unmounted.
+/// A mounted and serving file system. Call [`Mounted::run`] to wait until it is unmounted.
 pub struct Mounted {
-    session: fuser::Session<DircacheFs>,
+    /// Serving since the mount was made (the served tree is attached through the daemon).
+    session: fuser::BackgroundSession,
     notify_tx: Sender<NotifyMsg>,
     notifier: Option<JoinHandle<()>>,
     _control: Option<stats::ControlServer>,
@@ -150,7 +156,8 @@ pub struct Mounted {
 }
 
 /// Mount `cache` at `cfg.mnt`. When this returns the mount is up (the kernel's INIT was
-/// answered); requests are served once [`Mounted::run`] is called.
+/// answered) and requests are served (threads of their own); [`Mounted::run`] waits for the
+/// end and cleans up.
 pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     if cfg.policy.bypass != cache.config().bypass {
         // A bypass policy over a caching core would serve cached answers with TTLs 0 (and
@@ -190,7 +197,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     let mut fc = fuser::Config::default();
     fc.n_threads = Some(cfg.policy.threads.max(1));
     fc.clone_fd = true;
-    let session = mount_session(fs, cfg, fc)?;
+    let (session, abi, _served_below) = mount_session(fs, cfg, fc)?;
     // Until `Mounted` exists, a failure leaves no dead mount behind.
     let guard = UnmountOnError(Some(cfg.mnt.clone()));
     let feed = match cache.backend().watch() {
@@ -204,7 +211,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         cache.clone(),
         parts.inodes.clone(),
         parts.counters.clone(),
-        session.kernel_abi().map_or(0, |v| v.1),
+        abi.map_or(0, |v| v.1),
     );
     let notifier = notifier::spawn(state, session.notifier(), rx, feed)?;
     guard.disarm();
@@ -310,12 +317,15 @@ fn save_snapshot(cache: &Cache, p: &Persist) {
     }
 }
 
-/// mount(2) with `cfg.kernel` ([`kmount::mount_fuse`]), then the FUSE handshake.
+/// The FUSE file system made with `cfg.kernel`, the handshake done, serving, and mounted on
+/// `cfg.mnt`: SRC one directory below the FUSE root ([`rootmount`]), or with mount(2) as
+/// the FUSE root ([`kmount::mount_fuse`]) on a kernel without the new mount API. Returns the
+/// session, the kernel's FUSE ABI and whether SRC is served below the root.
 fn mount_session(
-    fs: DircacheFs,
+    mut fs: DircacheFs,
     cfg: &MountConfig,
     fc: fuser::Config,
-) -> Result<fuser::Session<DircacheFs>, Error> {
+) -> Result<(fuser::BackgroundSession, Option<fuser::Version>, bool), Error> {
     let err = |source: std::io::Error| Error::Mount {
         mnt: cfg.mnt.clone(),
         source,
@@ -337,6 +347,31 @@ fn mount_session(
         (None, Some(src)) => src.display().to_string(),
         (None, None) => "dircache".to_string(),
     };
+    let acl = if cfg.allow_other {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
+    match rootmount::create(&source, flags, cfg.allow_other, &cfg.kernel.lsm) {
+        Ok(detached) => {
+            fs.serve_root_below();
+            let dev = detached.dev.try_clone().map_err(err)?;
+            let session = fuser::Session::from_fd(fs, dev, acl, fc).map_err(err)?;
+            let abi = session.kernel_abi();
+            let session = session.spawn().map_err(err)?;
+            // On failure the detached mount goes, and with it the connection: the session
+            // ends.
+            if let Err(e) = rootmount::attach(detached, &cfg.mnt) {
+                let _ = session.join();
+                return Err(err(e));
+            }
+            return Ok((session, abi, true));
+        }
+        Err(e) if rootmount::unsupported(&e) => {
+            tracing::info!("no new mount API ({e}): SRC's root is the FUSE root");
+        }
+        Err(e) => return Err(err(e)),
+    }
     // The root's permission bits for the kernel's first root inode (kmount::mount_fuse).
     let root_perm = fs.root_perm();
     let fd = kmount::mount_fuse(
@@ -349,14 +384,11 @@ fn mount_session(
     )
     .map_err(err)?;
     let guard = UnmountOnError(Some(cfg.mnt.clone()));
-    let acl = if cfg.allow_other {
-        fuser::SessionACL::All
-    } else {
-        fuser::SessionACL::Owner
-    };
     let session = fuser::Session::from_fd(fs, fd, acl, fc).map_err(err)?;
+    let abi = session.kernel_abi();
+    let session = session.spawn().map_err(err)?;
     guard.disarm();
-    Ok(session)
+    Ok((session, abi, false))
 }
 
 /// Unmounts (detached) on drop unless disarmed: a mount whose setup failed is not left dead.
@@ -386,7 +418,7 @@ impl Mounted {
         self.notify_tx.clone()
     }
 
-    /// Serve requests until the file system is unmounted (by [`unmount`], `umount`,
+    /// Wait until the file system is unmounted (by [`unmount`], `umount`,
     /// `fusermount -u`, or the kernel aborting the connection).
     pub fn run(self) -> Result<(), Error> {
         let Mounted {
@@ -401,7 +433,7 @@ impl Mounted {
         } = self;
         // The session does not own the mount (dircache called mount(2)): if serving ends
         // with an error while still mounted, unmount rather than leave a dead mount.
-        let r = session.run().map_err(Error::Io);
+        let r = session.join().map_err(Error::Io);
         if r.is_err() && kmount::mount_entry(&mnt).is_some_and(|e| e.fstype == "fuse.dircache") {
             let _ = unmount(&mnt);
         }

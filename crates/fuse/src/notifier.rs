@@ -18,7 +18,7 @@ use crossbeam_channel::{never, select, Receiver};
 use dircache_core::{At, Cache, Change, ChangeFeed, Cred, FileType, Invalidation, LookupFlags};
 use fuser::{INodeNo, Notifier};
 
-use crate::inodes::{Inodes, ROOT};
+use crate::inodes::Inodes;
 use crate::stats::RequestCounters;
 
 /// Work for the notifier thread.
@@ -155,7 +155,7 @@ impl NotifierState {
 
     fn dir_nodeid(&self, dir_path: &[u8]) -> Option<u64> {
         if dir_path.is_empty() {
-            return Some(ROOT);
+            return Some(self.inodes.root());
         }
         let c = self.cache.kernel_checked(Cred::root());
         let mut p = Vec::with_capacity(dir_path.len() + 1);

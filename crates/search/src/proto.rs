@@ -49,6 +49,10 @@ use crate::{
 
 /// Extended attribute of a dircache mount root that names its daemon's socket.
 pub const SOCKET_XATTR: &str = "user.dircache.socket";
+/// Extended attribute of a dircache mount root: the served tree's path in the FUSE file
+/// system (`/src` when SRC is served below the FUSE root, `dircache_fuse::rootmount`), which
+/// mountinfo's root field starts with; absent: `/`.
+pub const FSROOT_XATTR: &str = "user.dircache.fsroot";
 /// File system type of a dircache mount in /proc/self/mountinfo.
 pub const FSTYPE: &str = "fuse.dircache";
 /// Largest request frame a daemon accepts.
@@ -559,6 +563,22 @@ fn mount_table() -> Vec<MountEntry> {
     out
 }
 
+/// Mountinfo's root field `fs_root` of the dircache mount at `point` as a path in the served
+/// tree (what the daemon takes): without the prefix [`FSROOT_XATTR`] names.
+fn served_fs_root(point: &Path, fs_root: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let mut buf = vec![0u8; 4096];
+    let Ok(n) = rustix::fs::lgetxattr(point, FSROOT_XATTR, &mut buf[..]) else {
+        return fs_root.to_path_buf();
+    };
+    buf.truncate(n);
+    let prefix = Path::new(std::ffi::OsStr::from_bytes(&buf));
+    match fs_root.strip_prefix(prefix) {
+        Ok(rest) if prefix.is_absolute() => Path::new("/").join(rest),
+        _ => fs_root.to_path_buf(),
+    }
+}
+
 fn socket_xattr(root: &Path) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     let mut buf = vec![0u8; 4096];
@@ -596,7 +616,7 @@ pub fn find_daemon_with(path: &Path, cfg: &ClientConfig) -> Option<Daemon> {
         root: top.point.clone(),
         socket,
         owner: top.owner.unwrap_or(0),
-        fs_root: top.fs_root.clone(),
+        fs_root: served_fs_root(&top.point, &top.fs_root),
     })
 }
 
@@ -983,7 +1003,7 @@ pub(crate) fn dircache_mounts_below(
                     root: m.point.clone(),
                     socket,
                     owner: m.owner.unwrap_or(0),
-                    fs_root: m.fs_root.clone(),
+                    fs_root: served_fs_root(&m.point, &m.fs_root),
                 },
             );
         }

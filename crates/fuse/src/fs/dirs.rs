@@ -79,7 +79,10 @@ impl CacheFs {
             off = 1;
         }
         if off == 1 {
-            let p = dir.as_ref().map(|d| self.parent_nodeid(d)).unwrap_or(ROOT);
+            let p = dir
+                .as_ref()
+                .map(|d| self.parent_nodeid(d))
+                .unwrap_or(self.inodes.root());
             if add(DirEntry {
                 ino: INodeNo(self.inodes.st_ino(p)),
                 offset: 2,

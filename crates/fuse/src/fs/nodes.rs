@@ -96,7 +96,7 @@ impl CacheFs {
     pub(super) fn parent_nodeid(&self, node: &NodeRef) -> u64 {
         node.parent()
             .and_then(|p| self.inodes.nodeid_of(&p))
-            .unwrap_or(ROOT)
+            .unwrap_or(self.inodes.root())
     }
 
     fn rename_mode(flags: RenameFlags) -> Result<RenameMode, Errno> {
@@ -273,7 +273,9 @@ impl CacheFs {
             // The name the core has not seen go names another file by now (removed or
             // replaced in SRC, not yet reported): not this inode's attributes (another
             // type would make the kernel mark its inode bad: EIO).
-            Ok(a) if ino.0 != ROOT && (a.dev, a.ino) != held.key() => Err(CoreError::NotFound),
+            Ok(a) if ino.0 != self.inodes.root() && (a.dev, a.ino) != held.key() => {
+                Err(CoreError::NotFound)
+            }
             r => r,
         };
         match r {

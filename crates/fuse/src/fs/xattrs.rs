@@ -117,7 +117,7 @@ impl CacheFs {
 
     /// An xattr value (or list) for a call with buffer `size`: its size when the caller asks
     /// for it (0), ERANGE when it does not fit.
-    fn xattr_out(size: u32, v: Vec<u8>) -> Result<XattrOut, Errno> {
+    pub(super) fn xattr_out(size: u32, v: Vec<u8>) -> Result<XattrOut, Errno> {
         if size == 0 {
             Ok(XattrOut::Size(v.len() as u32))
         } else if (size as usize) < v.len() {
@@ -154,10 +154,13 @@ impl CacheFs {
         name: &OsStr,
         size: u32,
     ) -> Result<XattrOut, Errno> {
-        if ino.0 == ROOT && name.as_bytes() == SOCKET_XATTR.as_bytes() {
+        if ino.0 == self.inodes.root() && name.as_bytes() == SOCKET_XATTR.as_bytes() {
             if let Some(p) = &self.socket_path {
                 return Self::xattr_out(size, p.as_os_str().as_bytes().to_vec());
             }
+        }
+        if let Some(r) = self.fsroot_xattr(ino, name, size) {
+            return r;
         }
         if self.xattr_blocked(name) {
             return Err(Errno::from_i32(libc::EOPNOTSUPP));
