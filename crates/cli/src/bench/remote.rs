@@ -762,21 +762,39 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
     }
     let dircache_mnt = s.mnt.clone().filter(|_| s.sys.is_dircache());
     // Disconnected reads: the files cached and granted while connected (the reconnection
-    // after the previous round made the client forget them), then the server cut off.
+    // after the previous round made the client forget them, and its forgetting may land
+    // after a first pass), until passes make no round trip; then the server cut off.
     let mut cut = None;
     if w.disconnected && s.sys == Sys::Dircache {
         if let Some(mnt) = &dircache_mnt {
             wait_offline(mnt, &env.log(s.sys), false, Duration::from_secs(60))?;
         }
-        let (_, out) = timed(make_cmd(), env.timeout)?;
-        if !out.status.success() {
-            bail!(
-                "{} (connected, untimed) on {}: {} {}",
-                w.name,
-                s.sys.name(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+        let (mut passes, mut quiet) = (0, 0);
+        // Two quiet passes in a row: nothing the reconnection set off is still landing.
+        while quiet < 2 {
+            let t0 = s.proxy.as_ref().map(DelayProxy::traffic);
+            let (_, out) = timed(make_cmd(), env.timeout)?;
+            if !out.status.success() {
+                bail!(
+                    "{} (connected, untimed) on {}: {} {}",
+                    w.name,
+                    s.sys.name(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            let trips = match (&s.proxy, t0) {
+                (Some(p), Some(t0)) => p.traffic().since(&t0).round_trips(),
+                _ => 0,
+            };
+            passes += 1;
+            quiet = if trips == 0 { quiet + 1 } else { 0 };
+            if quiet < 2 && passes >= 10 {
+                bail!(
+                    "{}: every connected pass made round trips ({trips} the last)",
+                    w.name
+                );
+            }
         }
         cut = Some(cut_off(env, s)?);
     }
