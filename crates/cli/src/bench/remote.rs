@@ -413,6 +413,9 @@ fn workloads(loop_n: usize) -> Vec<Workload> {
     ]
 }
 
+/// The error of a run of a workload that does not apply to the system (its rows are dropped).
+const NOT_APPLICABLE: &str = "not applicable";
+
 /// Opens of the 1 MB file per run of its workload.
 const BLOB_OPENS: usize = 20;
 /// The generated 1 MB file (relative to the tree).
@@ -718,7 +721,7 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         env.mount(s)?;
     }
     if w.disconnected && !matches!(s.sys, Sys::Native | Sys::Dircache) {
-        bail!("not applicable (disconnected reads: native and dircache only)");
+        bail!("{NOT_APPLICABLE} (disconnected reads: native and dircache only)");
     }
     let d = s.dir.to_string_lossy().into_owned();
     let exe = env.exe.to_string_lossy().into_owned();
@@ -1166,6 +1169,12 @@ fn bench(
     }
     // Unmount and stop the proxies before printing.
     drop(systems);
+    // No rows for systems a workload does not apply to (disconnected reads on sshfs).
+    rows.retain(|r| {
+        !r.error
+            .as_deref()
+            .is_some_and(|e| e.starts_with(NOT_APPLICABLE))
+    });
     Ok(rows)
 }
 
