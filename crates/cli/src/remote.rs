@@ -9,6 +9,8 @@
 //! - `serve_command=PATH` the dircache binary on the remote host [dircache]
 //! - `reconnect_timeout=SECS` after the connection is lost, how long calls wait while ssh is
 //!   started again (with backoff) before they fail with EIO; 0 = never reconnect [10]
+//! - `statfs_timeout=SECS` how long a statfs answer (`df`; `find` and `du` ask for the file
+//!   system's type) is reused before the server is asked again, 0 = every time [5]
 //! - `subtree=N` directory entries the client may hold from bulk subtree replies, 0 = no bulk
 //!   prefetching [131072] (dircache_remote::prefetch)
 //! - `cache_dir=PATH` where container files go (a directory per remote, kept across mounts,
@@ -53,6 +55,8 @@ pub struct Remote {
     pub prefetch: usize,
     /// How long calls wait for a new connection after one is lost (0 = no reconnecting).
     pub reconnect_timeout: std::time::Duration,
+    /// How long a statfs answer is reused (`statfs_timeout=`).
+    pub statfs_ttl: std::time::Duration,
     /// Whole-file container files (`None`: `nocontainers`).
     pub containers: Option<dircache_remote::ContainerConfig>,
     /// Disconnected operation (`disconnected=off`: false).
@@ -127,6 +131,7 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
         serve_command: "dircache".into(),
         prefetch: dircache_remote::ClientConfig::default().prefetch,
         reconnect_timeout: dircache_remote::ClientConfig::default().reconnect_timeout,
+        statfs_ttl: dircache_remote::ClientConfig::default().statfs_ttl,
         containers: Some(Default::default()),
         disconnected: true,
     };
@@ -167,6 +172,14 @@ pub fn split(src: &Path, lists: &[String]) -> Result<(Option<Remote>, Vec<String
                         .ok_or_else(|| {
                             Usage(format!("bad value for -o reconnect_timeout: {v:?}"))
                         })?
+                }
+                "statfs_timeout" => {
+                    r.statfs_ttl = need()?
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|s| (0.0..=86400.0).contains(s))
+                        .map(std::time::Duration::from_secs_f64)
+                        .ok_or_else(|| Usage(format!("bad value for -o statfs_timeout: {v:?}")))?
                 }
                 "subtree" => {
                     r.prefetch = need()?
@@ -305,6 +318,7 @@ impl Remote {
         let cfg = dircache_remote::ClientConfig {
             prefetch: self.prefetch,
             reconnect_timeout: self.reconnect_timeout,
+            statfs_ttl: self.statfs_ttl,
             containers,
             disconnected: match self.disconnected {
                 true => Some(dircache_remote::Disconnected::with_log(

@@ -522,3 +522,139 @@ fn acls_answered_from_listings_are_still_enforced() {
         assert_eq!(mounted.stdout, native.stdout, "{f}");
     }
 }
+
+/// The client kernel's FUSE requests so far, by kind (`dircache stats MNT`).
+fn kernel_requests(mnt: &Path) -> std::collections::BTreeMap<String, u64> {
+    let v = dircache_fuse::stats::query_mount(mnt, &serde_json::json!({"op": "stats"}))
+        .expect("dircache stats");
+    v["stats"]["kernel_requests"]["by_kind"]
+        .as_object()
+        .expect("kernel_requests.by_kind")
+        .iter()
+        .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+        .collect()
+}
+
+/// Read-only opens of cached files (through the page cache, and through passthrough) cost
+/// OPEN and RELEASE but no FLUSH: a read-only handle has nothing to store back, so its
+/// close(2) does not wait for the daemon (FOPEN_NOFLUSH). A writer's close still sends
+/// FLUSH, and the server has its bytes when close returns.
+#[test]
+fn read_only_closes_send_no_flush_and_writers_still_store_on_close() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("");
+    // Below and above `cached_reads_max` (1 MiB): page cache, and passthrough.
+    let small = random_bytes(10_000, 3);
+    let big = random_bytes(3 << 20, 4);
+    t.put("small", &small);
+    t.put("big", &big);
+    // Fetched, and (as in the test above) until an open+read of each makes no round trip.
+    eventually("open+reads with no round trip", || {
+        let before = t.calls("");
+        std::fs::read(t.m("small")).unwrap() == small
+            && std::fs::read(t.m("big")).unwrap() == big
+            && t.calls("") == before
+    });
+    let before = kernel_requests(&t.mnt);
+    let calls = t.calls("");
+    const N: u64 = 5;
+    for _ in 0..N {
+        assert_eq!(std::fs::read(t.m("small")).unwrap(), small);
+        assert_eq!(std::fs::read(t.m("big")).unwrap(), big);
+    }
+    let after = kernel_requests(&t.mnt);
+    let d = |k: &str| after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0);
+    assert_eq!(t.calls(""), calls, "no round trip");
+    assert_eq!(
+        d("open"),
+        2 * N,
+        "one OPEN per open: {before:?} -> {after:?}"
+    );
+    assert_eq!(
+        d("flush"),
+        0,
+        "no FLUSH for read-only closes: {before:?} -> {after:?}"
+    );
+    // RELEASE comes after close(2) returns (asynchronously): all of them, eventually.
+    eventually("a RELEASE per open", || {
+        let a = kernel_requests(&t.mnt);
+        a.get("release").copied().unwrap_or(0) - before.get("release").copied().unwrap_or(0)
+            == 2 * N
+    });
+    // A writer: its close sends FLUSH, which stores the container back before close returns.
+    let flushes = kernel_requests(&t.mnt).get("flush").copied().unwrap_or(0);
+    let new = random_bytes(20_000, 5);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(t.m("small"))
+            .unwrap();
+        f.write_all(&new).unwrap();
+    }
+    assert_eq!(std::fs::read(t.s("small")).unwrap(), new, "stored at close");
+    assert!(
+        kernel_requests(&t.mnt).get("flush").copied().unwrap_or(0) > flushes,
+        "the writer's close sent FLUSH"
+    );
+    assert_eq!(std::fs::read(t.m("small")).unwrap(), new);
+}
+
+/// A statfs answer is reused for `statfs_timeout` (`find` and `du` ask for one on every
+/// run): two `stat -f` make one Statfs call; after the timeout, another; with
+/// `statfs_timeout=0` every one asks.
+#[test]
+fn statfs_answers_are_reused_for_statfs_timeout() {
+    if !can_mount() {
+        return;
+    }
+    let statfs = |t: &Mount| {
+        let out = Command::new("stat")
+            .arg("-f")
+            .arg("-c")
+            .arg("%b %S")
+            .arg(&t.mnt)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let t = Mount::start("statfs_timeout=1.5");
+    let native = Command::new("stat")
+        .args(["-f", "-c", "%b %S"])
+        .arg(&t.src)
+        .output()
+        .unwrap();
+    let first = statfs(&t);
+    assert_eq!(
+        first.as_bytes(),
+        native.stdout.as_slice(),
+        "the server's answer"
+    );
+    let asked = t.calls("Statfs");
+    assert!(asked >= 1, "the first statfs asked the server");
+    let start = Instant::now();
+    assert_eq!(statfs(&t), first);
+    assert_eq!(statfs(&t), first);
+    if start.elapsed() < Duration::from_millis(1200) {
+        assert_eq!(t.calls("Statfs"), asked, "reused within statfs_timeout");
+    }
+    let n = t.calls("Statfs");
+    std::thread::sleep(Duration::from_millis(1600));
+    statfs(&t);
+    assert_eq!(t.calls("Statfs"), n + 1, "asked again after statfs_timeout");
+    drop(t);
+    let t = Mount::start("statfs_timeout=0");
+    statfs(&t);
+    let asked = t.calls("Statfs");
+    statfs(&t);
+    statfs(&t);
+    assert_eq!(
+        t.calls("Statfs"),
+        asked + 2,
+        "statfs_timeout=0: every statfs asks"
+    );
+}

@@ -30,6 +30,7 @@ pub mod container;
 pub mod disconnected;
 mod reopen;
 mod search;
+mod statfs;
 
 pub use container::{ContainerConfig, ContainerFile, ContainerStats, Containers};
 pub use disconnected::Disconnected;
@@ -479,6 +480,8 @@ pub struct RemoteBackend {
     /// Reconnecting, shared with the open files (client/reopen.rs).
     link: Arc<reopen::Link>,
     cfg: ClientConfig,
+    /// Recent statfs answers (client/statfs.rs).
+    statfs: statfs::StatfsCache,
 }
 
 /// How a client runs.
@@ -496,6 +499,8 @@ pub struct ClientConfig {
     /// Disconnected operation (client/disconnected.rs); `None` (or no reconnecting): a lost
     /// connection breaks every promise at once and calls get EIO.
     pub disconnected: Option<Arc<Disconnected>>,
+    /// How long a statfs answer is reused (client/statfs.rs); zero = every call asks.
+    pub statfs_ttl: Duration,
 }
 
 impl Default for ClientConfig {
@@ -505,6 +510,7 @@ impl Default for ClientConfig {
             reconnect_timeout: Duration::from_secs(10),
             containers: None,
             disconnected: None,
+            statfs_ttl: Duration::from_secs(5),
         }
     }
 }
@@ -584,6 +590,7 @@ impl RemoteBackend {
             round_trips,
             link,
             cfg: cfg.clone(),
+            statfs: statfs::StatfsCache::new(cfg.statfs_ttl),
         })
     }
 
@@ -997,12 +1004,14 @@ impl Backend for RemoteBackend {
     }
 
     fn statfs(&self, path: &[u8]) -> Result<StatFs> {
-        match self.conn()?.call(Request::Statfs {
-            path: path.to_vec(),
-        })? {
-            Reply::StatFs(s) => Ok(s),
-            _ => Err(Error::Os(libc::EPROTO)),
-        }
+        self.statfs.get(path, || {
+            match self.conn()?.call(Request::Statfs {
+                path: path.to_vec(),
+            })? {
+                Reply::StatFs(s) => Ok(s),
+                _ => Err(Error::Os(libc::EPROTO)),
+            }
+        })
     }
 
     fn open(
@@ -1148,6 +1157,10 @@ impl Backend for RemoteBackend {
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut v = vec![("round_trips", self.round_trips())];
+        if let Some(d) = &self.cfg.disconnected {
+            // 1 while disconnected (serving what is cached), else 0.
+            v.push(("offline", u64::from(d.offline())));
+        }
         if let Some(cc) = &self.cfg.containers {
             v.extend(cc.counters());
         }

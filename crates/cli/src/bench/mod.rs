@@ -24,7 +24,7 @@ pub enum BenchCmd {
     /// Search vs find, bfs and fd, locally and on a dircache mount.
     Search(search::Args),
     /// Remote trees over ssh: native, sshfs and dircache remote at several RTTs.
-    Remote(remote::Args),
+    Remote(Box<remote::Args>),
     /// (internal) A stat/open+read loop over a list of paths, timed by `bench remote`.
     #[command(hide = true)]
     RemoteLoop(remote::LoopArgs),
@@ -36,7 +36,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
         BenchCmd::Apps(a) => apps::run(a),
         BenchCmd::StatLoop(a) => apps::stat_loop(a),
         BenchCmd::Search(a) => search::run(a),
-        BenchCmd::Remote(a) => remote::run(a),
+        BenchCmd::Remote(a) => remote::run(*a),
         BenchCmd::RemoteLoop(a) => remote::run_loop(a),
     }
 }

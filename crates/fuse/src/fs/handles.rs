@@ -386,6 +386,7 @@ impl CacheFs {
         if flags.0 & libc::O_TRUNC != 0 {
             self.attrs_changed(&node);
         }
+        let noflush = self.noflush(writable, &**fd);
         let cred = c.cred().clone();
         // The kernel sizes page-cache reads by the attributes it holds: a read-only open
         // through the page cache is right only if they are the file's now. When SRC changed
@@ -430,7 +431,7 @@ impl CacheFs {
                             .fetch_add(1, Ordering::Relaxed);
                         return Ok(Opened {
                             fh: FileHandle(fh),
-                            flags: FopenFlags::empty(),
+                            flags: noflush,
                             backing: Some(b),
                         });
                     }
@@ -450,13 +451,26 @@ impl CacheFs {
         });
         Ok(Opened {
             fh: FileHandle(fh),
-            flags: if current {
-                self.fopen_flags_for(flags.0)
-            } else {
-                FopenFlags::FOPEN_DIRECT_IO
-            },
+            flags: noflush
+                | if current {
+                    self.fopen_flags_for(flags.0)
+                } else {
+                    FopenFlags::FOPEN_DIRECT_IO
+                },
             backing: None,
         })
+    }
+
+    /// FOPEN_NOFLUSH for a read-only handle of a backend that stores files back on close
+    /// (a remote mount's containers): it has nothing to store, so its close(2) need not wait
+    /// for a FLUSH. (The kernel's `no_flush`, set by the ENOSYS a local mount answers, is
+    /// per connection: a writer's close must still reach such a backend.)
+    fn noflush(&self, writable: bool, file: &dyn BackendFile) -> FopenFlags {
+        if !writable && !file.writable() && self.cache.backend().flush_on_close() {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::empty()
+        }
     }
 
     /// Whether a read-only open of a file with attributes `a` goes through the page cache
