@@ -9,6 +9,7 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{can_mount, py, sh, sh_ok};
 // The remote-mount harness (crates/tests/src/remote.rs): `Mount` is a mount of its own

@@ -101,7 +101,7 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
             scope.spawn(move || walker(s, root, walk, changed, tx));
         }
         drop(tx);
-        loop {
+        let sent = loop {
             let (rel, entries, bare) = match rx.try_recv() {
                 Ok(l) => l,
                 Err(TryRecvError::Empty) => {
@@ -119,11 +119,18 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
             if !out.push(rel, entries, bare) {
                 break false;
             }
+        };
+        if !sent {
+            // The client is gone: the walkers stop, and those blocked sending a listing see
+            // the channel closed (the scope waits for them: stopping them after it, as
+            // before, left them blocked forever and the server with them).
+            walk.lock().stop = true;
+            changed.notify_all();
         }
+        drop(rx);
+        sent
     });
     if !sent {
-        walk.lock().stop = true;
-        changed.notify_all();
         return;
     }
     let complete = !walk.lock().cut;
