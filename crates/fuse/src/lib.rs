@@ -44,6 +44,7 @@ pub mod inodes;
 pub mod kmount;
 mod lean;
 mod listings;
+mod lookahead;
 pub mod metrics;
 pub mod notifier;
 mod openfds;
@@ -187,6 +188,10 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         cfg.socket_path.clone(),
     );
     fs.set_noatime(cfg.kernel.flags & libc::MS_NOATIME != 0);
+    // Resolved before the mount is up (afterwards it would be a request to ourselves).
+    if let Ok(m) = std::fs::canonicalize(&cfg.mnt) {
+        fs.set_mountpoint(m);
+    }
     let mut fc = fuser::Config::default();
     fc.n_threads = Some(cfg.policy.threads.max(1));
     fc.clone_fd = true;
