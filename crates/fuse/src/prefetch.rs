@@ -296,7 +296,16 @@ impl Prefetcher {
             }
             g.insert(id);
         }
-        let r = self.shared.cache.readdir_node(creds, dir, want_attrs);
+        // A directory complete already (listed by name only, e.g. lean): its names from the
+        // cache, and a statx for each entry without attributes; no second getdents.
+        let complete = dir.is_complete();
+        let r = self
+            .shared
+            .cache
+            .readdir_node(creds, dir, want_attrs && !complete);
+        if let (true, true, Ok(l)) = (want_attrs, complete, &r) {
+            crate::lean::stat_entries(&self.shared.cache, creds, dir, l, false);
+        }
         if let Ok(mut g) = self.shared.inflight.lock() {
             g.remove(&id);
         }

@@ -305,6 +305,29 @@ fn unreadable_and_large_directories_are_not_listed_on_two_lookups() {
 }
 
 #[test]
+fn stats_after_a_lean_listing_fetch_attributes_without_listing_again() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(CachePolicy::default(), |s| files(&s.join("l"), 40));
+    std::fs::symlink_metadata(t.m("l")).expect("stat l");
+    let readdirs = || num(&stats(&t), &["core", "backend_readdir"]);
+    let r0 = readdirs();
+    // `du`: the listing (lean: names only), then a stat of each entry.
+    let names: Vec<_> = std::fs::read_dir(t.m("l"))
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names.len(), 41);
+    for n in &names {
+        let rel = format!("l/{}", n.to_string_lossy());
+        assert_eq!(lstat(&t.m(&rel)), lstat(&t.s(&rel)), "{rel}");
+    }
+    assert_eq!(readdirs() - r0, 1, "backend listings");
+    assert_eq!(view(&t.m("l")), view(&t.s("l")));
+}
+
+#[test]
 fn nolookahead_looks_up_every_name() {
     if !can_mount() {
         return cannot_run("no FUSE");
