@@ -47,7 +47,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              (TTLs 0, plain readdir, listings uncached; for tmpfs/pmem SRC)
   readdirplus / noreaddirplus  listings carry attributes [readdirplus]
   lean / nolean              READDIRPLUS without attributes for files until they are looked up [lean]
-  lookahead / nolookahead    list a small directory on its second LOOKUP miss [lookahead]
+  lookahead / nolookahead    list a small directory on its second LOOKUP miss
+                             [lookahead; off on remote mounts]
   cache_dir / nocache_dir    listings cached in the kernel [cache_dir]
   opendir / noopendir        noopendir = no OPENDIR/RELEASEDIR round trips [noopendir]
   keep_cache / nokeep_cache  file data kept across opens [keep_cache]
@@ -820,6 +821,9 @@ fn serve(
     // A remote core has every listed entry's attributes (bulk listings): files still go out
     // lean (fs/dirs.rs), so a cold `find` instantiates no file inode in the kernel.
     cfg.policy.lean_cached = remote.is_some();
+    // Lookahead (fuse/src/lookahead.rs) is measured on local trees only: a remote mount's
+    // round trips per workload are what its tests count, and it lists in bulk already.
+    cfg.policy.lookahead &= remote.is_none();
     cfg.kernel = opts.kernel();
     if cfg.src.is_none() && cfg.kernel.fsname.is_none() {
         cfg.kernel.fsname = Some(src.display().to_string());

@@ -180,13 +180,20 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         .map(metrics::MetricsListener::local_addr)
         .transpose()?;
     let persist_loaded = persist.as_ref().and_then(|p| load_snapshot(&cache, p));
+    let feed = match cache.backend().watch() {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("backend change feed unavailable: {e}");
+            None
+        }
+    };
+    let mut policy = cfg.policy.clone();
+    // Without a change feed a listing made on lookups (`lookahead.rs`) would hide names
+    // created in SRC later from lookups that used to ask the backend: only with a feed.
+    policy.lookahead &= feed.is_some();
     let (tx, rx) = crossbeam_channel::unbounded();
-    let (mut fs, parts) = DircacheFs::new(
-        cache.clone(),
-        cfg.policy.clone(),
-        tx.clone(),
-        cfg.socket_path.clone(),
-    );
+    let (mut fs, parts) =
+        DircacheFs::new(cache.clone(), policy, tx.clone(), cfg.socket_path.clone());
     fs.set_noatime(cfg.kernel.flags & libc::MS_NOATIME != 0);
     // Resolved before the mount is up (afterwards it would be a request to ourselves).
     if let Ok(m) = std::fs::canonicalize(&cfg.mnt) {
@@ -198,13 +205,6 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     let session = mount_session(fs, cfg, fc)?;
     // Until `Mounted` exists, a failure leaves no dead mount behind.
     let guard = UnmountOnError(Some(cfg.mnt.clone()));
-    let feed = match cache.backend().watch() {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::warn!("backend change feed unavailable: {e}");
-            None
-        }
-    };
     let state = notifier::NotifierState::new(
         cache.clone(),
         parts.inodes.clone(),

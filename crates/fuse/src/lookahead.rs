@@ -24,6 +24,10 @@
 //! another request (or a prefetch thread) lists the same directory waits for that listing
 //! ([`crate::prefetch::Prefetcher::list_now`]) instead of asking the backend itself.
 //!
+//! Only on mounts with a change feed (`lib.rs` turns it off without one: a listing made on
+//! lookups would then hide names created in SRC later from lookups that used to ask the
+//! backend) and, for now, not on remote mounts (`cli/src/mount.rs`).
+//!
 //! # Correctness
 //! The listing is the one a READDIRPLUS of the directory would make, with the credentials of
 //! the LOOKUP, and only if their mode bits let them list and search the directory (as
