@@ -47,6 +47,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              (TTLs 0, plain readdir, listings uncached; for tmpfs/pmem SRC)
   readdirplus / noreaddirplus  listings carry attributes [readdirplus]
   lean / nolean              READDIRPLUS without attributes for files until they are looked up [lean]
+  lookahead / nolookahead    list a small directory on its second LOOKUP miss
+                             [lookahead; off on remote mounts]
   cache_dir / nocache_dir    listings cached in the kernel [cache_dir]
   opendir / noopendir        noopendir = no OPENDIR/RELEASEDIR round trips [noopendir]
   keep_cache / nokeep_cache  file data kept across opens [keep_cache]
@@ -403,9 +405,10 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 }
                 "threads" | "max_open_per_user" | "entry_timeout" | "attr_timeout"
                 | "negative_timeout" | "readdirplus" | "noreaddirplus" | "lean" | "nolean"
-                | "cache_dir" | "nocache_dir" | "opendir" | "noopendir" | "keep_cache"
-                | "nokeep_cache" | "passthrough" | "nopassthrough" | "acl" | "noacl"
-                | "security_xattrs" | "nosecurity_xattrs" | "open" | "prefetch" | "noprefetch" => {
+                | "lookahead" | "nolookahead" | "cache_dir" | "nocache_dir" | "opendir"
+                | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
+                | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" | "open"
+                | "prefetch" | "noprefetch" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -470,6 +473,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 match name {
                     "readdirplus" => p.readdirplus = on,
                     "lean" => p.lean = on,
+                    "lookahead" => p.lookahead = on,
                     "cache_dir" => p.cache_dir = on,
                     "opendir" => p.no_opendir = !on,
                     "keep_cache" => p.keep_cache = on,
@@ -817,6 +821,9 @@ fn serve(
     // A remote core has every listed entry's attributes (bulk listings): files still go out
     // lean (fs/dirs.rs), so a cold `find` instantiates no file inode in the kernel.
     cfg.policy.lean_cached = remote.is_some();
+    // Lookahead (fuse/src/lookahead.rs) is measured on local trees only: a remote mount's
+    // round trips per workload are what its tests count, and it lists in bulk already.
+    cfg.policy.lookahead &= remote.is_none();
     cfg.kernel = opts.kernel();
     if cfg.src.is_none() && cfg.kernel.fsname.is_none() {
         cfg.kernel.fsname = Some(src.display().to_string());
@@ -959,10 +966,11 @@ fn human(s: &serde_json::Value) -> String {
     let pf = s.get("prefetch").cloned().unwrap_or_default();
     let _ = writeln!(
         out,
-        "prefetch:     {} listings ahead of walks, {} dropped, {} pending",
+        "prefetch:     {} listings ahead of walks, {} dropped, {} pending, {} on lookups",
         g(&pf, "listings"),
         g(&pf, "dropped"),
-        g(&pf, "pending")
+        g(&pf, "pending"),
+        g(&pf, "lookahead")
     );
     let n = s.get("notifier").cloned().unwrap_or_default();
     let _ = writeln!(

@@ -217,9 +217,11 @@ fn scrape_follows_a_workload() {
     }
     // Every stat and listing reaches the daemon: no kernel negative entries, no kernel
     // listing cache (`opendir`: without OPENDIR the kernel caches listings anyway), no
-    // prefetching.
-    let m = Mount::new("metrics=127.0.0.1:0,negative_timeout=0,opendir,nocache_dir,noprefetch")
-        .unwrap();
+    // prefetching, no listing on lookups.
+    let m = Mount::new(
+        "metrics=127.0.0.1:0,negative_timeout=0,opendir,nocache_dir,noprefetch,nolookahead",
+    )
+    .unwrap();
     let addr = m.addr();
     assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
     let _ = std::fs::metadata(m.mnt.join("d")).unwrap();

@@ -217,6 +217,8 @@ struct CacheFs {
     prefetch: Prefetcher,
     /// Lean READDIRPLUS state (`lean.rs`).
     lean: Arc<crate::lean::Lean>,
+    /// Listing directories on LOOKUPs (`lookahead.rs`).
+    lookahead: crate::lookahead::Lookahead,
 }
 
 /// What the front end needs besides the cache.
@@ -245,6 +247,7 @@ impl DircacheFs {
         let prefetch = Prefetcher::new(cache.clone(), policy.prefetch_threads, counters.clone());
         let lean = Arc::new(crate::lean::Lean::new(policy.lean && policy.readdirplus));
         prefetch.set_lean(lean.clone());
+        let lookahead = crate::lookahead::Lookahead::new(policy.lookahead);
         let fs = CacheFs {
             cache,
             policy,
@@ -262,6 +265,7 @@ impl DircacheFs {
             orphans: Default::default(),
             prefetch,
             lean,
+            lookahead,
         };
         (DircacheFs { fs }, FsParts { inodes, counters })
     }
@@ -270,6 +274,12 @@ impl DircacheFs {
     /// kernel sends any request.
     pub fn serve_root_below(&mut self) {
         self.fs.inodes.serve_root_below();
+    }
+
+    /// The mount point, where lookahead (`lookahead.rs`) reads listed directories through
+    /// the kernel.
+    pub fn set_mountpoint(&self, mnt: std::path::PathBuf) {
+        self.fs.prefetch.set_mountpoint(mnt);
     }
 
     /// The mount is `noatime` (reads through it leave the backend's atime alone).

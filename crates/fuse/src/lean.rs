@@ -92,6 +92,11 @@ impl Lean {
         t != 0 && self.start.elapsed().as_nanos() as u64 <= t + ACL_WINDOW.as_nanos() as u64
     }
 
+    /// Whether `-o lean` is on (full listings then reuse cached children's attributes).
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
     /// Whether listings are lean now (for listings made ahead of a walker).
     pub(crate) fn is_lean(&self) -> bool {
         self.on && self.full_left.load(Ordering::Relaxed) == 0
@@ -139,8 +144,20 @@ impl Lean {
 /// they go out as full entries, and the prefetcher only lists directories it has attributes
 /// for (permission check).
 pub(crate) fn stat_subdirs(cache: &Cache, c: &Creds, dir: &NodeRef, entries: &[DirEntry]) {
+    stat_entries(cache, c, dir, entries, true)
+}
+
+/// Give the entries of a listing of `dir` made without attributes the attributes the cache
+/// lacks (one statx each; only subdirectories if `dirs_only`).
+pub(crate) fn stat_entries(
+    cache: &Cache,
+    c: &Creds,
+    dir: &NodeRef,
+    entries: &[DirEntry],
+    dirs_only: bool,
+) {
     for e in entries {
-        if e.kind != FileType::Directory || e.attr.is_some() {
+        if (dirs_only && e.kind != FileType::Directory) || e.attr.is_some() {
             continue;
         }
         if let Ok(n) = cache.lookup_child(c, dir, &e.name) {

@@ -48,6 +48,7 @@ pub mod inodes;
 pub mod kmount;
 mod lean;
 mod listings;
+mod lookahead;
 pub mod metrics;
 pub mod notifier;
 mod openfds;
@@ -186,20 +187,6 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
         .map(metrics::MetricsListener::local_addr)
         .transpose()?;
     let persist_loaded = persist.as_ref().and_then(|p| load_snapshot(&cache, p));
-    let (tx, rx) = crossbeam_channel::unbounded();
-    let (mut fs, parts) = DircacheFs::new(
-        cache.clone(),
-        cfg.policy.clone(),
-        tx.clone(),
-        cfg.socket_path.clone(),
-    );
-    fs.set_noatime(cfg.kernel.flags & libc::MS_NOATIME != 0);
-    let mut fc = fuser::Config::default();
-    fc.n_threads = Some(cfg.policy.threads.max(1));
-    fc.clone_fd = true;
-    let (session, abi, _served_below) = mount_session(fs, cfg, fc)?;
-    // Until `Mounted` exists, a failure leaves no dead mount behind.
-    let guard = UnmountOnError(Some(cfg.mnt.clone()));
     let feed = match cache.backend().watch() {
         Ok(f) => f,
         Err(e) => {
@@ -207,6 +194,24 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
             None
         }
     };
+    let mut policy = cfg.policy.clone();
+    // Without a change feed a listing made on lookups (`lookahead.rs`) would hide names
+    // created in SRC later from lookups that used to ask the backend: only with a feed.
+    policy.lookahead &= feed.is_some();
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let (mut fs, parts) =
+        DircacheFs::new(cache.clone(), policy, tx.clone(), cfg.socket_path.clone());
+    fs.set_noatime(cfg.kernel.flags & libc::MS_NOATIME != 0);
+    // Resolved before the mount is up (afterwards it would be a request to ourselves).
+    if let Ok(m) = std::fs::canonicalize(&cfg.mnt) {
+        fs.set_mountpoint(m);
+    }
+    let mut fc = fuser::Config::default();
+    fc.n_threads = Some(cfg.policy.threads.max(1));
+    fc.clone_fd = true;
+    let (session, abi, _served_below) = mount_session(fs, cfg, fc)?;
+    // Until `Mounted` exists, a failure leaves no dead mount behind.
+    let guard = UnmountOnError(Some(cfg.mnt.clone()));
     let state = notifier::NotifierState::new(
         cache.clone(),
         parts.inodes.clone(),

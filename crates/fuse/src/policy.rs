@@ -88,6 +88,10 @@ pub struct CachePolicy {
     /// Background threads that list the subdirectories of a directory a walker just listed,
     /// one level ahead of it (`prefetch.rs`); 0 turns prefetching off.
     pub prefetch_threads: usize,
+    /// List a small directory on the second LOOKUP of a name it does not hold (`lookahead.rs`):
+    /// the siblings that follow (`git status` lstat-ing every tracked file) are answered from
+    /// the listing and the directory becomes complete (misses and its READDIRPLUS are free).
+    pub lookahead: bool,
     /// Descriptors of open files one uid may make the daemon hold (opens of the same file
     /// with the same access by the same caller share one). 0: half of what the process limit
     /// leaves after a reserve for the daemon itself. Past it the caller gets EMFILE.
@@ -119,6 +123,7 @@ impl Default for CachePolicy {
             security_xattrs: false,
             threads: 4,
             prefetch_threads: 2,
+            lookahead: true,
             max_open_per_user: 0,
             bypass: false,
         }
@@ -144,6 +149,7 @@ impl CachePolicy {
             readdirplus: false,
             cache_dir: false,
             no_opendir: false,
+            lookahead: false,
             ..self
         }
     }
@@ -170,6 +176,7 @@ impl CachePolicy {
             security_xattrs: true,
             threads: 4,
             prefetch_threads: 0,
+            lookahead: false,
             max_open_per_user: 0,
             bypass: false,
         }

@@ -83,7 +83,21 @@ struct Shared {
     listed: Condvar,
     /// The mount's lean-listing state (`lean.rs`): listings ahead of a lean walker are lean.
     lean: std::sync::OnceLock<Arc<crate::lean::Lean>>,
+    /// The mount point (absolute), for [`Prefetcher::read_through_kernel`].
+    mountpoint: std::sync::OnceLock<std::path::PathBuf>,
+    /// Directories to read through the mount, and the threads reading them.
+    kreads: parking_lot::Mutex<KernelReads>,
 }
+
+#[derive(Default)]
+struct KernelReads {
+    dirs: VecDeque<NodeRef>,
+    active: usize,
+    stop: bool,
+}
+
+/// Threads reading directories through the mount at once ([`Prefetcher::read_through_kernel`]).
+const KERNEL_READERS: usize = 4;
 
 /// How long a request waits for a prefetch of its directory before listing it itself.
 const MAX_WAIT: Duration = Duration::from_secs(2);
@@ -106,6 +120,8 @@ impl Prefetcher {
             inflight: Mutex::new(HashSet::new()),
             listed: Condvar::new(),
             lean: std::sync::OnceLock::new(),
+            mountpoint: std::sync::OnceLock::new(),
+            kreads: parking_lot::Mutex::new(KernelReads::default()),
         });
         let mut handles = Vec::new();
         for i in 0..threads {
@@ -122,6 +138,65 @@ impl Prefetcher {
             enabled: AtomicBool::new(!handles.is_empty()),
             shared,
             threads: handles,
+        }
+    }
+
+    /// The mount's (absolute) mount point, for [`Prefetcher::read_through_kernel`].
+    pub(crate) fn set_mountpoint(&self, mnt: std::path::PathBuf) {
+        if mnt.is_absolute() {
+            let _ = self.shared.mountpoint.set(mnt);
+        }
+    }
+
+    /// Queue a read of directory `dir` through the mount (getdents on the mount point's
+    /// path of it, by a prefetch thread): the kernel sends READDIRPLUS and instantiates every
+    /// entry from the reply, so the lstat calls that follow find the names in its dcache and
+    /// send no LOOKUP; its cached listing also serves the program's own readdir later.
+    /// `lookahead.rs` asks for it once `dir` is complete with attributes in the core.
+    pub(crate) fn read_through_kernel(&self, dir: &NodeRef) {
+        if self.shared.mountpoint.get().is_none() {
+            return;
+        }
+        // Threads of their own, started now: the siblings are being looked up meanwhile, and
+        // the prefetch threads may be busy with long listings. At most KERNEL_READERS at a
+        // time; each reads the directories queued until none is left, newest first.
+        let spawn = {
+            let mut k = self.shared.kreads.lock();
+            if k.stop {
+                return;
+            }
+            k.dirs.push_back(dir.clone());
+            if k.dirs.len() > MAX_QUEUED {
+                k.dirs.pop_front();
+            }
+            if k.active < KERNEL_READERS {
+                k.active += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if !spawn {
+            return;
+        }
+        let s = self.shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("dircache-kread".into())
+            .spawn(move || loop {
+                let next = {
+                    let mut k = s.kreads.lock();
+                    match k.dirs.pop_back() {
+                        Some(d) if !k.stop => d,
+                        _ => {
+                            k.active -= 1;
+                            return;
+                        }
+                    }
+                };
+                kernel_read(&s, &next);
+            });
+        if spawned.is_err() {
+            self.shared.kreads.lock().active -= 1;
         }
     }
 
@@ -179,30 +254,77 @@ impl Prefetcher {
 }
 
 impl Prefetcher {
-    /// If a prefetch thread is listing `dir` right now, wait (at most [`MAX_WAIT`]) until
-    /// it is done, so that the caller's listing is answered from the cache instead of
-    /// being made twice.
-    pub fn wait_for(&self, dir: &NodeRef) {
+    /// If a prefetch thread (or [`Prefetcher::list_now`]) is listing `dir` right now, wait
+    /// (at most [`MAX_WAIT`]) until it is done, so that the caller's listing is answered from
+    /// the cache instead of being made twice. Returns whether it waited.
+    pub fn wait_for(&self, dir: &NodeRef) -> bool {
         let id = dir.id();
         let Ok(mut g) = self.shared.inflight.lock() else {
-            return;
+            return false;
         };
         let deadline = Instant::now() + MAX_WAIT;
+        let mut waited = false;
         while g.contains(&id) {
+            waited = true;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return;
+                return true;
             }
             g = match self.shared.listed.wait_timeout(g, left) {
                 Ok((g, _)) => g,
-                Err(_) => return,
+                Err(_) => return true,
             };
         }
+        waited
+    }
+
+    /// List `dir` into the core cache now, on the caller's thread, as `creds` (with
+    /// attributes if `want_attrs`), unless someone is listing it already: then wait for that
+    /// listing. Requests for `dir` meanwhile wait for this one ([`Prefetcher::wait_for`]).
+    /// Used by LOOKUPs (`lookahead.rs`); works with prefetch threads off as well.
+    /// Returns whether this call listed it.
+    pub(crate) fn list_now(&self, creds: &Creds, dir: &NodeRef, want_attrs: bool) -> bool {
+        let id = dir.id();
+        {
+            let Ok(mut g) = self.shared.inflight.lock() else {
+                return false;
+            };
+            if g.contains(&id) {
+                drop(g);
+                self.wait_for(dir);
+                return false;
+            }
+            g.insert(id);
+        }
+        // A directory complete already (listed by name only, e.g. lean): its names from the
+        // cache, and a statx for each entry without attributes; no second getdents.
+        let complete = dir.is_complete();
+        let r = self
+            .shared
+            .cache
+            .readdir_node(creds, dir, want_attrs && !complete);
+        if let (true, true, Ok(l)) = (want_attrs, complete, &r) {
+            crate::lean::stat_entries(&self.shared.cache, creds, dir, l, false);
+        }
+        if let Ok(mut g) = self.shared.inflight.lock() {
+            g.remove(&id);
+        }
+        self.shared.listed.notify_all();
+        self.shared
+            .counters
+            .lookahead_listings
+            .fetch_add(1, Ordering::Relaxed);
+        r.is_ok()
     }
 }
 
 impl Drop for Prefetcher {
     fn drop(&mut self) {
+        {
+            let mut k = self.shared.kreads.lock();
+            k.stop = true;
+            k.dirs.clear();
+        }
         if let Ok(mut q) = self.shared.queue.lock() {
             q.stop = true;
             let n = q.jobs.len() as u64;
@@ -242,6 +364,55 @@ fn run(s: &Shared) {
     }
 }
 
+/// Read directory `dir` through the mount to its end ([`Prefetcher::read_through_kernel`]),
+/// opened beneath the mount's root without following symlinks or crossing mounts (a
+/// directory replaced meanwhile is not read), and closed at once: an open directory would
+/// make a plain umount fail with EBUSY for that moment.
+fn kernel_read(s: &Shared, dir: &NodeRef) {
+    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags, CWD};
+    let Some(mnt) = s.mountpoint.get() else {
+        return;
+    };
+    // Only directories of the served tree itself (not of a file system mounted into the
+    // core), whose backend path is then their path below the mount point.
+    if dir.is_dead() || !Arc::ptr_eq(&s.cache.node_backend(dir), s.cache.backend()) {
+        return;
+    }
+    let Ok(rel) = s.cache.node_path(dir) else {
+        return;
+    };
+    let Ok(root) = openat2(
+        CWD,
+        mnt.as_path(),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::empty(),
+    ) else {
+        return;
+    };
+    let rel = if rel.is_empty() {
+        std::path::Path::new(".")
+    } else {
+        std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&rel))
+    };
+    let Ok(fd) = openat2(
+        &root,
+        rel,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
+    ) else {
+        return;
+    };
+    drop(root);
+    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 32 * 1024];
+    let mut it = rustix::fs::RawDir::new(&fd, &mut buf);
+    while let Some(Ok(_)) = it.next() {}
+    s.counters
+        .lookahead_kernel_reads
+        .fetch_add(1, Ordering::Relaxed);
+}
+
 /// List `job.name` in `job.parent` into the core cache, unless it is gone, not a directory,
 /// or complete already.
 fn prefetch(s: &Shared, job: &Job) {
@@ -278,10 +449,16 @@ fn prefetch(s: &Shared, job: &Job) {
     let lean_state = s.lean.get();
     let lean = lean_state.is_some_and(|l| l.is_lean());
     let acl_gen = s.cache.xattr_memo_gen();
-    let listing = s.cache.readdir_node(&job.creds, &child, !lean);
-    if lean {
+    // As a walker's own full listing with `-o lean` (`fs/dirs.rs`): a directory with cached
+    // children (looked up one by one, e.g. by `git status`) is listed by name, and only the
+    // entries the cache holds no attributes for are statted, instead of a backend listing
+    // that statx'es every entry again (17k extra statx in a cold `git status` of the
+    // benchmark tree: 256 listings went full after one ACL request).
+    let reuse = !lean && lean_state.is_some_and(|l| l.on()) && child.has_children();
+    let listing = s.cache.readdir_node(&job.creds, &child, !lean && !reuse);
+    if lean || reuse {
         if let Ok(l) = &listing {
-            crate::lean::stat_subdirs(&s.cache, &job.creds, &child, l);
+            crate::lean::stat_entries(&s.cache, &job.creds, &child, l, lean);
         }
     }
     let ok = listing.is_ok();

@@ -123,6 +123,10 @@ pub struct RequestCounters {
     pub prefetch_listings: AtomicU64,
     pub prefetch_dropped: AtomicU64,
     pub prefetch_pending: AtomicU64,
+    /// Directories listed on a LOOKUP (`lookahead.rs`).
+    pub lookahead_listings: AtomicU64,
+    /// Of those, directories then read through the mount (`Prefetcher::read_through_kernel`).
+    pub lookahead_kernel_reads: AtomicU64,
 }
 
 impl Default for RequestCounters {
@@ -142,6 +146,8 @@ impl Default for RequestCounters {
             prefetch_listings: AtomicU64::new(0),
             prefetch_dropped: AtomicU64::new(0),
             prefetch_pending: AtomicU64::new(0),
+            lookahead_listings: AtomicU64::new(0),
+            lookahead_kernel_reads: AtomicU64::new(0),
         }
     }
 }
@@ -245,6 +251,8 @@ impl StatsSource {
                 "listings": r.prefetch_listings.load(Ordering::Relaxed),
                 "dropped": r.prefetch_dropped.load(Ordering::Relaxed),
                 "pending": r.prefetch_pending.load(Ordering::Acquire),
+                "lookahead": r.lookahead_listings.load(Ordering::Relaxed),
+                "lookahead_kernel_reads": r.lookahead_kernel_reads.load(Ordering::Relaxed),
             },
             "kernel_inodes": (self.kernel_inodes)(),
             "notifier": {

@@ -88,7 +88,12 @@ fn a_walk_finds_its_next_directories_listed() {
     }
     // No change feed: on a busy machine a feed overflow (other jobs' changes to the same file
     // system) drops every cached listing, which this count would take for walker fetches.
-    let t = TestMount::without_feed();
+    // No lookahead: `listing` stats each entry, and two LOOKUPs of names listed lean make
+    // `lookahead.rs` fetch the rest of the directory's attributes (counted here otherwise).
+    let t = TestMount::with_policy_without_feed(CachePolicy {
+        lookahead: false,
+        ..CachePolicy::default()
+    });
     make_walk_tree(&t);
     // The walker lists the root, then goes down into `top`: its subdirectories are queued.
     listing(&t.m(""));

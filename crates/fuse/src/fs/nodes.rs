@@ -186,6 +186,8 @@ impl CacheFs {
     ) -> Result<EntryOut, Errno> {
         let dir = self.node(parent)?;
         let c = self.read_creds(req);
+        self.lookahead
+            .before_lookup(&self.cache, &self.prefetch, &c, &dir, name.as_bytes());
         let r = match self.cache.lookup_child(&c, &dir, name.as_bytes()) {
             Err(CoreError::NotFound | CoreError::Stale) if dir.is_dead() => self
                 .node(parent)

@@ -99,6 +99,12 @@ impl TestMount {
         )
     }
 
+    /// A mount with `policy`; `fill` puts the tree into SRC first (before the change feed
+    /// starts: nothing of it is cached by the feed's reports).
+    pub fn filled(policy: dircache_fuse::CachePolicy, fill: impl FnOnce(&Path)) -> TestMount {
+        Self::local_with(policy, dircache_local::WatchMode::Auto, 0, fill)
+    }
+
     /// A mount with `policy` whose backend reports no change made in SRC (no change feed).
     pub fn with_policy_without_feed(policy: dircache_fuse::CachePolicy) -> TestMount {
         Self::local(policy, dircache_local::WatchMode::Off)

@@ -1,0 +1,350 @@
+//! Listing a directory on LOOKUPs (`lookahead.rs`, `-o lookahead`): the second lstat of a
+//! name a small directory does not hold lists it (with attributes) and reads it through the
+//! mount, so the names that follow cost no backend lookup and, once the kernel holds them,
+//! no LOOKUP; what programs see stays what the tree holds (native lstat is the oracle), also
+//! when SRC changes after or while directories are listed this way; directories the caller
+//! may not read, and large ones looked up a few times, are not listed.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use dircache_fuse::CachePolicy;
+use serde_json::{json, Value};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn stats(t: &TestMount) -> Value {
+    dircache_fuse::stats::query_mount(&t.mnt, &json!({"op": "stats"})).expect("stats")["stats"]
+        .clone()
+}
+
+fn num(v: &Value, path: &[&str]) -> u64 {
+    let mut v = v;
+    for p in path {
+        v = &v[*p];
+    }
+    v.as_u64()
+        .unwrap_or_else(|| panic!("no number at {path:?} in {v}"))
+}
+
+fn backend_lookups(t: &TestMount) -> u64 {
+    num(&stats(t), &["core", "backend_lookup"])
+}
+
+fn lookahead(t: &TestMount) -> u64 {
+    num(&stats(t), &["prefetch", "lookahead"])
+}
+
+fn kernel_reads(t: &TestMount) -> u64 {
+    num(&stats(t), &["prefetch", "lookahead_kernel_reads"])
+}
+
+fn kernel_lookups(t: &TestMount) -> u64 {
+    num(&stats(t), &["kernel_requests", "by_kind", "lookup"])
+}
+
+/// `n` files of different sizes and one subdirectory in `dir`.
+fn files(dir: &Path, n: usize) {
+    std::fs::create_dir_all(dir.join("sub")).expect("mkdir");
+    for f in 0..n {
+        std::fs::write(dir.join(format!("f{f}")), vec![b'x'; f % 17]).expect("write");
+    }
+}
+
+/// inode, size, mode, nlink, mtime.
+type Stat = (u64, u64, u32, u64, i64);
+
+/// What lstat shows of a path (None: it does not exist).
+fn lstat(p: &Path) -> Option<Stat> {
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.ino(), m.len(), m.mode(), m.nlink(), m.mtime()))
+}
+
+/// name -> lstat of every entry of `dir`.
+fn view(dir: &Path) -> BTreeMap<String, Option<Stat>> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    rd.filter_map(|e| e.ok())
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, lstat(&dir.join(e.file_name())))
+        })
+        .collect()
+}
+
+/// Run `f(i)` on fresh directories until one attempt sees the counts it expects: other jobs
+/// on this machine drop the kernel's dentries (drop_caches, reclaim), which makes the kernel
+/// look names up again. A cause of ours fails every attempt.
+fn attempts(mut f: impl FnMut(usize) -> Result<(), String>) {
+    let mut last = String::new();
+    for i in 0..6 {
+        match f(i) {
+            Ok(()) => return,
+            Err(e) => last = e,
+        }
+    }
+    panic!("6 attempts failed, the last: {last}");
+}
+
+#[test]
+fn lstats_in_a_directory_list_it_once_and_match_native() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(CachePolicy::default(), |s| files(&s.join("d"), 100));
+    std::fs::symlink_metadata(t.m("d")).expect("stat d");
+    let (b0, l0) = (backend_lookups(&t), lookahead(&t));
+    for f in 0..100 {
+        let rel = format!("d/f{f}");
+        assert_eq!(lstat(&t.m(&rel)), lstat(&t.s(&rel)), "{rel}");
+    }
+    // `f0` is one backend lookup; `f1`, the second miss, listed `d`; the rest came from it.
+    assert_eq!(
+        backend_lookups(&t) - b0,
+        1,
+        "backend lookups for 100 lstats"
+    );
+    assert_eq!(lookahead(&t) - l0, 1, "listings on lookups");
+    // A name that is not there: a miss of a complete directory, no backend call.
+    assert!(lstat(&t.m("d/none")).is_none());
+    assert_eq!(
+        backend_lookups(&t) - b0,
+        1,
+        "backend lookups after a missing name"
+    );
+    assert_eq!(view(&t.m("d")), view(&t.s("d")));
+}
+
+#[test]
+fn the_kernel_holds_the_siblings_after_two_lookups() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(CachePolicy::default(), |s| {
+        for i in 0..6 {
+            files(&s.join(format!("k{i}")), 60);
+        }
+    });
+    attempts(|i| {
+        let d = format!("k{i}");
+        std::fs::symlink_metadata(t.m(&d)).map_err(|e| e.to_string())?;
+        let r0 = kernel_reads(&t);
+        lstat(&t.m(&format!("{d}/f0")));
+        lstat(&t.m(&format!("{d}/f1")));
+        if wait_for(LIMIT, || kernel_reads(&t) > r0).is_none() {
+            return Err(format!("{d}: no read through the mount"));
+        }
+        let k0 = kernel_lookups(&t);
+        for f in 2..60 {
+            let rel = format!("{d}/f{f}");
+            if lstat(&t.m(&rel)) != lstat(&t.s(&rel)) {
+                return Err(format!("{rel} differs from native"));
+            }
+        }
+        // 58 LOOKUPs without the read through the mount.
+        match kernel_lookups(&t) - k0 {
+            0 => Ok(()),
+            n => Err(format!("{d}: {n} LOOKUPs for 58 lstats after the read")),
+        }
+    });
+}
+
+#[test]
+fn a_directory_listed_on_lookups_sees_outside_changes() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(CachePolicy::default(), |s| files(&s.join("c"), 20));
+    let l0 = lookahead(&t);
+    for f in 0..20 {
+        lstat(&t.m(&format!("c/f{f}")));
+    }
+    assert_eq!(lookahead(&t) - l0, 1, "listings on lookups");
+    assert!(wait_for(LIMIT, || kernel_reads(&t) >= 1).is_some());
+    // Behind the mount's back, after the listing: every change must show.
+    std::fs::write(t.s("c/new"), b"new file").expect("write");
+    std::fs::remove_file(t.s("c/f3")).expect("rm");
+    std::fs::set_permissions(t.s("c/f4"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::fs::write(t.s("c/f5"), b"longer content now").expect("write");
+    std::fs::rename(t.s("c/f6"), t.s("c/g6")).expect("rename");
+    std::fs::create_dir(t.s("c/newdir")).expect("mkdir");
+    let same = || {
+        ["new", "f3", "f4", "f5", "f6", "g6", "newdir"]
+            .iter()
+            .all(|n| lstat(&t.m(&format!("c/{n}"))) == lstat(&t.s(&format!("c/{n}"))))
+    };
+    assert!(wait_for(LIMIT, same).is_some(), "outside changes not seen");
+    assert!(
+        wait_for(LIMIT, || view(&t.m("c")) == view(&t.s("c"))).is_some(),
+        "listing differs: {:?} vs {:?}",
+        view(&t.m("c")),
+        view(&t.s("c"))
+    );
+}
+
+#[test]
+fn changes_while_lookups_list_directories_are_never_kept() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    const DIRS: usize = 24;
+    let t = TestMount::filled(CachePolicy::default(), |s| {
+        for i in 0..DIRS {
+            files(&s.join(format!("r/d{i}")), 30);
+        }
+    });
+    let src = t.s("r");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mutator = {
+        let (src, stop) = (src.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let d = src.join(format!("d{}", n % DIRS as u64));
+                let f = d.join(format!("f{}", (n * 7) % 30));
+                match n % 4 {
+                    0 => drop(std::fs::write(d.join(format!("x{n}")), b"created")),
+                    1 => drop(std::fs::remove_file(&f)),
+                    2 => drop(std::fs::write(&f, vec![b'y'; (n % 50) as usize])),
+                    _ => drop(std::fs::rename(&f, d.join(format!("moved{n}")))),
+                }
+                n += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    // Lookups that list each directory while the mutator changes it.
+    for round in 0..3 {
+        for i in 0..DIRS {
+            for f in 0..30 {
+                lstat(&t.m(&format!("r/d{i}/f{}", (f + round) % 30)));
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    mutator.join().expect("mutator");
+    assert!(lookahead(&t) >= 1, "no directory was listed on lookups");
+    for i in 0..DIRS {
+        let rel = format!("r/d{i}");
+        let ok = wait_for(LIMIT, || {
+            let names: Vec<String> = view(&t.s(&rel)).into_keys().collect();
+            view(&t.m(&rel)) == view(&t.s(&rel))
+                && names
+                    .iter()
+                    .chain(["f0", "f1", "nothere"].map(String::from).iter())
+                    .all(|n| {
+                        let p = format!("{rel}/{n}");
+                        lstat(&t.m(&p)) == lstat(&t.s(&p))
+                    })
+        });
+        assert!(
+            ok.is_some(),
+            "{rel}: mount {:?} native {:?}",
+            view(&t.m(&rel)),
+            view(&t.s(&rel))
+        );
+    }
+}
+
+#[test]
+fn unreadable_and_large_directories_are_not_listed_on_two_lookups() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(CachePolicy::default(), |s| {
+        // Searchable, not readable by others: lookups as another user must not list it.
+        files(&s.join("x"), 10);
+        chmod(&s.join("x"), 0o711);
+        chmod(s, 0o755);
+        // Large: 3,000 names of 40 bytes (well over 64 KiB of directory).
+        std::fs::create_dir(s.join("big")).expect("mkdir");
+        for f in 0..3000 {
+            std::fs::write(s.join(format!("big/{f:0>40}")), b"").expect("write");
+        }
+    });
+    let big = t.s("big");
+    let size = std::fs::metadata(&big).expect("stat").len();
+    // (Two lookups in the root list the root.)
+    std::fs::symlink_metadata(t.m("x")).expect("stat x");
+    std::fs::symlink_metadata(t.m("big")).expect("stat big");
+    let l0 = lookahead(&t);
+    let out = py(
+        &t.mnt,
+        "import os\nprint(sum(os.lstat('x/f%d' % i).st_size for i in range(10)))",
+        Some(65534),
+    );
+    let want: u64 = (0..10).map(|f| (f % 17) as u64).sum();
+    assert_eq!(out.trim(), want.to_string(), "lstat as uid 65534");
+    for f in 0..5 {
+        lstat(&t.m(&format!("big/{f:0>40}")));
+    }
+    assert_eq!(
+        lookahead(&t) - l0,
+        0,
+        "listed on lookups (big dir {size} bytes)"
+    );
+    // Enough lookups of a large directory (one per KiB of its size) list it.
+    if size <= 1 << 20 {
+        let b0 = backend_lookups(&t);
+        for f in 5..(5 + size / 1024 + 1) {
+            lstat(&t.m(&format!("big/{f:0>40}")));
+        }
+        assert_eq!(lookahead(&t) - l0, 1, "big dir of {size} bytes not listed");
+        assert!(backend_lookups(&t) - b0 <= size / 1024);
+        for f in [1000, 2999] {
+            let rel = format!("big/{f:0>40}");
+            assert_eq!(lstat(&t.m(&rel)), lstat(&t.s(&rel)));
+        }
+    }
+}
+
+#[test]
+fn stats_after_a_lean_listing_fetch_attributes_without_listing_again() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(CachePolicy::default(), |s| files(&s.join("l"), 40));
+    std::fs::symlink_metadata(t.m("l")).expect("stat l");
+    let readdirs = || num(&stats(&t), &["core", "backend_readdir"]);
+    let r0 = readdirs();
+    // `du`: the listing (lean: names only), then a stat of each entry.
+    let names: Vec<_> = std::fs::read_dir(t.m("l"))
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names.len(), 41);
+    for n in &names {
+        let rel = format!("l/{}", n.to_string_lossy());
+        assert_eq!(lstat(&t.m(&rel)), lstat(&t.s(&rel)), "{rel}");
+    }
+    assert_eq!(readdirs() - r0, 1, "backend listings");
+    assert_eq!(view(&t.m("l")), view(&t.s("l")));
+}
+
+#[test]
+fn nolookahead_looks_up_every_name() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(
+        CachePolicy {
+            lookahead: false,
+            ..CachePolicy::default()
+        },
+        |s| files(&s.join("d"), 30),
+    );
+    std::fs::symlink_metadata(t.m("d")).expect("stat d");
+    let b0 = backend_lookups(&t);
+    for f in 0..30 {
+        let rel = format!("d/f{f}");
+        assert_eq!(lstat(&t.m(&rel)), lstat(&t.s(&rel)), "{rel}");
+    }
+    assert_eq!(backend_lookups(&t) - b0, 30, "{}", stats(&t));
+    assert_eq!(lookahead(&t), 0);
+}
