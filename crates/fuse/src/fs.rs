@@ -396,10 +396,12 @@ impl fuser::Filesystem for DircacheFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _t = self.count(Op::lookup);
+        // The synthetic root's requests are the daemon's own (it attaches the served tree on
+        // MNT while mounting): not counted with the kernel's requests for programs.
         if let Some(r) = self.fs.synthetic_lookup(parent, name) {
             return reply_entry(r, reply);
         }
+        let _t = self.count(Op::lookup);
         self.fs.lean.looked_up(parent.0);
         reply_entry(self.fs.lookup(req, parent, name), reply)
     }
@@ -410,10 +412,10 @@ impl fuser::Filesystem for DircacheFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _t = self.count(Op::getattr);
         if let Some(r) = self.fs.synthetic_getattr(ino) {
             return reply_attr(r, reply);
         }
+        let _t = self.count(Op::getattr);
         reply_attr(self.fs.getattr(ino, fh), reply)
     }
 
