@@ -209,7 +209,11 @@ fn warm_then_find_and_du_send_no_requests() {
     if !can_mount() {
         return;
     }
-    let m = Mounted::new("", tree);
+    // Without lookahead: its reads of a directory through the mount run on threads of their
+    // own, and one that ends after the warm walk stat'ed that directory leaves the kernel's
+    // atime of it stale (`fuse_readdir` marks it), so the next `stat` is one GETATTR (1-4 per
+    // run here, in 3 of 6 runs; docs/benchmarks.md, "Cold walks": lookahead's costs).
+    let m = Mounted::new("nolookahead", tree);
     let mnt = m.mnt.to_str().unwrap();
     // From before the warm: a drop between the warm and the measured walk leaves the kernel
     // cold as well (its FORGETs arrive later).
