@@ -13,6 +13,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use dircache_fuse::CachePolicy;
+
+/// The default policy with lookahead on (it is off by default: `CachePolicy::lookahead`).
+fn on() -> CachePolicy {
+    CachePolicy {
+        lookahead: true,
+        ..CachePolicy::default()
+    }
+}
 use serde_json::{json, Value};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -97,7 +105,7 @@ fn lstats_in_a_directory_list_it_once_and_match_native() {
     if !can_mount() {
         return cannot_run("no FUSE");
     }
-    let t = TestMount::filled(CachePolicy::default(), |s| files(&s.join("d"), 100));
+    let t = TestMount::filled(on(), |s| files(&s.join("d"), 100));
     std::fs::symlink_metadata(t.m("d")).expect("stat d");
     let (b0, l0) = (backend_lookups(&t), lookahead(&t));
     for f in 0..100 {
@@ -126,7 +134,7 @@ fn the_kernel_holds_the_siblings_after_two_lookups() {
     if !can_mount() {
         return cannot_run("no FUSE");
     }
-    let t = TestMount::filled(CachePolicy::default(), |s| {
+    let t = TestMount::filled(on(), |s| {
         for i in 0..6 {
             files(&s.join(format!("k{i}")), 60);
         }
@@ -160,7 +168,7 @@ fn a_directory_listed_on_lookups_sees_outside_changes() {
     if !can_mount() {
         return cannot_run("no FUSE");
     }
-    let t = TestMount::filled(CachePolicy::default(), |s| files(&s.join("c"), 20));
+    let t = TestMount::filled(on(), |s| files(&s.join("c"), 20));
     let l0 = lookahead(&t);
     for f in 0..20 {
         lstat(&t.m(&format!("c/f{f}")));
@@ -194,7 +202,7 @@ fn changes_while_lookups_list_directories_are_never_kept() {
         return cannot_run("no FUSE");
     }
     const DIRS: usize = 24;
-    let t = TestMount::filled(CachePolicy::default(), |s| {
+    let t = TestMount::filled(on(), |s| {
         for i in 0..DIRS {
             files(&s.join(format!("r/d{i}")), 30);
         }
@@ -257,7 +265,7 @@ fn unreadable_and_large_directories_are_not_listed_on_two_lookups() {
     if !can_mount() {
         return cannot_run("no FUSE");
     }
-    let t = TestMount::filled(CachePolicy::default(), |s| {
+    let t = TestMount::filled(on(), |s| {
         // Searchable, not readable by others: lookups as another user must not list it.
         files(&s.join("x"), 10);
         chmod(&s.join("x"), 0o711);
@@ -309,7 +317,7 @@ fn stats_after_a_lean_listing_fetch_attributes_without_listing_again() {
     if !can_mount() {
         return cannot_run("no FUSE");
     }
-    let t = TestMount::filled(CachePolicy::default(), |s| files(&s.join("l"), 40));
+    let t = TestMount::filled(on(), |s| files(&s.join("l"), 40));
     std::fs::symlink_metadata(t.m("l")).expect("stat l");
     let readdirs = || num(&stats(&t), &["core", "backend_readdir"]);
     let r0 = readdirs();
