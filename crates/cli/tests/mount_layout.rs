@@ -25,6 +25,68 @@ fn dircache(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The root field of MNT's line in mountinfo: the directory of the super block it shows.
+fn mount_root(mnt: &Path) -> String {
+    let want = mnt.to_str().unwrap();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4) == Some(&want)).then(|| f[3].to_string())
+        })
+        .unwrap_or_else(|| panic!("{want} is not in mountinfo"))
+}
+
+/// Makes `fsopen` fail with ENOSYS in the command's process, as on a kernel without the new
+/// mount API (before 5.2): a seccomp filter installed between fork and exec.
+fn deny_fsopen(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    fn stmt(code: u32, k: u32) -> libc::sock_filter {
+        libc::sock_filter {
+            code: code as u16,
+            jt: 0,
+            jf: 0,
+            k,
+        }
+    }
+    // Load the syscall number (offset 0 of seccomp_data); fsopen: ENOSYS; else allow.
+    let filter = [
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_fsopen as u32,
+        },
+        stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+        ),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    // SAFETY: the closure runs in the child between fork and exec; it allocates nothing and
+    // makes two prctl calls on the filter array, which outlives them (moved into the closure).
+    unsafe {
+        cmd.pre_exec(move || {
+            let prog = libc::sock_fprog {
+                len: filter.len() as u16,
+                filter: filter.as_ptr() as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The mount points of every mount of the super block `dev` (major:minor).
 fn mounts_of(dev: u64) -> Vec<String> {
     let want = format!("{}:{}", libc::major(dev), libc::minor(dev));
@@ -49,6 +111,15 @@ struct Daemon {
 
 impl Daemon {
     fn start(opts: &[&str], fill_mnt: impl FnOnce(&Path)) -> Daemon {
+        Daemon::start_cmd(opts, fill_mnt, |_| {})
+    }
+
+    /// As [`Daemon::start`], with `tweak` applied to the daemon's command first.
+    fn start_cmd(
+        opts: &[&str],
+        fill_mnt: impl FnOnce(&Path),
+        tweak: impl FnOnce(&mut Command),
+    ) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
         std::fs::create_dir(&src).unwrap();
@@ -62,12 +133,12 @@ impl Daemon {
             o.push(',');
             o.push_str(x);
         }
-        let child = Command::new(BIN)
-            .args(["mount", "-f", src.to_str().unwrap(), mnt.to_str().unwrap()])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["mount", "-f", src.to_str().unwrap(), mnt.to_str().unwrap()])
             .args(["-o", &o])
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
+            .stdin(Stdio::null());
+        tweak(&mut cmd);
+        let child = cmd.spawn().unwrap();
         let d = Daemon {
             dir,
             src,
@@ -238,4 +309,44 @@ fn control_socket_from_mnt() {
     );
     // Results are relative to the searched directory (no `--root`).
     assert_eq!(out.trim(), "d/needle.txt", "search");
+}
+
+/// Without the new mount API (`fsopen` answering ENOSYS, as before Linux 5.2) the daemon
+/// mounts with mount(2) and SRC's root is the FUSE root: MNT shows SRC, writes reach it, the
+/// control socket answers for MNT and its subdirectories, and `umount` ends the daemon. The
+/// same mount with the new API shows the super block's `/src` (so the filter is what changed
+/// the path taken).
+#[test]
+fn without_the_new_mount_api_src_is_the_fuse_root() {
+    if !can_mount() {
+        return;
+    }
+    let usual = Daemon::start(&[], |_| {});
+    assert_eq!(mount_root(&usual.mnt), "/src", "with fsopen");
+    drop(usual);
+
+    let mut d = Daemon::start_cmd(&[], |_| {}, deny_fsopen);
+    assert_eq!(mount_root(&d.mnt), "/", "without fsopen");
+    let dev = std::fs::metadata(&d.mnt).unwrap().dev();
+    assert_eq!(mounts_of(dev), [d.m()]);
+    std::fs::write(d.mnt.join("d/new"), b"through").unwrap();
+    assert_eq!(std::fs::read(d.src.join("d/new")).unwrap(), b"through");
+    let mut names: Vec<_> = std::fs::read_dir(&d.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["d", "hello"]);
+    let o = dircache(&["stats", "--json", d.m()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mnt"], d.m(), "{v}");
+    let o = dircache(&["cached", d.m(), "d", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((&v["path"], &v["ok"]), (&"d".into(), &true.into()), "{v}");
+    let o = Command::new("umount").arg(&d.mnt).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(d.exits(), "the daemon did not exit");
+    assert!(mounts_of(dev).is_empty());
 }

@@ -25,7 +25,8 @@
 //! stay relative to SRC's root (`dircache_search::proto`).
 //!
 //! When the kernel has no new mount API (ENOSYS from `fsopen`), the mount is made with
-//! mount(2) as before (`kmount::mount_fuse`): SRC's root is the FUSE root (nodeid 1).
+//! mount(2) as before (`kmount::mount_fuse`): SRC's root is the FUSE root (nodeid 1); the
+//! path is tested by `crates/cli/tests/mount_layout.rs` under a seccomp filter denying `fsopen`.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;

@@ -188,93 +188,62 @@ impl CacheFs {
             };
             // A lean listing (`lean.rs`): a file the cache has no attributes for (any file
             // with `lean_cached`) goes out with getdents' number and type only.
-            if lean
+            let is_lean = lean
                 && e.kind != FileType::Directory
-                && (self.policy.lean_cached || (e.attr.is_none() && node.cached_attr().is_none()))
-            {
+                && (self.policy.lean_cached || (e.attr.is_none() && node.cached_attr().is_none()));
+            // (number shown, attributes, the inode linked to the kernel's new dentry if any).
+            // Unlinked entries (nodeid 0) are shown, not linked: not remembered as told.
+            let (d_ino, attr, linked) = if is_lean {
                 let dev = *dir_dev
                     .get_or_insert_with(|| self.cache.getattr(&dir).map(|a| a.dev).unwrap_or(0));
                 let d_ino = self.inodes.ino_of(dev, e.ino).max(2);
-                if add(DirEntryPlus {
+                let attr = FileAttr {
                     ino: INodeNo(d_ino),
-                    offset: *cookie,
-                    name: OsStr::from_bytes(&e.name),
-                    ttl,
-                    attr: FileAttr {
-                        ino: INodeNo(d_ino),
-                        kind: fuse_kind(e.kind),
-                        ..negative_attr()
+                    kind: fuse_kind(e.kind),
+                    ..negative_attr()
+                };
+                (d_ino, attr, None)
+            } else {
+                let a = match e.attr {
+                    Some(a) if a.nlink <= 1 || a.is_dir() => a,
+                    _ => match self.cache.attr_of_name(&node) {
+                        Ok(a) => a,
+                        Err(_) => continue,
                     },
-                    generation: Generation(0),
-                    unlinked: true,
-                }) {
-                    finished = false;
-                    break;
+                };
+                if node.kind() != NodeKind::Positive(a.kind()) {
+                    // The core's dentry is of another type than the listing shows (the name
+                    // was replaced in SRC, not reported yet): a LOOKUP finds the file.
+                    let d_ino = self.inodes.ino_of(a.dev, a.ino).max(2);
+                    (d_ino, fuse_attr(d_ino, &a), None)
+                } else if let Some(id) = self.inodes.held_by_kernel(&node, &a) {
+                    // Only the number and type go out.
+                    let st_ino = self.inodes.st_ino(id);
+                    (st_ino, fuse_attr(st_ino, &a), None)
+                } else {
+                    let id = self.inodes.register(&self.cache, &node, &a, ino.0);
+                    (id, self.attr_for(id, &a), Some(id))
                 }
-                if !sent_lean {
-                    sent_lean = true;
-                    self.lean.sent_lean(ino.0);
-                }
-                added = true;
-                continue;
-            }
-            let a = match e.attr {
-                Some(a) if a.nlink <= 1 || a.is_dir() => a,
-                _ => match self.cache.attr_of_name(&node) {
-                    Ok(a) => a,
-                    Err(_) => continue,
-                },
             };
-            // The core's dentry is of another type than the listing shows (the name was
-            // replaced in SRC, not reported yet): shown, not linked (a LOOKUP finds the file).
-            if node.kind() != NodeKind::Positive(a.kind()) {
-                let d_ino = self.inodes.ino_of(a.dev, a.ino).max(2);
-                if add(DirEntryPlus {
-                    ino: INodeNo(d_ino),
-                    offset: *cookie,
-                    name: OsStr::from_bytes(&e.name),
-                    ttl,
-                    attr: fuse_attr(d_ino, &a),
-                    generation: Generation(0),
-                    unlinked: true,
-                }) {
-                    finished = false;
-                    break;
-                }
-                added = true;
-                continue;
-            }
-            if let Some(id) = self.inodes.held_by_kernel(&node, &a) {
-                // Only the number and type go out: not remembered as told.
-                let st_ino = self.inodes.st_ino(id);
-                if add(DirEntryPlus {
-                    ino: INodeNo(st_ino),
-                    offset: *cookie,
-                    name: OsStr::from_bytes(&e.name),
-                    ttl,
-                    attr: fuse_attr(st_ino, &a),
-                    generation: Generation(0),
-                    unlinked: true,
-                }) {
-                    finished = false;
-                    break;
-                }
-                added = true;
-                continue;
-            }
-            let id = self.inodes.register(&self.cache, &node, &a, ino.0);
+            let generation = linked.map_or(0, |id| self.inodes.generation(id));
             if add(DirEntryPlus {
-                ino: INodeNo(id),
+                ino: INodeNo(d_ino),
                 offset: *cookie,
                 name: OsStr::from_bytes(&e.name),
                 ttl,
-                attr: self.attr_for(id, &a),
-                generation: Generation(self.inodes.generation(id)),
-                unlinked: false,
+                attr,
+                generation: Generation(generation),
+                unlinked: linked.is_none(),
             }) {
-                self.inodes.forget(&self.cache, id, 1);
+                if let Some(id) = linked {
+                    self.inodes.forget(&self.cache, id, 1);
+                }
                 finished = false;
                 break;
+            }
+            if is_lean && !sent_lean {
+                sent_lean = true;
+                self.lean.sent_lean(ino.0);
             }
             added = true;
         }
