@@ -485,6 +485,15 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
             }
         }
     }
+    if o.policy.no_open && !o.policy.posix_acl {
+        // The kernel alone decides access under noopen, and without ACLs it reads only the
+        // mode bits: a user an ACL refuses would read through the daemon's root descriptor.
+        return Err(Usage(
+            "-o open=noopen needs -o acl: without the kernel checking ACLs, a user an ACL \
+             refuses could read and write files (docs/opens.md)"
+                .into(),
+        ));
+    }
     Ok(o)
 }
 

@@ -587,8 +587,9 @@ impl fuser::Filesystem for DircacheFs {
     ) {
         let _t = self.count(Op::flush);
         // A backend whose files keep writes locally (a remote mount's containers) stores
-        // them back now, and close() gets its error.
-        if self.fs.cache.backend().flush_on_close() {
+        // them back now, and close() gets its error. Not with open=noopen: its FLUSH has no
+        // handle (fh 0) and its writes went to the backend at once (fs/noopen.rs).
+        if self.fs.cache.backend().flush_on_close() && !self.fs.policy.no_open {
             return reply_empty(self.fs.flush(fh), reply);
         }
         // Data goes to the real file at once (passthrough or write on its descriptor) and no

@@ -273,6 +273,13 @@ impl Env {
                 for o in sshd.mount_options(port) {
                     c.arg("-o").arg(o);
                 }
+                // Extra mount options for system `dircache` only (e.g. `open=noopen`), so that
+                // `dircache-base` (`--base-binary`, possibly this binary) runs without them in
+                // the same rounds.
+                if let (Sys::Dircache, Some(o)) = (sys, std::env::var_os("DIRCACHE_BENCH_OPTIONS"))
+                {
+                    c.arg("-o").arg(o);
+                }
                 c
             }
             Sys::Native => bail!("native is not a mount"),

@@ -1,0 +1,264 @@
+//! `-o open=noopen` on a remote mount (docs/opens.md, docs/remote.md "open=noopen"), with real
+//! parts: `dircache mount localhost:SRC MNT` through a stand-in ssh running `dircache serve
+//! --stdio SRC`, real FUSE mounts; native files are the oracle; the client kernel's requests
+//! are read from `dircache stats --json`.
+
+#[path = "../../fuse/tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{can_mount, py, sh};
+use dircache_tests::have_tool;
+use dircache_tests::remote::{eventually, random_bytes, RemoteMount as Mount};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dircache");
+
+/// The client kernel's FUSE requests of the mount at `mnt` so far, by kind.
+fn requests(mnt: &Path) -> serde_json::Value {
+    let o = Command::new(BIN)
+        .args(["stats", "--json"])
+        .arg(mnt)
+        .output()
+        .expect("dircache stats");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stats json");
+    v["kernel_requests"]["by_kind"].clone()
+}
+
+fn count(by_kind: &serde_json::Value, kind: &str) -> u64 {
+    by_kind[kind].as_u64().unwrap_or(0)
+}
+
+/// Requests but FORGET and GETXATTR (`dircache stats` itself asks the mount's root for an
+/// extended attribute: 2 GETXATTRs per call).
+fn total(by_kind: &serde_json::Value) -> u64 {
+    by_kind
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "forget" | "getxattr"))
+                .filter_map(|(_, v)| v.as_u64())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Under `open=noopen` the kernel alone decides access; with `noacl` it reads only the mode
+/// bits, and a user an ACL refuses read the file through the daemon (seen before this check:
+/// `for A only` printed for uid 1001, on a local and on a remote mount). The combination is
+/// refused, for local and remote mounts alike; `open=noopen` alone mounts.
+#[test]
+fn noopen_without_acls_is_refused() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let mnt = dir.path().join("mnt");
+    let cache = dir.path().join("cache");
+    for d in [&src, &mnt, &cache] {
+        std::fs::create_dir(d).unwrap();
+    }
+    common::chmod(&cache, 0o700);
+    let ssh = dircache_tests::remote::stand_in_ssh(dir.path());
+    let remote_opts = format!(
+        "ssh_command={},serve_command={BIN},cache_dir={}",
+        ssh.display(),
+        cache.display()
+    );
+    let local = src.display().to_string();
+    let remote = format!("localhost:{}", src.display());
+    for (what, opts) in [
+        (&local, "open=noopen,noacl".to_string()),
+        (&remote, format!("{remote_opts},open=noopen,noacl")),
+    ] {
+        let mut child = Command::new(BIN)
+            .arg("mount")
+            .arg("-f")
+            .arg(what)
+            .arg(&mnt)
+            .arg("-o")
+            .arg(&opts)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A refused mount exits at once; one that mounts stays in the foreground.
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if dircache_fuse::is_mount_point(&mnt) || start.elapsed().as_secs() >= 20 {
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        if status.is_none() {
+            let _ = Command::new("umount").arg(&mnt).status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{what} -o {opts} mounted"
+        );
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+        }
+        assert!(err.contains("open=noopen needs -o acl"), "{err}");
+    }
+}
+
+/// With `open=noopen` a remote mount's open+read+close of a file the kernel has cached sends
+/// no request at all, not even FLUSH (before: one FLUSH per close, answered as a no-op:
+/// 2,000 FLUSHes for 2,000 opens), and reads the right bytes.
+#[test]
+fn noopen_open_read_close_sends_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("open=noopen");
+    let data = random_bytes(200_000, 11);
+    t.put("f", &data);
+    assert_eq!(std::fs::read(t.m("f")).unwrap(), data);
+    // The server's write of `f` sends callbacks that may land after the first read: wait
+    // until an open+read+close sends nothing, then 50 more must send nothing either.
+    eventually("an open+read+close with no request", || {
+        let before = total(&requests(&t.mnt));
+        std::fs::read(t.m("f")).unwrap() == data && total(&requests(&t.mnt)) == before
+    });
+    let before = requests(&t.mnt);
+    for _ in 0..50 {
+        assert_eq!(std::fs::read(t.m("f")).unwrap(), data);
+    }
+    let after = requests(&t.mnt);
+    assert_eq!(
+        total(&after),
+        total(&before),
+        "no request: before {before}, after {after}"
+    );
+    // The first OPEN and the first close's FLUSH are answered ENOSYS: the kernel sends no
+    // more of either, and no RELEASE.
+    assert!(count(&after, "flush") <= 1, "{after}");
+    assert!(count(&after, "open") <= 1, "{after}");
+    assert_eq!(count(&after, "release"), 0, "{after}");
+}
+
+/// A small fsx through a noopen remote mount (random writes, reads, truncations, appends,
+/// reopenings and syncs, next to a native file): every read and size agrees; the server's
+/// file equals the native one when the last close returns (writes go to the server as they
+/// are made); a change made on the server is read through the mount once its callback came.
+#[test]
+fn noopen_random_operations_match_a_native_file_and_see_server_changes() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("open=noopen");
+    let native = t.dir.path().join("native-fsx");
+    let script = format!(
+        r#"
+import os, random
+seed = int(os.environ.get("FSX_SEED", "5"))
+rnd = random.Random(seed)
+paths = ["{native}", "{mnt}"]
+init = bytes(rnd.getrandbits(8) for _ in range(200000))
+for p in paths:
+    with open(p, "wb") as f: f.write(init)
+def opn(flags):
+    return [os.open(p, flags) for p in paths]
+fds = opn(os.O_RDWR)
+for i in range(1500):
+    op = rnd.randrange(10)
+    if op < 3:
+        off = rnd.randrange(300000); n = rnd.randrange(1, 50000)
+        data = bytes(rnd.getrandbits(8) for _ in range(min(n, 64))) * (n // 64 + 1)
+        for fd in fds: os.pwrite(fd, data[:n], off)
+    elif op < 6:
+        off = rnd.randrange(350000); n = rnd.randrange(1, 80000)
+        a, b = [os.pread(fd, n, off) for fd in fds]
+        assert a == b, f"op {{i}}: read {{n}} at {{off}} differs (seed {{seed}})"
+    elif op == 6:
+        size = rnd.randrange(300000)
+        for fd in fds: os.ftruncate(fd, size)
+    elif op == 7:
+        a, b = [os.fstat(fd).st_size for fd in fds]
+        c, d = [os.stat(p).st_size for p in paths]
+        assert a == b == c == d, f"op {{i}}: sizes {{a}} {{b}} {{c}} {{d}} (seed {{seed}})"
+    elif op == 8:
+        for fd in fds: os.close(fd)
+        fds = opn(rnd.choice([os.O_RDWR, os.O_RDWR | os.O_APPEND]))
+        data = b"appended %d" % i
+        for fd in fds: os.write(fd, data)
+    else:
+        for fd in fds: os.fsync(fd)
+for fd in fds: os.close(fd)
+print("done")
+"#,
+        native = native.display(),
+        mnt = t.m("fsx").display()
+    );
+    assert_eq!(py(t.dir.path(), &script, None).trim(), "done");
+    let want = std::fs::read(&native).unwrap();
+    assert_eq!(
+        std::fs::read(t.s("fsx")).unwrap(),
+        want,
+        "the server's copy"
+    );
+    assert_eq!(std::fs::read(t.m("fsx")).unwrap(), want, "the mount's");
+    // Written through the mount: on the server when close returns.
+    std::fs::write(t.m("w"), b"through the mount").unwrap();
+    assert_eq!(std::fs::read(t.s("w")).unwrap(), b"through the mount");
+    // Changed on the server (same size): read anew once the callback has come.
+    std::fs::write(t.s("w"), b"ON THE SERVER NOW").unwrap();
+    eventually("the server's change read through the mount", || {
+        std::fs::read(t.m("w")).is_ok_and(|d| d == b"ON THE SERVER NOW")
+    });
+}
+
+/// Access under noopen is the client kernel's: with ACLs on (required), a user the server's
+/// ACL refuses is refused by the kernel too, also right after another user read the file
+/// (its pages in the kernel's cache, where a read would need no request).
+#[test]
+fn noopen_denies_what_the_servers_acl_denies() {
+    if !can_mount() || !have_tool("setfacl") {
+        return;
+    }
+    let t = Mount::start("open=noopen");
+    t.put("secret", b"for A only");
+    let out = sh(
+        &t.src,
+        "chown 0:2000 secret && chmod 640 secret && setfacl -m u:1001:--- secret",
+    );
+    assert!(out.status.success());
+    let as_user = |uid: u32, path: &Path| {
+        sh(
+            t.dir.path(),
+            &format!(
+                "setpriv --reuid={uid} --regid=2000 --clear-groups cat {}",
+                path.display()
+            ),
+        )
+    };
+    assert!(!as_user(1001, &t.s("secret")).status.success());
+    // The ACL reaches the client (its callback moves the ctime): wait until A reads and B
+    // is refused, then both once more with A's pages in the kernel's cache.
+    eventually("A reads and B is refused through the mount", || {
+        let a = as_user(1000, &t.m("secret"));
+        a.status.success()
+            && a.stdout == b"for A only"
+            && !as_user(1001, &t.m("secret")).status.success()
+    });
+    let a = as_user(1000, &t.m("secret"));
+    assert_eq!(a.stdout, b"for A only");
+    let b = as_user(1001, &t.m("secret"));
+    assert!(
+        !b.status.success() && String::from_utf8_lossy(&b.stderr).contains("Permission denied"),
+        "B read {:?}",
+        String::from_utf8_lossy(&b.stdout)
+    );
+}
