@@ -71,7 +71,7 @@ impl Cache {
                 {
                     continue;
                 }
-                if matches!(n.kind, NodeKind::Positive(_)) {
+                if matches!(n.kind(), NodeKind::Positive(_)) {
                     // The listing is no longer all here (SOSP'15 §5.1).
                     parent.clear(COMPLETE);
                 }

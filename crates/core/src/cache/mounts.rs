@@ -136,7 +136,7 @@ impl Cache {
         let st = self.start(super::At::Dir(&h));
         let w = self.walk(&root_creds.0, &st, path, LookupFlags::FOLLOW)?;
         let (mnt, node) = (w.mnt, w.node);
-        if let NodeKind::Negative(e) = node.kind {
+        if let NodeKind::Negative(e) = node.kind() {
             return Err(e);
         }
         if !node.is_dir() {

@@ -124,7 +124,7 @@ impl Cache {
             return r;
         }
         let w = self.slow(&c.0, &st, path, flags)?;
-        match w.node.kind {
+        match w.node.kind() {
             NodeKind::Negative(e) => {
                 if !w.missed {
                     self.stats.negative_hits.inc();
@@ -213,7 +213,7 @@ impl Cache {
             return None;
         }
         let mut e = e;
-        if let NodeKind::Positive(FileType::Symlink) = e.node.kind {
+        if let NodeKind::Positive(FileType::Symlink) = e.node.kind() {
             if follow || must_dir {
                 let mut hf = *hb;
                 hf.write(key);
@@ -228,7 +228,7 @@ impl Cache {
         }
         let node = &e.node;
         node.touch();
-        match node.kind {
+        match node.kind() {
             NodeKind::Negative(err) => {
                 self.stats.fastpath_hits.inc();
                 self.stats.negative_hits.inc();
@@ -443,7 +443,7 @@ impl Cache {
                 } => (comp, last, at, depth),
             };
             // The current node must be a directory we may search.
-            match cur.kind {
+            match cur.kind() {
                 NodeKind::Positive(FileType::Directory) => {}
                 k => {
                     let err = match k {
@@ -483,7 +483,7 @@ impl Cache {
             }
             let child = self.child_batched(&cur, &comp, &stack, &mut missed)?;
             let (cmnt, child) = self.cross(ns, &mnt, child);
-            if child.kind == NodeKind::Positive(FileType::Symlink) && (!last || follow_final) {
+            if child.kind() == NodeKind::Positive(FileType::Symlink) && (!last || follow_final) {
                 links += 1;
                 if links > MAX_SYMLINKS {
                     return Err(Error::Loop);
@@ -513,7 +513,7 @@ impl Cache {
             cur = child;
         }
         if must_dir {
-            match cur.kind {
+            match cur.kind() {
                 NodeKind::Positive(FileType::Directory) | NodeKind::Negative(_) => {}
                 _ => return Err(Error::NotDir),
             }
@@ -587,7 +587,7 @@ impl Cache {
             } else {
                 raw_key(lex, path)
             };
-            if !full.is_empty() && (w.node.kind != NodeKind::Negative(Error::Loop)) {
+            if !full.is_empty() && (w.node.kind() != NodeKind::Negative(Error::Loop)) {
                 let (deps, link) = match w.final_link {
                     Some(i) => (&w.deps[..i], w.deps.get(i)),
                     None => (&w.deps[..], None),
@@ -794,7 +794,7 @@ impl Cache {
         name: &[u8],
         was_missed: &mut bool,
     ) -> Result<NodeRef> {
-        match dir.kind {
+        match dir.kind() {
             NodeKind::Positive(FileType::Directory) => {}
             NodeKind::Positive(_) => return Err(Error::NotDir),
             NodeKind::Negative(e) => return Err(e),
@@ -923,7 +923,7 @@ impl Cache {
     }
 
     pub(crate) fn attr_of_counted(&self, node: &NodeRef, missed: &mut bool) -> Result<Attr> {
-        if let NodeKind::Negative(e) = node.kind {
+        if let NodeKind::Negative(e) = node.kind() {
             return Err(e);
         }
         if let Some(a) = node.attr_copy().filter(|_| self.trusts_cache()) {
@@ -963,7 +963,7 @@ impl Cache {
 
     /// The backend path of a dentry.
     pub(crate) fn path_of(&self, node: &Dentry) -> Result<Vec<u8>> {
-        let mut names: Vec<Box<[u8]>> = Vec::new();
+        let mut names: Vec<super::dentry::Name> = Vec::new();
         if node.has(DEAD) {
             return Err(Error::NotFound);
         }
@@ -1032,7 +1032,7 @@ impl Cache {
                 directory: true,
             },
         )?;
-        match w.node.kind {
+        match w.node.kind() {
             NodeKind::Negative(e) => return Err(e),
             NodeKind::Positive(FileType::Directory) => {}
             NodeKind::Positive(_) => return Err(Error::NotDir),
@@ -1087,7 +1087,7 @@ impl Cache {
         if opts.read_only {
             // EEXIST wins over EROFS, as in Linux's filename_create.
             if let Ok(n) = self.child_checked(c, &parent, name) {
-                if matches!(n.kind, NodeKind::Positive(_)) {
+                if matches!(n.kind(), NodeKind::Positive(_)) {
                     return Err(Error::Exists);
                 }
             }
