@@ -351,7 +351,7 @@ impl Dentry {
         self.kind.0 == Kind::POSITIVE | libc::S_IFDIR
     }
     /// What this dentry stands for (unpacked from 4 bytes, see [`Kind`]).
-    #[inline]
+    #[inline(always)]
     pub fn kind(&self) -> NodeKind {
         self.kind.unpack()
     }
@@ -391,11 +391,21 @@ impl Kind {
         })
     }
 
-    #[inline]
+    /// Inlined for positive entries (the fast path's common case); negatives decode out of
+    /// line.
+    #[inline(always)]
     fn unpack(self) -> NodeKind {
         if self.0 & Kind::POSITIVE != 0 {
             NodeKind::Positive(FileType::from_mode(self.0 & !Kind::POSITIVE))
-        } else if self.0 & Kind::OS != 0 {
+        } else {
+            self.unpack_negative()
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unpack_negative(self) -> NodeKind {
+        if self.0 & Kind::OS != 0 {
             NodeKind::Negative(Error::Os((self.0 & !Kind::OS) as i32))
         } else {
             NodeKind::Negative(Error::from_errno(self.0 as i32))
