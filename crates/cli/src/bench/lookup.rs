@@ -621,6 +621,7 @@ pub fn run(a: Args) -> Result<i32> {
         Mem {
             per_dentry: f64::NAN,
             marginal: f64::NAN,
+            footprint: f64::NAN,
             bytes: 0,
             after_new: 0,
             entries_reported: 0,
@@ -707,6 +708,7 @@ pub fn run(a: Args) -> Result<i32> {
                 "entries_reported": mem.entries_reported,
                 "entries_expected": mem.entries_expected,
                 "marginal_bytes_per_dentry": stats::round(mem.marginal, 1),
+                "malloc_footprint_bytes_per_dentry": stats::round(mem.footprint, 1),
                 "cache_stats_bytes": mem.stats_bytes,
             },
         },
@@ -965,6 +967,9 @@ fn throughput(n: usize, threads: usize, dur: Duration, op: &(dyn Fn(usize) + Syn
 struct Mem {
     per_dentry: f64,
     marginal: f64,
+    /// Allocator footprint per dentry (usable size + chunk header of each block), everything
+    /// counted as for `per_dentry`.
+    footprint: f64,
     bytes: i64,
     after_new: i64,
     entries_reported: u64,
@@ -1004,6 +1009,7 @@ fn bytes_per_dentry(t: &Tree, user: &Cred) -> Result<Mem> {
     let entries_expected = expected.len() as u64 + 1;
 
     let base = alloc::live();
+    let foot_base = alloc::footprint_live();
     alloc::enable();
     let res = (|| -> Result<(Arc<Cache>, i64)> {
         let cache = Cache::new(backend, Config::default())?;
@@ -1019,6 +1025,7 @@ fn bytes_per_dentry(t: &Tree, user: &Cred) -> Result<Mem> {
     alloc::disable();
     let (cache, after_new) = res?;
     let bytes = alloc::live() - base;
+    let foot = alloc::footprint_live() - foot_base;
     let st = cache.stats();
     let entries = if st.entries > 0 {
         st.entries
@@ -1028,6 +1035,7 @@ fn bytes_per_dentry(t: &Tree, user: &Cred) -> Result<Mem> {
     Ok(Mem {
         per_dentry: bytes as f64 / entries as f64,
         marginal: (bytes - after_new) as f64 / entries as f64,
+        footprint: foot as f64 / entries as f64,
         bytes,
         after_new,
         entries_reported: st.entries,
@@ -1187,6 +1195,10 @@ fn print_human(
         mem.after_new,
         mem.stats_bytes
     );
+        println!(
+            "  allocator footprint (glibc usable size + 8-byte chunk header per block): {:.1} bytes/dentry",
+            mem.footprint
+        );
     }
 
     let f8 = get(lk, "fast.d8");

@@ -135,7 +135,7 @@ impl Cache {
         let mut i = 1;
         while let Some(ver) = below.1 {
             let parent = &below.0;
-            if parent.kind != NodeKind::Positive(FileType::Directory) || i >= names.len() {
+            if parent.kind() != NodeKind::Positive(FileType::Directory) || i >= names.len() {
                 break;
             }
             let (kind, attr) = match attrs.next() {

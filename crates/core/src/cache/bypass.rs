@@ -129,7 +129,7 @@ impl Cache {
 /// number of 0 is unknown and matches).
 fn same_object(c: &NodeRef, a: &Attr) -> bool {
     let (ino, dev) = (c.attr.ino(), c.attr.dev());
-    c.kind == NodeKind::Positive(a.kind())
+    c.kind() == NodeKind::Positive(a.kind())
         && (ino == 0 || ino == a.ino)
         && (dev == 0 || dev == a.dev)
         && c.flags.load(Ordering::Acquire) & DEAD == 0

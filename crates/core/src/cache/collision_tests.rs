@@ -7,6 +7,10 @@
 //! * `forced_collisions_do_give_wrong_answers_without_verification`: the same lookups without
 //!   `verify_path` do return another path's entry: the hook really collides, and the default
 //!   configuration rests on the 128-bit keyed signature (no collision found in practice).
+//! * `uncommon_parts_follow_their_entries`: the uncommon parts of DLHT entries (symlinks on
+//!   the path, filed by odd stamp in `Dlht::extras`) are dropped with their entries (no
+//!   orphans after replacements and sweeps), and an entry whose parts are missing is never
+//!   used: the lookup takes the slow path and still gives the backend's answer.
 
 use std::sync::Arc;
 
@@ -114,4 +118,56 @@ fn forced_collisions_never_give_another_paths_dentry_with_verify_path() {
 #[test]
 fn forced_collisions_do_give_wrong_answers_without_verification() {
     assert!(run(false) > 0, "the hook did not make signatures collide");
+}
+
+#[test]
+fn uncommon_parts_follow_their_entries() {
+    use crate::SetAttr;
+    let b = Arc::new(MemoryBackend::new());
+    b.populate(&["lnk -> d0", "d0/f0.c", "d0/f1.c", "d1/g.c"]);
+    let cache = Cache::new(b.clone(), Config::default()).expect("cache");
+    let user = cache.credentials(Cred::new(1000, 1000, []));
+    let root = cache.credentials(Cred::root());
+    let ino = |p: &str| b.getattr(p.as_bytes()).map(|a| a.ino);
+    let stat = |p: &str| {
+        cache
+            .stat(&user, At::Root, p.as_bytes(), LookupFlags::FOLLOW)
+            .map(|a| a.ino)
+    };
+    let fast = || cache.stats().fastpath_hits;
+    for round in 0..40u32 {
+        for p in ["lnk/f0.c", "lnk/f1.c", "d1/g.c", "lnk"] {
+            let want = ino(&p.replace("lnk", "d0"));
+            assert_eq!(stat(p), want, "{p} in round {round}");
+        }
+        // Bumps d0's subtree: every entry through `lnk` is replaced at its next publication.
+        let set = SetAttr {
+            mode: Some(if round % 2 == 0 { 0o751 } else { 0o755 }),
+            ..SetAttr::default()
+        };
+        cache
+            .setattr(&root, At::Root, b"d0", &set, LookupFlags::FOLLOW)
+            .expect("chmod d0");
+        if round % 10 == 9 {
+            cache.sweep_dlht();
+        }
+    }
+    for p in ["lnk/f0.c", "lnk/f1.c"] {
+        stat(p).expect("republish");
+    }
+    let (odd, filed, orphans) = cache.ns.dlht.extra_counts();
+    assert!(odd >= 2, "entries through the symlink have parts: {odd}");
+    assert_eq!((filed, orphans), (odd, 0), "parts without their entry");
+    // A hit now: the entry and its parts are there.
+    let f0 = fast();
+    assert_eq!(stat("lnk/f0.c"), ino("d0/f0.c"));
+    assert_eq!(fast(), f0 + 1, "a fast-path hit through the symlink");
+    // Parts gone (as when a reader races the entry's replacement): no hit, the right answer.
+    cache.ns.dlht.drop_extras();
+    let f1 = fast();
+    assert_eq!(stat("lnk/f0.c"), ino("d0/f0.c"));
+    assert_eq!(fast(), f1, "an entry without its parts was used");
+    // The slow path published it again, with its parts: hits resume.
+    assert_eq!(stat("lnk/f0.c"), ino("d0/f0.c"));
+    assert_eq!(fast(), f1 + 1);
 }

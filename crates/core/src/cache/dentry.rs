@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use arc_swap::ArcSwap;
+use arc_swap::ArcSwapOption;
 use std::hash::BuildHasher;
 use std::sync::LazyLock;
 
@@ -21,7 +21,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use parking_lot::RwLock;
 
 use super::{NodeKind, NodeRef, Super};
-use crate::{Attr, FileType};
+use crate::{Attr, Error, FileType};
 
 pub(crate) const DEAD: u32 = 1;
 /// Taken out of the tree to reclaim memory. Unlike `DEAD`, the name still refers to it (its
@@ -40,7 +40,90 @@ pub(crate) struct Link {
     /// Weak, so the tree has no reference cycles; a dentry in the tree always has a live
     /// parent because eviction only removes leaves.
     pub(crate) parent: Option<Weak<Dentry>>,
-    pub(crate) name: Box<[u8]>,
+    pub(crate) name: Name,
+}
+
+/// Names up to this many bytes are stored inline (no allocation of their own).
+const INLINE_NAME: usize = 14;
+
+/// A file name: inline when short (most names: 16 bytes in all, no allocation), else boxed.
+#[derive(Clone)]
+pub(crate) enum Name {
+    Inline {
+        len: u8,
+        buf: [u8; INLINE_NAME],
+    },
+    /// Thin pointer (a box of the boxed slice) so that the enum stays 16 bytes.
+    Heap(Box<Box<[u8]>>),
+}
+
+impl From<&[u8]> for Name {
+    fn from(n: &[u8]) -> Name {
+        match u8::try_from(n.len()) {
+            Ok(len) if n.len() <= INLINE_NAME => {
+                let mut buf = [0u8; INLINE_NAME];
+                buf[..n.len()].copy_from_slice(n);
+                Name::Inline { len, buf }
+            }
+            _ => Name::Heap(Box::new(n.into())),
+        }
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        match self {
+            Name::Inline { len, buf } => &buf[..usize::from(*len)],
+            Name::Heap(b) => b,
+        }
+    }
+}
+
+/// A dentry's (parent, name). The link it was created with is stored inline in the dentry;
+/// a rename (or a revival elsewhere) stores a new one in `moved`, which from then on is the
+/// link (it is never unset). Readers load `moved` lock-free (arc-swap) and fall back to the
+/// first link, so each reader sees one whole link, the old or the new, as with one arc-swap
+/// of a boxed link, without an allocation per dentry. (The first link's weak parent keeps a
+/// renamed dentry's first parent's allocation, not the parent, until the dentry goes.)
+pub(crate) struct LinkCell {
+    first: Link,
+    moved: ArcSwapOption<Link>,
+}
+
+/// A loaded link (see [`LinkCell`]).
+pub(crate) struct LinkRef<'a> {
+    first: &'a Link,
+    moved: arc_swap::Guard<Option<Arc<Link>>>,
+}
+
+impl std::ops::Deref for LinkRef<'_> {
+    type Target = Link;
+    #[inline]
+    fn deref(&self) -> &Link {
+        self.moved.as_deref().unwrap_or(self.first)
+    }
+}
+
+impl LinkCell {
+    fn new(first: Link) -> LinkCell {
+        LinkCell {
+            first,
+            moved: ArcSwapOption::empty(),
+        }
+    }
+    #[inline]
+    pub(crate) fn load(&self) -> LinkRef<'_> {
+        LinkRef {
+            first: &self.first,
+            moved: self.moved.load(),
+        }
+    }
+    /// Replace the link (renames and revivals, under the locks `Dentry::link` names).
+    pub(crate) fn store(&self, link: Arc<Link>) {
+        self.moved.store(Some(link));
+    }
 }
 
 static NAME_HASH: LazyLock<DefaultHashBuilder> = LazyLock::new(DefaultHashBuilder::default);
@@ -211,10 +294,10 @@ impl Inner {
 pub struct Dentry {
     pub(crate) id: u64,
     pub(crate) sb: Arc<Super>,
-    pub(crate) kind: NodeKind,
-    pub(crate) link: ArcSwap<Link>,
-    pub(crate) version: AtomicU64,
+    kind: Kind,
     pub(crate) flags: AtomicU32,
+    pub(crate) link: LinkCell,
+    pub(crate) version: AtomicU64,
     /// Attributes, and the front-end pins (`attr.pins`, in the cell's padding).
     pub(crate) attr: AttrCell,
     pub(crate) inner: RwLock<Inner>,
@@ -233,13 +316,13 @@ impl Dentry {
         Dentry {
             id,
             sb,
-            kind,
-            link: ArcSwap::from_pointee(Link {
+            kind: Kind::pack(kind),
+            flags: AtomicU32::new(0),
+            link: LinkCell::new(Link {
                 parent: parent.as_ref().map(Arc::downgrade),
                 name: name.into(),
             }),
             version: AtomicU64::new(version),
-            flags: AtomicU32::new(0),
             attr: AttrCell::new(attr, attr.map_or(0, |a| a.ino)),
             inner: RwLock::new(Inner::default()),
         }
@@ -265,7 +348,12 @@ impl Dentry {
         }
     }
     pub(crate) fn is_dir(&self) -> bool {
-        self.kind == NodeKind::Positive(FileType::Directory)
+        self.kind.0 == Kind::POSITIVE | libc::S_IFDIR
+    }
+    /// What this dentry stands for (unpacked from 4 bytes, see [`Kind`]).
+    #[inline(always)]
+    pub fn kind(&self) -> NodeKind {
+        self.kind.unpack()
     }
     #[inline]
     pub(crate) fn attr_copy(&self) -> Option<Attr> {
@@ -276,6 +364,52 @@ impl Dentry {
     }
     pub(crate) fn parent_ref(&self) -> Option<NodeRef> {
         self.link.load().parent.as_ref().and_then(Weak::upgrade)
+    }
+}
+
+/// A [`NodeKind`] in 4 bytes (`NodeKind` takes 8: `Error::Os` carries an `i32`): a positive
+/// entry is [`Kind::POSITIVE`] with the type's `S_IFMT` bits; a negative one holds its error as
+/// the errno of a named [`Error`] variant, or [`Kind::OS`] with the number of an `Error::Os`
+/// (kept exactly, also for a number a named variant has). `Error::Os` numbers outside
+/// `0..2^30` (no errno is) are kept as `Error::Os(EIO)`.
+#[derive(Clone, Copy)]
+struct Kind(u32);
+
+impl Kind {
+    const POSITIVE: u32 = 1 << 31;
+    const OS: u32 = 1 << 30;
+
+    fn pack(k: NodeKind) -> Kind {
+        Kind(match k {
+            NodeKind::Positive(t) => Kind::POSITIVE | t.mode_bits(),
+            NodeKind::Negative(Error::Os(e)) => match u32::try_from(e) {
+                Ok(e) if e < Kind::OS => Kind::OS | e,
+                _ => Kind::OS | libc::EIO as u32,
+            },
+            // Named variants: their errno, which `Error::from_errno` maps back to them.
+            NodeKind::Negative(e) => e.errno() as u32,
+        })
+    }
+
+    /// Inlined for positive entries (the fast path's common case); negatives decode out of
+    /// line.
+    #[inline(always)]
+    fn unpack(self) -> NodeKind {
+        if self.0 & Kind::POSITIVE != 0 {
+            NodeKind::Positive(FileType::from_mode(self.0 & !Kind::POSITIVE))
+        } else {
+            self.unpack_negative()
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unpack_negative(self) -> NodeKind {
+        if self.0 & Kind::OS != 0 {
+            NodeKind::Negative(Error::Os((self.0 & !Kind::OS) as i32))
+        } else {
+            NodeKind::Negative(Error::from_errno(self.0 as i32))
+        }
     }
 }
 
@@ -566,6 +700,43 @@ mod tests {
     }
 
     #[test]
+    fn kinds_and_names_round_trip() {
+        let mut kinds = vec![
+            NodeKind::Negative(Error::Os(0)),
+            NodeKind::Negative(Error::Os(libc::ENOENT)),
+            NodeKind::Negative(Error::Os(4095)),
+        ];
+        for t in [
+            FileType::Regular,
+            FileType::Directory,
+            FileType::Symlink,
+            FileType::CharDevice,
+            FileType::BlockDevice,
+            FileType::Fifo,
+            FileType::Socket,
+        ] {
+            kinds.push(NodeKind::Positive(t));
+        }
+        for e in 1..140 {
+            kinds.push(NodeKind::Negative(Error::from_errno(e)));
+        }
+        for k in kinds {
+            assert_eq!(Kind::pack(k).unpack(), k);
+        }
+        assert_eq!(
+            Kind::pack(NodeKind::Negative(Error::Os(-1))).unpack(),
+            NodeKind::Negative(Error::Os(libc::EIO))
+        );
+        for len in [0, 1, 13, 14, 15, 255] {
+            let n: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let name = Name::from(&n[..]);
+            assert_eq!(&*name, &n[..]);
+            assert_eq!(&*name.clone(), &n[..]);
+            assert_eq!(matches!(name, Name::Inline { .. }), len <= INLINE_NAME);
+        }
+    }
+
+    #[test]
     fn forgotten_attributes_are_kept_for_load_last_only() {
         let a = attr(libc::S_IFDIR | 0o750);
         let c = AttrCell::new(Some(a), a.ino);
@@ -716,10 +887,13 @@ mod tests {
     fn dentry_size() {
         // 72 (was 104): the 4-byte sequence, the pins in its padding, 8 packed words.
         assert_eq!(std::mem::size_of::<AttrCell>(), 72);
-        // 136 (was 168). (`NodeKind` is 8 bytes, 4-aligned, because of `Error::Os(i32)`: with
-        // `flags` 12 bytes, so 4 are left over.)
+        // 152: 136 before the link moved in (its 24 bytes, with the name inline when short,
+        // and 8 for a moved link replace an 8-byte pointer to a 40-byte `Arc<Link>` and the
+        // name's own allocation), and `NodeKind` packed in 4 bytes next to `flags` (8 less).
+        assert_eq!(std::mem::size_of::<Name>(), 16);
+        assert_eq!(std::mem::size_of::<Link>(), 24);
         assert!(
-            std::mem::size_of::<Dentry>() <= 136,
+            std::mem::size_of::<Dentry>() <= 152,
             "Dentry is {} bytes",
             std::mem::size_of::<Dentry>()
         );

@@ -145,7 +145,7 @@ impl Seen {
     }
 }
 
-/// One DLHT entry (32 bytes; papaya boxes it with its 16-byte signature).
+/// One DLHT entry (24 bytes; papaya boxes it with its 16-byte key: 40 bytes in all).
 ///
 /// **Validity by bound.** The entry keeps no versions: `stamp` is a value of the cache's `seq`
 /// taken before the publishing walk's last check that no invalidation window had opened
@@ -157,18 +157,23 @@ impl Seen {
 /// ordered before the reservation either lies inside a window the walk overlapped (it then
 /// publishes nothing) or was seen by the walk's own `Seen::valid` re-check at publication.
 /// The stamp doubles as the entry's unique id for the PCC (values of `seq` are never reused).
-/// (It was 48 bytes: node and parent versions were kept next to a separate stamp.)
+/// (It was 48 bytes: node and parent versions were kept next to a separate stamp; then 32,
+/// with a pointer to the uncommon parts, which now live in [`Dlht::extras`].)
+///
+/// **Stamp parity.** A walk reserves two values of `seq` per entry, the first even: an entry
+/// without uncommon parts has the even one as its stamp, an entry with them the odd one (its
+/// [`EntryExtra`] is filed under that stamp in [`Dlht::extras`]). Neither value is ever a
+/// version, so `version < even + 1` holds exactly when `version < even`: the bound is the same.
 pub(crate) struct FastEntry {
     pub(crate) node: NodeRef,
     /// The parent as the walk saw it (leaves are not bumped when their parent is: I1).
     pub(crate) up: Option<NodeRef>,
-    /// Unique id of this entry (PCC slots name the entry they confirm) and validity bound.
+    /// Unique id of this entry (PCC slots name the entry they confirm) and validity bound;
+    /// odd if the entry has an [`EntryExtra`].
     pub(crate) stamp: u64,
-    /// What most entries do not need, in one optional box (keeps the common entry small).
-    pub(crate) extra: Option<Box<EntryExtra>>,
 }
 
-/// The uncommon parts of a DLHT entry.
+/// The uncommon parts of a DLHT entry (symlinks on the path, a mount's options, the path).
 pub(crate) struct EntryExtra {
     /// Symlinks the path went through, as the walk saw them.
     pub(crate) deps: Box<[Seen]>,
@@ -180,33 +185,22 @@ pub(crate) struct EntryExtra {
 }
 
 impl FastEntry {
+    /// Whether the entry has an [`EntryExtra`] (filed under its stamp).
     #[inline]
-    pub(crate) fn valid(&self) -> bool {
+    pub(crate) fn has_extra(&self) -> bool {
+        self.stamp & 1 == 1
+    }
+
+    /// Valid, given its uncommon parts `x` (`None` for an entry without any).
+    #[inline]
+    pub(crate) fn valid(&self, x: Option<&EntryExtra>) -> bool {
         self.node.version.load(Ordering::Acquire) < self.stamp
             && self.node.flags.load(Ordering::Acquire) & (DEAD | EVICTED) == 0
             && self
                 .up
                 .as_ref()
                 .is_none_or(|p| p.version.load(Ordering::Acquire) < self.stamp)
-            && self
-                .extra
-                .as_ref()
-                .is_none_or(|x| x.deps.iter().all(Seen::valid))
-    }
-
-    pub(crate) fn deps(&self) -> &[Seen] {
-        self.extra.as_ref().map_or(&[], |x| &x.deps)
-    }
-
-    #[inline]
-    pub(crate) fn mount(&self) -> MountOptions {
-        self.extra
-            .as_ref()
-            .map_or_else(MountOptions::default, |x| x.mount)
-    }
-
-    pub(crate) fn path(&self) -> Option<&[u8]> {
-        self.extra.as_ref().and_then(|x| x.path.as_deref())
+            && x.is_none_or(|x| x.deps.iter().all(Seen::valid))
     }
 
     /// Whether this entry names the dentry (and parent) `seen` names.
@@ -241,12 +235,144 @@ impl Hasher for SigHasher {
     }
 }
 
-pub(crate) type Dlht = papaya::HashMap<Sig, FastEntry, BuildHasherDefault<SigHasher>>;
+/// A signature as the DLHT's key: two words (8-aligned, where a `u128` is 16-aligned and
+/// would pad a 24-byte entry's box to 48), hashed by its low word.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Key(u64, u64);
 
-pub(crate) fn new_dlht() -> Dlht {
-    papaya::HashMap::builder()
-        .hasher(BuildHasherDefault::default())
-        .build()
+impl std::hash::Hash for Key {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.0);
+    }
+}
+
+#[inline]
+fn key(sig: Sig) -> Key {
+    Key(sig as u64, (sig >> 64) as u64)
+}
+
+type Map<K, V> = papaya::HashMap<K, V, BuildHasherDefault<SigHasher>>;
+
+/// The direct-lookup table: entries by signature, and the uncommon parts of the few entries
+/// that have any, by stamp. An entry's parts are filed before the entry and dropped by
+/// whoever takes the entry out (replacement, retraction, sweep), so a reader that finds an
+/// odd-stamped entry but not its parts treats the entry as invalid (it was just taken out).
+pub(crate) struct Dlht {
+    map: Map<Key, FastEntry>,
+    extras: Map<u64, EntryExtra>,
+}
+
+impl Dlht {
+    pub(crate) fn new() -> Dlht {
+        Dlht {
+            map: papaya::HashMap::builder()
+                .hasher(BuildHasherDefault::default())
+                .build(),
+            extras: papaya::HashMap::builder()
+                .hasher(BuildHasherDefault::default())
+                .build(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn guard(&self) -> impl papaya::Guard + '_ {
+        self.map.guard()
+    }
+
+    #[inline]
+    pub(crate) fn get<'g>(&self, sig: Sig, guard: &'g impl papaya::Guard) -> Option<&'g FastEntry> {
+        self.map.get(&key(sig), guard)
+    }
+
+    /// `f` of `e`'s uncommon parts (`None` if it has none), or `None` if they are gone.
+    #[inline]
+    pub(crate) fn with_extra<R>(
+        &self,
+        e: &FastEntry,
+        f: impl FnOnce(Option<&EntryExtra>) -> R,
+    ) -> Option<R> {
+        if !e.has_extra() {
+            return Some(f(None));
+        }
+        let x = self.extras.pin();
+        x.get(&e.stamp).map(|x| f(Some(x)))
+    }
+
+    /// Whether `e` is valid (its uncommon parts included).
+    #[inline]
+    pub(crate) fn valid(&self, e: &FastEntry) -> bool {
+        self.with_extra(e, |x| e.valid(x)).unwrap_or(false)
+    }
+
+    /// File `e` under `sig` (its stamp odd exactly when `x` is given), replacing any entry.
+    pub(crate) fn insert(&self, sig: Sig, e: FastEntry, x: Option<EntryExtra>) {
+        debug_assert_eq!(e.has_extra(), x.is_some());
+        if let Some(x) = x {
+            self.extras.pin().insert(e.stamp, x);
+        }
+        let guard = self.map.guard();
+        if let Some(old) = self.map.insert(key(sig), e, &guard) {
+            if old.has_extra() {
+                self.extras.pin().remove(&old.stamp);
+            }
+        }
+    }
+
+    /// Take out the entry under `sig` if it is the one with `stamp`.
+    pub(crate) fn remove(&self, sig: Sig, stamp: u64) {
+        let guard = self.map.guard();
+        let _ = self
+            .map
+            .remove_if(&key(sig), |_, e| e.stamp == stamp, &guard);
+        // Ours is out of the map either way (replaced, or taken out here): its parts go too.
+        if stamp & 1 == 1 {
+            self.extras.pin().remove(&stamp);
+        }
+    }
+
+    /// Take out every entry that can no longer be valid.
+    pub(crate) fn sweep(&self) {
+        let mut gone = Vec::new();
+        let guard = self.map.guard();
+        self.map.retain(
+            |_, e| {
+                let keep = self.valid(e);
+                if !keep && e.has_extra() {
+                    gone.push(e.stamp);
+                }
+                keep
+            },
+            &guard,
+        );
+        let x = self.extras.pin();
+        for s in gone {
+            x.remove(&s);
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Tests: (entries with an odd stamp, their parts filed, parts without an entry).
+    #[cfg(test)]
+    pub(crate) fn extra_counts(&self) -> (usize, usize, usize) {
+        let m = self.map.pin();
+        let odd: std::collections::HashSet<u64> = m
+            .values()
+            .filter(|e| e.has_extra())
+            .map(|e| e.stamp)
+            .collect();
+        let x = self.extras.pin();
+        let orphans = x.keys().filter(|s| !odd.contains(s)).count();
+        (odd.len(), x.len(), orphans)
+    }
+
+    /// Tests: lose every entry's uncommon parts (as a reader racing their removal would).
+    #[cfg(test)]
+    pub(crate) fn drop_extras(&self) {
+        self.extras.pin().clear();
+    }
 }
 
 /// The fast path's key for a path without `..`: its bytes as given, after the handle's

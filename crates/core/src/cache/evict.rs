@@ -16,6 +16,12 @@ impl Cache {
         let n = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
         {
             let mut q = self.lru.lock();
+            if q.len() == q.capacity() {
+                // Grow by a quarter, not double: one weak pointer per dentry, ~12% unused on
+                // average instead of ~33% (still amortized O(1) per insert).
+                let more = q.len() / 4 + 64;
+                q.reserve_exact(more);
+            }
             q.push_back(Arc::downgrade(node));
             if q.len() > 2 * self.config.max_entries + 1024 {
                 q.retain(|w| w.upgrade().is_some_and(|d| !d.has(DEAD)));
@@ -71,7 +77,7 @@ impl Cache {
                 {
                     continue;
                 }
-                if matches!(n.kind, NodeKind::Positive(_)) {
+                if matches!(n.kind(), NodeKind::Positive(_)) {
                     // The listing is no longer all here (SOSP'15 §5.1).
                     parent.clear(COMPLETE);
                 }
@@ -93,8 +99,7 @@ impl Cache {
     /// Drop DLHT entries that can no longer be valid (their dentries were invalidated).
     pub(crate) fn sweep_dlht(&self) {
         for ns in self.namespaces.lock().iter().filter_map(Weak::upgrade) {
-            let guard = ns.dlht.guard();
-            ns.dlht.retain(|_, e| e.valid(), &guard);
+            ns.dlht.sweep();
         }
     }
 }

@@ -16,7 +16,7 @@ impl Cache {
         node: &NodeRef,
         want_attrs: bool,
     ) -> Result<Vec<DirEntry>> {
-        match node.kind {
+        match node.kind() {
             NodeKind::Positive(FileType::Directory) => {}
             NodeKind::Positive(_) => return Err(Error::NotDir),
             NodeKind::Negative(e) => return Err(e),
@@ -62,7 +62,7 @@ impl Cache {
         };
         let mut out = Vec::with_capacity(ch.len());
         for d in ch.values() {
-            let NodeKind::Positive(kind) = d.kind else {
+            let NodeKind::Positive(kind) = d.kind() else {
                 continue;
             };
             let name = d.link.load().name.clone();
@@ -100,7 +100,7 @@ impl Cache {
                 let existing = inner.child(&e.name).cloned();
                 match existing {
                     Some(d)
-                        if d.kind == NodeKind::Positive(e.kind)
+                        if d.kind() == NodeKind::Positive(e.kind)
                             && d.attr_copy().is_none_or(|a| {
                                 a.ino == e.ino
                                     || (e.attr.is_none() && dir_dev != 0 && a.dev != dir_dev)
@@ -126,7 +126,7 @@ impl Cache {
             if let Some(ch) = inner.children.as_mut() {
                 for d in ch.values() {
                     let keep = seen.contains(&d.link.load().name[..]);
-                    if matches!(d.kind, NodeKind::Positive(_)) && !keep {
+                    if matches!(d.kind(), NodeKind::Positive(_)) && !keep {
                         stale.push(d.clone());
                     }
                 }

@@ -120,12 +120,9 @@ impl Dentry {
     pub fn id(&self) -> u64 {
         self.id
     }
-    pub fn kind(&self) -> NodeKind {
-        self.kind
-    }
     /// The file type, or `None` for a negative entry.
     pub fn file_type(&self) -> Option<FileType> {
-        match self.kind {
+        match self.kind() {
             NodeKind::Positive(t) => Some(t),
             NodeKind::Negative(_) => None,
         }
@@ -460,7 +457,7 @@ impl Cache {
             // mknod("x/") on a missing x: Linux says ENOENT... unless x exists (EEXIST).
             let (parent, name) = self.parent_for_create(c, at, path, Error::Exists)?;
             let child = self.lookup_child(c, &parent, name)?;
-            return Err(match child.kind {
+            return Err(match child.kind() {
                 NodeKind::Positive(_) => Error::Exists,
                 NodeKind::Negative(_) => Error::NotFound,
             });
@@ -477,7 +474,7 @@ impl Cache {
         let (parent, name) = self.parent_for_create(c, at, path, Error::Exists)?;
         if path::wants_dir(path) {
             let child = self.lookup_child(c, &parent, name)?;
-            return Err(match child.kind {
+            return Err(match child.kind() {
                 NodeKind::Positive(_) => Error::Exists,
                 NodeKind::Negative(_) => Error::NotFound,
             });
@@ -500,7 +497,7 @@ impl Cache {
         let (parent, name) = self.parent_for_create(c, at, new, Error::Exists)?;
         if path::wants_dir(new) {
             let child = self.lookup_child(c, &parent, name)?;
-            return Err(match child.kind {
+            return Err(match child.kind() {
                 NodeKind::Positive(_) => Error::Exists,
                 NodeKind::Negative(_) => Error::NotFound,
             });
@@ -517,7 +514,7 @@ impl Cache {
         }
         if path::wants_dir(path) {
             let child = self.lookup_child(c, &parent, name)?;
-            return Err(match child.kind {
+            return Err(match child.kind() {
                 NodeKind::Positive(FileType::Directory) => Error::IsDir,
                 NodeKind::Positive(_) => Error::NotDir,
                 NodeKind::Negative(e) => e,
@@ -576,7 +573,7 @@ impl Cache {
     pub fn lookup_child(&self, c: &Creds, parent: &NodeRef, name: &[u8]) -> Result<NodeRef> {
         let mut missed = false;
         let n = self.child_checked_counted(c, parent, name, &mut missed)?;
-        match n.kind {
+        match n.kind() {
             NodeKind::Negative(e) => {
                 // A negative answer the backend just gave is a miss, not a hit.
                 if self.trusts_cache() && !missed {
@@ -609,7 +606,7 @@ impl Cache {
     }
 
     pub fn readlink_node(&self, node: &NodeRef) -> Result<Vec<u8>> {
-        match node.kind {
+        match node.kind() {
             NodeKind::Positive(FileType::Symlink) => self.link_target(node).map(|t| t.to_vec()),
             NodeKind::Positive(_) => Err(Error::Invalid),
             NodeKind::Negative(e) => Err(e),
@@ -709,9 +706,9 @@ impl Cache {
         }
         s.fast_entries = fast;
         let pcc: usize = self.creds.pin().values().map(|c| c.pcc.bytes()).sum();
-        // Dentry + link + attr + a children-map slot, and a DLHT entry each.
-        let per_dentry = std::mem::size_of::<Dentry>() as u64 + 16 + 48 + 128 + 32;
-        let per_fast = std::mem::size_of::<dlht::FastEntry>() as u64 + 32;
+        // Dentry (with its link) + attr + a children-map slot, and a DLHT entry each.
+        let per_dentry = std::mem::size_of::<Dentry>() as u64 + 16 + 128 + 32;
+        let per_fast = std::mem::size_of::<dlht::FastEntry>() as u64 + 16 + 16;
         s.bytes = s.entries * per_dentry + fast * per_fast + pcc as u64;
         s
     }
@@ -723,12 +720,15 @@ mod size_tests {
     /// growing unnoticed.
     #[test]
     fn structures_stay_small() {
-        // 136 (was 168): attributes packed into 8 words (dentry.rs, `AttrCell`).
-        assert!(std::mem::size_of::<super::Dentry>() <= 136);
+        // 152 with the link inline (was 136 + a 40-byte `Arc<Link>` + the name; dentry.rs).
+        assert!(std::mem::size_of::<super::Dentry>() <= 152);
         assert!(std::mem::size_of::<super::dentry::Link>() <= 24);
         assert!(std::mem::size_of::<super::dentry::Inner>() <= 8);
-        // 32 (was 48): one stamp is the id and the validity bound (dlht.rs, `FastEntry`).
-        assert!(std::mem::size_of::<super::dlht::FastEntry>() <= 32);
+        // 24 (was 48, then 32): one stamp is the id and the validity bound, the uncommon
+        // parts are filed by stamp (dlht.rs, `FastEntry`); papaya's box of key and entry is
+        // 40 (a `u128` key would pad it to 48).
+        assert!(std::mem::size_of::<super::dlht::FastEntry>() <= 24);
+        assert!(std::mem::size_of::<(super::dlht::Key, super::dlht::FastEntry)>() <= 40);
         assert!(std::mem::size_of::<super::NodeKind>() <= 8);
     }
 }

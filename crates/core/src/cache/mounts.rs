@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::dentry::{Dentry, MOUNTED};
-use super::dlht::{new_dlht, Dlht, SigKey};
+use super::dlht::{Dlht, SigKey};
 use super::{Cache, NodeKind, NodeRef, Super};
 use crate::{Backend, Cred, Error, FileType, LookupFlags, Result};
 use siphasher::sip128::SipHasher13;
@@ -39,7 +39,7 @@ impl Namespace {
         let key = SigKey::random();
         Namespace {
             base: key.hasher(),
-            dlht: new_dlht(),
+            dlht: Dlht::new(),
             root,
             mounts: RwLock::new(mounts),
         }
@@ -136,7 +136,7 @@ impl Cache {
         let st = self.start(super::At::Dir(&h));
         let w = self.walk(&root_creds.0, &st, path, LookupFlags::FOLLOW)?;
         let (mnt, node) = (w.mnt, w.node);
-        if let NodeKind::Negative(e) = node.kind {
+        if let NodeKind::Negative(e) = node.kind() {
             return Err(e);
         }
         if !node.is_dir() {

@@ -23,7 +23,7 @@ fn is_ancestor(a: &NodeRef, b: &NodeRef) -> bool {
 }
 
 fn want_dir(n: &NodeRef) -> Result<()> {
-    match n.kind {
+    match n.kind() {
         NodeKind::Positive(FileType::Directory) if !n.has(DEAD) => Ok(()),
         NodeKind::Positive(FileType::Directory) => Err(Error::NotFound),
         NodeKind::Positive(_) => Err(Error::NotDir),
@@ -67,7 +67,7 @@ impl Cache {
             return Err(Error::Exists);
         }
         let existing = self.child_checked(c, parent, name)?;
-        if let NodeKind::Positive(_) = existing.kind {
+        if let NodeKind::Positive(_) = existing.kind() {
             return Err(Error::Exists);
         }
         self.check(c, parent, W_OK | X_OK)
@@ -168,7 +168,7 @@ impl Cache {
         newparent: &NodeRef,
         newname: &[u8],
     ) -> Result<NodeRef> {
-        if let NodeKind::Negative(e) = node.kind {
+        if let NodeKind::Negative(e) = node.kind() {
             return Err(e);
         }
         want_dir(newparent)?;
@@ -177,7 +177,7 @@ impl Cache {
         // Order as Linux's do_linkat: the new name must not exist, same mount, the
         // protected_hardlinks rule (may_linkat), write permission (may_create), no directories.
         let existing = self.child_checked(c, newparent, newname)?;
-        if let NodeKind::Positive(_) = existing.kind {
+        if let NodeKind::Positive(_) = existing.kind() {
             return Err(Error::Exists);
         }
         if !Arc::ptr_eq(&node.sb, &newparent.sb) {
@@ -251,7 +251,7 @@ impl Cache {
         want_dir(parent)?;
         let _t = self.tree_lock.read();
         let victim = self.child_checked(c, parent, name)?;
-        if let NodeKind::Negative(e) = victim.kind {
+        if let NodeKind::Negative(e) = victim.kind() {
             return Err(e);
         }
         // Linux's may_delete: permission, sticky bit, then the victim's type.
@@ -284,7 +284,7 @@ impl Cache {
         }
         let _t = self.tree_lock.read();
         let victim = self.child_checked(c, parent, name)?;
-        if let NodeKind::Negative(e) = victim.kind {
+        if let NodeKind::Negative(e) = victim.kind() {
             return Err(e);
         }
         self.check(c, parent, W_OK | X_OK)?;
@@ -347,11 +347,11 @@ impl Cache {
         check_name(newname)?;
         let _t = self.tree_lock.write();
         let src = self.child_checked(c, parent, name)?;
-        if let NodeKind::Negative(e) = src.kind {
+        if let NodeKind::Negative(e) = src.kind() {
             return Err(e);
         }
         let dst = self.child_checked(c, newparent, newname)?;
-        let dst_pos = matches!(dst.kind, NodeKind::Positive(_));
+        let dst_pos = matches!(dst.kind(), NodeKind::Positive(_));
         if !Arc::ptr_eq(&parent.sb, &newparent.sb) {
             return Err(Error::CrossDevice);
         }
@@ -526,7 +526,7 @@ impl Cache {
     }
 
     pub fn setattr_node(&self, c: &Creds, node: &NodeRef, set: &SetAttr) -> Result<Attr> {
-        if let NodeKind::Negative(e) = node.kind {
+        if let NodeKind::Negative(e) = node.kind() {
             return Err(e);
         }
         let _t = self.tree_lock.read();
@@ -591,7 +591,7 @@ impl Cache {
             libc::O_WRONLY => W_OK,
             _ => R_OK | W_OK,
         } | if flags & libc::O_TRUNC != 0 { W_OK } else { 0 };
-        match node.kind {
+        match node.kind() {
             NodeKind::Negative(e) => return Err(e),
             NodeKind::Positive(FileType::Directory) if mask & W_OK != 0 => {
                 return Err(Error::IsDir)
@@ -623,7 +623,7 @@ impl Cache {
         check_name(name)?;
         let _t = self.tree_lock.read();
         let existing = self.child_checked(c, parent, name)?;
-        if let NodeKind::Positive(_) = existing.kind {
+        if let NodeKind::Positive(_) = existing.kind() {
             if flags & libc::O_EXCL != 0 {
                 return Err(Error::Exists);
             }

@@ -27,7 +27,7 @@ impl Cache {
     pub(crate) fn drop_negative_chain(&self, negative: &NodeRef) -> Vec<Invalidation> {
         let mut top = negative.clone();
         while let Some(p) = top.parent_ref() {
-            match p.kind {
+            match p.kind() {
                 NodeKind::Negative(_) => top = p,
                 _ => break,
             }

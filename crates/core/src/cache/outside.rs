@@ -35,13 +35,13 @@ impl Cache {
         let cs = self.kernel_checked(Cred::root());
         let st = self.start(super::At::Root);
         match self.walk_any_length(&cs.0, &st, path, LookupFlags::NOFOLLOW) {
-            Ok(w) if w.node.kind == NodeKind::Positive(FileType::Symlink) => {}
+            Ok(w) if w.node.kind() == NodeKind::Positive(FileType::Symlink) => {}
             _ => return Vec::new(),
         }
         let Ok(w) = self.walk_any_length(&cs.0, &st, path, LookupFlags::FOLLOW) else {
             return Vec::new();
         };
-        match w.node.kind {
+        match w.node.kind() {
             NodeKind::Negative(_) => self.drop_negative_chain(&w.node),
             NodeKind::Positive(_) => {
                 let _w = self.inval_window();
@@ -108,7 +108,7 @@ impl Cache {
                 Err(_) => return self.invalidate_cached_prefix(dirs),
             }
         };
-        match parent.kind {
+        match parent.kind() {
             NodeKind::Positive(FileType::Directory) => {}
             // Something exists below a name we thought missing: drop the negative.
             NodeKind::Negative(_) => return self.drop_negative_chain(&parent),
@@ -168,7 +168,7 @@ impl Cache {
                 attr_only: true,
             }];
         }
-        if let NodeKind::Negative(_) = node.kind {
+        if let NodeKind::Negative(_) = node.kind() {
             if self.still_missing(&parent, &name) {
                 return Vec::new();
             }
@@ -245,7 +245,7 @@ impl Cache {
 
     /// Whether `parent/name` still names the inode of the cached positive `node`.
     fn still_same(&self, parent: &NodeRef, name: &[u8], node: &NodeRef) -> bool {
-        let NodeKind::Positive(kind) = node.kind else {
+        let NodeKind::Positive(kind) = node.kind() else {
             return false;
         };
         let ino = node.attr.ino();
@@ -285,7 +285,7 @@ impl Cache {
     fn invalidate_cached_prefix(&self, dirs: &[&[u8]]) -> Vec<Invalidation> {
         let mut cur = self.ns.root.root.clone();
         for c in dirs {
-            if let NodeKind::Negative(_) = cur.kind {
+            if let NodeKind::Negative(_) = cur.kind() {
                 return self.drop_negative_chain(&cur);
             }
             let next = cur.inner.read().child(c).cloned();
@@ -294,7 +294,7 @@ impl Cache {
                 None => return Vec::new(),
             }
         }
-        match cur.kind {
+        match cur.kind() {
             NodeKind::Negative(_) => self.drop_negative_chain(&cur),
             _ => Vec::new(),
         }

@@ -281,7 +281,7 @@ impl Cache {
             if let Some(ch) = &node.inner.read().children {
                 for d in ch.values() {
                     let name = d.link.load().name.to_vec();
-                    match d.kind {
+                    match d.kind() {
                         NodeKind::Positive(t) => {
                             if t == FileType::Directory {
                                 subdirs.push(d.clone());

@@ -124,7 +124,7 @@ impl Cache {
             return r;
         }
         let w = self.slow(&c.0, &st, path, flags)?;
-        match w.node.kind {
+        match w.node.kind() {
             NodeKind::Negative(e) => {
                 if !w.missed {
                     self.stats.negative_hits.inc();
@@ -208,27 +208,22 @@ impl Cache {
         let key = full.as_deref().unwrap_or(rel);
         let sig = sig_of(hb, key);
         let guard = ns.dlht.guard();
-        let e = ns.dlht.get(&sig, &guard)?;
-        if !self.fast_entry_ok(cs, e, sig, lex, rel, full.as_deref()) {
-            return None;
-        }
-        let mut e = e;
-        if let NodeKind::Positive(FileType::Symlink) = e.node.kind {
+        let mut e = ns.dlht.get(sig, &guard)?;
+        let mut mount = self.fast_entry_ok(cs, ns, e, sig, lex, rel, full.as_deref())?;
+        if let NodeKind::Positive(FileType::Symlink) = e.node.kind() {
             if follow || must_dir {
                 let mut hf = *hb;
                 hf.write(key);
                 hf.write(FOLLOW_MARK);
                 let sigf = finish(&hf);
-                let ef = ns.dlht.get(&sigf, &guard)?;
-                if !self.fast_entry_ok(cs, ef, sigf, lex, rel, full.as_deref()) {
-                    return None;
-                }
+                let ef = ns.dlht.get(sigf, &guard)?;
+                mount = self.fast_entry_ok(cs, ns, ef, sigf, lex, rel, full.as_deref())?;
                 e = ef;
             }
         }
         let node = &e.node;
         node.touch();
-        match node.kind {
+        match node.kind() {
             NodeKind::Negative(err) => {
                 self.stats.fastpath_hits.inc();
                 self.stats.negative_hits.inc();
@@ -246,25 +241,32 @@ impl Cache {
                 }
                 self.stats.fastpath_hits.inc();
                 let f = f.take()?;
-                Some(Ok(f(node, e.mount())))
+                Some(Ok(f(node, mount)))
             }
         }
     }
 
+    /// The entry's mount options if it may answer this lookup (valid, the path it keeps if
+    /// any is this one, and this credential's PCC confirms it).
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn fast_entry_ok(
         &self,
         cs: &CredState,
+        ns: &Namespace,
         e: &FastEntry,
         sig: u128,
         lex: &[u8],
         rel: &[u8],
         full: Option<&[u8]>,
-    ) -> bool {
-        if !e.valid() {
-            return false;
-        }
-        if let Some(p) = e.path() {
+    ) -> Option<MountOptions> {
+        let mount = ns.dlht.with_extra(e, |x| {
+            if !e.valid(x) {
+                return None;
+            }
+            let Some(p) = x.and_then(|x| x.path.as_deref()) else {
+                return Some(x.map_or_else(MountOptions::default, |x| x.mount));
+            };
             let same = match full {
                 Some(full) => *p == *full,
                 None if lex.is_empty() => *p == *rel,
@@ -275,15 +277,13 @@ impl Cache {
                         && p.ends_with(rel)
                 }
             };
-            if !same {
-                return false;
-            }
-        }
+            same.then(|| x.map_or_else(MountOptions::default, |x| x.mount))
+        })??;
         if cs.check && !cs.pcc.check(sig, e.stamp) {
             self.stats.pcc_misses.inc();
-            return false;
+            return None;
         }
-        true
+        Some(mount)
     }
 
     /// Normalize `lex/rel` for the fast path: drop empty and `.` components, resolve `..`
@@ -311,8 +311,11 @@ impl Cache {
                         // without symlinks; then it is lexically the parent.
                         let sig = sig_of(&ns.base, &buf);
                         let guard = ns.dlht.guard();
-                        let e = ns.dlht.get(&sig, &guard)?;
-                        if !e.valid() || !e.deps().is_empty() || !e.node.is_dir() {
+                        let e = ns.dlht.get(sig, &guard)?;
+                        let direct = ns
+                            .dlht
+                            .with_extra(e, |x| e.valid(x) && x.is_none_or(|x| x.deps.is_empty()));
+                        if direct != Some(true) || !e.node.is_dir() {
                             return None;
                         }
                         if cs.check {
@@ -443,7 +446,7 @@ impl Cache {
                 } => (comp, last, at, depth),
             };
             // The current node must be a directory we may search.
-            match cur.kind {
+            match cur.kind() {
                 NodeKind::Positive(FileType::Directory) => {}
                 k => {
                     let err = match k {
@@ -483,7 +486,7 @@ impl Cache {
             }
             let child = self.child_batched(&cur, &comp, &stack, &mut missed)?;
             let (cmnt, child) = self.cross(ns, &mnt, child);
-            if child.kind == NodeKind::Positive(FileType::Symlink) && (!last || follow_final) {
+            if child.kind() == NodeKind::Positive(FileType::Symlink) && (!last || follow_final) {
                 links += 1;
                 if links > MAX_SYMLINKS {
                     return Err(Error::Loop);
@@ -513,7 +516,7 @@ impl Cache {
             cur = child;
         }
         if must_dir {
-            match cur.kind {
+            match cur.kind() {
                 NodeKind::Positive(FileType::Directory) | NodeKind::Negative(_) => {}
                 _ => return Err(Error::NotDir),
             }
@@ -546,16 +549,18 @@ impl Cache {
         // Reserve the stamps (validity bounds, see `FastEntry`) of every entry this walk may
         // publish *before* the check below: a window that opens after the check bumps with
         // values above them, so those bumps invalidate what we publish.
-        let want = w.dotdot.len() as u64 + 2;
+        // Two values per entry, the first even (dlht.rs, "Stamp parity"), plus one to align.
+        let want = 2 * (w.dotdot.len() as u64 + 2) + 1;
         let mut next = self.seq.fetch_add(want, Ordering::SeqCst);
         let end = next + want;
+        next += next & 1;
         if self.inval_start.load(Ordering::SeqCst) != s0 {
             return;
         }
         let mut stamp = || {
             let s = next;
-            next += 1;
-            debug_assert!(s < end);
+            next += 2;
+            debug_assert!(s + 1 < end);
             s
         };
         let ns = st.ns;
@@ -587,7 +592,7 @@ impl Cache {
             } else {
                 raw_key(lex, path)
             };
-            if !full.is_empty() && (w.node.kind != NodeKind::Negative(Error::Loop)) {
+            if !full.is_empty() && (w.node.kind() != NodeKind::Negative(Error::Loop)) {
                 let (deps, link) = match w.final_link {
                     Some(i) => (&w.deps[..i], w.deps.get(i)),
                     None => (&w.deps[..], None),
@@ -639,8 +644,7 @@ impl Cache {
         if self.inval_start.load(Ordering::SeqCst) != s0 {
             for (sig, stamp) in published {
                 cs.pcc.remove(sig, stamp);
-                let guard = ns.dlht.guard();
-                let _ = ns.dlht.remove_if(&sig, |_, e| e.stamp == stamp, &guard);
+                ns.dlht.remove(sig, stamp);
             }
         }
     }
@@ -673,35 +677,38 @@ impl Cache {
         }
         let sig = finish(&h);
         let guard = ns.dlht.guard();
-        let reuse = ns.dlht.get(&sig, &guard).and_then(|e| {
+        let reuse = ns.dlht.get(sig, &guard).and_then(|e| {
             // A valid entry for the same dentry and parent describes the state this walk saw
             // (a bump since its publication would have made it invalid).
             let same = e.same_target(seen)
-                && e.deps().len() == deps.len()
-                && e.deps().iter().zip(deps).all(|(a, b)| a.same(b))
-                && e.valid();
+                && ns.dlht.with_extra(e, |x| {
+                    let d: &[Seen] = x.map_or(&[], |x| &x.deps);
+                    d.len() == deps.len()
+                        && d.iter().zip(deps).all(|(a, b)| a.same(b))
+                        && e.valid(x)
+                }) == Some(true);
             same.then_some(e.stamp)
         });
         let stamp = match reuse {
             Some(s) => s,
             None => {
-                let stamp = fresh;
+                let extra = (!deps.is_empty()
+                    || mount != MountOptions::default()
+                    || self.config.verify_path)
+                    .then(|| EntryExtra {
+                        deps: deps.to_vec().into_boxed_slice(),
+                        mount,
+                        path: self.config.verify_path.then(|| full.into()),
+                    });
+                // `fresh` is even; its odd successor (reserved with it) marks an entry with
+                // uncommon parts (dlht.rs, "Stamp parity").
+                let stamp = if extra.is_some() { fresh | 1 } else { fresh };
                 let e = FastEntry {
                     node: seen.node.clone(),
                     up: seen.up.as_ref().map(|(p, _)| p.clone()),
                     stamp,
-                    extra: (!deps.is_empty()
-                        || mount != MountOptions::default()
-                        || self.config.verify_path)
-                        .then(|| {
-                            Box::new(EntryExtra {
-                                deps: deps.to_vec().into_boxed_slice(),
-                                mount,
-                                path: self.config.verify_path.then(|| full.into()),
-                            })
-                        }),
                 };
-                ns.dlht.insert(sig, e, &guard);
+                ns.dlht.insert(sig, e, extra);
                 if self.dlht_inserts.fetch_add(1, Ordering::Relaxed)
                     > self.entries.load(Ordering::Relaxed) + 4096
                 {
@@ -794,7 +801,7 @@ impl Cache {
         name: &[u8],
         was_missed: &mut bool,
     ) -> Result<NodeRef> {
-        match dir.kind {
+        match dir.kind() {
             NodeKind::Positive(FileType::Directory) => {}
             NodeKind::Positive(_) => return Err(Error::NotDir),
             NodeKind::Negative(e) => return Err(e),
@@ -923,7 +930,7 @@ impl Cache {
     }
 
     pub(crate) fn attr_of_counted(&self, node: &NodeRef, missed: &mut bool) -> Result<Attr> {
-        if let NodeKind::Negative(e) = node.kind {
+        if let NodeKind::Negative(e) = node.kind() {
             return Err(e);
         }
         if let Some(a) = node.attr_copy().filter(|_| self.trusts_cache()) {
@@ -963,7 +970,7 @@ impl Cache {
 
     /// The backend path of a dentry.
     pub(crate) fn path_of(&self, node: &Dentry) -> Result<Vec<u8>> {
-        let mut names: Vec<Box<[u8]>> = Vec::new();
+        let mut names: Vec<super::dentry::Name> = Vec::new();
         if node.has(DEAD) {
             return Err(Error::NotFound);
         }
@@ -1032,7 +1039,7 @@ impl Cache {
                 directory: true,
             },
         )?;
-        match w.node.kind {
+        match w.node.kind() {
             NodeKind::Negative(e) => return Err(e),
             NodeKind::Positive(FileType::Directory) => {}
             NodeKind::Positive(_) => return Err(Error::NotDir),
@@ -1087,7 +1094,7 @@ impl Cache {
         if opts.read_only {
             // EEXIST wins over EROFS, as in Linux's filename_create.
             if let Ok(n) = self.child_checked(c, &parent, name) {
-                if matches!(n.kind, NodeKind::Positive(_)) {
+                if matches!(n.kind(), NodeKind::Positive(_)) {
                     return Err(Error::Exists);
                 }
             }
