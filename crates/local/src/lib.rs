@@ -45,7 +45,9 @@
 //!   root, recursive inotify otherwise.
 
 pub mod creds;
+mod fid;
 mod own;
+mod served;
 mod watch;
 mod xattr;
 
@@ -66,6 +68,14 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
 
 use creds::{ActAs, Caps};
 pub use watch::WatchMode;
+
+/// Whether the fanotify change feed reports inode-only events about `(dev, ino)`: whether
+/// this process's local backends ever answered about that non-directory (`served.rs`). For
+/// tests, which must pick inodes the filter does not know.
+#[doc(hidden)]
+pub fn feed_knows_inode(dev: u64, ino: u64) -> bool {
+    served::contains(dev, ino)
+}
 
 /// Default number of directory descriptors kept open.
 pub const DEFAULT_FD_CACHE: usize = 256;
@@ -349,7 +359,10 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 pub(crate) fn attr_from_statx(s: &rustix::fs::Statx) -> Attr {
-    Attr::from_statx(s)
+    let a = Attr::from_statx(s);
+    // The change feed reports changes of it made through names outside the root.
+    served::note(&a);
+    a
 }
 
 fn statx_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Attr> {
