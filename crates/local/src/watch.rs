@@ -1145,6 +1145,43 @@ fn under(p: &[u8], dir: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    /// An overflow (events lost) is reported as such, whatever the filter remembers, and
+    /// empties what it remembers.
+    #[test]
+    fn an_overflow_is_reported_and_forgets_resolutions() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            // Under CI a test that cannot run fails (as `tests/common`'s `cannot_run`).
+            assert!(std::env::var_os("CI").is_none(), "fanotify needs root");
+            eprintln!("*** SKIPPED: fanotify needs root; this test did NOT run ***");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let b = LocalBackend::with_options(d.path(), 16, WatchMode::Fanotify).unwrap();
+        let mut fan = Fan::new(&b).unwrap();
+        fan.handles.insert((1, vec![1, 2, 3]), None);
+        let meta = libc::fanotify_event_metadata {
+            event_len: std::mem::size_of::<libc::fanotify_event_metadata>() as u32,
+            vers: libc::FANOTIFY_METADATA_VERSION,
+            reserved: 0,
+            metadata_len: std::mem::size_of::<libc::fanotify_event_metadata>() as u16,
+            mask: libc::FAN_Q_OVERFLOW,
+            fd: libc::FAN_NOFD,
+            pid: 0,
+        };
+        // SAFETY: the metadata is plain old data; we view its bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&meta as *const libc::fanotify_event_metadata).cast::<u8>(),
+                std::mem::size_of_val(&meta),
+            )
+        };
+        let mut out = Vec::new();
+        assert!(fan.parse(bytes, &mut out), "an overflow is structural");
+        assert_eq!(out, vec![Change::Overflow]);
+        assert!(fan.handles.is_empty());
+    }
+
     #[test]
     fn mountinfo_lines_below_the_root() {
         let text = b"22 1 8:1 / / rw - ext4 /dev/sda1 rw\n\
