@@ -214,8 +214,18 @@ fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache
                 return; // receiver dropped
             }
         }
+        if pfd[0].revents != 0 {
+            // Let events gather before the next read: a busy file system (the fanotify mark
+            // covers all of it: other jobs' builds) would otherwise wake this thread for every
+            // few events, and the wakeups, not the events, would cost most. Bounds what a
+            // change waits behind a burst by this much.
+            std::thread::sleep(COALESCE);
+        }
     }
 }
+
+/// The pause after each read of events (see `run_loop`).
+const COALESCE: std::time::Duration = std::time::Duration::from_millis(1);
 
 // ---------------------------------------------------------------------------------------------
 // fanotify
@@ -260,6 +270,8 @@ struct Fan {
     /// cache's own changes, applied already. Re-reporting them would make the cache drop
     /// entries a front end (a kernel) is still using. `None`: report everything.
     mutators: Option<Arc<parking_lot::Mutex<std::collections::HashSet<i32>>>>,
+    /// The non-directories the backend answered about (`served.rs`).
+    served: Arc<crate::served::Served>,
     /// Passthrough writes a front end registered (`own.rs`): their reports are marked.
     /// `None` with `report_own_changes`.
     own: Option<Arc<crate::own::OwnWrites>>,
@@ -421,6 +433,7 @@ impl Fan {
             marked: std::collections::HashSet::new(),
             mountinfo: std::fs::File::open("/proc/self/mountinfo").ok(),
             handles: HashMap::new(),
+            served: b.served.clone(),
             buf: vec![0u64; 8192],
             mutators: (!b
                 .report_own_changes
@@ -684,7 +697,7 @@ impl Fan {
     /// ever answered about it (`served.rs`).
     fn link_count_changed(&self, fsid: &[u8; 8], key: &[u8], out: &mut Vec<Change>) {
         if let Some((dev, ino)) = self.decode(fsid, key) {
-            if crate::served::contains(dev, ino) {
+            if self.served.contains(dev, ino) {
                 out.push(Change::Inode { dev, ino });
             }
             return;
@@ -746,7 +759,7 @@ impl Fan {
     /// kernel would name the file by whichever of its names it finds first).
     fn outside_file_event(&self, object: Option<&([u8; 8], Vec<u8>)>, out: &mut Vec<Change>) {
         if let Some((dev, ino)) = object.and_then(|(fsid, h)| self.decode(fsid, h)) {
-            if crate::served::contains(dev, ino) {
+            if self.served.contains(dev, ino) {
                 out.push(Change::Inode { dev, ino });
             }
         }

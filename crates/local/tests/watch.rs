@@ -381,9 +381,9 @@ fn inode_changes_outside_the_root_are_not_reported() {
     let (a_ino, x_ino) = (ino(&outside.join("a")), ino(&root.join("x")));
     // Served: a cache may hold it.
     b.lookup(b"", b"x").unwrap();
-    // (An inode number an earlier test served, reused for outside/a, would be reported.)
+    // (An inode number the backend served, reused for outside/a, would be reported.)
     let a_dev = fs::metadata(outside.join("a")).unwrap().dev();
-    assert!(!dircache_local::feed_knows_inode(a_dev, a_ino));
+    assert!(!b.feed_knows_inode(a_dev, a_ino));
     // Outside: the link count of outside/a changes twice (an inode-only event each). Then
     // inside (control), the same on root/x: reported, and after anything about outside/a.
     fs::hard_link(outside.join("a"), outside.join("b")).unwrap();
@@ -407,13 +407,13 @@ fn inode_changes_outside_the_root_are_not_reported() {
     );
 }
 
-/// A fresh file at `p` whose inode the feed's filter does not know (an inode number that an
-/// earlier test served may be reused).
-fn fresh_file(p: &Path) -> u64 {
+/// A fresh file at `p` whose inode `b`'s feed filter does not know (an inode number that `b`
+/// served may be reused).
+fn fresh_file(b: &LocalBackend, p: &Path) -> u64 {
     for i in 0.. {
         fs::write(p, b"x").unwrap();
         let m = fs::metadata(p).unwrap();
-        if !dircache_local::feed_knows_inode(m.dev(), m.ino()) {
+        if !b.feed_knows_inode(m.dev(), m.ino()) {
             return m.ino();
         }
         // Keep the known inode busy under another name so the next file gets another.
@@ -539,7 +539,7 @@ fn outside_directory_changes_keep_the_fd_cache() {
     let b = LocalBackend::with_options(&root, 16, WatchMode::Fanotify).unwrap();
     b.set_report_own_changes(true);
     let rx = b.watch().unwrap().unwrap();
-    let f_ino = fresh_file(&out.join("f"));
+    let f_ino = fresh_file(&b, &out.join("f"));
     b.lookup(b"a/b", b"z").unwrap();
     let cached = b.cached_fds();
     assert!(cached > 0);
