@@ -10,10 +10,20 @@
 //!   names a directory by file system id, file handle and a name; the handle is resolved with
 //!   `open_by_handle_at` through each mount of that file system below the root (so a bind
 //!   mount's view is reported too) and `readlink("/proc/self/fd/N")`, then events outside the
-//!   root are dropped. Events that name no directory (a file's link count changed, through a
-//!   name nobody reported) are reported by inode, `Change::Inode`. Resolutions are
-//!   memoised in a bounded map (positive and negative), emptied whenever a directory is created,
-//!   moved or deleted anywhere, or the mounts change. No descriptor is kept per directory or per
+//!   root are dropped. Resolutions are memoised in a bounded map (positive and negative: a
+//!   directory elsewhere on the file system costs one resolution, not one per event), emptied
+//!   only when a directory is moved out of, into or within the root (an event whose old or new
+//!   parent resolves below the root, or cannot be resolved), on an overflow, or when the mounts
+//!   change: a move between two directories outside the root, or a directory created or
+//!   removed anywhere, changes no memoised answer. Events about a non-directory by inode only
+//!   (its link count changed, through a name nobody reported) or through a name outside the
+//!   root (a chmod, write, `ln` or `rm` of an outside hard link) are reported by inode,
+//!   `Change::Inode`, if the backend ever answered about that inode (`served.rs`); the inode
+//!   number is read from the handle itself where the file system's layout is known (ext4,
+//!   XFS, tmpfs: `fid.rs`), so other jobs' files cost no system call; elsewhere the handle is
+//!   opened as before (and a file found by its outside name is not reported). After each read
+//!   the thread waits 1 ms for events to gather (a write flood elsewhere would otherwise wake
+//!   it for every few events). No descriptor is kept per directory or per
 //!   submount (it would keep the submount from being unmounted). A file system below the root
 //!   that cannot be marked (proc, sysfs: no file handles) is logged; changes made on it
 //!   outside the mount are not reported.
