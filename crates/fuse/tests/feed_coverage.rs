@@ -426,3 +426,137 @@ fn hard_link_changes_through_another_name_show() {
         std::fs::metadata(f.m("a")).unwrap().nlink()
     );
 }
+
+/// How long the feed may take in the tests of the feed's filter (generous: a loaded machine).
+const FEED: Duration = Duration::from_secs(15);
+
+/// The feed ignores events in directories outside SRC (remembering each as outside): a
+/// directory created outside, changed there, then moved into SRC (itself, or a directory above
+/// it) must be followed: its later native changes show through the mount. Moved out again, the
+/// mount forgets it.
+#[test]
+fn directory_moved_in_from_outside_shows_its_changes() {
+    if !can_mount() {
+        return;
+    }
+    let f = Fixture::new(dircache_core::Config::default(), |f| {
+        std::fs::create_dir(f.s("in")).unwrap();
+        let out = f.tmp().join("out");
+        std::fs::create_dir_all(out.join("d")).unwrap();
+        std::fs::create_dir_all(out.join("p/q")).unwrap();
+    });
+    let out = f.tmp().join("out");
+    assert!(names(&f.m("in")).is_empty());
+    // Outside changes: the feed sees them (the same file system) and drops them.
+    std::fs::write(out.join("d/f"), b"1").unwrap();
+    std::fs::write(out.join("p/q/g"), b"1").unwrap();
+    std::fs::create_dir(out.join("p/q/sub")).unwrap();
+    std::fs::rename(out.join("d"), f.s("in/d")).unwrap();
+    std::fs::rename(out.join("p"), f.s("in/p")).unwrap();
+    assert!(
+        wait_for(FEED, || names(&f.m("in")) == ["d", "p"]).is_some(),
+        "moved-in directories not shown: {:?}",
+        names(&f.m("in"))
+    );
+    // Cached through the mount: listings and attributes.
+    assert_eq!(names(&f.m("in/d")), ["f"]);
+    assert_eq!(names(&f.m("in/p/q")), ["g", "sub"]);
+    assert_eq!(std::fs::metadata(f.m("in/d/f")).unwrap().len(), 1);
+    assert_eq!(std::fs::metadata(f.m("in/p/q/g")).unwrap().len(), 1);
+    // Native changes inside them now.
+    std::fs::write(f.s("in/d/f"), b"22").unwrap();
+    std::fs::write(f.s("in/d/new"), b"").unwrap();
+    std::fs::write(f.s("in/p/q/g"), b"333").unwrap();
+    std::fs::remove_dir(f.s("in/p/q/sub")).unwrap();
+    let size = |p: &str| std::fs::metadata(f.m(p)).map(|m| m.len()).ok();
+    assert!(
+        wait_for(FEED, || size("in/d/f") == Some(2)).is_some(),
+        "a write in a directory moved in not seen: size {:?}",
+        size("in/d/f")
+    );
+    assert!(
+        wait_for(FEED, || names(&f.m("in/d")) == ["f", "new"]).is_some(),
+        "a file created in a directory moved in not seen: {:?}",
+        names(&f.m("in/d"))
+    );
+    assert!(
+        wait_for(FEED, || size("in/p/q/g") == Some(3)).is_some(),
+        "a write below a tree moved in not seen: size {:?}",
+        size("in/p/q/g")
+    );
+    assert!(
+        wait_for(FEED, || names(&f.m("in/p/q")) == ["g"]).is_some(),
+        "an rmdir below a tree moved in not seen: {:?}",
+        names(&f.m("in/p/q"))
+    );
+    // Out again.
+    std::fs::rename(f.s("in/p"), out.join("p2")).unwrap();
+    assert!(
+        wait_for(FEED, || names(&f.m("in")) == ["d"]).is_some(),
+        "a tree moved out still shown: {:?}",
+        names(&f.m("in"))
+    );
+}
+
+/// A file of SRC hard-linked outside SRC, changed through its outside name (chmod, write, ln,
+/// rm), shows the change on its SRC name through the mount; so does a singly linked file that
+/// is given an outside name and changed through it.
+#[test]
+fn hard_link_changes_through_an_outside_name_show() {
+    if !can_mount() {
+        return;
+    }
+    let f = Fixture::new(dircache_core::Config::default(), |f| {
+        let out = f.tmp().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(f.s("a"), b"x").unwrap();
+        chmod(&f.s("a"), 0o644);
+        std::fs::hard_link(f.s("a"), out.join("a2")).unwrap();
+        std::fs::write(f.s("s"), b"s").unwrap();
+        chmod(&f.s("s"), 0o644);
+    });
+    let out = f.tmp().join("out");
+    let st = |p: &str| {
+        std::fs::metadata(f.m(p))
+            .map(|m| (m.mode() & 0o777, m.nlink(), m.len()))
+            .unwrap()
+    };
+    assert_eq!(st("a"), (0o644, 2, 1));
+    assert_eq!(st("s"), (0o644, 1, 1));
+    chmod(&out.join("a2"), 0o600);
+    assert!(
+        wait_for(FEED, || st("a").0 == 0o600).is_some(),
+        "`chmod 600 OUT/a2` not seen on MNT/a: {:?}",
+        st("a")
+    );
+    std::fs::write(out.join("a2"), b"written").unwrap();
+    assert!(
+        wait_for(FEED, || st("a").2 == 7).is_some(),
+        "a write through OUT/a2 not seen on MNT/a: {:?}",
+        st("a")
+    );
+    std::fs::hard_link(out.join("a2"), out.join("a3")).unwrap();
+    assert!(
+        wait_for(FEED, || st("a").1 == 3).is_some(),
+        "`ln OUT/a2 OUT/a3` not seen on MNT/a: {:?}",
+        st("a")
+    );
+    std::fs::remove_file(out.join("a3")).unwrap();
+    assert!(
+        wait_for(FEED, || st("a").1 == 2).is_some(),
+        "`rm OUT/a3` not seen on MNT/a: {:?}",
+        st("a")
+    );
+    std::fs::hard_link(f.s("s"), out.join("s2")).unwrap();
+    assert!(
+        wait_for(FEED, || st("s").1 == 2).is_some(),
+        "`ln SRC/s OUT/s2` not seen on MNT/s: {:?}",
+        st("s")
+    );
+    chmod(&out.join("s2"), 0o600);
+    assert!(
+        wait_for(FEED, || st("s").0 == 0o600).is_some(),
+        "`chmod 600 OUT/s2` not seen on MNT/s: {:?}",
+        st("s")
+    );
+}

@@ -45,7 +45,9 @@
 //!   root, recursive inotify otherwise.
 
 pub mod creds;
+mod fid;
 mod own;
+mod served;
 mod watch;
 mod xattr;
 
@@ -210,6 +212,8 @@ pub struct LocalBackend {
     /// Canonical absolute path of the root (for the change feed).
     root_path: PathBuf,
     fds: Arc<FdCache>,
+    /// The non-directories answered about: the change feed's inode filter (`served.rs`).
+    served: Arc<served::Served>,
     /// Whether the process is root, so mutations can switch fs credentials.
     switch_creds: bool,
     watch_mode: WatchMode,
@@ -441,6 +445,7 @@ impl LocalBackend {
             root: fd,
             root_path,
             fds: Arc::new(fds),
+            served: Arc::default(),
             switch_creds,
             watch_mode,
             report_own_changes: std::sync::atomic::AtomicBool::new(false),
@@ -448,6 +453,28 @@ impl LocalBackend {
             own: Arc::default(),
             watchers: Mutex::new(Vec::new()),
         })
+    }
+
+    /// `statx_at`, noted for the change feed (`served.rs`).
+    fn noted_at(&self, dir: BorrowedFd<'_>, name: &[u8]) -> Result<Attr> {
+        let a = statx_at(dir, name)?;
+        self.served.note(&a);
+        Ok(a)
+    }
+
+    /// `statx_fd`, noted for the change feed (`served.rs`).
+    fn noted_fd(&self, fd: BorrowedFd<'_>) -> Result<Attr> {
+        let a = statx_fd(fd)?;
+        self.served.note(&a);
+        Ok(a)
+    }
+
+    /// Whether this backend's fanotify change feed reports inode-only events about
+    /// `(dev, ino)`: whether the backend ever answered about that non-directory
+    /// (`served.rs`). For tests, which must pick inodes the filter does not know.
+    #[doc(hidden)]
+    pub fn feed_knows_inode(&self, dev: u64, ino: u64) -> bool {
+        self.served.contains(dev, ino)
     }
 
     /// The canonical absolute path of the root.
@@ -581,7 +608,7 @@ impl LocalBackend {
     fn attr_of(&self, path: &[u8]) -> Result<Attr> {
         let (dir, name) = split(path)?;
         let d = self.dir(dir)?;
-        statx_at(d.as_fd(), name)
+        self.noted_at(d.as_fd(), name)
     }
 
     fn cpath(name: &[u8]) -> Result<CString> {
@@ -689,7 +716,7 @@ impl LocalBackend {
             let kind = dtype_kind(ent.file_type());
             // d_type is DT_UNKNOWN on some file systems: ask statx then.
             let attr = if plus || kind.is_none() {
-                match statx_at(rd.as_fd(), name) {
+                match self.noted_at(rd.as_fd(), name) {
                     Ok(a) => Some(a),
                     // Removed since the listing was read: leave it out.
                     Err(Error::NotFound) => continue,
@@ -719,7 +746,7 @@ impl Backend for LocalBackend {
     fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
         check_name(name)?;
         let d = self.dir(dir)?;
-        statx_at(d.as_fd(), name)
+        self.noted_at(d.as_fd(), name)
     }
 
     /// One statx per component, each directory opened relative to the previous one (or taken
@@ -739,7 +766,7 @@ impl Backend for LocalBackend {
         };
         let mut path = dir.to_vec();
         for (i, name) in names.iter().enumerate() {
-            let a = match check_name(name).and_then(|_| statx_at(cur.as_fd(), name)) {
+            let a = match check_name(name).and_then(|_| self.noted_at(cur.as_fd(), name)) {
                 Ok(a) => a,
                 Err(e) => {
                     out.error = Some(e);
@@ -790,7 +817,7 @@ impl Backend for LocalBackend {
 
     fn getattr(&self, path: &[u8]) -> Result<Attr> {
         if path.is_empty() {
-            return statx_fd(self.root.as_fd());
+            return self.noted_fd(self.root.as_fd());
         }
         self.attr_of(path)
     }
@@ -829,7 +856,7 @@ impl Backend for LocalBackend {
             }
             Ok(())
         })?;
-        statx_at(d.as_fd(), name)
+        self.noted_at(d.as_fd(), name)
     }
 
     fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
@@ -839,7 +866,7 @@ impl Backend for LocalBackend {
         self.as_cred(cred, || {
             rustix::fs::mkdirat(d.as_fd(), name, Mode::from_raw_mode(mode & 0o7777)).map_err(errno)
         })?;
-        statx_at(d.as_fd(), name)
+        self.noted_at(d.as_fd(), name)
     }
 
     fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
@@ -855,7 +882,7 @@ impl Backend for LocalBackend {
         self.as_cred(cred, || {
             rustix::fs::symlinkat(target, d.as_fd(), name).map_err(errno)
         })?;
-        statx_at(d.as_fd(), name)
+        self.noted_at(d.as_fd(), name)
     }
 
     fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr> {
@@ -869,7 +896,7 @@ impl Backend for LocalBackend {
             Err(e) => {
                 // link(2) looks the old name up completely before the new parent: its error
                 // (search permission on the old parent, a missing old name) comes first.
-                self.as_cred(cred, || statx_at(od.as_fd(), oname))?;
+                self.as_cred(cred, || self.noted_at(od.as_fd(), oname))?;
                 return Err(e);
             }
         };
@@ -877,7 +904,7 @@ impl Backend for LocalBackend {
             rustix::fs::linkat(od.as_fd(), oname, nd.as_fd(), nname, AtFlags::empty())
                 .map_err(errno)
         })?;
-        statx_at(nd.as_fd(), nname)
+        self.noted_at(nd.as_fd(), nname)
     }
 
     fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
@@ -912,7 +939,7 @@ impl Backend for LocalBackend {
             Ok(nd) => nd,
             Err(e) => {
                 // rename(2) walks the old parent (search permission on it included) first.
-                self.as_cred(cred, || statx_at(od.as_fd(), b"."))?;
+                self.as_cred(cred, || self.noted_at(od.as_fd(), b"."))?;
                 return Err(e);
             }
         };
@@ -926,12 +953,12 @@ impl Backend for LocalBackend {
             // The root has no parent here (it may be "/"): use its descriptor itself with
             // AT_EMPTY_PATH.
             self.as_cred(cred, || self.setattr_root(set))?;
-            return statx_fd(self.root.as_fd());
+            return self.noted_fd(self.root.as_fd());
         }
         let (dir, name) = split(path)?;
         let d = self.dir(dir)?;
         self.as_cred(cred, || Self::setattr_at(d.as_fd(), name, set))?;
-        statx_at(d.as_fd(), name)
+        self.noted_at(d.as_fd(), name)
     }
 
     fn statfs(&self, path: &[u8]) -> Result<StatFs> {
@@ -1175,7 +1202,7 @@ impl LocalBackend {
             }
             p
         };
-        if statx_fd(p.as_fd())?.kind() != FileType::Regular {
+        if self.noted_fd(p.as_fd())?.kind() != FileType::Regular {
             return Err(Error::Access);
         }
         let proc =

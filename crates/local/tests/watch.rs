@@ -359,7 +359,8 @@ fn fd_cache_only_while_a_feed_runs() {
 
 /// The fanotify mark covers whole file systems: a change of a file's inode outside the root
 /// (a hard link made or removed elsewhere on the same file system, which fanotify reports by
-/// inode only) is not SRC's business and must not be reported; the same inside the root is.
+/// inode only) is not SRC's business and must not be reported; the same inside the root, on
+/// a file the backend answered about, is.
 #[test]
 fn inode_changes_outside_the_root_are_not_reported() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -378,6 +379,11 @@ fn inode_changes_outside_the_root_are_not_reported() {
     let rx = b.watch().unwrap().unwrap();
     let ino = |p: &Path| fs::metadata(p).map(|m| m.ino()).unwrap();
     let (a_ino, x_ino) = (ino(&outside.join("a")), ino(&root.join("x")));
+    // Served: a cache may hold it.
+    b.lookup(b"", b"x").unwrap();
+    // (An inode number the backend served, reused for outside/a, would be reported.)
+    let a_dev = fs::metadata(outside.join("a")).unwrap().dev();
+    assert!(!b.feed_knows_inode(a_dev, a_ino));
     // Outside: the link count of outside/a changes twice (an inode-only event each). Then
     // inside (control), the same on root/x: reported, and after anything about outside/a.
     fs::hard_link(outside.join("a"), outside.join("b")).unwrap();
@@ -398,5 +404,168 @@ fn inode_changes_outside_the_root_are_not_reported() {
             .iter()
             .any(|c| matches!(c, Change::Inode { ino, .. } if *ino == a_ino)),
         "inode changes outside the root reported: {seen:?}"
+    );
+}
+
+/// A fresh file at `p` whose inode `b`'s feed filter does not know (an inode number that `b`
+/// served may be reused).
+fn fresh_file(b: &LocalBackend, p: &Path) -> u64 {
+    for i in 0.. {
+        fs::write(p, b"x").unwrap();
+        let m = fs::metadata(p).unwrap();
+        if !b.feed_knows_inode(m.dev(), m.ino()) {
+            return m.ino();
+        }
+        // Keep the known inode busy under another name so the next file gets another.
+        fs::rename(p, p.with_extension(format!("old{i}"))).unwrap();
+    }
+    unreachable!()
+}
+
+/// Attack on the feed's filter: events in a directory outside the root are dropped without
+/// resolving their directory every time, so a directory that was outside must be followed once
+/// it (or a directory above it) is moved in: its later changes are reported under its new path.
+#[test]
+fn directory_moved_in_from_outside_is_followed() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !need_root("fanotify") {
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("root");
+    let out = base.path().join("out");
+    fs::create_dir_all(root.join("in")).unwrap();
+    fs::create_dir_all(out.join("d")).unwrap();
+    fs::create_dir_all(out.join("p/q")).unwrap();
+    let b = LocalBackend::with_options(&root, 16, WatchMode::Fanotify).unwrap();
+    b.set_report_own_changes(true);
+    let rx = b.watch().unwrap().unwrap();
+    // Changes in out/d and out/p/q: not reported (and their directories known to be outside).
+    let before = until_marker(&rx, "in/m1", || {
+        fs::write(out.join("d/f"), b"x").unwrap();
+        fs::write(out.join("d/f"), b"xy").unwrap();
+        fs::write(out.join("p/q/g"), b"x").unwrap();
+        fs::create_dir(out.join("p/q/sub")).unwrap();
+        fs::write(root.join("in/m1"), b"").unwrap();
+    });
+    assert!(before.is_empty(), "outside changes reported: {before:?}");
+    // Moved in: the directory itself, and a directory above another.
+    fs::rename(out.join("d"), root.join("in/d")).unwrap();
+    expect(&rx, &entry("in/d"), "directory moved in");
+    fs::rename(out.join("p"), root.join("in/p")).unwrap();
+    expect(&rx, &entry("in/p"), "tree moved in");
+    // Their changes now are SRC's.
+    fs::write(root.join("in/d/f"), b"changed").unwrap();
+    expect(&rx, &attr("in/d/f"), "write in a directory moved in");
+    fs::write(root.join("in/d/new"), b"").unwrap();
+    expect(&rx, &entry("in/d/new"), "create in a directory moved in");
+    fs::write(root.join("in/p/q/g"), b"changed").unwrap();
+    expect(&rx, &attr("in/p/q/g"), "write below a tree moved in");
+    fs::remove_dir(root.join("in/p/q/sub")).unwrap();
+    expect(&rx, &entry("in/p/q/sub"), "rmdir below a tree moved in");
+    // And out again: no longer reported, the rest still is.
+    fs::rename(root.join("in/p"), out.join("p2")).unwrap();
+    expect(&rx, &entry("in/p"), "tree moved out");
+    let before = until_marker(&rx, "in/m2", || {
+        fs::write(out.join("p2/q/g"), b"again").unwrap();
+        fs::write(root.join("in/m2"), b"").unwrap();
+    });
+    assert!(
+        before.iter().all(
+            |c| !matches!(c, Change::Attr { path } | Change::Entry { path }
+            if path.starts_with(b"in/p"))
+        ),
+        "a change below a tree moved out reported under its old path: {before:?}"
+    );
+}
+
+/// Attack on the feed's filter: a file hard-linked inside and outside the root, changed
+/// through its outside name (chmod, write, another link, a removal), is reported by inode; so
+/// is a singly linked file given an outside name, and then changed through it.
+#[test]
+fn hard_linked_file_changed_through_its_outside_name_is_reported() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !need_root("fanotify") {
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("root");
+    let out = base.path().join("out");
+    fs::create_dir(&root).unwrap();
+    fs::create_dir(&out).unwrap();
+    fs::write(root.join("x"), b"x").unwrap();
+    fs::hard_link(root.join("x"), out.join("x2")).unwrap();
+    fs::write(root.join("s"), b"s").unwrap();
+    let b = LocalBackend::with_options(&root, 16, WatchMode::Fanotify).unwrap();
+    b.set_report_own_changes(true);
+    let rx = b.watch().unwrap().unwrap();
+    let x = b.lookup(b"", b"x").unwrap();
+    let s = b.lookup(b"", b"s").unwrap();
+    assert_eq!((x.nlink, s.nlink), (2, 1));
+    let inode = |a: &dircache_core::Attr| Change::Inode {
+        dev: a.dev,
+        ino: a.ino,
+    };
+    fs::set_permissions(out.join("x2"), fs::Permissions::from_mode(0o600)).unwrap();
+    expect(&rx, &inode(&x), "chmod through the outside name");
+    fs::write(out.join("x2"), b"written outside").unwrap();
+    expect(&rx, &inode(&x), "write through the outside name");
+    fs::hard_link(out.join("x2"), out.join("x3")).unwrap();
+    expect(&rx, &inode(&x), "ln of the outside name");
+    fs::remove_file(out.join("x3")).unwrap();
+    expect(&rx, &inode(&x), "rm of an outside name");
+    // One link, served; then an outside name, and a change through it.
+    fs::hard_link(root.join("s"), out.join("s2")).unwrap();
+    expect(&rx, &inode(&s), "ln to a name outside");
+    fs::set_permissions(out.join("s2"), fs::Permissions::from_mode(0o600)).unwrap();
+    expect(&rx, &inode(&s), "chmod through the new outside name");
+}
+
+/// Events in directories outside the root cost nothing of the cache's: the same changes
+/// outside (files and directories made, written, moved and removed) leave the backend's
+/// directory descriptors in place and report nothing.
+#[test]
+fn outside_directory_changes_keep_the_fd_cache() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !need_root("fanotify") {
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("root");
+    let out = base.path().join("out");
+    fs::create_dir_all(root.join("a/b")).unwrap();
+    fs::create_dir(&out).unwrap();
+    fs::write(root.join("a/b/z"), b"").unwrap();
+    let b = LocalBackend::with_options(&root, 16, WatchMode::Fanotify).unwrap();
+    b.set_report_own_changes(true);
+    let rx = b.watch().unwrap().unwrap();
+    let f_ino = fresh_file(&b, &out.join("f"));
+    b.lookup(b"a/b", b"z").unwrap();
+    let cached = b.cached_fds();
+    assert!(cached > 0);
+    let before = until_marker(&rx, "a/m", || {
+        for i in 0..50 {
+            let d = out.join(format!("d{i}"));
+            fs::create_dir(&d).unwrap();
+            fs::write(d.join("f"), b"x").unwrap();
+            fs::rename(&d, out.join(format!("e{i}"))).unwrap();
+            fs::remove_file(out.join(format!("e{i}/f"))).unwrap();
+            fs::remove_dir(out.join(format!("e{i}"))).unwrap();
+        }
+        fs::hard_link(out.join("f"), out.join("g")).unwrap();
+        fs::remove_file(out.join("g")).unwrap();
+        fs::write(root.join("a/m"), b"").unwrap();
+    });
+    assert!(
+        before
+            .iter()
+            .all(|c| !matches!(c, Change::Inode { ino, .. } if *ino == f_ino)
+                && !matches!(c, Change::Entry { .. } | Change::Attr { .. })),
+        "changes outside the root reported: {before:?}"
+    );
+    assert_eq!(
+        b.cached_fds(),
+        cached,
+        "outside directory changes emptied the fd cache"
     );
 }
