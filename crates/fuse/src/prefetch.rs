@@ -366,10 +366,22 @@ fn run(s: &Shared) {
 
 /// Read directory `dir` through the mount to its end ([`Prefetcher::read_through_kernel`]),
 /// opened beneath the mount's root without following symlinks or crossing mounts (a
-/// directory replaced meanwhile is not read), and closed at once: an open directory would
-/// make a plain umount fail with EBUSY for that moment.
+/// directory replaced meanwhile is not read), and closed at once.
+///
+/// Through a detached clone of the mount (`open_tree(OPEN_TREE_CLONE)`, made for this read
+/// and gone with its descriptor): the same file system, so the kernel's dentries and cached
+/// listing are filled all the same, but no reference to the mount the user sees, whose plain
+/// `umount` would fail with EBUSY while a directory of it is open (one in 2 right after the
+/// lookups, `tests/lookahead.rs`). Cloning needs CAP_SYS_ADMIN; without it the directory is
+/// opened on the mount itself (and that EBUSY window stays).
+///
+/// The kernel marks the atime of a directory it read from the file system stale
+/// (`fuse_readdir` → `fuse_invalidate_atime`), which made the program's next `stat` of it a
+/// GETATTR; a statx for the atime on the open directory right after the read asks it now,
+/// from this thread, instead.
 fn kernel_read(s: &Shared, dir: &NodeRef) {
     use rustix::fs::{openat2, Mode, OFlags, ResolveFlags, CWD};
+    use rustix::mount::{open_tree, OpenTreeFlags};
     let Some(mnt) = s.mountpoint.get() else {
         return;
     };
@@ -381,15 +393,30 @@ fn kernel_read(s: &Shared, dir: &NodeRef) {
     let Ok(rel) = s.cache.node_path(dir) else {
         return;
     };
-    let Ok(root) = openat2(
+    let root = match open_tree(
         CWD,
         mnt.as_path(),
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::empty(),
-    ) else {
-        return;
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::PERM) => {
+            let Ok(fd) = openat2(
+                CWD,
+                mnt.as_path(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::empty(),
+            ) else {
+                return;
+            };
+            fd
+        }
+        Err(_) => return,
     };
+    // Unmounted meanwhile: MNT is the directory below it now.
+    if !rustix::fs::fstatfs(&root).is_ok_and(|f| u64::try_from(f.f_type) == Ok(FUSE_SUPER_MAGIC)) {
+        return;
+    }
     let rel = if rel.is_empty() {
         std::path::Path::new(".")
     } else {
@@ -408,10 +435,19 @@ fn kernel_read(s: &Shared, dir: &NodeRef) {
     let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 32 * 1024];
     let mut it = rustix::fs::RawDir::new(&fd, &mut buf);
     while let Some(Ok(_)) = it.next() {}
+    let _ = rustix::fs::statx(
+        &fd,
+        "",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::ATIME,
+    );
     s.counters
         .lookahead_kernel_reads
         .fetch_add(1, Ordering::Relaxed);
 }
+
+/// `f_type` of a FUSE file system (`FUSE_SUPER_MAGIC`).
+const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
 
 /// List `job.name` in `job.parent` into the core cache, unless it is gone, not a directory,
 /// or complete already.
