@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use dircache_fuse::CachePolicy;
 
-/// The default policy with lookahead on (it is off by default: `CachePolicy::lookahead`).
+/// The default policy with lookahead on (the default, stated: `CachePolicy::lookahead`).
 fn on() -> CachePolicy {
     CachePolicy {
         lookahead: true,
