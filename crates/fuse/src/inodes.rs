@@ -29,7 +29,13 @@
 //!   still stand for a removed name (the change feed reports removals after the fact): a new
 //!   name of a known key counts the old names as live only if the backend still shows them
 //!   with that key ([`Inodes::register`] asks `Cache::names_inode`), so a reused number is
-//!   never taken for a hard link of a gone file. Not detected: a file replaced by one of the
+//!   never taken for a hard link of a gone file. A directory has one name: a directory found
+//!   with the key of one the kernel holds under another path is another directory even when
+//!   the backend shows the key at that path now (`node`'s attributes are then older than the
+//!   replacement that gave the number there: a listing made just before the tree was
+//!   replaced, answered later, e.g. by lookahead); given the old nodeid, the kernel fails the
+//!   lookup with ELOOP when the holder is an ancestor (`d_splice_alias`), or moves the old
+//!   dentry to the new place. Not detected: a file replaced by one of the
 //!   same type that gets the same number under the same name before the feed reports the
 //!   removal (the backend shows nothing that tells them apart without an identity such as
 //!   statx's btime); the kernel then keeps its inode, refreshed when the feed reports it.
@@ -88,6 +94,8 @@ fn fmt(a: &Attr) -> u32 {
 
 struct InodeMut {
     lookups: u64,
+    /// The nodeid of the directory the kernel last saw it in (0: not known).
+    parent: u64,
     /// Taken out of the table (by the FORGET of its last reference): a LOOKUP that found it
     /// just before must register anew.
     removed: bool,
@@ -153,6 +161,7 @@ impl Inodes {
                 told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
+                    parent: 0,
                     removed: false,
                     backing: None,
                 }),
@@ -276,6 +285,7 @@ impl Inodes {
                     return false;
                 }
                 m.lookups += 1;
+                m.parent = parent;
                 drop(m);
                 if !root {
                     let name = node.name();
@@ -308,7 +318,11 @@ impl Inodes {
         if let Some(&id) = by_dentry.get(&node.id()) {
             if let Some(i) = at(id) {
                 if (i.held.key() == key && i.fmt == fmt(attr)) || id == self.root() {
-                    i.m.lock().lookups += 1;
+                    {
+                        let mut m = i.m.lock();
+                        m.lookups += 1;
+                        m.parent = parent;
+                    }
                     if id != self.root() {
                         i.held.set_location(parent_held.as_ref(), &name);
                     }
@@ -337,10 +351,16 @@ impl Inodes {
                     // showing the key there now means `attr` is older than that (a listing
                     // made before the tree was replaced, and the number given since to the
                     // directory there): another directory, maybe that one's descendant.
+                    // And only in the directory the kernel saw it in: a kernel dentry of it
+                    // under another parent is moved only if the kernel gets that directory's
+                    // lock at once (else the lookup fails with ESTALE: `__d_unalias`), and
+                    // a directory whose parent is another inode now was replaced with it.
                     let here = cache.node_path(node).ok();
+                    let same_parent = i.m.lock().parent == parent;
                     i.held.retain_names(|n| {
                         Arc::ptr_eq(n, node)
                             || (!n.is_dead()
+                                && same_parent
                                 && here.is_some()
                                 && cache.node_path(n).ok() == here
                                 && cache.names_inode(n, key))
@@ -357,7 +377,11 @@ impl Inodes {
                         }
                     }
                     i.held.add_name(node, false);
-                    i.m.lock().lookups += 1;
+                    {
+                        let mut m = i.m.lock();
+                        m.lookups += 1;
+                        m.parent = parent;
+                    }
                     if id != self.root() {
                         i.held.set_location(parent_held.as_ref(), &name);
                     }
@@ -405,6 +429,7 @@ impl Inodes {
                 told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
+                    parent,
                     removed: false,
                     backing: None,
                 }),
@@ -478,8 +503,12 @@ impl Inodes {
         let parent_held = self.held(parent);
         let _s = self.structure.lock();
         if let Some(i) = self.entry(nodeid) {
-            if i.m.lock().removed {
-                return;
+            {
+                let mut m = i.m.lock();
+                if m.removed {
+                    return;
+                }
+                m.parent = parent;
             }
             i.held.add_name(node, true);
             i.held.set_location(parent_held.as_ref(), &node.name());
