@@ -94,8 +94,6 @@ fn fmt(a: &Attr) -> u32 {
 
 struct InodeMut {
     lookups: u64,
-    /// The nodeid of the directory the kernel last saw it in (0: not known).
-    parent: u64,
     /// Taken out of the table (by the FORGET of its last reference): a LOOKUP that found it
     /// just before must register anew.
     removed: bool,
@@ -161,7 +159,6 @@ impl Inodes {
                 told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
-                    parent: 0,
                     removed: false,
                     backing: None,
                 }),
@@ -285,7 +282,6 @@ impl Inodes {
                     return false;
                 }
                 m.lookups += 1;
-                m.parent = parent;
                 drop(m);
                 if !root {
                     let name = node.name();
@@ -318,11 +314,7 @@ impl Inodes {
         if let Some(&id) = by_dentry.get(&node.id()) {
             if let Some(i) = at(id) {
                 if (i.held.key() == key && i.fmt == fmt(attr)) || id == self.root() {
-                    {
-                        let mut m = i.m.lock();
-                        m.lookups += 1;
-                        m.parent = parent;
-                    }
+                    i.m.lock().lookups += 1;
                     if id != self.root() {
                         i.held.set_location(parent_held.as_ref(), &name);
                     }
@@ -351,16 +343,10 @@ impl Inodes {
                     // showing the key there now means `attr` is older than that (a listing
                     // made before the tree was replaced, and the number given since to the
                     // directory there): another directory, maybe that one's descendant.
-                    // And only in the directory the kernel saw it in: a kernel dentry of it
-                    // under another parent is moved only if the kernel gets that directory's
-                    // lock at once (else the lookup fails with ESTALE: `__d_unalias`), and
-                    // a directory whose parent is another inode now was replaced with it.
                     let here = cache.node_path(node).ok();
-                    let same_parent = i.m.lock().parent == parent;
                     i.held.retain_names(|n| {
                         Arc::ptr_eq(n, node)
                             || (!n.is_dead()
-                                && same_parent
                                 && here.is_some()
                                 && cache.node_path(n).ok() == here
                                 && cache.names_inode(n, key))
@@ -377,11 +363,7 @@ impl Inodes {
                         }
                     }
                     i.held.add_name(node, false);
-                    {
-                        let mut m = i.m.lock();
-                        m.lookups += 1;
-                        m.parent = parent;
-                    }
+                    i.m.lock().lookups += 1;
                     if id != self.root() {
                         i.held.set_location(parent_held.as_ref(), &name);
                     }
@@ -429,7 +411,6 @@ impl Inodes {
                 told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
-                    parent,
                     removed: false,
                     backing: None,
                 }),
@@ -503,12 +484,8 @@ impl Inodes {
         let parent_held = self.held(parent);
         let _s = self.structure.lock();
         if let Some(i) = self.entry(nodeid) {
-            {
-                let mut m = i.m.lock();
-                if m.removed {
-                    return;
-                }
-                m.parent = parent;
+            if i.m.lock().removed {
+                return;
             }
             i.held.add_name(node, true);
             i.held.set_location(parent_held.as_ref(), &node.name());
