@@ -48,7 +48,7 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   readdirplus / noreaddirplus  listings carry attributes [readdirplus]
   lean / nolean              READDIRPLUS without attributes for files until they are looked up [lean]
   lookahead / nolookahead    list a small directory on its second LOOKUP miss
-                             [nolookahead; see docs/benchmarks.md; never on remote]
+                             [lookahead; never on remote mounts]
   cache_dir / nocache_dir    listings cached in the kernel [cache_dir]
   opendir / noopendir        noopendir = no OPENDIR/RELEASEDIR round trips [noopendir]
   keep_cache / nokeep_cache  file data kept across opens [keep_cache]

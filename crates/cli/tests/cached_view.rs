@@ -209,11 +209,10 @@ fn warm_then_find_and_du_send_no_requests() {
     if !can_mount() {
         return;
     }
-    // Without lookahead: its reads of a directory through the mount run on threads of their
-    // own, and one that ends after the warm walk stat'ed that directory leaves the kernel's
-    // atime of it stale (`fuse_readdir` marks it), so the next `stat` is one GETATTR (1-4 per
-    // run here, in 3 of 6 runs; docs/benchmarks.md, "Cold walks": lookahead's costs).
-    let m = Mounted::new("nolookahead", tree);
+    // With lookahead (the default): its reads of a directory through the mount refresh the
+    // kernel's atime of it after reading (`fuse_readdir` marks it stale; the next `stat` was
+    // one GETATTR, 1-4 per run in 3 of 6 runs before).
+    let m = Mounted::new("lookahead", tree);
     let mnt = m.mnt.to_str().unwrap();
     // From before the warm: a drop between the warm and the measured walk leaves the kernel
     // cold as well (its FORGETs arrive later).

@@ -29,7 +29,13 @@
 //!   still stand for a removed name (the change feed reports removals after the fact): a new
 //!   name of a known key counts the old names as live only if the backend still shows them
 //!   with that key ([`Inodes::register`] asks `Cache::names_inode`), so a reused number is
-//!   never taken for a hard link of a gone file. Not detected: a file replaced by one of the
+//!   never taken for a hard link of a gone file. A directory has one name: a directory found
+//!   with the key of one the kernel holds under another path is another directory even when
+//!   the backend shows the key at that path now (`node`'s attributes are then older than the
+//!   replacement that gave the number there: a listing made just before the tree was
+//!   replaced, answered later, e.g. by lookahead); given the old nodeid, the kernel fails the
+//!   lookup with ELOOP when the holder is an ancestor (`d_splice_alias`), or moves the old
+//!   dentry to the new place. Not detected: a file replaced by one of the
 //!   same type that gets the same number under the same name before the feed reports the
 //!   removal (the backend shows nothing that tells them apart without an identity such as
 //!   statx's btime); the kernel then keeps its inode, refreshed when the feed reports it.
@@ -331,6 +337,20 @@ impl Inodes {
                     )
                 } else if i.fmt != fmt(attr) {
                     None
+                } else if i.fmt == libc::S_IFDIR {
+                    // A directory has one name: another dentry of the same path (made anew by
+                    // the core) may still stand for it, a name elsewhere may not. The backend
+                    // showing the key there now means `attr` is older than that (a listing
+                    // made before the tree was replaced, and the number given since to the
+                    // directory there): another directory, maybe that one's descendant.
+                    let here = cache.node_path(node).ok();
+                    i.held.retain_names(|n| {
+                        Arc::ptr_eq(n, node)
+                            || (!n.is_dead()
+                                && here.is_some()
+                                && cache.node_path(n).ok() == here
+                                && cache.names_inode(n, key))
+                    })
                 } else {
                     i.held.retain_names(|n| {
                         Arc::ptr_eq(n, node) || (!n.is_dead() && cache.names_inode(n, key))
@@ -608,6 +628,46 @@ mod tests {
         let f = cache.lookup_child(&c, &d, b"f").unwrap();
         let a = cache.getattr(&f).unwrap();
         (cache, inodes, f, a)
+    }
+
+    /// A directory listed a moment before its tree was replaced in SRC (lookahead's listings
+    /// are answered later): its attributes carry an inode number that ext4 has since given
+    /// to an ancestor the kernel holds (`T` removed and made again with the freed number of
+    /// the old `T/d1/s1`). It is another directory: a nodeid of its own, not the ancestor's
+    /// (the kernel's `d_splice_alias` fails a directory whose alias is an ancestor of the
+    /// new place with ELOOP: `replaced_trees.rs`), and `stat` still shows the number.
+    #[test]
+    fn a_directory_with_an_ancestors_number_is_not_the_ancestor() {
+        let b = Arc::new(MemoryBackend::new());
+        b.populate(&["T/d1/s1/", "U/"]);
+        let cache = Cache::new(b, Config::default()).unwrap();
+        let inodes = Inodes::new(&cache);
+        let c = cache.kernel_checked(Cred::root());
+        let t = cache.lookup_child(&c, &cache.root(), b"T").unwrap();
+        let ta = cache.getattr(&t).unwrap();
+        let d1 = cache.lookup_child(&c, &t, b"d1").unwrap();
+        let s1 = cache.lookup_child(&c, &d1, b"s1").unwrap();
+        let tid = inodes.register(&cache, &t, &ta, ROOT);
+        let d1id = inodes.register(&cache, &d1, &cache.getattr(&d1).unwrap(), tid);
+        // s1 with the attributes it had when listed: T's number now (T still names it).
+        let stale = Attr {
+            ino: ta.ino,
+            dev: ta.dev,
+            ..cache.getattr(&s1).unwrap()
+        };
+        let sid = inodes.register(&cache, &s1, &stale, d1id);
+        assert_ne!(sid, tid, "T/d1/s1 was given its ancestor T's nodeid");
+        assert_eq!(
+            inodes.st_ino(sid),
+            inodes.st_ino(tid),
+            "the number stat shows"
+        );
+        // The same for a directory elsewhere (not an ancestor): a directory has one name.
+        let u = cache.lookup_child(&c, &cache.root(), b"U").unwrap();
+        let uid = inodes.register(&cache, &u, &stale, ROOT);
+        assert_ne!(uid, tid, "U was given T's nodeid");
+        // T itself, looked up again through a new dentry of the same path, keeps its nodeid.
+        assert_eq!(inodes.register(&cache, &t, &ta, ROOT), tid);
     }
 
     /// LOOKUPs and FORGETs of one inode racing on several threads: every reference is

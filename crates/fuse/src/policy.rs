@@ -91,9 +91,10 @@ pub struct CachePolicy {
     /// List a small directory on the second LOOKUP of a name it does not hold (`lookahead.rs`):
     /// the siblings that follow (`git status` lstat-ing every tracked file) are answered from
     /// the listing and the directory becomes complete (misses and its READDIRPLUS are free).
-    /// Off by default (`-o lookahead` turns it on): with it, a tree replaced in SRC while
-    /// walked through the mount (freed inode numbers reused for the new tree) gave ELOOP on
-    /// lstat/opendir in 3 of 22 runs of `replaced_trees.rs` (0 of 24 without), not explained.
+    /// On by default (`-o nolookahead` turns it off). It was off for a while: a tree replaced
+    /// in SRC while walked gave ELOOP in 3 of 22 runs of `replaced_trees.rs`, a directory
+    /// listed before the replacement given the nodeid of an ancestor that had its inode
+    /// number since (fixed in `inodes.rs`: a directory has one name).
     pub lookahead: bool,
     /// Descriptors of open files one uid may make the daemon hold (opens of the same file
     /// with the same access by the same caller share one). 0: half of what the process limit
@@ -126,7 +127,7 @@ impl Default for CachePolicy {
             security_xattrs: false,
             threads: 4,
             prefetch_threads: 2,
-            lookahead: false,
+            lookahead: true,
             max_open_per_user: 0,
             bypass: false,
         }

@@ -148,8 +148,8 @@ impl Prefetcher {
         }
     }
 
-    /// Queue a read of directory `dir` through the mount (getdents on the mount point's
-    /// path of it, by a prefetch thread): the kernel sends READDIRPLUS and instantiates every
+    /// Queue a read of directory `dir` through the mount (getdents on its path below a
+    /// detached clone of the mount, by a thread of its own: [`kernel_read`]): the kernel sends READDIRPLUS and instantiates every
     /// entry from the reply, so the lstat calls that follow find the names in its dcache and
     /// send no LOOKUP; its cached listing also serves the program's own readdir later.
     /// `lookahead.rs` asks for it once `dir` is complete with attributes in the core.
@@ -182,18 +182,24 @@ impl Prefetcher {
         let s = self.shared.clone();
         let spawned = std::thread::Builder::new()
             .name("dircache-kread".into())
-            .spawn(move || loop {
-                let next = {
-                    let mut k = s.kreads.lock();
-                    match k.dirs.pop_back() {
-                        Some(d) if !k.stop => d,
-                        _ => {
-                            k.active -= 1;
-                            return;
+            .spawn(move || {
+                // One clone of the mount for the directories read in a row ([`kernel_read`]);
+                // dropped when none is left (closing a clone ends an RCU grace period: one per
+                // directory slowed the reads so much that git's lstats overtook them).
+                let mut root = None;
+                loop {
+                    let next = {
+                        let mut k = s.kreads.lock();
+                        match k.dirs.pop_back() {
+                            Some(d) if !k.stop => d,
+                            _ => {
+                                k.active -= 1;
+                                return;
+                            }
                         }
-                    }
-                };
-                kernel_read(&s, &next);
+                    };
+                    kernel_read(&s, &next, &mut root);
+                }
             });
         if spawned.is_err() {
             self.shared.kreads.lock().active -= 1;
@@ -366,10 +372,23 @@ fn run(s: &Shared) {
 
 /// Read directory `dir` through the mount to its end ([`Prefetcher::read_through_kernel`]),
 /// opened beneath the mount's root without following symlinks or crossing mounts (a
-/// directory replaced meanwhile is not read), and closed at once: an open directory would
-/// make a plain umount fail with EBUSY for that moment.
-fn kernel_read(s: &Shared, dir: &NodeRef) {
+/// directory replaced meanwhile is not read), and closed at once.
+///
+/// Through a detached clone of the mount (`open_tree(OPEN_TREE_CLONE)`, `root`: made for the
+/// directories a thread reads in a row, gone with its descriptor): the same file system, so
+/// the kernel's dentries and cached listing are filled all the same, but no reference to the
+/// mount the user sees, whose plain `umount` would fail with EBUSY while a directory of it is
+/// open (one in 2 right after the lookups, `tests/lookahead.rs`). After such an umount the
+/// file system ends when the last clone is closed. Cloning needs CAP_SYS_ADMIN; without it
+/// the directory is opened on the mount itself (and that EBUSY window stays).
+///
+/// The kernel marks the atime of a directory it read from the file system stale
+/// (`fuse_readdir` → `fuse_invalidate_atime`), which made the program's next `stat` of it a
+/// GETATTR; a statx for the atime on the open directory right after the read asks it now,
+/// from this thread, instead.
+fn kernel_read(s: &Shared, dir: &NodeRef, root: &mut Option<rustix::fd::OwnedFd>) {
     use rustix::fs::{openat2, Mode, OFlags, ResolveFlags, CWD};
+    use rustix::mount::{open_tree, OpenTreeFlags};
     let Some(mnt) = s.mountpoint.get() else {
         return;
     };
@@ -381,13 +400,43 @@ fn kernel_read(s: &Shared, dir: &NodeRef) {
     let Ok(rel) = s.cache.node_path(dir) else {
         return;
     };
-    let Ok(root) = openat2(
-        CWD,
-        mnt.as_path(),
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::empty(),
-    ) else {
+    // Without CAP_SYS_ADMIN: the mount itself, for this read only.
+    let mut direct = None;
+    if root.is_none() {
+        let fd = match open_tree(
+            CWD,
+            mnt.as_path(),
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        ) {
+            Ok(fd) => Some((fd, true)),
+            Err(rustix::io::Errno::PERM) => openat2(
+                CWD,
+                mnt.as_path(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::empty(),
+            )
+            .ok()
+            .map(|fd| (fd, false)),
+            Err(_) => None,
+        };
+        // Checked once per descriptor (each statfs is a request): unmounted meanwhile, MNT
+        // is the directory below it now.
+        match fd {
+            Some((fd, clone))
+                if rustix::fs::fstatfs(&fd)
+                    .is_ok_and(|f| u64::try_from(f.f_type) == Ok(FUSE_SUPER_MAGIC)) =>
+            {
+                if clone {
+                    *root = Some(fd);
+                } else {
+                    direct = Some(fd);
+                }
+            }
+            _ => return,
+        }
+    }
+    let Some(root_fd) = root.as_ref().or(direct.as_ref()) else {
         return;
     };
     let rel = if rel.is_empty() {
@@ -396,7 +445,7 @@ fn kernel_read(s: &Shared, dir: &NodeRef) {
         std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&rel))
     };
     let Ok(fd) = openat2(
-        &root,
+        root_fd,
         rel,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
@@ -404,14 +453,23 @@ fn kernel_read(s: &Shared, dir: &NodeRef) {
     ) else {
         return;
     };
-    drop(root);
+    drop(direct);
     let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 32 * 1024];
     let mut it = rustix::fs::RawDir::new(&fd, &mut buf);
     while let Some(Ok(_)) = it.next() {}
+    let _ = rustix::fs::statx(
+        &fd,
+        "",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::ATIME,
+    );
     s.counters
         .lookahead_kernel_reads
         .fetch_add(1, Ordering::Relaxed);
 }
+
+/// `f_type` of a FUSE file system (`FUSE_SUPER_MAGIC`).
+const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
 
 /// List `job.name` in `job.parent` into the core cache, unless it is gone, not a directory,
 /// or complete already.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use dircache_fuse::CachePolicy;
 
-/// The default policy with lookahead on (it is off by default: `CachePolicy::lookahead`).
+/// The default policy with lookahead on (the default, stated: `CachePolicy::lookahead`).
 fn on() -> CachePolicy {
     CachePolicy {
         lookahead: true,
@@ -355,4 +355,89 @@ fn nolookahead_looks_up_every_name() {
     }
     assert_eq!(backend_lookups(&t) - b0, 30, "{}", stats(&t));
     assert_eq!(lookahead(&t), 0);
+}
+
+/// A plain `umount` (no MNT_DETACH) right after lookups made lookahead read directories
+/// through the mount: the reads must not make it fail with EBUSY (they go through a
+/// detached clone of the mount, `Prefetcher::read_through_kernel`, which holds the file
+/// system but not the mount the user unmounts). Four large directories, two lstats in each
+/// (four reads through the mount start at once), then umount2(MNT, 0), on 8 fresh mounts (EBUSY in 6 of 12 before).
+#[test]
+fn a_plain_umount_during_reads_through_the_mount_is_not_busy() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let mut busy = 0;
+    let rounds = 8;
+    for _ in 0..rounds {
+        let t = TestMount::filled(on(), |s| {
+            for d in 0..4 {
+                files(&s.join(format!("k{d}")), 900);
+            }
+        });
+        for d in 0..4 {
+            std::fs::symlink_metadata(t.m(&format!("k{d}"))).expect("stat k");
+        }
+        let r0 = kernel_reads(&t);
+        for d in 0..4 {
+            lstat(&t.m(&format!("k{d}/f0")));
+            lstat(&t.m(&format!("k{d}/f1")));
+        }
+        let path = std::ffi::CString::new(t.mnt.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: umount2(2) of a NUL-terminated path.
+        if unsafe { libc::umount2(path.as_ptr(), 0) } != 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.raw_os_error(), Some(libc::EBUSY), "umount: {e}");
+            busy += 1;
+            // The reads did start (else this round proves nothing either way).
+            assert!(
+                wait_for(LIMIT, || kernel_reads(&t) > r0).is_some(),
+                "no read through the mount"
+            );
+        } else {
+            // Unmounted: the session ends once the last read is done (the drop waits).
+            assert!(
+                wait_for(LIMIT, || !dircache_fuse::is_mount_point(&t.mnt)).is_some(),
+                "still mounted after umount"
+            );
+        }
+    }
+    assert_eq!(
+        busy, 0,
+        "umount failed with EBUSY in {busy} of {rounds} rounds"
+    );
+}
+
+/// The kernel marks the atime of a directory it read from the file system stale; lookahead's
+/// read of a directory through the mount must not leave it so (the next `stat` of the
+/// directory by a program was a GETATTR: `cli/tests/cached_view.rs`'s warm walk sent 1-4).
+#[test]
+fn a_directory_read_through_the_mount_needs_no_getattr_after() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(on(), |s| {
+        for i in 0..6 {
+            files(&s.join(format!("k{i}")), 60);
+        }
+    });
+    let getattrs = |t: &TestMount| num(&stats(t), &["kernel_requests", "by_kind", "getattr"]);
+    attempts(|i| {
+        let d = t.m(&format!("k{i}"));
+        std::fs::symlink_metadata(&d).map_err(|e| e.to_string())?;
+        let r0 = kernel_reads(&t);
+        lstat(&d.join("f0"));
+        lstat(&d.join("f1"));
+        if wait_for(LIMIT, || kernel_reads(&t) > r0).is_none() {
+            return Err(format!("k{i}: no read through the mount"));
+        }
+        let g0 = getattrs(&t);
+        let seen = lstat(&d);
+        let n = getattrs(&t) - g0;
+        if n != 0 {
+            return Err(format!("k{i}: stat after the read sent {n} GETATTR"));
+        }
+        assert_eq!(seen, lstat(&t.s(&format!("k{i}"))), "k{i}");
+        Ok(())
+    });
 }
