@@ -226,6 +226,12 @@ impl Conn {
         drop(w);
         if let Err(e) = r {
             self.pending.lock().remove(&id);
+            if e == eio() {
+                // The stream is broken (the server is gone): ended from now on, before the
+                // reader has seen end of file (a store-back failing here is logged while
+                // disconnected: client/container.rs).
+                self.closed.store(true, Ordering::SeqCst);
+            }
             return Err(e);
         }
         self.round_trips.fetch_add(1, Ordering::Relaxed);
@@ -276,8 +282,12 @@ impl Conn {
                 Ok(ServerMsg::Callback(c)) => {
                     let c = Change::from(c);
                     // The prefetch buffer and the containers forget first, before the cache
-                    // hears of it.
-                    if let Some(cc) = &self.containers {
+                    // hears of it. Not on a new connection after a disconnection until its
+                    // Overflow (which invalidates every container) is sent: these are the
+                    // reintegration's own changes, and while it runs the containers valid at
+                    // the loss are still served (client/disconnected.rs).
+                    let muted = self.muted.load(Ordering::SeqCst);
+                    if let Some(cc) = self.containers.as_ref().filter(|_| !muted) {
                         match &c {
                             Change::Attr { path } | Change::Entry { path } => cc.touched(path),
                             Change::Inode { dev, ino } => cc.touched_inode((*dev, *ino)),
@@ -778,11 +788,11 @@ impl Backend for RemoteBackend {
 
     fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
         if let Some(r) = self.prefetch.lock().lookup(dir, name) {
-            return r.map(|a| self.seen(a));
+            return r.map(|a| self.handed_out(&join(dir, name), a));
         }
         if self.wait_for_listing(dir) || self.bulk_after_misses(dir) {
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
-                return r.map(|a| self.seen(a));
+                return r.map(|a| self.handed_out(&join(dir, name), a));
             }
         }
         if let Some(r) = self.offline_lookup(dir, name) {
@@ -818,6 +828,7 @@ impl Backend for RemoteBackend {
                 }
                 match p.lookup(&at, name) {
                     Some(Ok(a)) => {
+                        self.remember(&join(&at, name), &a);
                         known.attrs.push(a);
                         if i + 1 < names.len() && !a.is_dir() {
                             known.error = Some(Error::NotDir);
@@ -850,11 +861,11 @@ impl Backend for RemoteBackend {
                 None => (&b""[..], path),
             };
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
-                return r.map(|a| self.seen(a));
+                return r.map(|a| self.handed_out(path, a));
             }
             if self.wait_for_listing(dir) || self.bulk_after_misses(dir) {
                 if let Some(r) = self.prefetch.lock().lookup(dir, name) {
-                    return r.map(|a| self.seen(a));
+                    return r.map(|a| self.handed_out(path, a));
                 }
             }
         }
@@ -1282,6 +1293,13 @@ impl RemoteBackend {
         self.cfg.containers.as_ref().map(|c| c.stats())
     }
 
+    /// `a` of `path`, from the prefetch buffer, as handed out: as this client sees it, and
+    /// remembered (a directory's) for while disconnected.
+    fn handed_out(&self, path: &[u8], a: Attr) -> Attr {
+        self.remember(path, &a);
+        self.seen(a)
+    }
+
     /// `a` as this client sees it (a container open for writing shows its size and times).
     fn seen(&self, mut a: Attr) -> Attr {
         if let Some(cc) = &self.cfg.containers {
@@ -1309,20 +1327,39 @@ impl RemoteBackend {
     }
 
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
-        if let [name] = names {
-            if let Some(r) = self.offline_lookup(dir, name) {
-                return match r {
-                    Ok(a) => Walked {
-                        attrs: vec![a],
-                        error: None,
-                    },
-                    Err(e) => Walked {
-                        attrs: Vec::new(),
-                        error: Some(e),
-                    },
-                };
+        // Disconnected: as far as what is known locally goes (each name; a walk of several
+        // names below a directory made while cut off must not need the server).
+        let mut known = Walked::default();
+        let mut at = dir.to_vec();
+        for (i, name) in names.iter().enumerate() {
+            match self.offline_lookup(&at, name) {
+                Some(Ok(a)) => {
+                    known.attrs.push(a);
+                    if i + 1 < names.len() && !a.is_dir() {
+                        known.error = Some(Error::NotDir);
+                        return known;
+                    }
+                    at = join(&at, name);
+                }
+                Some(Err(e)) => {
+                    known.error = Some(e);
+                    return known;
+                }
+                None => break,
             }
         }
+        let done = known.attrs.len();
+        if done == names.len() {
+            return known;
+        }
+        let mut rest = self.walk_server(&at, &names[done..]);
+        known.attrs.append(&mut rest.attrs);
+        known.error = rest.error;
+        known
+    }
+
+    /// [`Self::walk_remote`]'s call to the server.
+    fn walk_server(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
         let r = self.conn().and_then(|c| {
             c.call(Request::Walk {
                 dir: dir.to_vec(),

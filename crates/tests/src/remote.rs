@@ -226,6 +226,11 @@ impl Remote {
     /// Mount the remote at `DIR/mnt<name>` with `extra` mount options (comma-separated, may
     /// be empty), its log in `DIR/client<name>.log`; returns once the mount answers.
     pub fn mount(&self, name: &str, extra: &str) -> Client {
+        self.mount_with(name, extra, &[])
+    }
+
+    /// [`Remote::mount`] with `env` added to the daemon's environment.
+    pub fn mount_with(&self, name: &str, extra: &str, env: &[(&str, &str)]) -> Client {
         let mnt = self.dir.path().join(format!("mnt{name}"));
         let log = self.dir.path().join(format!("client{name}.log"));
         let mut opts = format!(
@@ -246,7 +251,8 @@ impl Remote {
             .arg("-o")
             .arg(opts)
             .env("DIRCACHE_LOG", CLIENT_LOG)
-            .env("NO_COLOR", "1");
+            .env("NO_COLOR", "1")
+            .envs(env.iter().copied());
         let daemon = ChildMount::start(cmd, &mnt, &log, MOUNT_WAIT)
             .unwrap_or_else(|e| panic!("dircache mount {}: {e}", mnt.display()));
         Client { mnt, log, daemon }
@@ -259,6 +265,25 @@ impl Remote {
             .trim()
             .parse()
             .expect("a pid")
+    }
+
+    /// Cut `c`'s connection: new connections are refused (the `down` file, as an
+    /// unreachable host), the server is killed by PID, and `c` has seen its connection end.
+    pub fn cut(&self, c: &Client) {
+        const CLOSED: &str = "the server closed the connection";
+        std::fs::write(self.dir.path().join("down"), b"").expect("down");
+        let seen = c.log_text().matches(CLOSED).count();
+        let pid = self.server_pid();
+        // SAFETY: kill(2) of the server this test started (through the stand-in ssh), by PID.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
+        eventually("the client sees its connection end", || {
+            c.log_text().matches(CLOSED).count() > seen
+        });
+    }
+
+    /// Let clients connect again (after [`Remote::cut`]).
+    pub fn restore(&self) {
+        std::fs::remove_file(self.dir.path().join("down")).expect("remove down");
     }
 
     /// What the servers logged so far.

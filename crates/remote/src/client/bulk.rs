@@ -34,6 +34,11 @@ impl RemoteBackend {
     /// listing kept when `with_root`) into the prefetch buffer on a thread of its own. False
     /// when no call was started (prefetching off, no connection, no thread).
     pub(super) fn bulk_start(&self, root: &[u8], budget: u64, with_root: bool) -> bool {
+        // Disconnected: no bulk call, and no wait for the reconnection either (the caller
+        // answers from what is cached: client/disconnected.rs).
+        if self.cfg.disconnected.as_ref().is_some_and(|d| d.offline()) {
+            return false;
+        }
         let Ok(c) = self.conn() else { return false };
         if c.features & features::SUBTREE == 0 {
             return false;

@@ -50,7 +50,7 @@ use std::sync::Arc;
 use dircache_core::{Attr, BackendFile, Cred, Error, Result, SetAttr, TimeSet, Timespec, Whence};
 use parking_lot::Mutex;
 
-use super::{eio, want_attr, want_count, want_unit, Conn, RemoteFile};
+use super::{eio, want_attr, want_count, want_unit, Conn, Disconnected, RemoteFile};
 use crate::proto::{Request, WireCred, MAX_IO};
 
 /// Where containers live and how big they may get.
@@ -1295,13 +1295,60 @@ pub struct ContainerFile {
 }
 
 impl ContainerFile {
+    /// Store the container back if it changed since fetched or stored (see
+    /// [`ContainerFile::store_remote`]); whether it was logged instead. Disconnected (or
+    /// the connection lost during the store), with disconnected operation on, the contents
+    /// go to the client modification log (client/disconnected.rs), reintegrated at the
+    /// reconnection: Coda's store of a session that ends while disconnected.
+    fn store(&self) -> Result<bool> {
+        let Some(rf) = &self.remote else {
+            return Ok(false);
+        };
+        let d = self
+            .conn
+            .disconnected
+            .clone()
+            .filter(|_| rf.link.disconnected().is_some());
+        if let Some(d) = d.as_ref().filter(|d| d.offline()) {
+            return self.store_logged(d, rf).map(|()| true);
+        }
+        match self.store_remote(rf) {
+            Ok(()) => Ok(false),
+            Err(e) => match &d {
+                Some(d) if d.offline() || rf.link.conn.lock().closed.load(Ordering::SeqCst) => {
+                    tracing::warn!(
+                        "storing {:?} back: {e}; the connection is lost: logged instead",
+                        String::from_utf8_lossy(&self.path)
+                    );
+                    self.store_logged(d, rf).map(|()| true)
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// The container's contents into the modification log, if it changed since fetched,
+    /// stored or logged; the server's version it was changed from is the conflict base.
+    fn store_logged(&self, d: &Arc<Disconnected>, rf: &RemoteFile) -> Result<()> {
+        let io = match self.cc.st.lock().by_key.get(&self.key) {
+            Some(e) => e.io.clone(),
+            None => return Ok(()),
+        };
+        let _io = io.lock();
+        let base = {
+            let st = self.cc.st.lock();
+            match st.by_key.get(&self.key) {
+                Some(e) if Containers::is_dirty(e) => e.attr,
+                _ => return Ok(()),
+            }
+        };
+        d.log_session(&rf.link, self, (&self.cred).into(), &rf.state.path(), base)
+    }
+
     /// Store the container back if it changed since fetched or stored: the data, the size,
     /// then the mtime, as the opener; the server's attributes after it become the recorded
     /// ones.
-    fn store(&self) -> Result<()> {
-        let Some(rf) = &self.remote else {
-            return Ok(());
-        };
+    fn store_remote(&self, rf: &RemoteFile) -> Result<()> {
         let io = match self.cc.st.lock().by_key.get(&self.key) {
             Some(e) => e.io.clone(),
             None => return Ok(()),
@@ -1414,6 +1461,19 @@ impl ContainerFile {
         }
     }
 
+    /// [`ContainerFile::logged`] for the state `(size, mtime, ctime)` that was logged: a
+    /// write that came after it was read leaves the container dirty (logged again at the
+    /// next close), not counted as logged.
+    pub(super) fn logged_as(&self, (size, mtime, ctime): (u64, Timespec, Timespec)) {
+        self.with_entry(|e| {
+            if let Some(mut a) = e.attr {
+                (a.size, a.mtime, a.ctime) = (size, mtime, ctime);
+                e.attr = Some(a);
+            }
+            e.local = Some(Local { size, mtime, ctime });
+        });
+    }
+
     fn with_entry<T>(&self, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
         self.cc.st.lock().by_key.get_mut(&self.key).map(f)
     }
@@ -1497,7 +1557,10 @@ impl BackendFile for ContainerFile {
     }
 
     fn sync(&self, datasync: bool) -> Result<()> {
-        self.store()?;
+        if self.store()? {
+            // In the modification log, which is synced.
+            return Ok(());
+        }
         match &self.remote {
             Some(rf) => rf.sync(datasync),
             None => Ok(()),
@@ -1505,7 +1568,7 @@ impl BackendFile for ContainerFile {
     }
 
     fn flush(&self) -> Result<()> {
-        self.store()
+        self.store().map(drop)
     }
 
     fn allocate(&self, _cred: &Cred, mode: i32, offset: u64, len: u64) -> Result<()> {

@@ -72,6 +72,9 @@ pub struct Disconnected {
     /// Conflicts found reintegrating, and records reintegrated.
     pub conflicts: AtomicU64,
     pub reintegrated: AtomicU64,
+    /// Calls that waited for the reconnection while disconnected (client/reopen.rs,
+    /// `Link::wait_for_reconnector`).
+    pub offline_waits: AtomicU64,
 }
 
 /// What the backend remembers for disconnected operation (the core cache forgets attributes
@@ -99,6 +102,12 @@ struct St {
     lost: bool,
     /// The mount is ending: no more reconnecting.
     stopped: bool,
+    /// A reconnection attempt failed since the loss: misses fail at once.
+    unreachable: bool,
+    /// A new connection is being installed after its reintegration (the promises broken,
+    /// the front end applying the `Overflow`): nothing is answered from what was known while
+    /// disconnected any more, and calls that need the server wait for the connection.
+    installing: bool,
     since: Option<Instant>,
 }
 
@@ -136,6 +145,7 @@ impl Disconnected {
             known: Mutex::default(),
             conflicts: AtomicU64::new(0),
             reintegrated: AtomicU64::new(0),
+            offline_waits: AtomicU64::new(0),
             grace,
             st: Mutex::new(St::default()),
             cv: Condvar::new(),
@@ -163,12 +173,48 @@ impl Disconnected {
             );
         }
         st.lost = true;
+        st.unreachable = false;
+        st.installing = false;
         self.cv.notify_all();
     }
 
-    /// Whether the client is disconnected now.
+    /// The log is reintegrated on a new connection that is being installed (see
+    /// `St::installing`): from now on misses wait for it.
+    pub(super) fn installing(&self) {
+        let mut st = self.st.lock();
+        if st.offline {
+            st.installing = true;
+        }
+        self.cv.notify_all();
+    }
+
+    /// Whether a new connection is being installed (calls wait for it).
+    pub(super) fn is_installing(&self) -> bool {
+        let st = self.st.lock();
+        st.offline && st.installing
+    }
+
+    /// A reconnection attempt failed: until the next connection, calls that need the
+    /// server fail at once instead of waiting `grace` for it.
+    fn attempt_failed(&self) {
+        let mut st = self.st.lock();
+        if st.offline {
+            st.unreachable = true;
+        }
+    }
+
+    /// Disconnected, and a reconnection attempt has failed since (the server cannot be
+    /// reached now: a call that needs it fails at once).
+    pub fn unreachable(&self) -> bool {
+        let st = self.st.lock();
+        st.offline && st.unreachable && !st.installing
+    }
+
+    /// Whether the client is disconnected now and serving what it cached (not while a new
+    /// connection is being installed after its reintegration).
     pub fn offline(&self) -> bool {
-        self.st.lock().offline
+        let st = self.st.lock();
+        st.offline && !st.installing
     }
 
     /// The mount ends: the reconnector stops.
@@ -178,7 +224,7 @@ impl Disconnected {
         self.cv.notify_all();
     }
 
-    fn stopped(&self) -> bool {
+    pub(super) fn stopped(&self) -> bool {
         self.st.lock().stopped
     }
 
@@ -204,6 +250,9 @@ impl Disconnected {
             return false;
         }
         if l.pending().is_empty() {
+            // Before the log is seen gone: a new connection being installed is waited for
+            // from now on (`Disconnected::installing`; no-op when connected).
+            self.installing();
             l.remove_files();
             *g = None;
         }
@@ -220,6 +269,7 @@ impl Disconnected {
             ),
             ("conflicts", self.conflicts.load(Ordering::Relaxed)),
             ("reintegrated", self.reintegrated.load(Ordering::Relaxed)),
+            ("offline_waits", self.offline_waits.load(Ordering::Relaxed)),
         ]
     }
 
@@ -236,6 +286,8 @@ impl Disconnected {
             tracing::warn!("reconnected after {:?} disconnected", t.elapsed());
         }
         st.offline = false;
+        st.unreachable = false;
+        st.installing = false;
         self.cv.notify_all();
     }
 
@@ -311,6 +363,7 @@ pub(super) fn spawn_reconnector(d: Arc<Disconnected>, link: Weak<Link>) {
                             break;
                         }
                         Err(e) => {
+                            d.attempt_failed();
                             // Every attempt at first, then one in 30 (every minute).
                             if attempts <= 5 || attempts.is_multiple_of(30) {
                                 tracing::warn!("reconnecting (attempt {attempts}): {e}");
@@ -803,6 +856,56 @@ impl RemoteBackend {
     }
 }
 
+impl Disconnected {
+    /// Log the contents of `cf`, a container opened for writing while connected whose
+    /// store-back cannot reach the server (closed, synced or released while disconnected):
+    /// a `Store` record of `path` as `cred`, changed from the server's version `base`, as
+    /// for a file opened while disconnected; the container counts as clean from now on.
+    /// Reintegrated at the reconnection (at once, when it came meanwhile).
+    pub(super) fn log_session(
+        &self,
+        link: &Link,
+        cf: &ContainerFile,
+        cred: WireCred,
+        path: &[u8],
+        base: Option<Attr>,
+    ) -> Result<()> {
+        let now = state_of(cf).ok_or(Error::Os(libc::EIO))?;
+        let mut g = self.cml.lock();
+        let log = self.log(&mut g)?;
+        let fd = cf.fd().ok_or(Error::Os(libc::EIO))?;
+        let file = std::fs::File::from(fd.try_clone_to_owned()?);
+        log.save_data(&file, now.0).map_err(log_err)?;
+        log.append(
+            cred,
+            Op::Store {
+                path: path.to_vec(),
+                // Used only if the replay has to create it (a conflict copy): the
+                // server's permission bits of the version it was changed from.
+                mode: base.map_or(0o600, |a| a.mode & 0o7777),
+                umask: 0,
+                size: now.0,
+                mtime: now.1,
+                base,
+            },
+        )
+        .map_err(log_err)?;
+        cf.logged_as(now);
+        // Later writable opens while disconnected change the same server version.
+        self.known.lock().bases.entry(path.to_vec()).or_insert(base);
+        tracing::warn!(
+            "{:?} closed while disconnected: its contents are logged for reintegration",
+            String::from_utf8_lossy(path)
+        );
+        if !self.offline() {
+            // The reconnection came meanwhile: reintegrated at once, in order.
+            let conn = link.conn.lock().clone();
+            self.reintegrate_all(&mut g, &conn);
+        }
+        Ok(())
+    }
+}
+
 /// A container's size, mtime and ctime now.
 fn state_of(cf: &ContainerFile) -> Option<(u64, Timespec, Timespec)> {
     let s = rustix::fs::fstat(cf.fd()?).ok()?;
@@ -859,7 +962,7 @@ impl OfflineFile {
             },
         )
         .map_err(log_err)?;
-        self.inner.logged();
+        self.inner.logged_as(now);
         *last = Some(now);
         // Closed after the reconnection: reintegrated at once, in order.
         if !self.d.offline() {

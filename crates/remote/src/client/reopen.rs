@@ -115,17 +115,29 @@ impl Link {
             .filter(|_| self.connector.is_some() && !self.cfg.reconnect_timeout.is_zero())
     }
 
-    /// Disconnected: wait for the reconnector at most `d.grace`, then ETIMEDOUT.
+    /// Disconnected: wait for the reconnector at most `d.grace`, then ETIMEDOUT; at once
+    /// when the server is known unreachable (an attempt since the loss failed).
     fn wait_for_reconnector(&self, d: &Arc<Disconnected>) -> Result<Arc<Conn>> {
         let end = Instant::now() + d.grace.min(self.cfg.reconnect_timeout);
+        let mut counted = false;
         loop {
             let c = self.conn.lock().clone();
             if !c.closed.load(Ordering::SeqCst) {
                 return Ok(c);
             }
             let now = Instant::now();
-            if now >= end {
+            if d.is_installing() && !d.stopped() {
+                // Reintegrated: the connection is published once the front end has applied
+                // the reconnection's Overflow (`install`, bounded).
+                d.wait(Duration::from_millis(20));
+                continue;
+            }
+            if now >= end || d.unreachable() {
                 return Err(Error::Os(libc::ETIMEDOUT));
+            }
+            if !counted {
+                counted = true;
+                d.offline_waits.fetch_add(1, Ordering::Relaxed);
             }
             // Polled too: the loss may not be registered yet.
             d.wait((end - now).min(Duration::from_millis(50)));
@@ -165,6 +177,10 @@ impl Link {
             if !d.reintegrate_all(g, &new) {
                 return;
             }
+            // From now on nothing is answered from what was known while disconnected (it
+            // would come back into the cache after the Overflow below, made-up inode
+            // numbers and all): calls wait for the connection, published below.
+            d.installing();
         }
         if let Some(cc) = &self.cfg.containers {
             cc.invalidate_all();
@@ -346,6 +362,11 @@ impl OpenState {
                 broken: false,
             }),
         }
+    }
+
+    /// Its path on the server now (followed through this client's renames).
+    pub(super) fn path(&self) -> Vec<u8> {
+        self.at.lock().path.clone()
     }
 
     /// The live connection and handle, reopening the file on a new connection (through
