@@ -239,6 +239,22 @@ impl Conn {
         Ok((id, rx))
     }
 
+    /// Tell the server a caller waits for `dir` (relative to the call's root) of `Subtree`
+    /// call `call` ([`ClientMsg::Hurry`]; no reply). Whether it was sent.
+    fn hurry(&self, call: u64, dir: &[u8]) -> bool {
+        if self.features & features::HURRY == 0 || self.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        let Ok(msg) = encode(&ClientMsg::Hurry {
+            call,
+            dir: dir.to_vec(),
+        }) else {
+            return false;
+        };
+        let mut w = self.writer.lock();
+        write_frame(&mut *w, &msg, MAX_CLIENT_FRAME).is_ok() && w.flush().is_ok()
+    }
+
     fn call_as(&self, cred: &WireCred, req: Request) -> Result<Reply> {
         let mutates = req.mutates();
         let rx = self.start(cred, req)?;
@@ -391,10 +407,16 @@ impl Drop for Conn {
 
 impl Drop for RemoteBackend {
     fn drop(&mut self) {
+        let w = self.bulk_waits();
         tracing::info!(
-            "remote: {} round trips, {} answers from prefetched listings",
+            "remote: {} round trips, {} answers from prefetched listings; {} waits for bulk \
+             calls ({} ms in all, {} ms the longest, {} hurried)",
             self.round_trips(),
-            self.prefetch_hits()
+            self.prefetch_hits(),
+            w.waits,
+            w.wait_us / 1000,
+            w.max_wait_us / 1000,
+            w.hurries
         );
         if let Some(d) = &self.cfg.disconnected {
             d.stop();
@@ -1168,6 +1190,15 @@ impl Backend for RemoteBackend {
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut v = vec![("round_trips", self.round_trips())];
+        let w = self.bulk_waits();
+        v.extend([
+            ("bulk_waits", w.waits),
+            ("bulk_wait_ms", w.wait_us / 1000),
+            ("bulk_max_wait_ms", w.max_wait_us / 1000),
+            ("bulk_hurries", w.hurries),
+            ("bulk_listings", w.stored),
+            ("bulk_early_answers", w.early),
+        ]);
         if let Some(d) = &self.cfg.disconnected {
             // 1 while disconnected (serving what is cached), else 0.
             v.push(("offline", u64::from(d.offline())));

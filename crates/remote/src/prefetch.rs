@@ -49,8 +49,10 @@ pub struct Prefetch {
     /// a listing below one of them waits for it instead of asking the server itself
     /// (crate::client::bulk). Any callback or mutation ends them all (their later frames are
     /// not stored: the generation moved).
-    inflight: Vec<(u64, Vec<u8>)>,
+    inflight: Vec<InFlight>,
     next_token: u64,
+    /// How callers waited for listings of calls in flight (statistics, tests).
+    pub waits: WaitStats,
     /// Paths known to have no extended attributes (from bulk replies; at most `max`), under
     /// the same invariant as the listings.
     bare: BTreeSet<Vec<u8>>,
@@ -65,6 +67,44 @@ pub struct Prefetch {
     /// the cache, and a bulk call would fetch all of it again.
     listed: BTreeSet<Vec<u8>>,
 }
+
+/// A streamed bulk call in flight.
+#[derive(Debug)]
+struct InFlight {
+    token: u64,
+    root: Vec<u8>,
+    /// The call's id once sent (for [`ClientMsg::Hurry`](crate::proto::ClientMsg::Hurry)).
+    call: Option<u64>,
+    /// Directories (relative to `root`) already hurried (at most [`MAX_HURRIED`]).
+    hurried: BTreeSet<Vec<u8>>,
+    /// Directories (backend paths) whose listings the call brought already: not coming again
+    /// (a caller that finds one gone, handed to another caller meanwhile, does not wait for
+    /// the rest of the call).
+    delivered: BTreeSet<Vec<u8>>,
+}
+
+/// Most directories hurried per bulk call.
+pub const MAX_HURRIED: usize = 4096;
+
+/// How callers waited for listings that bulk calls in flight were bringing.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WaitStats {
+    /// Waits (a caller found its listing coming, not there yet).
+    pub waits: u64,
+    /// Their total, in microseconds.
+    pub wait_us: u64,
+    /// The longest, in microseconds.
+    pub max_wait_us: u64,
+    /// Hurries sent (a wait past [`HURRY_AFTER_MS`]).
+    pub hurries: u64,
+    /// Listings stored from bulk replies.
+    pub stored: u64,
+    /// Listings handed over or looked up while a bulk call was still in flight.
+    pub early: u64,
+}
+
+/// A caller waiting this long for a listing a bulk call in flight brings hurries it.
+pub const HURRY_AFTER_MS: u64 = 2;
 
 /// Most directories remembered as listed.
 pub const MAX_LISTED_DIRS: usize = 1 << 16;
@@ -114,6 +154,7 @@ impl Prefetch {
             cut: Vec::new(),
             inflight: Vec::new(),
             next_token: 1,
+            waits: WaitStats::default(),
             bare: BTreeSet::new(),
             missed: BTreeSet::new(),
             listed: BTreeSet::new(),
@@ -222,8 +263,12 @@ impl Prefetch {
         dirs: Vec<SubtreeDir>,
         with_root: bool,
     ) -> bool {
-        if gen != self.gen || !self.enabled() || !self.inflight.iter().any(|(t, _)| *t == token) {
+        if gen != self.gen || !self.enabled() || !self.inflight.iter().any(|c| c.token == token) {
             return false;
+        }
+        self.waits.stored += dirs.len() as u64;
+        if let Some(c) = self.inflight.iter_mut().find(|c| c.token == token) {
+            c.delivered.extend(dirs.iter().map(|d| join(root, &d.dir)));
         }
         self.put(root, dirs, with_root);
         true
@@ -324,13 +369,49 @@ impl Prefetch {
     pub fn begin(&mut self, root: &[u8]) -> u64 {
         let t = self.next_token;
         self.next_token += 1;
-        self.inflight.push((t, root.to_vec()));
+        self.inflight.push(InFlight {
+            token: t,
+            root: root.to_vec(),
+            call: None,
+            hurried: BTreeSet::new(),
+            delivered: BTreeSet::new(),
+        });
         t
+    }
+
+    /// Streamed bulk call `token` was sent as call `call`.
+    pub fn sent(&mut self, token: u64, call: u64) {
+        if let Some(c) = self.inflight.iter_mut().find(|c| c.token == token) {
+            c.call = Some(call);
+        }
+    }
+
+    /// The calls in flight that may bring `dir` and were not hurried for it yet, each with
+    /// `dir` relative to its root (now counted as hurried).
+    pub fn to_hurry(&mut self, dir: &[u8]) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        for c in &mut self.inflight {
+            let Some(call) = c.call else { continue };
+            if !is_below(dir, &c.root) || c.hurried.len() >= MAX_HURRIED {
+                continue;
+            }
+            let rel = if c.root.is_empty() {
+                dir.to_vec()
+            } else if dir.len() == c.root.len() {
+                Vec::new()
+            } else {
+                dir[c.root.len() + 1..].to_vec()
+            };
+            if c.hurried.insert(rel.clone()) {
+                out.push((call, rel));
+            }
+        }
+        out
     }
 
     /// Streamed bulk call `token` is over.
     pub fn end(&mut self, token: u64) {
-        self.inflight.retain(|(t, _)| *t != token);
+        self.inflight.retain(|c| c.token != token);
     }
 
     /// Whether a streamed bulk call is in flight.
@@ -338,15 +419,23 @@ impl Prefetch {
         !self.inflight.is_empty()
     }
 
-    /// Whether a streamed bulk call in flight may still bring `dir`'s listing.
+    /// Whether a streamed bulk call in flight may still bring `dir`'s listing (it is not
+    /// held, and no call that may bring it brought it already).
     pub fn coming(&self, dir: &[u8]) -> bool {
-        !self.listings.contains_key(dir) && self.inflight.iter().any(|(_, r)| is_below(dir, r))
+        !self.listings.contains_key(dir)
+            && self
+                .inflight
+                .iter()
+                .any(|c| is_below(dir, &c.root) && !c.delivered.contains(dir))
     }
 
     /// The listing of `dir`, handed over (once).
     pub fn take(&mut self, dir: &[u8]) -> Option<Vec<DirEntry>> {
         let l = self.remove(dir)?;
         self.hits += 1;
+        if self.in_flight() {
+            self.waits.early += 1;
+        }
         Some(l)
     }
 
@@ -486,6 +575,9 @@ mod tests {
         assert!(p.store_part(g, t, b"r", vec![sd("a", &["b"])], false));
         assert!(!p.coming(b"r/a"), "held now");
         assert!(p.lookup(b"r/a", b"b").is_some());
+        // Handed over: not coming again (a second caller does not wait for the whole call).
+        assert!(p.take(b"r/a").is_some());
+        assert!(!p.coming(b"r/a") && !p.holds(b"r/a") && p.coming(b"r/b"));
         // A callback ends every call in flight: later parts are not kept, nobody waits.
         p.touched(b"r/x/y");
         assert!(!p.coming(b"r/z"));

@@ -30,8 +30,11 @@ pub mod features {
     pub const XATTRS: u64 = 1 << 2;
     /// [`Request::Search`] (delegated search) and [`Request::Cancel`].
     pub const SEARCH: u64 = 1 << 3;
+    /// [`ClientMsg::Hurry`](super::ClientMsg::Hurry): a client waiting for one directory of
+    /// a `Subtree` call in flight moves it ahead of the call's queue.
+    pub const HURRY: u64 = 1 << 4;
     /// Everything this build knows.
-    pub const ALL: u64 = CALLBACKS | SUBTREE | XATTRS | SEARCH;
+    pub const ALL: u64 = CALLBACKS | SUBTREE | XATTRS | SEARCH | HURRY;
 }
 
 /// Largest frame a client sends (a write's data chunk plus its header fits).
@@ -108,6 +111,16 @@ pub enum ClientMsg {
         id: u64,
         cred: WireCred,
         req: Request,
+    },
+    /// (With [`features::HURRY`].) A caller waits for directory `dir` (relative to the call's
+    /// `path`) of `Subtree` call `call`, still in flight: the server reads it (or the nearest
+    /// ancestor it has not read yet, then the path down to it) before the rest of the call's
+    /// queue, and what lies below it depth first. No reply; nothing if the call is over or
+    /// `dir` was sent already.
+    Hurry {
+        call: u64,
+        #[serde(with = "serde_bytes")]
+        dir: Vec<u8>,
     },
 }
 

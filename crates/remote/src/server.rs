@@ -84,6 +84,8 @@ struct Shared {
     handles: Mutex<HashMap<u64, Arc<dyn BackendFile>>>,
     next_handle: AtomicU64,
     searches: Arc<search::Running>,
+    /// `Subtree` calls in flight, for [`ClientMsg::Hurry`].
+    walks: subtree::Walks,
 }
 
 struct Job {
@@ -140,6 +142,7 @@ where
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             searches: Arc::default(),
+            walks: subtree::Walks::default(),
         });
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut threads = Vec::new();
@@ -175,7 +178,7 @@ where
             );
         }
         let mut calls = 0u64;
-        let read = read_loop(&mut input, &job_tx, &mut calls);
+        let read = read_loop(&mut input, &job_tx, &shared.walks, &mut calls);
         tracing::info!("connection ends after {calls} calls");
         if let Err(e) = &read {
             tracing::error!("closing the connection: {e}");
@@ -219,6 +222,7 @@ fn handshake<R: Read>(input: &mut R, out: &Sender<Vec<u8>>, ours: u64) -> Result
 fn read_loop<R: Read>(
     input: &mut R,
     jobs: &Sender<Job>,
+    walks: &subtree::Walks,
     calls: &mut u64,
 ) -> Result<(), ProtoError> {
     loop {
@@ -233,6 +237,8 @@ fn read_loop<R: Read>(
                     return Err(ProtoError::Closed);
                 }
             }
+            // Here, not queued: it must overtake the call's walk, and a full queue.
+            ClientMsg::Hurry { call, dir } => walks.hurry(call, &dir),
         }
     }
 }

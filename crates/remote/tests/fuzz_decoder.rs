@@ -54,6 +54,16 @@ fn valid_client_frames() -> Vec<Vec<u8>> {
             .unwrap(),
         );
     }
+    // Hurries (no reply) for a call in flight and for one that never was.
+    for call in [1, 999] {
+        out.push(
+            encode(&ClientMsg::Hurry {
+                call,
+                dir: b"a/b".to_vec(),
+            })
+            .unwrap(),
+        );
+    }
     out
 }
 

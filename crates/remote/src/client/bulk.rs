@@ -3,7 +3,13 @@
 //! a walker is served while the rest of the subtree is still on the wire (or still being read
 //! on the server). Whoever wants a listing that a call in flight may still bring waits for it
 //! ([`RemoteBackend::wait_for_listing`]) instead of asking the server itself: a cold walk pays
-//! no round trip per directory, and no second bulk call races the first.
+//! no round trip per directory, and no second bulk call races the first. A listing the call
+//! brought already is not waited for again (another caller took it meanwhile: before, the
+//! second caller waited for the whole rest of the call). A caller still waiting after
+//! [`HURRY_AFTER_MS`] sends `ClientMsg::Hurry`, so that the server reads that directory next
+//! (and what is below it depth first) rather than when its breadth-first pass gets there.
+//! Waits are counted ([`WaitStats`], `dircache stats`: `bulk_waits`, `bulk_wait_ms`, ...)
+//! and logged at debug level, each with its directory and how many listings had come.
 //!
 //! Coherence is the prefetch buffer's invariant, part by part: each part is stored only while
 //! its call is still in flight and the buffer's generation has not moved since the call was
@@ -22,8 +28,8 @@ use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex};
 
 use super::{Frame, RemoteBackend};
-use crate::prefetch::{parent, Prefetch};
-use crate::proto::{features, Reply, Request, SubtreeDir};
+use crate::prefetch::{parent, Prefetch, WaitStats, HURRY_AFTER_MS};
+use crate::proto::{features, Reply, Request, SubtreeDir, ENTRIES_PER_FRAME};
 
 /// Longest a caller waits for a listing a bulk call in flight may bring; then it asks the
 /// server itself.
@@ -61,14 +67,17 @@ impl RemoteBackend {
             p.lock().end(token);
             cv.notify_all();
         };
-        let rx = match c.start(
+        let rx = match c.start_id(
             &c.own.clone(),
             Request::Subtree {
                 path: root.to_vec(),
                 budget,
             },
         ) {
-            Ok(rx) => rx,
+            Ok((id, rx)) => {
+                self.prefetch.lock().sent(token, id);
+                rx
+            }
             Err(_) => {
                 end(&self.prefetch, &self.arrived);
                 return false;
@@ -83,6 +92,7 @@ impl RemoteBackend {
             gen,
             token,
             containers,
+            whole_frames: c.features & features::HURRY != 0,
         };
         let spawned = std::thread::Builder::new()
             .name("dircache-remote-bulk".into())
@@ -95,15 +105,66 @@ impl RemoteBackend {
     }
 
     /// Wait while a streamed bulk call in flight may still bring `dir`'s listing (at most
-    /// [`MAX_WAIT`]); whether the listing is held now.
+    /// [`MAX_WAIT`]); whether the listing is held now. A wait longer than
+    /// [`HURRY_AFTER_MS`] tells the server (`ClientMsg::Hurry`, once per directory and call):
+    /// it reads `dir` next, and what is below it depth first, instead of when its breadth
+    /// first pass would reach it (a depth-first `find` would otherwise wait for most of the
+    /// pass before its first deep directory comes).
     pub(super) fn wait_for_listing(&self, dir: &[u8]) -> bool {
         let mut p = self.prefetch.lock();
-        let deadline = Instant::now() + MAX_WAIT;
-        while p.coming(dir) && Instant::now() < deadline {
-            // Parts are announced; a callback ending the calls is not (it is rare): poll too.
-            self.arrived.wait_for(&mut p, Duration::from_millis(20));
+        if !p.coming(dir) {
+            let held = p.holds(dir);
+            if held && p.in_flight() {
+                p.waits.early += 1;
+            }
+            return held;
         }
-        p.holds(dir)
+        let t0 = Instant::now();
+        let deadline = t0 + MAX_WAIT;
+        let hurry_at = t0 + Duration::from_millis(HURRY_AFTER_MS);
+        let mut hurried = false;
+        while p.coming(dir) && Instant::now() < deadline {
+            if !hurried && Instant::now() >= hurry_at {
+                hurried = true;
+                let calls = p.to_hurry(dir);
+                if !calls.is_empty() {
+                    drop(p);
+                    let c = self.conn.lock().clone();
+                    let sent = calls.iter().filter(|(id, rel)| c.hurry(*id, rel)).count();
+                    p = self.prefetch.lock();
+                    p.waits.hurries += sent as u64;
+                    continue;
+                }
+            }
+            // Parts are announced; a callback ending the calls is not (it is rare): poll too.
+            let until = if hurried { 20 } else { HURRY_AFTER_MS };
+            self.arrived.wait_for(&mut p, Duration::from_millis(until));
+        }
+        let waited = t0.elapsed();
+        let us = waited.as_micros() as u64;
+        let held = p.holds(dir);
+        let w = &mut p.waits;
+        w.waits += 1;
+        w.wait_us += us;
+        w.max_wait_us = w.max_wait_us.max(us);
+        if held {
+            w.early += 1;
+        }
+        let stored = w.stored;
+        drop(p);
+        tracing::debug!(
+            "waited {:.1} ms for {:?} from a bulk call{} ({} listings stored so far)",
+            waited.as_secs_f64() * 1e3,
+            String::from_utf8_lossy(dir),
+            if hurried { ", hurried" } else { "" },
+            stored
+        );
+        held
+    }
+
+    /// How callers waited for bulk calls in flight so far (statistics, tests).
+    pub fn bulk_waits(&self) -> WaitStats {
+        self.prefetch.lock().waits
     }
 
     /// Whether a streamed bulk call is in flight (for tests and statistics).
@@ -174,6 +235,10 @@ struct Call {
     gen: u64,
     token: u64,
     containers: Option<(Arc<super::Containers>, u64)>,
+    /// The server splits a directory over frames only where a piece is full
+    /// ([`ENTRIES_PER_FRAME`]): a frame's last listing is whole unless its piece is (with
+    /// `HURRY`, docs/protocol.md). Else it is held until the next frame shows.
+    whole_frames: bool,
 }
 
 impl Call {
@@ -184,7 +249,10 @@ impl Call {
         let (mut listings, mut entries, mut kept_all) = (0usize, 0usize, true);
         while let Ok(Ok((last, Ok(Reply::Subtree { dirs, complete })))) = rx.recv() {
             let mut whole = Vec::with_capacity(dirs.len());
+            // Entries of the frame's last piece.
+            let mut piece = ENTRIES_PER_FRAME;
             for sd in dirs {
+                piece = sd.entries.len();
                 match &mut held {
                     Some(h) if h.dir == sd.dir => {
                         h.entries.extend(sd.entries);
@@ -193,7 +261,8 @@ impl Call {
                     _ => whole.extend(held.replace(sd)),
                 }
             }
-            if last {
+            let done = self.whole_frames && piece < ENTRIES_PER_FRAME;
+            if last || done {
                 whole.extend(held.take());
             }
             listings += whole.len();

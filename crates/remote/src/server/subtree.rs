@@ -17,15 +17,16 @@
 //! frames hold at most [`ENTRIES_PER_FRAME`] entries and about 1 MiB. Memory: the listings
 //! read but not yet packed are at most [`READ_AHEAD`] directories.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
 
 use crossbeam_channel::{bounded, TryRecvError};
 use dircache_core::{DirEntry, FileType};
 use parking_lot::{Condvar, Mutex};
 
 use super::{send, Shared};
-use crate::prefetch::join;
+use crate::prefetch::{is_below, join};
 use crate::proto::{Reply, ServerMsg, SubtreeDir, ENTRIES_PER_FRAME};
 
 /// Threads reading directories for one `Subtree` call.
@@ -37,20 +38,180 @@ pub const READ_AHEAD: usize = 64;
 /// Frames stay below this many bytes of names, paths and attributes (estimated).
 const FRAME_BYTES: usize = 1 << 20;
 
-struct Walk {
+/// Most hurried directories a walk remembers before their ancestors are read.
+pub const MAX_WANTED: usize = 64;
+
+/// One `Subtree` call's walk: the queue its walkers take directories from.
+#[derive(Default)]
+pub(super) struct Walk {
     queue: VecDeque<Vec<u8>>,
-    /// Walkers reading a directory now.
-    busy: usize,
+    /// Directories a client hurried (`true`: and everything found below them; `false`: on
+    /// the way down to a hurried one): taken before `queue`, last in first out, so a hurried
+    /// subtree is read depth first, in its listings' order (the order a `find` or `du` on the
+    /// client walks it).
+    urgent: Vec<(Vec<u8>, bool)>,
+    /// Hurried directories not queued yet (an ancestor is queued or being read): the path
+    /// down to each jumps the queue as it is found.
+    wanted: Vec<Vec<u8>>,
+    /// Directories being read now.
+    reading: Vec<Vec<u8>>,
     /// Entries still allowed below the root.
     left: u64,
     /// A directory did not fit: the walk stops, incomplete.
     cut: bool,
     /// The client is gone: stop.
     stop: bool,
+    /// Directories read out of order because of a hurry (for the log).
+    hurried: u64,
+}
+
+impl Walk {
+    fn new(budget: u64) -> Walk {
+        Walk {
+            left: budget,
+            ..Walk::default()
+        }
+    }
+
+    /// The next directory to read: hurried ones first; with whether what is below it is
+    /// hurried too.
+    fn next(&mut self) -> Option<(Vec<u8>, bool)> {
+        if let Some(r) = self.urgent.pop() {
+            self.hurried += 1;
+            return Some(r);
+        }
+        self.queue.pop_front().map(|r| (r, false))
+    }
+
+    /// Queue the subdirectories `subs` of `rel`, just read (`hot`: taken as hurried): below a
+    /// hurried directory, or on the way to a wanted one, they jump the queue.
+    fn found(&mut self, rel: &[u8], hot: bool, subs: Vec<Vec<u8>>) {
+        let hot = hot || self.wanted.iter().any(|w| w == rel);
+        self.wanted.retain(|w| w != rel);
+        // Subdirectories at or above a wanted directory: (path, whether it is wanted itself).
+        let (way, rest): (Vec<_>, Vec<_>) = subs
+            .into_iter()
+            .partition(|d| self.wanted.iter().any(|x| is_below(x, d)));
+        if hot {
+            // Depth first in listing order: the first subdirectory on top.
+            self.urgent
+                .extend(rest.into_iter().rev().map(|d| (d, true)));
+        } else {
+            self.queue.extend(rest);
+        }
+        // The way to a wanted directory above all.
+        for d in way.into_iter().rev() {
+            let wanted = self.wanted.contains(&d);
+            if wanted {
+                self.wanted.retain(|x| *x != d);
+            }
+            self.urgent.push((d, hot || wanted));
+        }
+    }
+
+    /// A client waits for `dir`: it (or its nearest ancestor still queued) jumps the queue;
+    /// when an ancestor is being read, `dir` is remembered for when its path is found.
+    pub(super) fn hurry(&mut self, dir: &[u8]) {
+        if self.stop || self.cut || self.urgent.last().is_some_and(|u| u.0 == dir && u.1) {
+            return;
+        }
+        let queued = |d: &Vec<u8>| is_below(dir, d);
+        // The deepest queued (or urgent) directory at or above `dir`.
+        let in_queue = self
+            .queue
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| queued(d))
+            .max_by_key(|(_, d)| d.len())
+            .map(|(i, _)| i);
+        let in_urgent = self
+            .urgent
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| queued(&d.0))
+            .max_by_key(|(_, d)| d.0.len())
+            .map(|(i, _)| i);
+        let found = match (in_queue, in_urgent) {
+            (Some(q), Some(u)) if self.urgent[u].0.len() >= self.queue[q].len() => {
+                Some(self.urgent.remove(u))
+            }
+            (Some(q), _) => self.queue.remove(q).map(|d| (d, false)),
+            (None, Some(u)) => Some(self.urgent.remove(u)),
+            (None, None) => None,
+        };
+        match found {
+            Some((d, hot)) => {
+                // `dir` itself is read depth first below; an ancestor only leads the way.
+                let is_dir = d == dir;
+                if !is_dir {
+                    self.want(dir);
+                }
+                self.urgent.push((d, hot || is_dir));
+            }
+            // Being read: wanted once its subdirectories are known. Else it was read (or is
+            // not there): nothing to do.
+            None => {
+                if self.reading.iter().any(|r| r != dir && is_below(dir, r)) {
+                    self.want(dir);
+                }
+            }
+        }
+    }
+
+    fn want(&mut self, dir: &[u8]) {
+        if self.wanted.iter().any(|w| w == dir) {
+            return;
+        }
+        if self.wanted.len() >= MAX_WANTED {
+            self.wanted.remove(0);
+        }
+        self.wanted.push(dir.to_vec());
+    }
+}
+
+/// A walk and its walkers' condition variable; hurried through [`Walks`] by the reader.
+#[derive(Default)]
+pub(super) struct Ctl {
+    walk: Mutex<Walk>,
+    changed: Condvar,
+}
+
+/// The `Subtree` calls of one connection in flight, by call id (for [`Walks::hurry`]).
+#[derive(Default)]
+pub(super) struct Walks(Mutex<HashMap<u64, Arc<Ctl>>>);
+
+impl Walks {
+    /// [`ClientMsg::Hurry`](crate::proto::ClientMsg::Hurry): nothing if call `call` is over.
+    pub(super) fn hurry(&self, call: u64, dir: &[u8]) {
+        let ctl = self.0.lock().get(&call).cloned();
+        if let Some(c) = ctl {
+            c.walk.lock().hurry(dir);
+            c.changed.notify_all();
+        }
+    }
+}
+
+/// Unregisters a walk when its call ends.
+struct Registered<'a>(&'a Walks, u64);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0 .0.lock().remove(&self.1);
+    }
 }
 
 /// Answer call `id`: the subtree of `root`, at most `budget` entries below it (module docs).
 pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
+    // Registered first: a hurry may come while the root's listing is read (it is "being
+    // read", so hurried directories are wanted once it is).
+    let mut first = Walk::new(budget);
+    first.reading.push(Vec::new());
+    let ctl = Arc::new(Ctl {
+        walk: Mutex::new(first),
+        changed: Condvar::new(),
+    });
+    s.walks.0.lock().insert(id, ctl.clone());
+    let _registered = Registered(&s.walks, id);
     let entries = match s.backend.readdir(root, true) {
         Ok(e) => e,
         Err(e) => {
@@ -72,12 +233,18 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
         entries: 0,
         bytes: 0,
     };
-    let queue: VecDeque<Vec<u8>> = subdirs(b"", &entries).collect();
+    let subs: Vec<Vec<u8>> = subdirs(b"", &entries).collect();
+    let any = !subs.is_empty();
+    {
+        let mut w = ctl.walk.lock();
+        w.reading.clear();
+        w.found(b"", false, subs);
+    }
     let bare = bare_entries(s, root, &entries);
     if !out.push(Vec::new(), entries, bare) {
         return;
     }
-    if queue.is_empty() {
+    if !any {
         out.flush(true, true);
         return;
     }
@@ -85,19 +252,11 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
     if !out.flush(false, false) {
         return;
     }
-    let walk = Mutex::new(Walk {
-        queue,
-        busy: 0,
-        left: budget,
-        cut: false,
-        stop: false,
-    });
-    let changed = Condvar::new();
+    let (walk, changed) = (&ctl.walk, &ctl.changed);
     let (tx, rx) = bounded::<(Vec<u8>, Vec<DirEntry>, Vec<bool>)>(READ_AHEAD);
     let sent = std::thread::scope(|scope| {
         for _ in 0..WALKERS {
             let tx = tx.clone();
-            let (walk, changed) = (&walk, &changed);
             scope.spawn(move || walker(s, root, walk, changed, tx));
         }
         drop(tx);
@@ -133,7 +292,13 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
     if !sent {
         return;
     }
-    let complete = !walk.lock().cut;
+    let (complete, hurried) = {
+        let w = walk.lock();
+        (!w.cut, w.hurried)
+    };
+    if hurried > 0 {
+        tracing::debug!("subtree call {id}: {hurried} directories read early for a client waiting");
+    }
     out.flush(true, complete);
 }
 
@@ -155,17 +320,17 @@ fn walker(
     tx: crossbeam_channel::Sender<(Vec<u8>, Vec<DirEntry>, Vec<bool>)>,
 ) {
     loop {
-        let rel = {
+        let (rel, hot) = {
             let mut w = walk.lock();
             loop {
                 if w.stop || w.cut {
                     return;
                 }
-                if let Some(r) = w.queue.pop_front() {
-                    w.busy += 1;
-                    break r;
+                if let Some((r, hot)) = w.next() {
+                    w.reading.push(r.clone());
+                    break (r, hot);
                 }
-                if w.busy == 0 {
+                if w.reading.is_empty() {
                     return;
                 }
                 changed.wait(&mut w);
@@ -175,12 +340,15 @@ fn walker(
         let read = s.backend.readdir(&path, true);
         let entries = {
             let mut w = walk.lock();
-            w.busy -= 1;
+            if let Some(i) = w.reading.iter().position(|r| *r == rel) {
+                w.reading.swap_remove(i);
+            }
             changed.notify_all();
             match read {
                 Ok(e) if !w.cut && !w.stop && (e.len() as u64) <= w.left => {
                     w.left -= e.len() as u64;
-                    w.queue.extend(subdirs(&rel, &e));
+                    let subs = subdirs(&rel, &e).collect();
+                    w.found(&rel, hot, subs);
                     e
                 }
                 Ok(_) => {
@@ -328,4 +496,85 @@ fn listxattr_at(dirfd: i32, name: &[u8]) -> Option<usize> {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn listxattr_at(_dirfd: i32, _name: &[u8]) -> Option<usize> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> Vec<u8> {
+        s.as_bytes().to_vec()
+    }
+
+    /// Reads directories as walkers would (one at a time), with the listing given by
+    /// `children`; the order read.
+    fn drain(w: &mut Walk, children: impl Fn(&[u8]) -> Vec<Vec<u8>>) -> Vec<String> {
+        let mut order = Vec::new();
+        while let Some((d, hot)) = w.next() {
+            order.push(String::from_utf8(d.clone()).unwrap());
+            let subs = children(&d);
+            w.found(&d, hot, subs);
+        }
+        order
+    }
+
+    /// a, b, c at the top; each with x, y; each of those with z.
+    fn tree(d: &[u8]) -> Vec<Vec<u8>> {
+        match d.iter().filter(|c| **c == b'/').count() {
+            0 if d.is_empty() => vec![v("a"), v("b"), v("c")],
+            0 => vec![join(d, b"x"), join(d, b"y")],
+            1 => vec![join(d, b"z")],
+            _ => vec![],
+        }
+    }
+
+    #[test]
+    fn without_a_hurry_the_walk_is_breadth_first() {
+        let mut w = Walk::new(1000);
+        w.found(b"", false, tree(b""));
+        let order = drain(&mut w, tree);
+        assert_eq!(order[..3], ["a", "b", "c"]);
+        assert_eq!(order[3..9], ["a/x", "a/y", "b/x", "b/y", "c/x", "c/y"]);
+        assert_eq!(order.len(), 15);
+    }
+
+    #[test]
+    fn a_hurried_directory_jumps_the_queue_and_its_subtree_follows_depth_first() {
+        let mut w = Walk::new(1000);
+        w.found(b"", false, tree(b""));
+        // `c` is queued: read next, then its subtree depth first, then the rest.
+        w.hurry(b"c");
+        let order = drain(&mut w, tree);
+        assert_eq!(order[..5], ["c", "c/x", "c/x/z", "c/y", "c/y/z"]);
+        assert_eq!(order[5..7], ["a", "b"]);
+        assert_eq!(order.len(), 15, "every directory once: {order:?}");
+    }
+
+    #[test]
+    fn a_hurried_directory_not_found_yet_pulls_the_way_down_to_it() {
+        let mut w = Walk::new(1000);
+        w.found(b"", false, tree(b""));
+        // b/y/z is three levels down: b first (its siblings not), then b/y, then b/y/z.
+        w.hurry(b"b/y/z");
+        let order = drain(&mut w, tree);
+        assert_eq!(order[..3], ["b", "b/y", "b/y/z"], "{order:?}");
+        // b's other subdirectory joined the ordinary queue behind a and c.
+        assert_eq!(order[3..5], ["a", "c"]);
+        assert_eq!(order.len(), 15, "every directory once: {order:?}");
+        // While its ancestor is being read (taken, not found yet).
+        let mut w = Walk::new(1000);
+        w.found(b"", false, tree(b""));
+        let (a, hot) = w.next().unwrap();
+        w.reading.push(a.clone());
+        w.hurry(b"a/y");
+        w.reading.clear();
+        w.found(&a, hot, tree(&a));
+        let (next, hot) = w.next().unwrap();
+        assert_eq!((next.as_slice(), hot), (&b"a/y"[..], true));
+        // A directory read already, or unknown: nothing changes.
+        let mut w = Walk::new(1000);
+        w.found(b"", false, tree(b""));
+        w.hurry(b"q/r");
+        assert!(w.urgent.is_empty() && w.wanted.is_empty());
+    }
 }
