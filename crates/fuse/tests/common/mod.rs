@@ -331,11 +331,20 @@ pub fn dircache_bin() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let bin = target.join("debug/dircache");
+    // The profile these tests were built with (a release test run must not build a whole
+    // debug tree too: that doubled the suite's build time).
+    let release = !cfg!(debug_assertions);
+    let bin = target
+        .join(if release { "release" } else { "debug" })
+        .join("dircache");
     static BUILD: std::sync::Once = std::sync::Once::new();
     BUILD.call_once(|| {
+        let mut args = vec!["build", "-q", "-p", "dircache"];
+        if release {
+            args.push("--release");
+        }
         let st = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "dircache"])
+            .args(&args)
             .current_dir(&root)
             .status()
             .expect("cargo build");
