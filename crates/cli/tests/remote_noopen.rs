@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use common::{can_mount, py, sh};
 use dircache_tests::have_tool;
-use dircache_tests::remote::{eventually, random_bytes, RemoteMount as Mount};
+use dircache_tests::remote::{eventually, random_bytes, Fsx, RemoteMount as Mount};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
@@ -160,48 +160,17 @@ fn noopen_random_operations_match_a_native_file_and_see_server_changes() {
     }
     let t = Mount::start("open=noopen");
     let native = t.dir.path().join("native-fsx");
-    let script = format!(
-        r#"
-import os, random
-seed = int(os.environ.get("FSX_SEED", "5"))
-rnd = random.Random(seed)
-paths = ["{native}", "{mnt}"]
-init = bytes(rnd.getrandbits(8) for _ in range(200000))
-for p in paths:
-    with open(p, "wb") as f: f.write(init)
-def opn(flags):
-    return [os.open(p, flags) for p in paths]
-fds = opn(os.O_RDWR)
-for i in range(1500):
-    op = rnd.randrange(10)
-    if op < 3:
-        off = rnd.randrange(300000); n = rnd.randrange(1, 50000)
-        data = bytes(rnd.getrandbits(8) for _ in range(min(n, 64))) * (n // 64 + 1)
-        for fd in fds: os.pwrite(fd, data[:n], off)
-    elif op < 6:
-        off = rnd.randrange(350000); n = rnd.randrange(1, 80000)
-        a, b = [os.pread(fd, n, off) for fd in fds]
-        assert a == b, f"op {{i}}: read {{n}} at {{off}} differs (seed {{seed}})"
-    elif op == 6:
-        size = rnd.randrange(300000)
-        for fd in fds: os.ftruncate(fd, size)
-    elif op == 7:
-        a, b = [os.fstat(fd).st_size for fd in fds]
-        c, d = [os.stat(p).st_size for p in paths]
-        assert a == b == c == d, f"op {{i}}: sizes {{a}} {{b}} {{c}} {{d}} (seed {{seed}})"
-    elif op == 8:
-        for fd in fds: os.close(fd)
-        fds = opn(rnd.choice([os.O_RDWR, os.O_RDWR | os.O_APPEND]))
-        data = b"appended %d" % i
-        for fd in fds: os.write(fd, data)
-    else:
-        for fd in fds: os.fsync(fd)
-for fd in fds: os.close(fd)
-print("done")
-"#,
-        native = native.display(),
-        mnt = t.m("fsx").display()
-    );
+    let script = Fsx {
+        seed: 5,
+        size: 200_000,
+        ops: 1500,
+        write_at: 300_000,
+        write_len: 50_000,
+        read_at: 350_000,
+        read_len: 80_000,
+        truncate_to: 300_000,
+    }
+    .script(&native, &t.m("fsx"));
     assert_eq!(py(t.dir.path(), &script, None).trim(), "done");
     let want = std::fs::read(&native).unwrap();
     assert_eq!(

@@ -92,6 +92,18 @@ fn write_across_a_cut(p: &Path, first: &[u8], second: &[u8], cut: impl FnOnce())
     }
 }
 
+/// A server file `w` ("base\n") cached by a client, opened for writing, written ("first\n"),
+/// the connection cut, written again ("second\n") and closed: the close must succeed.
+fn session_closed_while_cut_off() -> (Remote, Client) {
+    let r = Remote::new();
+    std::fs::write(r.s("w"), b"base\n").unwrap();
+    let c = r.mount("", "reconnect_timeout=30");
+    cached(&c, "w", b"base\n");
+    let rc = write_across_a_cut(&c.m("w"), b"first\n", b"second\n", || r.cut(&c));
+    assert_eq!(rc, 0, "close(2) while cut off: errno {rc}");
+    (r, c)
+}
+
 /// Coda's store-back of a session that ends while disconnected: a file opened for writing
 /// while connected and closed while cut off. The close succeeds, the contents are logged in
 /// the modification log and stored on the server at the reconnection, whole.
@@ -100,12 +112,7 @@ fn a_file_opened_before_the_cut_and_closed_during_it_is_reintegrated() {
     if !can_mount() {
         return;
     }
-    let r = Remote::new();
-    std::fs::write(r.s("w"), b"base\n").unwrap();
-    let c = r.mount("", "reconnect_timeout=30");
-    cached(&c, "w", b"base\n");
-    let rc = write_across_a_cut(&c.m("w"), b"first\n", b"second\n", || r.cut(&c));
-    assert_eq!(rc, 0, "close(2) while cut off: errno {rc}");
+    let (r, c) = session_closed_while_cut_off();
     assert_eq!(std::fs::read(c.m("w")).unwrap(), b"base\nfirst\nsecond\n");
     assert_eq!(
         std::fs::read(r.s("w")).unwrap(),
@@ -146,12 +153,7 @@ fn a_session_closed_while_cut_off_survives_a_kill9() {
     if !can_mount() {
         return;
     }
-    let r = Remote::new();
-    std::fs::write(r.s("w"), b"base\n").unwrap();
-    let c = r.mount("", "reconnect_timeout=30");
-    cached(&c, "w", b"base\n");
-    let rc = write_across_a_cut(&c.m("w"), b"first\n", b"second\n", || r.cut(&c));
-    assert_eq!(rc, 0, "close(2) while cut off: errno {rc}");
+    let (r, c) = session_closed_while_cut_off();
     c.kill9();
     assert!(log_dir(&r).join("log").exists(), "the store is logged");
     assert_eq!(std::fs::read(r.s("w")).unwrap(), b"base\n");

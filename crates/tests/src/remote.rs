@@ -105,6 +105,84 @@ pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A small fsx in Python: random writes, reads, truncations, appends, reopenings and syncs on
+/// one file under a mount and on a native file, every read and size compared (the script
+/// asserts; it prints "done" at the end). The bounds shape the file's sizes and I/O lengths.
+pub struct Fsx {
+    /// Random seed (the environment's `FSX_SEED` overrides it).
+    pub seed: u32,
+    /// Initial size of both files.
+    pub size: u32,
+    /// Operations.
+    pub ops: u32,
+    /// Writes start below this offset and are shorter than `write_len`.
+    pub write_at: u32,
+    pub write_len: u32,
+    /// Reads start below this offset and are shorter than `read_len`.
+    pub read_at: u32,
+    pub read_len: u32,
+    /// Truncations are to a size below this.
+    pub truncate_to: u32,
+}
+
+impl Fsx {
+    /// The script for the native file `native` and the file `mnt` under the mount.
+    pub fn script(&self, native: &Path, mnt: &Path) -> String {
+        let Fsx {
+            seed,
+            size,
+            ops,
+            write_at,
+            write_len,
+            read_at,
+            read_len,
+            truncate_to,
+        } = self;
+        format!(
+            r#"
+import os, random
+seed = int(os.environ.get("FSX_SEED", "{seed}"))
+rnd = random.Random(seed)
+paths = ["{native}", "{mnt}"]
+init = bytes(rnd.getrandbits(8) for _ in range({size}))
+for p in paths:
+    with open(p, "wb") as f: f.write(init)
+def opn(flags):
+    return [os.open(p, flags) for p in paths]
+fds = opn(os.O_RDWR)
+for i in range({ops}):
+    op = rnd.randrange(10)
+    if op < 3:
+        off = rnd.randrange({write_at}); n = rnd.randrange(1, {write_len})
+        data = bytes(rnd.getrandbits(8) for _ in range(min(n, 64))) * (n // 64 + 1)
+        for fd in fds: os.pwrite(fd, data[:n], off)
+    elif op < 6:
+        off = rnd.randrange({read_at}); n = rnd.randrange(1, {read_len})
+        a, b = [os.pread(fd, n, off) for fd in fds]
+        assert a == b, f"op {{i}}: read {{n}} at {{off}} differs (seed {{seed}})"
+    elif op == 6:
+        size = rnd.randrange({truncate_to})
+        for fd in fds: os.ftruncate(fd, size)
+    elif op == 7:
+        a, b = [os.fstat(fd).st_size for fd in fds]
+        c, d = [os.stat(p).st_size for p in paths]
+        assert a == b == c == d, f"op {{i}}: sizes {{a}} {{b}} {{c}} {{d}} (seed {{seed}})"
+    elif op == 8:
+        for fd in fds: os.close(fd)
+        fds = opn(rnd.choice([os.O_RDWR, os.O_RDWR | os.O_APPEND]))
+        data = b"appended %d" % i
+        for fd in fds: os.write(fd, data)
+    else:
+        for fd in fds: os.fsync(fd)
+for fd in fds: os.close(fd)
+print("done")
+"#,
+            native = native.display(),
+            mnt = mnt.display()
+        )
+    }
+}
+
 fn chmod(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
         .unwrap_or_else(|e| panic!("chmod {}: {e}", p.display()));
