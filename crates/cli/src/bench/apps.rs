@@ -55,8 +55,9 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only these systems, in this order (comma-separated: native, bindfs, passthrough_hp,
-    /// dircache, or dircache:OPTS for a dircache mount with extra `-o OPTS`, options joined
-    /// with `+`, e.g. dircache:noprefetch+threads=2) [native,bindfs,dircache].
+    /// dircache, dircache-base (a mount by `--base-binary`), or dircache:OPTS for a dircache
+    /// mount with extra `-o OPTS`, options joined with `+`, e.g.
+    /// dircache:noprefetch+threads=2) [native,bindfs,dircache].
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
     /// Walk an existing directory instead of the generated tree: only the read-only walks
@@ -82,7 +83,14 @@ pub struct Args {
     /// time over the all-on mount's, FUSE requests and the core's backend calls per run.
     #[arg(long, conflicts_with = "systems")]
     pub ablation: bool,
+    /// The binary system `dircache-base` mounts with (e.g. a copy of an earlier build), to
+    /// measure a change side by side: `--systems native,dircache,dircache-base`.
+    #[arg(long, value_name = "PATH")]
+    pub base_binary: Option<PathBuf>,
 }
+
+/// `--base-binary`, for the `dircache-base` system's mounts.
+static BASE_BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 #[derive(clap::Args)]
 pub struct StatLoopArgs {
@@ -243,6 +251,8 @@ impl Sys {
     const BINDFS: Sys = Sys::plain(Kind::Bindfs, "bindfs");
     const PASSTHROUGH_HP: Sys = Sys::plain(Kind::PassthroughHp, "passthrough_hp");
     const DIRCACHE: Sys = Sys::plain(Kind::Dircache, "dircache");
+    /// A dircache mount by `--base-binary`.
+    const DIRCACHE_BASE: Sys = Sys::plain(Kind::Dircache, "dircache-base");
 
     const fn plain(kind: Kind, label: &'static str) -> Sys {
         Sys {
@@ -259,7 +269,13 @@ impl Sys {
     /// `native`, `bindfs`, `passthrough_hp`, `dircache` or `dircache:OPTS` (a dircache mount
     /// with `-o OPTS` in addition, shown as `dircache:OPTS`).
     fn parse(s: &str) -> Result<Sys> {
-        for k in [Sys::NATIVE, Sys::BINDFS, Sys::PASSTHROUGH_HP, Sys::DIRCACHE] {
+        for k in [
+            Sys::NATIVE,
+            Sys::BINDFS,
+            Sys::PASSTHROUGH_HP,
+            Sys::DIRCACHE,
+            Sys::DIRCACHE_BASE,
+        ] {
             if s == k.label {
                 return Ok(k);
             }
@@ -272,7 +288,7 @@ impl Sys {
                 label: Box::leak(s.to_string().into_boxed_str()),
             }),
             _ => bail!(
-                "unknown system {s:?} (native, bindfs, passthrough_hp, dircache, dircache:OPTS)"
+                "unknown system {s:?} (native, bindfs, passthrough_hp, dircache, dircache:OPTS, dircache-base)"
             ),
         }
     }
@@ -327,7 +343,15 @@ impl Mount {
                 c
             }
             Kind::Dircache => {
-                let mut c = Command::new(std::env::current_exe().context("current_exe")?);
+                let exe = if sys == Sys::DIRCACHE_BASE {
+                    BASE_BINARY
+                        .get()
+                        .cloned()
+                        .context("system dircache-base needs --base-binary")?
+                } else {
+                    std::env::current_exe().context("current_exe")?
+                };
+                let mut c = Command::new(exe);
                 c.arg("mount").arg(src).arg(mnt).arg("-f");
                 if !sys.opts.is_empty() {
                     c.arg("-o").arg(sys.opts);
@@ -1104,6 +1128,9 @@ pub fn run(a: Args) -> Result<i32> {
         git_rel,
     };
 
+    if let Some(b) = &a.base_binary {
+        let _ = BASE_BINARY.set(b.clone());
+    }
     let wanted: Vec<Sys> = if a.ablation {
         ablation::systems()
             .iter()
