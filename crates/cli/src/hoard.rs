@@ -194,9 +194,13 @@ pub fn run(a: HoardArgs) -> Result<i32> {
                 .display()
                 .to_string(),
         );
-        // The open fetches the whole file into its container.
-        match std::fs::File::open(&f.path) {
-            Ok(_) => {
+        // The open fetches the whole file into its container (`open=rpc`). Under
+        // `open=noopen` the kernel opens files itself and only a page-cache miss reaches the
+        // daemon: the file's clean pages are dropped and its first byte read, a READ that
+        // fetches it whole (or finds its container valid) as the daemon, after the kernel
+        // checked this caller's read access at the open.
+        match std::fs::File::open(&f.path).and_then(|file| read_through(&file)) {
+            Ok(()) => {
                 done += 1;
                 done_bytes += f.size;
             }
@@ -243,4 +247,15 @@ pub fn run(a: HoardArgs) -> Result<i32> {
         return Ok(1);
     }
     Ok(0)
+}
+
+/// Drop the kernel's cached pages of `file` and read its first byte, so that the daemon sees
+/// a READ (under `open=noopen`, where the open itself does not reach it). Under `open=rpc`
+/// the open already fetched the container; the byte is read from it.
+fn read_through(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed)?;
+    let mut b = [0u8; 1];
+    file.read_at(&mut b, 0)?;
+    Ok(())
 }
