@@ -28,6 +28,7 @@ mod bulk;
 pub mod cml;
 pub mod container;
 pub mod disconnected;
+mod noopen;
 mod reopen;
 mod search;
 mod statfs;
@@ -1032,6 +1033,10 @@ impl Backend for RemoteBackend {
         self.mutated(path);
         if let (Ok(a), Some(cc)) = (&r, &self.cfg.containers) {
             cc.path_setattr(a, set);
+            // Another name of the same file (a hard link) may hold its container.
+            if set.size.is_some() {
+                cc.kernel_written((a.dev, a.ino));
+            }
         }
         r.map(|a| self.seen(a))
     }
@@ -1080,6 +1085,12 @@ impl Backend for RemoteBackend {
         t: XattrTarget<'_>,
         flags: i32,
     ) -> Result<Box<dyn BackendFile>> {
+        // A regular file's READ or WRITE under open=noopen: its container (client/noopen.rs).
+        if let Some(cc) = &self.cfg.containers {
+            if let Some(r) = self.kernel_open(cc, cred, t, flags) {
+                return r;
+            }
+        }
         let c = self.conn()?;
         let r = c.call_as(
             &cred.into(),
@@ -1309,9 +1320,9 @@ impl RemoteBackend {
                 _ => return Ok(Box::new(rf)),
             }
         }
-        Ok(Box::new(
-            cc.open(&conn, path, cred, flags, rf, reader, attr, gen)?,
-        ))
+        Ok(Box::new(cc.open(
+            &conn, path, cred, flags, rf, reader, attr, gen, true,
+        )?))
     }
 
     /// The container cache, if any.

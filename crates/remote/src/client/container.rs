@@ -38,6 +38,7 @@
 //! directory below the root are unchanged too.
 
 mod index;
+mod kernel;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -118,6 +119,12 @@ pub struct ContainerStats {
     /// (dropped).
     pub revalidated_at_mount: u64,
     pub stale_at_mount: u64,
+    /// `open=noopen`: page-cache misses (READs) answered from a valid container without a
+    /// round trip (container/kernel.rs).
+    pub kernel_read_hits: u64,
+    /// Writes through to the server (`open=noopen`), and truncations by path, after which
+    /// the file's container was made invalid.
+    pub kernel_writes: u64,
 }
 
 type Key = (u64, u64);
@@ -438,6 +445,8 @@ impl Containers {
             ("containers_restored", s.restored),
             ("containers_revalidated_at_mount", s.revalidated_at_mount),
             ("containers_stale_at_mount", s.stale_at_mount),
+            ("containers_noopen_read_hits", s.kernel_read_hits),
+            ("containers_invalidated_by_writes", s.kernel_writes),
             ("containers_max_bytes", self.max_bytes),
             ("containers_whole_file_max", self.whole_file_max),
             ("containers_kept", u64::from(self.persistent())),
@@ -701,7 +710,8 @@ impl Containers {
     #[allow(clippy::too_many_arguments)]
     /// An open the server granted (`rf`, with the file's attributes `attr` asked after the
     /// open; `gen` read before the open was sent): the container, fetched if it is not of this
-    /// version.
+    /// version. `grant`: the server decided `cred`'s access (remembered for later opens);
+    /// not for a READ under `open=noopen`, whose access the kernel decided (container/kernel.rs).
     pub(super) fn open(
         self: &Arc<Self>,
         conn: &Arc<Conn>,
@@ -712,6 +722,7 @@ impl Containers {
         reader: Option<RemoteFile>,
         attr: Attr,
         gen: u64,
+        grant: bool,
     ) -> Result<ContainerFile> {
         let key = (attr.dev, attr.ino);
         let writable = rf.writable;
@@ -811,6 +822,8 @@ impl Containers {
                     // The server answered for this version now: what the index recorded is
                     // superseded.
                     e.restored = None;
+                }
+                if held && grant {
                     let mode = flags & libc::O_ACCMODE;
                     grew |= e.access.insert(access_of(cred, mode));
                     if mode == libc::O_RDWR {
