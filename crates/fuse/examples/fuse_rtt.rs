@@ -21,7 +21,9 @@
 //! Needs root and `/dev/fuse`. The io_uring transport needs
 //! `/sys/module/fuse/parameters/enable_uring` = Y: the program sets it for its run and puts the
 //! old value back when it ends (also on error or panic). Every mount is aborted
-//! (`/sys/fs/fuse/connections/N/abort`) and detached when the program ends.
+//! (`/sys/fs/fuse/connections/N/abort`, where fusectl is mounted) and detached when the
+//! program ends; its `/dev/fuse` descriptor closes with the process, which ends the
+//! connection in any case.
 //!
 //! ```text
 //! cargo run --release -p dircache-fuse --example fuse_rtt -- --rounds 9 --iters 3000
