@@ -1119,6 +1119,16 @@ mod tests {
     }
 
     #[test]
+    fn io_uring_option() {
+        assert!(!p("").unwrap().policy.io_uring, "off by default");
+        assert!(p("io_uring").unwrap().policy.io_uring);
+        assert!(
+            !p("io_uring,noio_uring").unwrap().policy.io_uring,
+            "the last word wins"
+        );
+    }
+
+    #[test]
     fn prefetch_option() {
         assert_eq!(p("prefetch=3").unwrap().policy.prefetch_threads, 3);
         assert_eq!(p("noprefetch").unwrap().policy.prefetch_threads, 0);
