@@ -176,7 +176,7 @@ struct Opened {
 struct Created {
     nodeid: INodeNo,
     ttl: Duration,
-    /// The attributes' TTL: none for a file open for writing (`attr_ttl_of`).
+    /// The attributes' TTL: one jiffy for a file open for writing (`handles.rs`).
     attr_ttl: Duration,
     attr: FileAttr,
     generation: Generation,
