@@ -574,6 +574,40 @@ impl ReplyCreate {
         ));
     }
 
+    /// dircache patch: as [`ReplyCreate::created_nodeid`], with the attributes valid for
+    /// `attr_ttl` and the entry for `entry_ttl` (a file created open for writing: its
+    /// attributes must not outlive writes the kernel does not see, while its name may).
+    #[allow(clippy::too_many_arguments)]
+    pub fn created_nodeid_ttls(
+        self,
+        nodeid: INodeNo,
+        entry_ttl: &Duration,
+        attr_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: ll::FileHandle,
+        flags: FopenFlags,
+        backing: Option<&BackingId>,
+    ) {
+        let (flags, id) = match backing {
+            Some(b) => (flags | FopenFlags::FOPEN_PASSTHROUGH, b.backing_id),
+            None => {
+                assert!(!flags.contains(FopenFlags::FOPEN_PASSTHROUGH));
+                (flags, 0)
+            }
+        };
+        self.reply.send_ll(&ll::ResponseStruct::new_create_nodeid_ttls(
+            nodeid,
+            entry_ttl,
+            attr_ttl,
+            &attr.into(),
+            generation,
+            fh,
+            flags,
+            id,
+        ));
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);

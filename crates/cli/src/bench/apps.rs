@@ -73,6 +73,10 @@ pub struct Args {
     /// Directory to create the temporary tree in (default: $TMPDIR or /tmp).
     #[arg(long)]
     pub base: Option<PathBuf>,
+    /// The dircache binary of system `dircache-base` (e.g. a build of main), measured beside
+    /// this binary's `dircache` in the same interleaved rounds.
+    #[arg(long, value_name = "PATH")]
+    pub base_binary: Option<PathBuf>,
     /// Also draw the results into this SVG file: bars of the time ratio to native (to the
     /// all-on mount with --ablation) per workload and system, log scale.
     #[arg(long, value_name = "FILE.svg")]
@@ -83,14 +87,7 @@ pub struct Args {
     /// time over the all-on mount's, FUSE requests and the core's backend calls per run.
     #[arg(long, conflicts_with = "systems")]
     pub ablation: bool,
-    /// The binary system `dircache-base` mounts with (e.g. a copy of an earlier build), to
-    /// measure a change side by side: `--systems native,dircache,dircache-base`.
-    #[arg(long, value_name = "PATH")]
-    pub base_binary: Option<PathBuf>,
 }
-
-/// `--base-binary`, for the `dircache-base` system's mounts.
-static BASE_BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 #[derive(clap::Args)]
 pub struct StatLoopArgs {
@@ -1076,7 +1073,13 @@ pub(super) struct Row {
     pub(super) backend: Vec<u64>,
 }
 
+/// `--base-binary`: the binary of system `dircache-base`.
+static BASE_BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
 pub fn run(a: Args) -> Result<i32> {
+    if let Some(b) = &a.base_binary {
+        let _ = BASE_BINARY.set(fs::canonicalize(b).with_context(|| format!("{}", b.display()))?);
+    }
     let runs = a.runs.unwrap_or(if a.quick { 2 } else { 5 }).max(1);
     // Opened first: a path that cannot be written fails before any measuring.
     let plot = a.plot.as_deref().map(PlotFile::create).transpose()?;
@@ -1128,9 +1131,6 @@ pub fn run(a: Args) -> Result<i32> {
         git_rel,
     };
 
-    if let Some(b) = &a.base_binary {
-        let _ = BASE_BINARY.set(b.clone());
-    }
     let wanted: Vec<Sys> = if a.ablation {
         ablation::systems()
             .iter()
