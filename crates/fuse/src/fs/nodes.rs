@@ -275,7 +275,11 @@ impl CacheFs {
             // The name the core has not seen go names another file by now (removed or
             // replaced in SRC, not yet reported): not this inode's attributes (another
             // type would make the kernel mark its inode bad: EIO).
-            Ok(a) if ino.0 != self.inodes.root() && (a.dev, a.ino) != held.key() => {
+            Ok(a)
+                if ino.0 != self.inodes.root()
+                    && ((a.dev, a.ino) != held.key()
+                        || !self.inodes.same_birth(ino.0, a.birth)) =>
+            {
                 Err(CoreError::NotFound)
             }
             r => r,
