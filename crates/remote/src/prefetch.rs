@@ -152,7 +152,8 @@ pub struct Prefetch {
     /// index) then pay a round trip per directory level, not one per entry.
     missed: BTreeSet<Vec<u8>>,
     /// Directories whose listing this client handed to the cache since the cache last forgot
-    /// everything (a hint: at most [`MAX_LISTED_DIRS`]). Listing one again (the cache dropped
+    /// everything, or dropped as stale while their subtree was held or coming (a hint: at
+    /// most [`MAX_LISTED_DIRS`]). Listing one again (the cache dropped
     /// just that listing after a change) is a plain `Readdir`: the subtree below is still in
     /// the cache, and a bulk call would fetch all of it again.
     listed: BTreeSet<Vec<u8>>,
@@ -353,7 +354,14 @@ impl Prefetch {
         for s in stale {
             match s {
                 Stale::Dir(d) => {
-                    self.remove(d);
+                    // Its subtree is still held or coming: listing it again is a plain
+                    // `Readdir` (as for a listing the cache dropped), not a bulk call that
+                    // would bring all of it again (`git status` creating `.git/index.lock`
+                    // makes the root's listing stale).
+                    let coming = self.coming(d);
+                    if self.remove(d).is_some() || coming {
+                        self.mark_listed(d);
+                    }
                 }
                 Stale::Tree(t) if t.is_empty() => {
                     self.listings.clear();
@@ -403,7 +411,12 @@ impl Prefetch {
             if stale.iter().any(|s| s.covers(&c.root)) {
                 return false;
             }
-            c.stale.extend(stale.iter().cloned());
+            for s in stale {
+                // The same file written again and again adds nothing.
+                if !c.stale.contains(s) {
+                    c.stale.push(s.clone());
+                }
+            }
             c.stale.len() <= MAX_STALE
         });
     }
@@ -843,6 +856,9 @@ mod tests {
         assert!(p.lookup(b"r/a", b"x").is_none() && p.lookup(b"r/a/b", b"c").is_none());
         assert!(p.lookup(b"r/a!", b"y").is_some(), "a sibling stays");
         assert!(!p.coming(b"r/a/b") && p.coming(b"r/q"));
+        // r's listing is stale but the rest of its subtree is coming: listing it again is a
+        // plain Readdir, not a bulk call for all of it.
+        assert!(p.was_listed(b"r") && !p.was_listed(b"r/q"));
         // Started while the rename is in flight: the server may read before it is applied.
         let g2 = p.generation();
         let t2 = p.begin(b"s").unwrap();
