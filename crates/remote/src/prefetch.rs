@@ -152,8 +152,7 @@ pub struct Prefetch {
     /// index) then pay a round trip per directory level, not one per entry.
     missed: BTreeSet<Vec<u8>>,
     /// Directories whose listing this client handed to the cache since the cache last forgot
-    /// everything, or dropped as stale while their subtree was held or coming (a hint: at
-    /// most [`MAX_LISTED_DIRS`]). Listing one again (the cache dropped
+    /// everything (a hint: at most [`MAX_LISTED_DIRS`]). Listing one again (the cache dropped
     /// just that listing after a change) is a plain `Readdir`: the subtree below is still in
     /// the cache, and a bulk call would fetch all of it again.
     listed: BTreeSet<Vec<u8>>,
@@ -354,14 +353,7 @@ impl Prefetch {
         for s in stale {
             match s {
                 Stale::Dir(d) => {
-                    // Its subtree is still held or coming: listing it again is a plain
-                    // `Readdir` (as for a listing the cache dropped), not a bulk call that
-                    // would bring all of it again (`git status` creating `.git/index.lock`
-                    // makes the root's listing stale).
-                    let coming = self.coming(d);
-                    if self.remove(d).is_some() || coming {
-                        self.mark_listed(d);
-                    }
+                    self.remove(d);
                 }
                 Stale::Tree(t) if t.is_empty() => {
                     self.listings.clear();
@@ -856,9 +848,6 @@ mod tests {
         assert!(p.lookup(b"r/a", b"x").is_none() && p.lookup(b"r/a/b", b"c").is_none());
         assert!(p.lookup(b"r/a!", b"y").is_some(), "a sibling stays");
         assert!(!p.coming(b"r/a/b") && p.coming(b"r/q"));
-        // r's listing is stale but the rest of its subtree is coming: listing it again is a
-        // plain Readdir, not a bulk call for all of it.
-        assert!(p.was_listed(b"r") && !p.was_listed(b"r/q"));
         // Started while the rename is in flight: the server may read before it is applied.
         let g2 = p.generation();
         let t2 = p.begin(b"s").unwrap();
