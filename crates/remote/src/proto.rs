@@ -343,7 +343,9 @@ impl Request {
             | Request::Close { .. }
             | Request::Search { .. }
             | Request::Cancel { .. } => false,
-            Request::Open { flags, .. } => flags & (libc::O_CREAT | libc::O_TRUNC) != 0,
+            Request::Open { flags, .. } | Request::OpenVerified { flags, .. } => {
+                flags & (libc::O_CREAT | libc::O_TRUNC) != 0
+            }
             _ => true,
         }
     }

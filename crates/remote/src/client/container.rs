@@ -1387,7 +1387,7 @@ impl ContainerFile {
             let mut calls = Vec::new();
             for (i, c) in buf[..n].chunks(MAX_IO).enumerate() {
                 let (conn, handle) = rf.at()?;
-                let rx = conn.start(
+                let (_, rx) = conn.start_touching(
                     &wc,
                     Request::Write {
                         handle,
@@ -1395,6 +1395,7 @@ impl ContainerFile {
                         data: c.to_vec(),
                         append: false,
                     },
+                    Some(rf.stale()),
                 )?;
                 calls.push((c.len(), rx));
             }
@@ -1424,23 +1425,25 @@ impl ContainerFile {
             off += n as u64;
         }
         let (conn, handle) = rf.at()?;
-        want_unit(conn.call_as(
+        want_unit(conn.call_touching(
             &wc,
             Request::SetSize {
                 handle,
                 size: before.size,
             },
+            Some(rf.stale()),
         )?)?;
         let set = SetAttr {
             mtime: Some(TimeSet::At(before.mtime)),
             ..Default::default()
         };
-        let attr = match conn.call_as(&wc, Request::FileSetattr { handle, set }) {
-            Ok(r) => want_attr(r)?,
-            // Not the owner: the server's store time stays.
-            Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => rf.attr()?,
-            Err(e) => return Err(e),
-        };
+        let attr =
+            match conn.call_touching(&wc, Request::FileSetattr { handle, set }, Some(rf.stale())) {
+                Ok(r) => want_attr(r)?,
+                // Not the owner: the server's store time stays.
+                Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => rf.attr()?,
+                Err(e) => return Err(e),
+            };
         let mut st = self.cc.st.lock();
         let held = st.gen == gen;
         st.stats.stores += 1;
