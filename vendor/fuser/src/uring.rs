@@ -302,8 +302,23 @@ pub(crate) fn start<FS: Filesystem>(
     Ok(threads)
 }
 
+/// Keeps the calling thread on CPU `qid`: the kernel puts a request on the queue of the CPU its
+/// caller runs on, so the queue's thread answers it there, with no wake-up of another CPU. On an
+/// idle virtual machine a cross-CPU wake-up costs ~25 µs, several times the round trip itself
+/// (docs/opens.md, "Pinned queue threads"). A CPU the thread may not use is left to the scheduler.
+fn pin_to_cpu(qid: u16) {
+    let mut set = nix::sched::CpuSet::new();
+    let pinned = set
+        .set(usize::from(qid))
+        .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
+    if let Err(e) = pinned {
+        debug!("FUSE over io_uring: queue {qid}: not pinned to its CPU: {e}");
+    }
+}
+
 fn queue_loop<FS: Filesystem>(queue: Arc<RingQueue>, se: SessionEventLoop<FS>) {
     let qid = queue.qid;
+    pin_to_cpu(qid);
     for k in 0..DEPTH {
         if let Err(e) = queue.command(FUSE_IO_URING_CMD_REGISTER, k, 0) {
             warn!(
