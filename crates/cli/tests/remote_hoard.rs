@@ -45,7 +45,7 @@ fn unchanged_files_are_reused_after_a_remount() {
     let c = r.mount("1", "");
     assert_eq!(read(&c.m("f")), f);
     assert_eq!(read(&c.m("d/g")), g);
-    assert!(c.calls("Read {") >= 2, "fetched:\n{}", c.log_text());
+    assert!(c.data_calls() >= 2, "fetched:\n{}", c.log_text());
     c.unmount();
     assert!(
         r.kept_dir().is_some_and(|d| d.join("index").exists()),
@@ -59,7 +59,7 @@ fn unchanged_files_are_reused_after_a_remount() {
     let before = c.calls("");
     assert_eq!(read(&c.m("f")), f);
     assert_eq!(read(&c.m("d/g")), g);
-    assert_eq!(c.calls("Read {"), 0, "no data fetched:\n{}", c.log_text());
+    assert_eq!(c.data_calls(), 0, "no data fetched:\n{}", c.log_text());
     assert_eq!(
         c.calls(""),
         before,
@@ -99,7 +99,7 @@ fn a_file_changed_between_mounts_is_fetched_again() {
         assert_eq!(read(&c.m("same")), b"unchanged");
         let reads = c.log_text();
         assert_eq!(
-            c.calls("Read {"),
+            c.data_calls(),
             1,
             "round {round}: only the changed file fetched:\n{reads}"
         );
@@ -163,7 +163,7 @@ fn a_client_killed_mid_fetch_leaves_nothing_misusable() {
     }
     assert!(r.per_mount_dirs().is_empty(), "{:?}", r.per_mount_dirs());
     assert_eq!(read(&c.m("small")), b"small file");
-    assert_eq!(c.calls("Read {"), 0, "small reused:\n{}", c.log_text());
+    assert_eq!(c.data_calls(), 0, "small reused:\n{}", c.log_text());
     assert!(read(&c.m("big")) == v2, "the new version");
 }
 
@@ -332,12 +332,12 @@ fn hoard_fetches_a_subtree_for_later_reads_without_round_trips() {
         !se.contains('\u{1b}'),
         "no progress bar off a terminal: {se:?}"
     );
-    let fetched = c.calls("Read {");
+    let fetched = c.data_calls();
     let before = c.calls("");
     for (rel, data) in &want {
         assert_eq!(&read(&c.m(rel)), data, "{rel}");
     }
-    assert_eq!(c.calls("Read {"), fetched, "nothing fetched again");
+    assert_eq!(c.data_calls(), fetched, "nothing fetched again");
     assert_eq!(
         c.calls(""),
         before,

@@ -283,8 +283,7 @@ fn noopen_misses_while_cut_off_are_read_from_containers() {
     );
     // A second miss of the file read once is local already (no data call; the kernel's
     // lookups may still bring listings).
-    let data_calls =
-        |c: &dircache_tests::remote::Client| c.calls("OpenVerified") + c.calls("Read {");
+    let data_calls = |c: &dircache_tests::remote::Client| c.calls("Verified") + c.calls("Read {");
     let calls = data_calls(&c);
     assert_eq!(read_uncached(&c.m("f")).unwrap(), read_once);
     assert_eq!(
@@ -338,7 +337,7 @@ fn noopen_misses_after_changes_read_fresh_bytes() {
     });
     // The callbacks of the server's write may come after that read's fetch: wait until a miss
     // makes no round trip.
-    let data_calls = || t.calls("OpenVerified") + t.calls("Read {");
+    let data_calls = || t.calls("Verified") + t.calls("Read {");
     eventually("a miss answered from the container", || {
         let calls = data_calls();
         read_uncached(&t.m("f")).is_ok_and(|d| d == v1) && data_calls() == calls

@@ -39,8 +39,8 @@ pub use disconnected::Disconnected;
 use crate::frame::{read_frame, write_frame};
 use crate::prefetch::{join, stale_of, Prefetch, Stale};
 use crate::proto::{
-    decode, encode, features, Bytes, ClientMsg, Hello, ProtoError, Reply, Request, ServerMsg,
-    SubtreeDir, Target, WireCred, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
+    decode, encode, features, Bytes, ClientMsg, Hello, OpenHow, ProtoError, Reply, Request,
+    ServerMsg, SubtreeDir, Target, WireCred, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
 };
 
 /// The two directions of a byte stream, and whatever must live as long as they do.
@@ -225,6 +225,10 @@ fn stale_of_request(req: &Request) -> Option<Vec<Stale>> {
         Request::OpenVerified { target, .. }
         | Request::Setxattr { target, .. }
         | Request::Removexattr { target, .. } => of_target(target),
+        Request::OpenPlus { how, .. } => match how {
+            OpenHow::Path { path, .. } => linked(stale_of(path)),
+            OpenHow::Verified { target, .. } => of_target(target),
+        },
         _ => return None,
     })
 }
@@ -1348,24 +1352,22 @@ impl RemoteBackend {
         let conn = self.conn()?;
         // Before the server is asked: a callback from now on makes what it says not valid.
         let gen = cc.gen();
-        let r = conn.call_as(
-            &cred.into(),
-            Request::Open {
-                path: path.to_vec(),
-                flags,
-                mode,
-                umask: if flags & libc::O_CREAT != 0 {
-                    thread_umask()
-                } else {
-                    0
-                },
+        let how = OpenHow::Path {
+            path: path.to_vec(),
+            flags,
+            mode,
+            umask: if flags & libc::O_CREAT != 0 {
+                thread_umask()
+            } else {
+                0
             },
-        )?;
-        let Reply::Opened { handle, writable } = r else {
-            return Err(Error::Os(libc::EPROTO));
         };
-        let rf = self.remote_file(conn.clone(), handle, writable, path, cred, flags, None);
-        let attr = rf.attr()?;
+        let read = if flags & libc::O_ACCMODE != libc::O_WRONLY && flags & libc::O_TRUNC == 0 {
+            cc.first_read(path)
+        } else {
+            0
+        };
+        let (rf, attr, first) = self.open_plus(&conn, cred, how, read, cc.whole_file_max)?;
         if attr.mode & libc::S_IFMT != libc::S_IFREG || attr.size > cc.whole_file_max {
             return Ok(Box::new(rf));
         }
@@ -1402,9 +1404,64 @@ impl RemoteBackend {
                 _ => return Ok(Box::new(rf)),
             }
         }
+        let first = first.map(|data| container::First { data, asked: read });
         Ok(Box::new(cc.open(
-            &conn, path, cred, flags, rf, reader, attr, gen, true,
+            &conn, path, cred, flags, rf, reader, attr, gen, true, first,
         )?))
+    }
+
+    /// Open on `conn` as `how` says, with the opened file's attributes and, when `read` is not
+    /// 0 and its size at most `upto`, its first bytes (`None` when not read): one `OpenPlus` call where the server grants
+    /// it, else the open and a `FileAttr` call (no bytes).
+    fn open_plus(
+        &self,
+        conn: &Arc<Conn>,
+        cred: &Cred,
+        how: OpenHow,
+        read: u32,
+        upto: u64,
+    ) -> Result<(RemoteFile, Attr, Option<Vec<u8>>)> {
+        let flags = how.flags();
+        let (path, ident) = match &how {
+            OpenHow::Path { path, .. } => (path.clone(), None),
+            OpenHow::Verified { target, .. } => (target.path.clone(), target.expect),
+        };
+        if conn.features & features::OPEN_PLUS != 0 {
+            let r = conn.call_as(&cred.into(), Request::OpenPlus { how, read, upto })?;
+            let Reply::OpenedPlus {
+                handle,
+                writable,
+                attr,
+                data,
+            } = r
+            else {
+                return Err(Error::Os(libc::EPROTO));
+            };
+            let rf = self.remote_file(conn.clone(), handle, writable, &path, cred, flags, ident);
+            // What was opened: the identity a reopen must find (client/reopen.rs).
+            rf.state.at.lock().ident.get_or_insert((attr.dev, attr.ino));
+            return Ok((rf, attr, data.map(|b| b.0)));
+        }
+        let req = match how {
+            OpenHow::Path {
+                path,
+                flags,
+                mode,
+                umask,
+            } => Request::Open {
+                path,
+                flags,
+                mode,
+                umask,
+            },
+            OpenHow::Verified { target, flags } => Request::OpenVerified { target, flags },
+        };
+        let Reply::Opened { handle, writable } = conn.call_as(&cred.into(), req)? else {
+            return Err(Error::Os(libc::EPROTO));
+        };
+        let rf = self.remote_file(conn.clone(), handle, writable, &path, cred, flags, ident);
+        let attr = rf.attr()?;
+        Ok((rf, attr, None))
     }
 
     /// The container cache, if any.

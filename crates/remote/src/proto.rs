@@ -34,8 +34,11 @@ pub mod features {
     /// [`ClientMsg::Hurry`](super::ClientMsg::Hurry): a client waiting for one directory of
     /// a `Subtree` call in flight moves it ahead of the call's queue.
     pub const HURRY: u64 = 1 << 4;
+    /// [`Request::OpenPlus`](super::Request::OpenPlus): an open answered with the file's
+    /// attributes and its first bytes (one round trip for a cold open+read of a small file).
+    pub const OPEN_PLUS: u64 = 1 << 5;
     /// Everything this build knows.
-    pub const ALL: u64 = CALLBACKS | SUBTREE | XATTRS | SEARCH | HURRY;
+    pub const ALL: u64 = CALLBACKS | SUBTREE | XATTRS | SEARCH | HURRY | OPEN_PLUS;
 }
 
 /// Largest frame a client sends (a write's data chunk plus its header fits).
@@ -319,6 +322,42 @@ pub enum Request {
     Cancel {
         call: u64,
     },
+    /// Feature [`features::OPEN_PLUS`] (`read` first: the trace log of calls shows it): `how`
+    /// as [`Request::Open`] or
+    /// [`Request::OpenVerified`] would, answered with [`Reply::OpenedPlus`]: the handle, the
+    /// opened file's attributes (what [`Request::FileAttr`] on it answers) and, when `read` is
+    /// not 0 and the file is a regular file the handle can read, its first bytes (at most
+    /// `read` and [`MAX_IO`]; fewer only at its end) if its size is at most `upto` (a client
+    /// that keeps only files up to a size wants no bytes of a bigger one).
+    OpenPlus {
+        read: u32,
+        upto: u64,
+        how: OpenHow,
+    },
+}
+
+/// How [`Request::OpenPlus`] opens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpenHow {
+    /// As [`Request::Open`].
+    Path {
+        #[serde(with = "serde_bytes")]
+        path: Vec<u8>,
+        flags: i32,
+        mode: u32,
+        umask: u32,
+    },
+    /// As [`Request::OpenVerified`].
+    Verified { target: Target, flags: i32 },
+}
+
+impl OpenHow {
+    /// The open's flags.
+    pub fn flags(&self) -> i32 {
+        match self {
+            OpenHow::Path { flags, .. } | OpenHow::Verified { flags, .. } => *flags,
+        }
+    }
 }
 
 impl Request {
@@ -346,6 +385,7 @@ impl Request {
             Request::Open { flags, .. } | Request::OpenVerified { flags, .. } => {
                 flags & (libc::O_CREAT | libc::O_TRUNC) != 0
             }
+            Request::OpenPlus { how, .. } => how.flags() & (libc::O_CREAT | libc::O_TRUNC) != 0,
             _ => true,
         }
     }
@@ -389,6 +429,14 @@ pub enum Reply {
     Count(u64),
     /// Part of a search's results.
     Found(Vec<Found>),
+    /// The answer to [`Request::OpenPlus`]: `data` is `None` when no bytes were asked for or
+    /// could be read (not a regular file, a write-only handle).
+    OpenedPlus {
+        handle: u64,
+        writable: bool,
+        attr: Attr,
+        data: Option<Bytes>,
+    },
 }
 
 /// One result of a [`Request::Search`] ([`dircache_core::SearchHit`] on the wire).

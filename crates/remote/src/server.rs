@@ -34,8 +34,9 @@ mod subtree;
 
 use crate::frame::{encode_frame, read_frame};
 use crate::proto::{
-    decode, encode, features, Callback, ClientMsg, Hello, ProtoError, Reply, Request, ServerMsg,
-    Target, WireCred, ENTRIES_PER_FRAME, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
+    decode, encode, features, Bytes, Callback, ClientMsg, Hello, OpenHow, ProtoError, Reply,
+    Request, ServerMsg, Target, WireCred, ENTRIES_PER_FRAME, MAX_CLIENT_FRAME, MAX_IO,
+    MAX_SERVER_FRAME,
 };
 
 /// How a server runs.
@@ -392,6 +393,18 @@ fn answer(s: &Shared, job: Job) {
         Request::OpenVerified { target: t, flags } => b
             .open_verified(&cred, target(&t), flags)
             .and_then(|f| opened(s, f)),
+        Request::OpenPlus { how, read, upto } => {
+            let f = match how {
+                OpenHow::Path {
+                    path,
+                    flags,
+                    mode,
+                    umask,
+                } => with_umask(mode, umask, |m| b.open(&cred, &path, flags, m)),
+                OpenHow::Verified { target: t, flags } => b.open_verified(&cred, target(&t), flags),
+            };
+            f.and_then(|f| opened_plus(s, f, read, upto))
+        }
         Request::Close { handle } => match s.handles.lock().remove(&handle) {
             Some(_) => Ok(Reply::Unit),
             None => Err(Error::Os(libc::EBADF)),
@@ -460,6 +473,57 @@ fn opened(s: &Shared, f: Box<dyn BackendFile>) -> dircache_core::Result<Reply> {
     let handle = s.next_handle.fetch_add(1, Ordering::Relaxed);
     h.insert(handle, Arc::from(f));
     Ok(Reply::Opened { handle, writable })
+}
+
+/// [`Request::OpenPlus`]: `f` registered as [`opened`] does, with its attributes and its
+/// first `read` bytes (at most [`MAX_IO`]) when it is a regular file of at most `upto` bytes
+/// it can read.
+fn opened_plus(
+    s: &Shared,
+    f: Box<dyn BackendFile>,
+    read: u32,
+    upto: u64,
+) -> dircache_core::Result<Reply> {
+    let attr = f.attr()?;
+    let data = if read > 0 && attr.mode & libc::S_IFMT == libc::S_IFREG && attr.size <= upto {
+        let mut buf = vec![
+            0u8;
+            (read as usize)
+                .min(MAX_IO)
+                .min((attr.size as usize).saturating_add(1))
+        ];
+        // Fewer bytes than asked only at the end of the file: read on after a short read.
+        let mut n = 0;
+        loop {
+            match f.read_at(&mut buf[n..], n as u64) {
+                Ok(0) => break Some(n),
+                Ok(k) => {
+                    n += k;
+                    if n == buf.len() {
+                        break Some(n);
+                    }
+                }
+                Err(Error::Os(libc::EINTR)) => {}
+                // A write-only handle, say: no bytes (the client reads as it would have).
+                Err(_) => break None,
+            }
+        }
+        .map(|n| {
+            buf.truncate(n);
+            Bytes(buf)
+        })
+    } else {
+        None
+    };
+    let Reply::Opened { handle, writable } = opened(s, f)? else {
+        return Err(Error::Os(libc::EIO));
+    };
+    Ok(Reply::OpenedPlus {
+        handle,
+        writable,
+        attr,
+        data,
+    })
 }
 
 fn stream_entries(s: &Shared, id: u64, entries: Vec<DirEntry>) {

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use dircache_core::{Attr, DirEntry, FileType};
 use dircache_remote::frame::{read_frame, write_frame, FrameError};
 use dircache_remote::proto::{
-    decode, encode, features, Bytes, ClientMsg, Hello, Reply, Request, ServerMsg, WireCred,
-    MAX_CLIENT_FRAME, MAX_SERVER_FRAME,
+    decode, encode, features, Bytes, ClientMsg, Hello, OpenHow, Reply, Request, ServerMsg,
+    WireCred, MAX_CLIENT_FRAME, MAX_SERVER_FRAME,
 };
 use proptest::prelude::*;
 
@@ -41,6 +41,16 @@ fn valid_client_frames() -> Vec<Vec<u8>> {
             old: b"a".to_vec(),
             new: b"b".to_vec(),
             mode: dircache_core::RenameMode::Exchange,
+        },
+        Request::OpenPlus {
+            read: 1 << 20,
+            upto: u64::MAX,
+            how: OpenHow::Path {
+                path: b"x".to_vec(),
+                flags: 0,
+                mode: 0,
+                umask: 0,
+            },
         },
     ];
     let mut out = vec![encode(&ClientMsg::Hello(Hello::new(features::ALL))).unwrap()];
@@ -86,6 +96,17 @@ fn valid_server_frames() -> Vec<Vec<u8>> {
             id: 4,
             last: true,
             body: Err(2),
+        })
+        .unwrap(),
+        encode(&ServerMsg::Reply {
+            id: 5,
+            last: true,
+            body: Ok(Reply::OpenedPlus {
+                handle: 1,
+                writable: false,
+                attr: Attr::default(),
+                data: Some(Bytes(vec![1, 2, 3])),
+            }),
         })
         .unwrap(),
         encode(&ServerMsg::Callback(

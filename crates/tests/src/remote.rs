@@ -453,6 +453,12 @@ impl Client {
             .count()
     }
 
+    /// Calls so far that asked the server for file data: `Read`s, and opens asking for the
+    /// first bytes with them (`OpenPlus` with `read` > 0).
+    pub fn data_calls(&self) -> usize {
+        self.calls("Read {") + self.calls("OpenPlus { read: ") - self.calls("OpenPlus { read: 0,")
+    }
+
     /// Unmount and wait for the daemon to exit (its state written).
     pub fn unmount(mut self) {
         self.stop();
@@ -532,6 +538,11 @@ impl RemoteMount {
     /// Remote calls so far whose description contains `what` ("" = all).
     pub fn calls(&self, what: &str) -> usize {
         self.client.calls(what)
+    }
+
+    /// [`Client::data_calls`].
+    pub fn data_calls(&self) -> usize {
+        self.client.data_calls()
     }
 
     /// Write `name` on the server and wait until the mount shows it with that size: the

@@ -640,6 +640,19 @@ struct RunResult {
     lines: usize,
     /// The client kernel's FUSE requests by kind during the run (dircache only).
     requests: Option<BTreeMap<String, u64>>,
+    /// The client's calls and `Hurry` messages during the run (dircache only; cold: since
+    /// the mount). The proxy's round trips count bursts, a `Hurry` among them.
+    calls: Option<(u64, u64)>,
+}
+
+/// A dircache mount's remote calls and hurries so far (`dircache stats`: `backend`).
+fn backend_calls(mnt: &Path) -> Option<(u64, u64)> {
+    let v = mount_stats(mnt)?;
+    let b = &v["backend"];
+    Some((
+        b["round_trips"].as_u64()?,
+        b["bulk_hurries"].as_u64().unwrap_or(0),
+    ))
 }
 
 /// `dircache stats MNT` of a dircache mount.
@@ -840,8 +853,19 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
     }
     let before = before.or_else(|| s.proxy.as_ref().map(DelayProxy::traffic));
     let req_before = dircache_mnt.as_deref().and_then(kernel_requests);
+    let calls_before = match cold {
+        true => Some((0, 0)),
+        false => dircache_mnt.as_deref().and_then(backend_calls),
+    };
     let res = timed(cmd, env.timeout);
     let req_after = dircache_mnt.as_deref().and_then(kernel_requests);
+    let calls = match (
+        dircache_mnt.as_deref().and_then(backend_calls),
+        calls_before,
+    ) {
+        (Some(a), Some(b)) => Some((a.0.saturating_sub(b.0), a.1.saturating_sub(b.1))),
+        _ => None,
+    };
     if let Some((port, delay)) = cut {
         reconnect(env, s, port, delay)?;
     }
@@ -877,6 +901,7 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         traffic,
         lines: out.stdout.as_slice().lines().count(),
         requests,
+        calls,
     })
 }
 
@@ -890,6 +915,8 @@ struct Row {
     bytes: Vec<u64>,
     /// The client kernel's FUSE requests by kind, per run (dircache).
     requests: Vec<BTreeMap<String, u64>>,
+    /// The client's calls and hurries, per run (dircache).
+    calls: Vec<(u64, u64)>,
     ops: usize,
     lines: Option<usize>,
     error: Option<String>,
@@ -1140,6 +1167,7 @@ fn bench(
                         round_trips: vec![],
                         bytes: vec![],
                         requests: vec![],
+                        calls: vec![],
                         ops: w.ops,
                         lines: None,
                         error: s.unavailable.as_ref().map(|u| format!("unavailable: {u}")),
@@ -1191,6 +1219,9 @@ fn bench(
                                 }
                                 if let Some(q) = res.requests {
                                     row.requests.push(q);
+                                }
+                                if let Some(c) = res.calls {
+                                    row.calls.push(c);
                                 }
                             }
                             Err(e) => {
@@ -1291,6 +1322,13 @@ fn json_rows(rows: &[Row]) -> Vec<serde_json::Value> {
                     m.insert("kernel_requests_by_kind".into(), json!(by));
                 }
             }
+            if !r.calls.is_empty() {
+                if let Some(m) = o.as_object_mut() {
+                    let (c, h): (Vec<u64>, Vec<u64>) = r.calls.iter().copied().unzip();
+                    m.insert("calls".into(), json!(median_u64(&c)));
+                    m.insert("hurries".into(), json!(median_u64(&h)));
+                }
+            }
             if let (Some(e), Some(m)) = (&r.error, o.as_object_mut()) {
                 m.insert("error".into(), json!(e));
             }
@@ -1313,7 +1351,8 @@ fn print_table(rows: &[Row], runs: usize, entries: usize) {
     println!(
         "dircache bench remote: {entries}-entry tree over ssh on loopback through a delay \
          proxy; median of {runs} interleaved runs; x = ratio to native; rt = round trips \
-         (client-to-server bursts), B = bytes both ways (medians); load average at end {}",
+         (client-to-server bursts, a Hurry among them), B = bytes both ways, calls = the dircache \
+         client's calls, hurries = its Hurry messages (medians); load average at end {}",
         super::lookup::loadavg()
     );
     let mut by: BTreeMap<(u64, usize, &str), Vec<&Row>> = BTreeMap::new();
@@ -1376,6 +1415,14 @@ fn print_table(rows: &[Row], runs: usize, entries: usize) {
             }
             if !r.requests.is_empty() {
                 cell.push_str(&format!(" req {}", median_requests(&r.requests).1));
+            }
+            if !r.calls.is_empty() {
+                let (c, h): (Vec<u64>, Vec<u64>) = r.calls.iter().copied().unzip();
+                cell.push_str(&format!(
+                    " calls {} hurries {}",
+                    median_u64(&c),
+                    median_u64(&h)
+                ));
             }
             if let (Some(l), Some(n)) = (r.lines, native_lines) {
                 if l != n {

@@ -54,6 +54,13 @@ use parking_lot::Mutex;
 use super::{eio, want_attr, want_count, want_unit, Conn, Disconnected, RemoteFile};
 use crate::proto::{Request, WireCred, MAX_IO};
 
+/// A file's first bytes, read with its open ([`crate::proto::Request::OpenPlus`]): `asked` is
+/// how many were asked for (fewer came only at the file's end).
+pub(crate) struct First {
+    pub data: Vec<u8>,
+    pub asked: u32,
+}
+
 /// Where containers live and how big they may get.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerConfig {
@@ -723,6 +730,7 @@ impl Containers {
         attr: Attr,
         gen: u64,
         grant: bool,
+        first: Option<First>,
     ) -> Result<ContainerFile> {
         let key = (attr.dev, attr.ino);
         let writable = rf.writable;
@@ -768,7 +776,7 @@ impl Containers {
                 }
             }
             let r = self
-                .fetch(&file, reader.as_ref().unwrap_or(&rf), attr.size)
+                .fetch(&file, reader.as_ref().unwrap_or(&rf), &attr, first)
                 .and_then(|n| Ok((n, local_of(&file)?)));
             let mut st = self.st.lock();
             st.index_dirty = true;
@@ -848,6 +856,23 @@ impl Containers {
 
     /// Whether an open of the file with attributes `attr` must fetch it (not the version held,
     /// and no local writer has it open).
+    /// How many first bytes an open of `path` asks for with it: none when a container of
+    /// `path` is held with data (its version is most likely current: the bytes would come
+    /// for nothing), else as many as one read brings (at most the whole-file bound).
+    pub(super) fn first_read(&self, path: &[u8]) -> u32 {
+        let st = self.st.lock();
+        let held = st
+            .by_path
+            .get(path)
+            .and_then(|k| st.by_key.get(k))
+            .is_some_and(|e| e.attr.is_some());
+        if held {
+            0
+        } else {
+            (MAX_IO as u64).min(self.whole_file_max) as u32
+        }
+    }
+
     pub(super) fn needs_fetch(&self, attr: &Attr) -> bool {
         let st = self.st.lock();
         match st.by_key.get(&(attr.dev, attr.ino)) {
@@ -857,15 +882,29 @@ impl Containers {
     }
 
     /// The server's data into `file` (truncated first), in pipelined windows; the bytes read.
-    fn fetch(&self, file: &File, rf: &RemoteFile, size: u64) -> Result<u64> {
+    /// `first`: the bytes that came with the open, written first; a short piece (fewer than
+    /// asked, no more than the size) is the whole file.
+    fn fetch(
+        &self,
+        file: &File,
+        rf: &RemoteFile,
+        attr: &Attr,
+        first: Option<First>,
+    ) -> Result<u64> {
         file.set_len(0)?;
-        if size == 0 {
+        let mut off = 0u64;
+        if let Some(f) = first {
+            file.write_all_at(&f.data, 0)?;
+            off = f.data.len() as u64;
+            if f.data.len() < f.asked as usize && off <= attr.size {
+                return Ok(off);
+            }
+        } else if attr.size == 0 {
             // Nothing to read (a write-only handle could not).
             return Ok(0);
         }
         const WINDOW: usize = 8 << 20;
-        let mut buf = vec![0u8; (size as usize).clamp(MAX_IO, WINDOW)];
-        let mut off = 0u64;
+        let mut buf = vec![0u8; ((attr.size - attr.size.min(off)) as usize).clamp(MAX_IO, WINDOW)];
         loop {
             let n = rf.read_at(&mut buf, off)?;
             file.write_all_at(&buf[..n], off)?;

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use dircache_core::{Attr, BackendFile, Cred, Result, SetAttr, Whence, XattrTarget};
 
 use super::{target, Containers, RemoteBackend};
-use crate::proto::{Reply, Request};
+use crate::proto::{OpenHow, Request};
 
 impl RemoteBackend {
     /// [`Backend::open_verified`](dircache_core::Backend::open_verified) of a regular file
@@ -70,34 +70,25 @@ impl RemoteBackend {
         // Before the server is asked: a callback (or a write) from now on makes what it says
         // not valid.
         let gen = cc.gen();
-        let r = conn.call_as(
-            &cred.into(),
-            Request::OpenVerified {
-                target: target(&t),
-                flags,
-            },
-        )?;
-        let Reply::Opened { handle, writable } = r else {
-            return Err(dircache_core::Error::Os(libc::EPROTO));
+        let read = if flags & libc::O_ACCMODE != libc::O_WRONLY && flags & libc::O_TRUNC == 0 {
+            cc.first_read(t.path)
+        } else {
+            0
         };
-        let rf = self.remote_file(
-            conn.clone(),
-            handle,
-            writable,
-            t.path,
-            cred,
+        let how = OpenHow::Verified {
+            target: target(&t),
             flags,
-            t.expect,
-        );
-        let attr = rf.attr()?;
+        };
+        let (rf, attr, first) = self.open_plus(&conn, cred, how, read, cc.whole_file_max)?;
         if attr.mode & libc::S_IFMT != libc::S_IFREG
             || attr.size > cc.whole_file_max
             || Some((attr.dev, attr.ino)) != t.expect
         {
             return Ok(Box::new(rf));
         }
+        let first = first.map(|data| super::container::First { data, asked: read });
         Ok(Box::new(cc.open(
-            &conn, t.path, cred, flags, rf, None, attr, gen, false,
+            &conn, t.path, cred, flags, rf, None, attr, gen, false, first,
         )?))
     }
 
