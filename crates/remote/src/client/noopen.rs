@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 use dircache_core::{Attr, BackendFile, Cred, Result, SetAttr, Whence, XattrTarget};
 
-use super::{target, Containers, RemoteBackend};
-use crate::proto::{Reply, Request};
+use super::{Containers, RemoteBackend};
+use crate::proto::Reply;
 
 impl RemoteBackend {
     /// [`Backend::open_verified`](dircache_core::Backend::open_verified) of a regular file
@@ -70,13 +70,7 @@ impl RemoteBackend {
         // Before the server is asked: a callback (or a write) from now on makes what it says
         // not valid.
         let gen = cc.gen();
-        let r = conn.call_as(
-            &cred.into(),
-            Request::OpenVerified {
-                target: target(&t),
-                flags,
-            },
-        )?;
+        let r = conn.open_verified(cred, &t, flags)?;
         let Reply::Opened { handle, writable } = r else {
             return Err(dircache_core::Error::Os(libc::EPROTO));
         };
@@ -112,13 +106,7 @@ impl RemoteBackend {
         key: (u64, u64),
     ) -> Result<Box<dyn BackendFile>> {
         let c = self.conn()?;
-        let r = c.call_as(
-            &cred.into(),
-            Request::OpenVerified {
-                target: target(&t),
-                flags,
-            },
-        )?;
+        let r = c.open_verified(cred, &t, flags)?;
         Ok(Box::new(WriteThrough {
             inner: self.file(c, r, t.path, cred, flags, t.expect)?,
             cc: cc.clone(),
