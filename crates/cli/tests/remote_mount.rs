@@ -14,7 +14,7 @@ use std::path::Path;
 use common::{can_mount, py, sh, sh_ok};
 // The remote-mount harness (crates/tests/src/remote.rs): a mount of its own remote through
 // a stand-in ssh, and waiting with a generous bound.
-use dircache_tests::remote::{eventually, RemoteMount};
+use dircache_tests::remote::{eventually, eventually_or, Remote, RemoteMount};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
@@ -615,4 +615,109 @@ fn a_find_instantiates_no_file_inode_and_shows_the_tree() {
             .collect()
     };
     assert_eq!(strip(&got), strip(&want));
+}
+
+/// (mode, nlink, size) of `p`, `None` if it cannot be stat'ed.
+fn mode_links_size(p: &Path) -> Option<(u32, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.mode() & 0o7777, m.nlink(), m.size()))
+}
+
+/// Wait until `p` shows (mode, nlink, size) `want` and, if given, the contents `data`; the
+/// failure tells what it showed.
+fn shows(p: &Path, what: &str, want: (u32, u64, u64), data: Option<&[u8]>) {
+    eventually_or(what, || {
+        let got = mode_links_size(p);
+        let read = data.map(|_| std::fs::read(p).map_err(|e| e.to_string()));
+        if got == Some(want) && read.as_ref().is_none_or(|r| r.as_deref().ok() == data) {
+            return Ok(());
+        }
+        let read = read.map(|r| r.map(|d| String::from_utf8_lossy(&d).into_owned()));
+        let fmt = |x: Option<(u32, u64, u64)>| x.map(|(m, n, s)| format!("{m:o} {n} {s}"));
+        Err(format!(
+            "(mode, nlink, size) {:?} (want {:?}), contents {read:?}",
+            fmt(got),
+            fmt(Some(want))
+        ))
+    });
+}
+
+/// A served tree made by `script`, mounted; the server runs as root (fanotify) or, with
+/// `uid`, as that user (inotify).
+fn mount_tree(script: &str, uid: Option<u32>) -> RemoteMount {
+    let mut r = Remote::new();
+    sh_ok(&r.src, script);
+    if let Some(uid) = uid {
+        r.serve_as(uid);
+    }
+    RemoteMount::over(r, "")
+}
+
+/// A change made on the server through one name of a hard-linked file (a chmod, a write)
+/// shows through every name the client has cached, in other directories too, with one-day
+/// kernel TTLs: the callback names one path, the inode's other names must follow. With a
+/// root server (fanotify) and a non-root one (inotify).
+#[test]
+fn a_server_side_change_reaches_every_cached_name_of_a_hard_link() {
+    if !can_mount() {
+        return;
+    }
+    for uid in [None, Some(1000)] {
+        let t = mount_tree(
+            "mkdir d1 d2 && echo one > d1/a && chmod 644 d1/a && ln d1/a d2/b && ln d1/a d1/b2",
+            uid,
+        );
+        let names = ["d1/a", "d2/b", "d1/b2"];
+        // Cached in the client's core and in the kernel.
+        for n in names {
+            assert_eq!(mode_links_size(&t.m(n)), Some((0o644, 3, 4)), "{n}");
+            assert_eq!(std::fs::read(t.m(n)).unwrap(), b"one\n", "{n}");
+        }
+        common::chmod(&t.s("d1/a"), 0o600);
+        for n in names {
+            let what = format!("server uid {uid:?}: {n} shows the server's chmod of d1/a");
+            shows(&t.m(n), &what, (0o600, 3, 4), None);
+        }
+        // A write on the server through another name: new size and contents everywhere.
+        std::fs::write(t.s("d2/b"), b"second version\n").unwrap();
+        for n in names {
+            let what = format!("server uid {uid:?}: {n} shows the server's write to d2/b");
+            shows(&t.m(n), &what, (0o600, 3, 15), Some(b"second version\n"));
+        }
+    }
+}
+
+/// A third name linked on the server after the client cached two: the link count, and a
+/// chmod and a write through the new name (which the client never looked up), reach the
+/// cached names. With a root server (fanotify) and a non-root one (inotify).
+#[test]
+fn a_chmod_through_a_name_linked_on_the_server_reaches_the_cached_names() {
+    if !can_mount() {
+        return;
+    }
+    for uid in [None, Some(1000)] {
+        let t = mount_tree(
+            "mkdir d1 d2 d3 && echo one > d1/a && chmod 644 d1/a && ln d1/a d2/b",
+            uid,
+        );
+        for n in ["d1/a", "d2/b"] {
+            assert_eq!(mode_links_size(&t.m(n)), Some((0o644, 2, 4)), "{n}");
+        }
+        sh_ok(&t.src, "ln d1/a d3/c");
+        for n in ["d1/a", "d2/b"] {
+            let what = format!("server uid {uid:?}: {n} shows the link made on the server");
+            shows(&t.m(n), &what, (0o644, 3, 4), None);
+        }
+        common::chmod(&t.s("d3/c"), 0o640);
+        for n in ["d1/a", "d2/b", "d3/c"] {
+            let what = format!("server uid {uid:?}: {n} shows the server's chmod of d3/c");
+            shows(&t.m(n), &what, (0o640, 3, 4), None);
+        }
+        std::fs::write(t.s("d3/c"), b"through c\n").unwrap();
+        for n in ["d1/a", "d2/b", "d3/c"] {
+            let what = format!("server uid {uid:?}: {n} shows the server's write to d3/c");
+            shows(&t.m(n), &what, (0o640, 3, 10), Some(b"through c\n"));
+        }
+    }
 }

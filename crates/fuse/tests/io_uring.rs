@@ -112,6 +112,26 @@ fn uring() -> CachePolicy {
     }
 }
 
+/// A test's turn (`SERIAL`), `enable_uring` set to `value`, a mount asking for io_uring and
+/// its abort guard, and the ring requests served before the mount. Bind every part (the
+/// parts drop in reverse: the guard, the mount, `enable_uring` put back, the turn).
+fn uring_mount(
+    value: &str,
+) -> (
+    std::sync::MutexGuard<'static, ()>,
+    EnableUring,
+    u64,
+    TestMount,
+    AbortGuard,
+) {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let enable = EnableUring::set(value);
+    let before = fuser::uring_requests_served();
+    let t = TestMount::with_policy(uring());
+    let abort = AbortGuard::new(&t.mnt);
+    (serial, enable, before, t, abort)
+}
+
 /// `stat` of `n` distinct names in a fresh directory of SRC, through the mount.
 fn stat_loop(t: &TestMount, n: usize) {
     let d = t.s("statloop");
@@ -130,11 +150,7 @@ fn posix_checks_match_native_over_io_uring() {
     if !can_mount() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let _on = EnableUring::set("Y");
-    let before = fuser::uring_requests_served();
-    let t = TestMount::with_policy(uring());
-    let _abort = AbortGuard::new(&t.mnt);
+    let (_serial, _on, before, t, _abort) = uring_mount("Y");
     checks_match_native(&t);
     stat_loop(&t, 200);
     let served = fuser::uring_requests_served() - before;
@@ -150,11 +166,7 @@ fn non_root_users_match_native_over_io_uring() {
     if !can_mount() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let _on = EnableUring::set("Y");
-    let before = fuser::uring_requests_served();
-    let t = TestMount::with_policy(uring());
-    let _abort = AbortGuard::new(&t.mnt);
+    let (_serial, _on, before, t, _abort) = uring_mount("Y");
     user_checks_match_native(&t);
     let served = fuser::uring_requests_served() - before;
     eprintln!("{served} requests from ring entries");
@@ -169,11 +181,7 @@ fn falls_back_to_dev_fuse_when_enable_uring_is_off() {
     if !can_mount() {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let _off = EnableUring::set("N");
-    let before = fuser::uring_requests_served();
-    let t = TestMount::with_policy(uring());
-    let _abort = AbortGuard::new(&t.mnt);
+    let (_serial, _off, before, t, _abort) = uring_mount("N");
     checks_match_native(&t);
     stat_loop(&t, 200);
     assert_eq!(

@@ -227,17 +227,48 @@ impl CachedBackend {
     }
 }
 
-/// Apply each change of `feed` to the cache, then forward it to the subscribers. Ends when
-/// the feed ends or the cache is gone.
+/// Apply each change of `feed` to the cache, then forward it to the subscribers; a change
+/// at a path that names a hard-linked file is followed by the change of its inode
+/// ([`linked_inode`]). Ends when the feed ends or the cache is gone.
 fn apply_loop(feed: ChangeFeed, cache: Weak<Cache>, subs: Arc<Mutex<Vec<Subscriber>>>) {
     for change in feed {
         let Some(cache) = cache.upgrade() else {
             return;
         };
         cache.apply_change(&change);
+        let inode = linked_inode(&**cache.backend(), &change);
+        if let Some(i) = &inode {
+            cache.apply_change(i);
+        }
         drop(cache);
-        subs.lock().retain_mut(|s| s.forward(&change));
+        let mut subs = subs.lock();
+        for c in std::iter::once(&change).chain(&inode) {
+            subs.retain_mut(|s| s.forward(c));
+        }
     }
+}
+
+/// A change at a path (a chmod or a write through one name, a name made by `link`) that
+/// names a non-directory with other links moves the attributes every other name of it shows,
+/// which the feed reports by inode only when the event named no directory: the change by
+/// inode, for the cache here and the client's (every cached name, and the client kernel's
+/// inode). Asked of the local backend directly (one `statx`), not through the cache.
+fn linked_inode(local: &dyn Backend, change: &Change) -> Option<Change> {
+    let (Change::Attr { path } | Change::Entry { path }) = change else {
+        return None;
+    };
+    let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&[][..], &path[..]),
+    };
+    if name.is_empty() {
+        return None;
+    }
+    let a = local.lookup(dir, name).ok()?;
+    (a.nlink > 1 && !a.is_dir()).then_some(Change::Inode {
+        dev: a.dev,
+        ino: a.ino,
+    })
 }
 
 /// One receiver of applied changes. The apply thread never waits for it (the cache must

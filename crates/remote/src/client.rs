@@ -332,6 +332,17 @@ impl Conn {
         self.call_touching(cred, req, None)
     }
 
+    /// `OpenVerified` of `t` with `flags` as `cred`: the server's `Opened` reply.
+    fn open_verified(&self, cred: &Cred, t: &XattrTarget<'_>, flags: i32) -> Result<Reply> {
+        self.call_as(
+            &cred.into(),
+            Request::OpenVerified {
+                target: target(t),
+                flags,
+            },
+        )
+    }
+
     /// [`Conn::call_as`] with what a mutation makes stale ([`Conn::start_touching`]).
     fn call_touching(
         &self,
@@ -856,6 +867,43 @@ fn target(t: &XattrTarget<'_>) -> Target {
     }
 }
 
+/// Walk `names` from `dir` as far as `known` answers (`None`: it does not know that name),
+/// then the rest with `rest`, in one go.
+fn walk_known(
+    dir: &[u8],
+    names: &[&[u8]],
+    mut known: impl FnMut(&[u8], &[u8]) -> Option<Result<Attr>>,
+    rest: impl FnOnce(&[u8], &[&[u8]]) -> Walked,
+) -> Walked {
+    let mut w = Walked::default();
+    let mut at = dir.to_vec();
+    for (i, name) in names.iter().enumerate() {
+        match known(&at, name) {
+            Some(Ok(a)) => {
+                w.attrs.push(a);
+                if i + 1 < names.len() && !a.is_dir() {
+                    w.error = Some(Error::NotDir);
+                    return w;
+                }
+                at = join(&at, name);
+            }
+            Some(Err(e)) => {
+                w.error = Some(e);
+                return w;
+            }
+            None => break,
+        }
+    }
+    let done = w.attrs.len();
+    if done == names.len() {
+        return w;
+    }
+    let mut r = rest(&at, &names[done..]);
+    w.attrs.append(&mut r.attrs);
+    w.error = r.error;
+    w
+}
+
 fn want_attr(r: Reply) -> Result<Attr> {
     match r {
         Reply::Attr(a) => Ok(a),
@@ -914,51 +962,29 @@ impl Backend for RemoteBackend {
     }
 
     fn walk(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
-        if names.is_empty() {
-            return Walked::default();
-        }
         // As far as the prefetch buffer knows, then the rest in one round trip.
-        let mut known = Walked::default();
-        let mut at = dir.to_vec();
-        {
-            let mut p = self.prefetch.lock();
-            for (i, name) in names.iter().enumerate() {
-                if p.coming(&at) {
+        walk_known(
+            dir,
+            names,
+            |at, name| {
+                if self.prefetch.lock().coming(at) {
+                    self.wait_for_listing(at);
+                }
+                let mut p = self.prefetch.lock();
+                if !p.holds(at) && p.missed_again(at) {
                     drop(p);
-                    self.wait_for_listing(&at);
+                    self.bulk(at);
                     p = self.prefetch.lock();
                 }
-                if !p.holds(&at) && p.missed_again(&at) {
-                    drop(p);
-                    self.bulk(&at);
-                    p = self.prefetch.lock();
+                let r = p.lookup(at, name);
+                drop(p);
+                if let Some(Ok(a)) = &r {
+                    self.remember(&join(at, name), a);
                 }
-                match p.lookup(&at, name) {
-                    Some(Ok(a)) => {
-                        self.remember(&join(&at, name), &a);
-                        known.attrs.push(a);
-                        if i + 1 < names.len() && !a.is_dir() {
-                            known.error = Some(Error::NotDir);
-                            return known;
-                        }
-                        at = join(&at, name);
-                    }
-                    Some(Err(e)) => {
-                        known.error = Some(e);
-                        return known;
-                    }
-                    None => break,
-                }
-            }
-        }
-        let done = known.attrs.len();
-        if done == names.len() {
-            return known;
-        }
-        let mut rest = self.walk_remote(&at, &names[done..]);
-        known.attrs.append(&mut rest.attrs);
-        known.error = rest.error;
-        known
+                r
+            },
+            |at, rest| self.walk_remote(at, rest),
+        )
     }
 
     fn getattr(&self, path: &[u8]) -> Result<Attr> {
@@ -1176,13 +1202,7 @@ impl Backend for RemoteBackend {
             }
         }
         let c = self.conn()?;
-        let r = c.call_as(
-            &cred.into(),
-            Request::OpenVerified {
-                target: target(&t),
-                flags,
-            },
-        )?;
+        let r = c.open_verified(cred, &t, flags)?;
         self.file(c, r, t.path, cred, flags, t.expect)
     }
 
@@ -1510,33 +1530,12 @@ impl RemoteBackend {
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {
         // Disconnected: as far as what is known locally goes (each name; a walk of several
         // names below a directory made while cut off must not need the server).
-        let mut known = Walked::default();
-        let mut at = dir.to_vec();
-        for (i, name) in names.iter().enumerate() {
-            match self.offline_lookup(&at, name) {
-                Some(Ok(a)) => {
-                    known.attrs.push(a);
-                    if i + 1 < names.len() && !a.is_dir() {
-                        known.error = Some(Error::NotDir);
-                        return known;
-                    }
-                    at = join(&at, name);
-                }
-                Some(Err(e)) => {
-                    known.error = Some(e);
-                    return known;
-                }
-                None => break,
-            }
-        }
-        let done = known.attrs.len();
-        if done == names.len() {
-            return known;
-        }
-        let mut rest = self.walk_server(&at, &names[done..]);
-        known.attrs.append(&mut rest.attrs);
-        known.error = rest.error;
-        known
+        walk_known(
+            dir,
+            names,
+            |at, name| self.offline_lookup(at, name),
+            |at, rest| self.walk_server(at, rest),
+        )
     }
 
     /// [`Self::walk_remote`]'s call to the server.

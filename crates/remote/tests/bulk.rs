@@ -10,18 +10,13 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dircache_core::{Backend, Change, Cred, FileType};
+use dircache_core::{Backend, Change, FileType};
 use dircache_local::LocalBackend;
 use dircache_remote::prefetch::join;
 use dircache_remote::{serve, ClientConfig, RemoteBackend, ServerConfig};
 
-fn me() -> Cred {
-    Cred::new(
-        rustix::process::geteuid().as_raw(),
-        rustix::process::getegid().as_raw(),
-        [],
-    )
-}
+mod common;
+use common::{listings, me, wait_for_bulk};
 
 struct Server(Option<std::thread::JoinHandle<()>>);
 
@@ -77,36 +72,13 @@ fn tree(root: &std::path::Path) -> usize {
 type Listings = BTreeMap<Vec<u8>, Vec<(Vec<u8>, FileType, u64)>>;
 
 fn walk(b: &dyn Backend) -> Listings {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![Vec::<u8>::new()];
-    while let Some(d) = stack.pop() {
-        let mut l: Vec<_> = b
-            .readdir(&d, true)
-            .unwrap()
-            .into_iter()
-            .map(|e| {
-                if e.kind == FileType::Directory {
-                    stack.push(join(&d, &e.name));
-                }
-                let size = match e.kind {
-                    FileType::Directory => 0,
-                    _ => e.attr.map_or(u64::MAX, |a| a.size),
-                };
-                (e.name, e.kind, size)
-            })
-            .collect();
-        l.sort_by(|a, b| a.0.cmp(&b.0));
-        out.insert(d, l);
-    }
-    out
-}
-
-fn wait_for_bulk(r: &RemoteBackend) {
-    let end = Instant::now() + Duration::from_secs(60);
-    while r.bulk_in_flight() {
-        assert!(Instant::now() < end, "the bulk call did not end");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    listings(b, b"", |e| {
+        let size = match e.kind {
+            FileType::Directory => 0,
+            _ => e.attr.map_or(u64::MAX, |a| a.size),
+        };
+        (e.name, e.kind, size)
+    })
 }
 
 #[test]

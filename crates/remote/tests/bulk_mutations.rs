@@ -16,21 +16,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dircache_core::{Backend, Change, ChangeFeed, Cred, FileType, RenameMode, SetAttr};
+use dircache_core::{Backend, Change, ChangeFeed, FileType, RenameMode, SetAttr};
 use dircache_local::{LocalBackend, WatchMode};
 use dircache_remote::frame::{read_frame, write_frame};
-use dircache_remote::prefetch::join;
 use dircache_remote::proto::{decode, Reply, ServerMsg, MAX_SERVER_FRAME};
 use dircache_remote::{serve, ClientConfig, RemoteBackend, ServerConfig};
 use parking_lot::{Condvar, Mutex};
 
-fn me() -> Cred {
-    Cred::new(
-        rustix::process::geteuid().as_raw(),
-        rustix::process::getegid().as_raw(),
-        [],
-    )
-}
+mod common;
+use common::{listings, me, wait_for_bulk};
 
 /// What the relay holds back.
 #[derive(Default)]
@@ -178,38 +172,15 @@ fn tree(root: &Path) {
 type Listings = BTreeMap<Vec<u8>, Vec<(Vec<u8>, FileType, u64, u32, u32)>>;
 
 fn walk(b: &dyn Backend, top: &[u8]) -> Listings {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![top.to_vec()];
-    while let Some(d) = stack.pop() {
-        let mut l: Vec<_> = b
-            .readdir(&d, true)
-            .unwrap()
-            .into_iter()
-            .map(|e| {
-                if e.kind == FileType::Directory {
-                    stack.push(join(&d, &e.name));
-                }
-                let a = e.attr.expect("attributes");
-                let size = if e.kind == FileType::Directory {
-                    0
-                } else {
-                    a.size
-                };
-                (e.name, e.kind, size, a.mode, a.nlink)
-            })
-            .collect();
-        l.sort_by(|a, b| a.0.cmp(&b.0));
-        out.insert(d, l);
-    }
-    out
-}
-
-fn wait_for_bulk(r: &RemoteBackend) {
-    let end = Instant::now() + Duration::from_secs(60);
-    while r.bulk_in_flight() {
-        assert!(Instant::now() < end, "the bulk call did not end");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    listings(b, top, |e| {
+        let a = e.attr.expect("attributes");
+        let size = if e.kind == FileType::Directory {
+            0
+        } else {
+            a.size
+        };
+        (e.name, e.kind, size, a.mode, a.nlink)
+    })
 }
 
 /// Wait (at most 30 s) for a callback about each of `paths`; false on an overflow.

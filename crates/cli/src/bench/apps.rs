@@ -36,7 +36,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 
 use super::plot::{self, PlotFile};
-use super::progress::Progress;
+use super::progress::{interleaved_rounds, Progress};
 use super::tree::{self, TempDir};
 use super::{ablation, stats};
 
@@ -1229,38 +1229,28 @@ pub fn run(a: Args) -> Result<i32> {
                     }
                 }
             }
-            for r in 0..runs {
-                let n = systems.len();
-                for k in 0..n {
-                    let i = (k + r) % n;
-                    progress.running(format!(
-                        "{} ({cache}), round {}/{runs}: {}",
-                        w.name,
-                        r + 1,
-                        systems[i].sys.name()
-                    ));
-                    if rows[first + i].error.is_some() {
-                        progress.inc();
-                        continue;
+            let names: Vec<&str> = systems.iter().map(|s| s.sys.name()).collect();
+            let label = |r: usize, s: &str| format!("{} ({cache}), round {r}/{runs}: {s}", w.name);
+            interleaved_rounds(&progress, runs, &names, label, |i| {
+                if rows[first + i].error.is_some() {
+                    return Ok(());
+                }
+                match run_once(&ctx, &mut systems[i], w, state) {
+                    Ok((t, req, kinds, be)) => {
+                        rows[first + i].backend.extend(be);
+                        rows[first + i].kinds.push(kinds);
+                        rows[first + i].times.push(t);
+                        if let Some(q) = req {
+                            rows[first + i].requests.push(q);
+                        }
                     }
-                    let res = run_once(&ctx, &mut systems[i], w, state);
-                    progress.inc();
-                    match res {
-                        Ok((t, req, kinds, be)) => {
-                            rows[first + i].backend.extend(be);
-                            rows[first + i].kinds.push(kinds);
-                            rows[first + i].times.push(t);
-                            if let Some(q) = req {
-                                rows[first + i].requests.push(q);
-                            }
-                        }
-                        Err(e) => {
-                            note(&format!("{e:#}"));
-                            rows[first + i].error = Some(format!("{e:#}"));
-                        }
+                    Err(e) => {
+                        note(&format!("{e:#}"));
+                        rows[first + i].error = Some(format!("{e:#}"));
                     }
                 }
-            }
+                Ok(())
+            })?;
         }
     }
     // Unmount before printing (and before `base` goes).

@@ -38,7 +38,7 @@ use dircache_tests::sshd::{sshd_available, which, Sshd};
 use serde_json::json;
 
 use super::plot::{self, PlotFile};
-use super::progress::Progress;
+use super::progress::{interleaved_rounds, Progress};
 use super::stats;
 use super::tree::{self, TempDir};
 
@@ -1192,46 +1192,41 @@ fn bench(
                         }
                     }
                 }
-                for r in 0..runs {
-                    let n = systems.len();
-                    for k in 0..n {
-                        let i = (k + r) % n;
-                        progress.running(format!(
-                            "RTT {rtt_ms} ms, {} ({cache}), round {}/{runs}: {}",
-                            w.name,
-                            r + 1,
-                            systems[i].sys.name()
-                        ));
-                        if rows[first + i].error.is_some() {
-                            progress.inc();
-                            continue;
+                let names: Vec<&str> = systems.iter().map(|s| s.sys.name()).collect();
+                let label = |r: usize, s: &str| {
+                    format!(
+                        "RTT {rtt_ms} ms, {} ({cache}), round {r}/{runs}: {s}",
+                        w.name
+                    )
+                };
+                interleaved_rounds(&progress, runs, &names, label, |i| {
+                    if rows[first + i].error.is_some() {
+                        return Ok(());
+                    }
+                    match run_once(env, &mut systems[i], w, cold) {
+                        Ok(res) => {
+                            let row = &mut rows[first + i];
+                            row.times.push(res.secs);
+                            row.lines.get_or_insert(res.lines);
+                            if let Some(t) = res.traffic {
+                                row.round_trips.push(t.round_trips());
+                                row.bytes.push(t.bytes());
+                            }
+                            if let Some(q) = res.requests {
+                                row.requests.push(q);
+                            }
+                            if let Some(c) = res.calls {
+                                row.calls.push(c);
+                            }
                         }
-                        let res = run_once(env, &mut systems[i], w, cold);
-                        progress.inc();
-                        match res {
-                            Ok(res) => {
-                                let row = &mut rows[first + i];
-                                row.times.push(res.secs);
-                                row.lines.get_or_insert(res.lines);
-                                if let Some(t) = res.traffic {
-                                    row.round_trips.push(t.round_trips());
-                                    row.bytes.push(t.bytes());
-                                }
-                                if let Some(q) = res.requests {
-                                    row.requests.push(q);
-                                }
-                                if let Some(c) = res.calls {
-                                    row.calls.push(c);
-                                }
-                            }
-                            Err(e) => {
-                                check_stop()?;
-                                note(&format!("{e:#}"));
-                                rows[first + i].error = Some(format!("{e:#}"));
-                            }
+                        Err(e) => {
+                            check_stop()?;
+                            note(&format!("{e:#}"));
+                            rows[first + i].error = Some(format!("{e:#}"));
                         }
                     }
-                }
+                    Ok(())
+                })?;
             }
         }
     }

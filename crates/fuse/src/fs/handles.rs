@@ -25,6 +25,28 @@ pub(super) struct OpenFile {
     pub(super) cred: Cred,
 }
 
+impl OpenFile {
+    /// A handle of `node` (the kernel's `nodeid`) on `fd` for `cred`; `backing`: the kernel
+    /// does its I/O through a passthrough backing file, else through the page cache.
+    fn new(
+        fd: Arc<SharedFd>,
+        nodeid: u64,
+        node: NodeRef,
+        writable: bool,
+        backing: bool,
+        cred: Cred,
+    ) -> OpenFile {
+        OpenFile {
+            fd,
+            nodeid,
+            node,
+            writable,
+            backing,
+            cred,
+        }
+    }
+}
+
 pub(super) fn is_writable(flags: i32) -> bool {
     matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR) || flags & libc::O_TRUNC != 0
 }
@@ -432,14 +454,8 @@ impl CacheFs {
                         m.passthrough += 1;
                         drop(modes);
                         let own = self.own_writes_file(writable, &node, &fd);
-                        let fh = self.add_open(OpenFile {
-                            fd,
-                            nodeid: ino.0,
-                            node,
-                            writable,
-                            backing: true,
-                            cred,
-                        });
+                        let fh =
+                            self.add_open(OpenFile::new(fd, ino.0, node, writable, true, cred));
                         self.own_writes_begin(req, fh, own);
                         self.counters
                             .passthrough_opens
@@ -456,14 +472,7 @@ impl CacheFs {
             // Through the page cache: a small file read, or the inode is open so already.
             m.cached += 1;
         }
-        let fh = self.add_open(OpenFile {
-            fd,
-            nodeid: ino.0,
-            node,
-            writable,
-            backing: false,
-            cred,
-        });
+        let fh = self.add_open(OpenFile::new(fd, ino.0, node, writable, false, cred));
         Ok(Opened {
             fh: FileHandle(fh),
             flags: noflush
@@ -674,14 +683,7 @@ impl CacheFs {
                         drop(modes);
                         let own = self.own_writes_file(writable, &node, &fd);
                         let fh = self.add_open_known(
-                            OpenFile {
-                                fd,
-                                nodeid: id,
-                                node,
-                                writable,
-                                backing: true,
-                                cred,
-                            },
+                            OpenFile::new(fd, id, node, writable, true, cred),
                             known,
                         );
                         self.own_writes_begin(req, fh, own);
@@ -699,17 +701,7 @@ impl CacheFs {
             }
             m.cached += 1;
         }
-        let fh = self.add_open_known(
-            OpenFile {
-                fd,
-                nodeid: id,
-                node,
-                writable,
-                backing: false,
-                cred,
-            },
-            known,
-        );
+        let fh = self.add_open_known(OpenFile::new(fd, id, node, writable, false, cred), known);
         Ok(created(Opened {
             fh: FileHandle(fh),
             flags: self.fopen_flags_for(flags),

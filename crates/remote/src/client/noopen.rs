@@ -28,7 +28,7 @@ use std::sync::Arc;
 use dircache_core::{Attr, BackendFile, Cred, Result, SetAttr, Whence, XattrTarget};
 
 use super::{target, Containers, RemoteBackend};
-use crate::proto::{OpenHow, Request};
+use crate::proto::OpenHow;
 
 impl RemoteBackend {
     /// [`Backend::open_verified`](dircache_core::Backend::open_verified) of a regular file
@@ -103,13 +103,7 @@ impl RemoteBackend {
         key: (u64, u64),
     ) -> Result<Box<dyn BackendFile>> {
         let c = self.conn()?;
-        let r = c.call_as(
-            &cred.into(),
-            Request::OpenVerified {
-                target: target(&t),
-                flags,
-            },
-        )?;
+        let r = c.open_verified(cred, &t, flags)?;
         Ok(Box::new(WriteThrough {
             inner: self.file(c, r, t.path, cred, flags, t.expect)?,
             cc: cc.clone(),
