@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
 use dircache_tests::delay_proxy::{relay_stdio_with, DelayProxy, Shaping, Traffic, DEFAULT_BUFFER};
 
@@ -71,12 +70,15 @@ fn block_exit_signals() -> Result<libc::sigset_t> {
     }
 }
 
-/// Append the counts to `stats` (once, whoever ends the relay first).
+/// Append the counts to `stats` (once, whoever ends the relay first). The other caller waits
+/// until the line is written: both exit the process right after, and an exit while the first
+/// is still writing lost the counts (ssh's SIGHUP racing the end of the relay).
 fn finish(stats: Option<&Path>, shaping: &Arc<Shaping>) {
-    static DONE: AtomicBool = AtomicBool::new(false);
-    if DONE.swap(true, Ordering::SeqCst) {
-        return;
-    }
+    static DONE: Once = Once::new();
+    DONE.call_once(|| write_counts(stats, shaping));
+}
+
+fn write_counts(stats: Option<&Path>, shaping: &Arc<Shaping>) {
     if let Some(f) = stats {
         let line = traffic_json(&shaping.counters.snapshot()).to_string();
         let r = std::fs::OpenOptions::new()
