@@ -37,6 +37,11 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   fsname=NAME, source=NAME   source shown in /proc/mounts [SRC]
   context=, fscontext=, defcontext=, rootcontext=  SELinux labels (kernel options)
   threads=N                  FUSE request threads, 1..=1024 [4]
+  readers=leader|all         leader: one request thread reads /dev/fuse and serves what
+                             does not block itself, handing reading on before what may
+                             block; all: every thread reads (docs/opens.md) [leader]
+  spin=US                    with readers=leader: poll US microseconds for the next request
+                             after a reply while requests come back to back, 0..=1000 [0]
   prefetch=N / noprefetch    threads listing subdirectories one level ahead of a tree
                              walk (cold find, du, ls -R), 1..=64 [2]
   entry_timeout=SECS         kernel entry TTL, 0..=31536000 [86400]
@@ -410,7 +415,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "lookahead" | "nolookahead" | "cache_dir" | "nocache_dir" | "opendir"
                 | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
                 | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" | "open"
-                | "prefetch" | "noprefetch" | "io_uring" | "noio_uring" => {
+                | "prefetch" | "noprefetch" | "io_uring" | "noio_uring" | "readers" | "spin" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -449,6 +454,19 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         match k.as_str() {
             "threads" => p.threads = num(v.unwrap_or(""), &k, MAX_THREADS)?,
             "prefetch" => p.prefetch_threads = num(v.unwrap_or(""), &k, 64)?,
+            "readers" => {
+                p.leader_follower = match v {
+                    Some("leader") => true,
+                    Some("all") => false,
+                    _ => return Err(Usage("-o readers takes leader or all".into())),
+                }
+            }
+            "spin" => {
+                p.spin_us = v
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .filter(|n| *n <= 1000)
+                    .ok_or_else(|| Usage("-o spin takes microseconds from 0 to 1000".into()))?
+            }
             "noprefetch" => {
                 boolean(v)?;
                 p.prefetch_threads = 0
