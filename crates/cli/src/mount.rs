@@ -37,9 +37,9 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   fsname=NAME, source=NAME   source shown in /proc/mounts [SRC]
   context=, fscontext=, defcontext=, rootcontext=  SELinux labels (kernel options)
   threads=N                  FUSE request threads, 1..=1024 [4]
-  readers=leader|all         leader: one request thread reads /dev/fuse and serves what
-                             does not block itself, handing reading on before what may
-                             block; all: every thread reads (docs/opens.md) [leader]
+  readers=all|leader         all: every request thread reads /dev/fuse; leader: one reads
+                             and serves what does not block itself, handing reading on
+                             before what may block (docs/opens.md) [all]
   spin=US                    with readers=leader: poll US microseconds for the next request
                              after a reply while requests come back to back, 0..=1000 [0]
   prefetch=N / noprefetch    threads listing subdirectories one level ahead of a tree
@@ -1134,6 +1134,26 @@ mod tests {
         assert!(o.policy.readdirplus, "explicit options win");
         assert!(!p("").unwrap().policy.bypass);
         assert!(p("bypass=1").is_err());
+    }
+
+    #[test]
+    fn readers_and_spin_options() {
+        let d = p("").unwrap().policy;
+        assert!(
+            !d.leader_follower && d.spin_us == 0,
+            "every thread reads, no polling"
+        );
+        let o = p("readers=leader,spin=30").unwrap().policy;
+        assert!(o.leader_follower && o.spin_us == 30);
+        assert!(
+            !p("readers=leader,readers=all")
+                .unwrap()
+                .policy
+                .leader_follower
+        );
+        assert_eq!(p("spin=0").unwrap().policy.spin_us, 0);
+        assert!(p("readers=some").is_err() && p("readers").is_err());
+        assert!(p("spin=1001").is_err() && p("spin").is_err() && p("spin=-1").is_err());
     }
 
     #[test]

@@ -110,8 +110,9 @@ pub struct CachePolicy {
     pub io_uring: bool,
     /// Leader/follower reading of `/dev/fuse` (`-o readers=leader`, vendored fuser's
     /// `src/lf.rs`): one request thread reads at a time and serves requests answered without
-    /// blocking itself; before one that may block it hands reading to another. Off
-    /// (`readers=all`): every thread reads, and the kernel wakes the one that waited longest.
+    /// blocking itself; before one that may block it hands reading to another. Off by default
+    /// (`readers=all`: every thread reads, and the kernel wakes the one that waited longest):
+    /// on the loaded 2-vCPU test machine one hot reader lost (docs/opens.md, issue 9).
     pub leader_follower: bool,
     /// Microseconds the reading thread polls for the next request after a reply while
     /// requests come back to back (`-o spin=US`, with `readers=leader`); 0: never.
@@ -143,7 +144,7 @@ impl Default for CachePolicy {
             max_open_per_user: 0,
             bypass: false,
             io_uring: false,
-            leader_follower: true,
+            leader_follower: false,
             spin_us: 0,
         }
     }
@@ -199,7 +200,7 @@ impl CachePolicy {
             max_open_per_user: 0,
             bypass: false,
             io_uring: false,
-            leader_follower: true,
+            leader_follower: false,
             spin_us: 0,
         }
     }
