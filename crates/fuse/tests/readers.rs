@@ -5,6 +5,7 @@
 //! mount still serves meanwhile.
 
 mod common;
+use common::posix_checks::*;
 use common::*;
 
 use std::path::{Path, PathBuf};
@@ -222,4 +223,23 @@ fn one_thread_serialises_behind_a_blocked_lookup() {
         took, None,
         "one thread served a stat while blocked elsewhere"
     );
+}
+
+/// `posix.rs`'s checks (as root and as uid 1000) give the native results with
+/// `-o readers=leader`, also polling for the next request (`-o spin=50`).
+#[test]
+fn posix_checks_match_native_with_one_reader_at_a_time() {
+    if !can_mount() {
+        return;
+    }
+    for spin_us in [0, 50] {
+        let policy = dircache_fuse::CachePolicy {
+            leader_follower: true,
+            spin_us,
+            ..Default::default()
+        };
+        let t = TestMount::with_policy(policy.clone());
+        checks_match_native(&t);
+        user_checks_match_native(&TestMount::with_policy(policy));
+    }
 }

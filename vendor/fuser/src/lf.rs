@@ -16,7 +16,7 @@
 //! before sleeping ([`LfConfig::spin`]), only while the requests come back to back (the last
 //! one arrived within that time after the reply before it): one bounded spin per burst end.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -95,7 +95,7 @@ impl Shared {
 
 thread_local! {
     /// The session of which this thread is the leader right now.
-    static LEADING: Cell<Option<*const Shared>> = const { Cell::new(None) };
+    static LEADING: RefCell<Option<Arc<Shared>>> = const { RefCell::new(None) };
 }
 
 /// dircache: the calling request handler is about to do something that may block (a backend
@@ -103,14 +103,9 @@ thread_local! {
 /// `/dev/fuse`, a follower takes over reading before it blocks. Cheap (a thread-local check)
 /// and a no-op on any other thread.
 pub fn may_block() {
-    LEADING.with(|l| {
-        if let Some(p) = l.take() {
-            // SAFETY: not a syscall; `p` points into the `Arc<Shared>` that the leading
-            // thread's `run` holds for as long as LEADING is set (it clears it before
-            // returning).
-            unsafe { &*p }.hand_off();
-        }
-    });
+    if let Some(shared) = LEADING.with(|l| l.borrow_mut().take()) {
+        shared.hand_off();
+    }
 }
 
 /// Requests that usually wait for storage: data, mutations, syncs, locks.
@@ -148,11 +143,12 @@ fn may_block_opcode(opcode: u32) -> bool {
     )
 }
 
-/// Clears LEADING when the loop leaves, also by a panic in a handler.
+/// When the loop leaves, also by a panic in a handler: a thread still leading hands reading
+/// on (else the others would wait for good), and LEADING is cleared.
 struct NotLeading;
 impl Drop for NotLeading {
     fn drop(&mut self) {
-        LEADING.with(|l| l.set(None));
+        may_block();
     }
 }
 
@@ -180,7 +176,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             if !shared.lead() {
                 return Ok(());
             }
-            LEADING.with(|l| l.set(Some(Arc::as_ptr(&shared))));
+            LEADING.with(|l| *l.borrow_mut() = Some(shared.clone()));
             // Lead until a request may block (then a follower leads) or the session ends.
             loop {
                 let got = if spin {
@@ -223,7 +219,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 if spin {
                     replied = Some(Instant::now());
                 }
-                if LEADING.with(|l| l.get().is_none()) {
+                if LEADING.with(|l| l.borrow().is_none()) {
                     // Handed off: back among the followers.
                     break;
                 }
