@@ -37,6 +37,11 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   fsname=NAME, source=NAME   source shown in /proc/mounts [SRC]
   context=, fscontext=, defcontext=, rootcontext=  SELinux labels (kernel options)
   threads=N                  FUSE request threads, 1..=1024 [4]
+  readers=all|leader         all: every request thread reads /dev/fuse; leader: one reads
+                             and serves what does not block itself, handing reading on
+                             before what may block (docs/opens.md) [all]
+  spin=US                    with readers=leader: poll US microseconds for the next request
+                             after a reply while requests come back to back, 0..=1000 [0]
   prefetch=N / noprefetch    threads listing subdirectories one level ahead of a tree
                              walk (cold find, du, ls -R), 1..=64 [2]
   entry_timeout=SECS         kernel entry TTL, 0..=31536000 [86400]
@@ -410,7 +415,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "lookahead" | "nolookahead" | "cache_dir" | "nocache_dir" | "opendir"
                 | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
                 | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" | "open"
-                | "prefetch" | "noprefetch" | "io_uring" | "noio_uring" => {
+                | "prefetch" | "noprefetch" | "io_uring" | "noio_uring" | "readers" | "spin" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -449,6 +454,19 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         match k.as_str() {
             "threads" => p.threads = num(v.unwrap_or(""), &k, MAX_THREADS)?,
             "prefetch" => p.prefetch_threads = num(v.unwrap_or(""), &k, 64)?,
+            "readers" => {
+                p.leader_follower = match v {
+                    Some("leader") => true,
+                    Some("all") => false,
+                    _ => return Err(Usage("-o readers takes leader or all".into())),
+                }
+            }
+            "spin" => {
+                p.spin_us = v
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .filter(|n| *n <= 1000)
+                    .ok_or_else(|| Usage("-o spin takes microseconds from 0 to 1000".into()))?
+            }
             "noprefetch" => {
                 boolean(v)?;
                 p.prefetch_threads = 0
@@ -1116,6 +1134,26 @@ mod tests {
         assert!(o.policy.readdirplus, "explicit options win");
         assert!(!p("").unwrap().policy.bypass);
         assert!(p("bypass=1").is_err());
+    }
+
+    #[test]
+    fn readers_and_spin_options() {
+        let d = p("").unwrap().policy;
+        assert!(
+            !d.leader_follower && d.spin_us == 0,
+            "every thread reads, no polling"
+        );
+        let o = p("readers=leader,spin=30").unwrap().policy;
+        assert!(o.leader_follower && o.spin_us == 30);
+        assert!(
+            !p("readers=leader,readers=all")
+                .unwrap()
+                .policy
+                .leader_follower
+        );
+        assert_eq!(p("spin=0").unwrap().policy.spin_us, 0);
+        assert!(p("readers=some").is_err() && p("readers").is_err());
+        assert!(p("spin=1001").is_err() && p("spin").is_err() && p("spin=-1").is_err());
     }
 
     #[test]

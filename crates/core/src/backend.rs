@@ -67,6 +67,26 @@ pub struct XattrTarget<'a> {
 /// xattr support; not ENOSYS, which would make the FUSE kernel stop asking for good).
 pub const XATTR_UNSUPPORTED: Error = Error::Os(libc::EOPNOTSUPP);
 
+/// Called before each backend call the cache times and before a remote round trip: a front
+/// end's hint that the calling thread may block (issue 9: the FUSE front end hands reading
+/// `/dev/fuse` to another thread, `fuser::may_block`). Set once per process.
+static BEFORE_BACKEND_CALL: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Set the hook run before backend calls that may block ([`before_backend_call`]); the first
+/// one set stays.
+pub fn set_before_backend_call(hook: fn()) {
+    let _ = BEFORE_BACKEND_CALL.set(hook);
+}
+
+/// Run the hook set by [`set_before_backend_call`], if any: the calling thread is about to
+/// wait for the backend.
+#[inline]
+pub fn before_backend_call() {
+    if let Some(hook) = BEFORE_BACKEND_CALL.get() {
+        hook()
+    }
+}
+
 /// Receiving end of a backend's change feed.
 pub type ChangeFeed = crossbeam_channel::Receiver<Change>;
 

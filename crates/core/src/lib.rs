@@ -24,7 +24,10 @@ mod policy;
 pub mod stats;
 mod types;
 
-pub use backend::{Backend, Change, ChangeFeed, Walked, XattrTarget, XATTR_UNSUPPORTED};
+pub use backend::{
+    before_backend_call, set_before_backend_call, Backend, Change, ChangeFeed, Walked, XattrTarget,
+    XATTR_UNSUPPORTED,
+};
 pub use cache::{
     At, Cache, Creds, Dentry, DirHandle, Held, Invalidation, LoadReport, MountOptions, MountSource,
     Namespace, NodeKind, NodeRef, Persist, PersistError, SaveReport,

@@ -200,9 +200,11 @@ impl Histogram {
         self.observe_ns(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
     }
 
-    /// Run `f`, recording how long it took.
+    /// Run `f`, recording how long it took. Every caller times a backend call: the hook of
+    /// [`crate::set_before_backend_call`] runs first (the thread may block).
     #[inline]
     pub fn time<R>(&self, f: impl FnOnce() -> R) -> R {
+        crate::backend::before_backend_call();
         let t = Instant::now();
         let r = f();
         self.since(t);

@@ -210,6 +210,11 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     fc.n_threads = Some(cfg.policy.threads.max(1));
     fc.clone_fd = true;
     fc.io_uring = cfg.policy.io_uring;
+    // Backend calls on a cache miss may block: the reading thread hands reading on first.
+    dircache_core::set_before_backend_call(fuser::may_block);
+    fc.leader_follower = cfg.policy.leader_follower.then_some(fuser::LfConfig {
+        spin: std::time::Duration::from_micros(cfg.policy.spin_us.into()),
+    });
     let (session, abi, _served_below) = mount_session(fs, cfg, fc)?;
     // Until `Mounted` exists, a failure leaves no dead mount behind.
     let guard = UnmountOnError(Some(cfg.mnt.clone()));

@@ -108,6 +108,15 @@ pub struct CachePolicy {
     /// when the kernel offers it (`/sys/module/fuse/parameters/enable_uring` = Y); otherwise a
     /// warning and `/dev/fuse` (docs/opens.md).
     pub io_uring: bool,
+    /// Leader/follower reading of `/dev/fuse` (`-o readers=leader`, vendored fuser's
+    /// `src/lf.rs`): one request thread reads at a time and serves requests answered without
+    /// blocking itself; before one that may block it hands reading to another. Off by default
+    /// (`readers=all`: every thread reads, and the kernel wakes the one that waited longest):
+    /// on the loaded 2-vCPU test machine one hot reader lost (docs/opens.md, issue 9).
+    pub leader_follower: bool,
+    /// Microseconds the reading thread polls for the next request after a reply while
+    /// requests come back to back (`-o spin=US`, with `readers=leader`); 0: never.
+    pub spin_us: u32,
 }
 
 impl Default for CachePolicy {
@@ -135,6 +144,8 @@ impl Default for CachePolicy {
             max_open_per_user: 0,
             bypass: false,
             io_uring: false,
+            leader_follower: false,
+            spin_us: 0,
         }
     }
 }
@@ -189,6 +200,8 @@ impl CachePolicy {
             max_open_per_user: 0,
             bypass: false,
             io_uring: false,
+            leader_follower: false,
+            spin_us: 0,
         }
     }
 }

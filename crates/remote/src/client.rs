@@ -351,6 +351,8 @@ impl Conn {
         stale: Option<Vec<Stale>>,
     ) -> Result<Reply> {
         let (_, rx) = self.start_touching(cred, req, stale)?;
+        // A network round trip: a FUSE front end lets another thread read requests meanwhile.
+        dircache_core::before_backend_call();
         let r = rx.recv();
         match r {
             Ok(Ok((_, Ok(r)))) => Ok(r),

@@ -99,6 +99,9 @@ mod rename_flags;
 mod reply;
 mod request;
 mod request_param;
+mod lf;
+/// dircache: leader/follower reading of `/dev/fuse` (src/lf.rs).
+pub use lf::{LfConfig, may_block};
 mod session;
 mod time;
 mod uring;

@@ -299,6 +299,16 @@ impl<FS: Filesystem> Session<FS> {
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+        // dircache: leader/follower reading (src/lf.rs): every reading thread gets its own
+        // clone, so the mount's first descriptor (shared with notifications and the ring)
+        // keeps its blocking mode when the leader's is made non-blocking.
+        let lf = config.leader_follower.map(|c| (c, crate::lf::Shared::new()));
+        if lf.is_some() && config.clone_fd {
+            #[cfg(target_os = "linux")]
+            if let Some(last) = channels.last_mut() {
+                *last = last.clone_fd()?;
+            }
+        }
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -309,10 +319,14 @@ impl<FS: Filesystem> Session<FS> {
                 allowed,
                 session_owner,
             };
+            let lf = lf.clone();
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
-                    .spawn(move || event_loop.event_loop())?,
+                    .spawn(move || match lf {
+                        Some((c, shared)) => event_loop.lf_loop(shared, c),
+                        None => event_loop.event_loop(),
+                    })?,
             );
         }
 

@@ -188,6 +188,7 @@ impl CacheFs {
         } else {
             self.creds(req)
         };
+        dircache_core::before_backend_call();
         let v = match x.backend.getxattr(c.cred(), x.target(), name.as_bytes()) {
             Ok(v) => v,
             Err(e) => {

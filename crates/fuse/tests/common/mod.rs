@@ -197,6 +197,31 @@ impl TestMount {
         }
     }
 
+    /// A mount of `backend` (no SRC) with `policy`, e.g. a backend wrapped by a test.
+    pub fn over_backend(
+        backend: Arc<dyn dircache_core::Backend>,
+        policy: dircache_fuse::CachePolicy,
+    ) -> TestMount {
+        let dir = tempfile::Builder::new()
+            .prefix("dcback")
+            .tempdir()
+            .expect("tempdir");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mkdir mnt");
+        chmod(dir.path(), 0o755);
+        let cache = dircache_core::Cache::new(backend, core_config(&policy)).expect("cache");
+        let mut cfg = dircache_fuse::MountConfig::without_src(&mnt);
+        cfg.policy = policy;
+        let thread = serve(cache, &cfg);
+        TestMount {
+            dir,
+            src: PathBuf::new(),
+            mnt,
+            memory: None,
+            thread: Some(thread),
+        }
+    }
+
     pub fn m(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
     }

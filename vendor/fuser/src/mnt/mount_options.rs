@@ -22,6 +22,10 @@ pub struct Config {
     /// it at INIT (`/sys/module/fuse/parameters/enable_uring`); otherwise a warning is logged
     /// and `/dev/fuse` serves them, as it always does FORGET, INTERRUPT and notifications.
     pub io_uring: bool,
+    /// dircache: leader/follower reading of `/dev/fuse` (src/lf.rs): one of the `n_threads`
+    /// reads at a time and keeps reading while requests do not block. `None`: every thread
+    /// reads (fuser's own way).
+    pub leader_follower: Option<crate::LfConfig>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
