@@ -54,6 +54,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   lean / nolean              READDIRPLUS without attributes for files until they are looked up [lean]
   lookahead / nolookahead    list a small directory on its second LOOKUP miss
                              [lookahead; never on remote mounts]
+  ahead=N                    with lookahead: levels of subdirectories listed and read
+                             ahead of lookups one by one (git status), 0..=8 [0]
   cache_dir / nocache_dir    listings cached in the kernel [cache_dir]
   opendir / noopendir        noopendir = no OPENDIR/RELEASEDIR round trips [noopendir]
   keep_cache / nokeep_cache  file data kept across opens [keep_cache]
@@ -415,7 +417,8 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "lookahead" | "nolookahead" | "cache_dir" | "nocache_dir" | "opendir"
                 | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
                 | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" | "open"
-                | "prefetch" | "noprefetch" | "io_uring" | "noio_uring" | "readers" | "spin" => {
+                | "prefetch" | "noprefetch" | "io_uring" | "noio_uring" | "readers" | "spin"
+                | "ahead" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -466,6 +469,14 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                     .and_then(|v| v.parse::<u32>().ok())
                     .filter(|n| *n <= 1000)
                     .ok_or_else(|| Usage("-o spin takes microseconds from 0 to 1000".into()))?
+            }
+            "ahead" => {
+                p.lookahead_levels = v
+                    .and_then(|v| v.parse::<u8>().ok())
+                    .filter(|n| *n <= 8)
+                    .ok_or_else(|| {
+                        Usage(format!("bad value for -o ahead: {v:?} (0 to 8 expected)"))
+                    })?
             }
             "noprefetch" => {
                 boolean(v)?;
@@ -996,11 +1007,14 @@ fn human(s: &serde_json::Value) -> String {
     let pf = s.get("prefetch").cloned().unwrap_or_default();
     let _ = writeln!(
         out,
-        "prefetch:     {} listings ahead of walks, {} dropped, {} pending, {} on lookups",
+        "prefetch:     {} listings ahead of walks, {} dropped, {} pending, {} on lookups ({} read through the mount), {} ahead of lookups ({} read)",
         g(&pf, "listings"),
         g(&pf, "dropped"),
         g(&pf, "pending"),
-        g(&pf, "lookahead")
+        g(&pf, "lookahead"),
+        g(&pf, "lookahead_kernel_reads"),
+        g(&pf, "lookahead_ahead"),
+        g(&pf, "lookahead_ahead_reads")
     );
     let n = s.get("notifier").cloned().unwrap_or_default();
     let _ = writeln!(

@@ -249,7 +249,7 @@ impl DircacheFs {
         let prefetch = Prefetcher::new(cache.clone(), policy.prefetch_threads, counters.clone());
         let lean = Arc::new(crate::lean::Lean::new(policy.lean && policy.readdirplus));
         prefetch.set_lean(lean.clone());
-        let lookahead = crate::lookahead::Lookahead::new(policy.lookahead);
+        let lookahead = crate::lookahead::Lookahead::new(policy.lookahead, policy.lookahead_levels);
         let fs = CacheFs {
             cache,
             policy,

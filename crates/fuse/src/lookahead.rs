@@ -19,6 +19,15 @@
 //! every earlier miss was a negative (a search path probed for a file: the statx of the whole
 //! directory would be wasted).
 //!
+//! Then the directory is read through the mount (`Prefetcher::read_through_kernel`: the
+//! kernel instantiates every entry, the next lstat calls send no LOOKUP), and, since a
+//! program that looks names up one by one in path order (`git status`) goes on into its
+//! subdirectories and then the directories after it, those are listed with attributes and
+//! read through the mount ahead of it (`Prefetcher::ahead_of_lookups`, `-o ahead=N` levels;
+//! off by default: see `CachePolicy::lookahead_levels`). Lookups of names a complete
+//! directory holds with attributes (listed ahead of a walker, into the core only) count the
+//! same way: the [`MISSES`]th reads it through the mount (and queues what comes after it).
+//!
 //! Only directories of at most [`MAX_DIR_BYTES`] (`st_size`; about a thousand entries on ext4)
 //! are listed: a single `stat` in a huge directory stays one statx. A LOOKUP that arrives while
 //! another request (or a prefetch thread) lists the same directory waits for that listing
@@ -66,16 +75,52 @@ const X_OK: u32 = 1;
 /// The lookahead state of one mount.
 pub(crate) struct Lookahead {
     on: bool,
+    /// Levels of subdirectories read ahead below a directory listed here
+    /// ([`Prefetcher::ahead_of_lookups`]).
+    levels: u8,
     /// Misses per directory (dentry id) not listed yet.
     misses: Mutex<HashMap<u64, u32>>,
+    /// LOOKUPs of names a complete directory holds with attributes, per directory (dentry
+    /// id) not read through the mount since.
+    hits: Mutex<HashMap<u64, u32>>,
 }
 
 impl Lookahead {
-    pub(crate) fn new(on: bool) -> Lookahead {
+    pub(crate) fn new(on: bool, levels: u8) -> Lookahead {
         Lookahead {
             on,
+            levels,
             misses: Mutex::new(HashMap::new()),
+            hits: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Count one LOOKUP in `dir`'s `map`; true when it makes `needed`, and the count starts
+    /// again.
+    fn count(map: &Mutex<HashMap<u64, u32>>, dir: &NodeRef, needed: u32) -> bool {
+        let mut m = map.lock();
+        let n = m.entry(dir.id()).or_insert(0);
+        *n += 1;
+        if *n < needed {
+            if m.len() > MAX_DIRS {
+                m.clear();
+            }
+            return false;
+        }
+        m.remove(&dir.id());
+        true
+    }
+
+    /// LOOKUPs of names `dir` holds with attributes, `dir` complete: the kernel does not hold
+    /// them (a listing made ahead of a walker, or by `list_now` in the core only): on the
+    /// [`MISSES`]th, `dir` is read through the mount (the names that follow are in the
+    /// kernel's dcache) and its subdirectories ahead of the lookups.
+    fn hit(&self, prefetch: &Prefetcher, c: &Creds, dir: &NodeRef, needed: u32) {
+        if !Self::count(&self.hits, dir, needed) {
+            return;
+        }
+        prefetch.read_through_kernel(dir);
+        prefetch.ahead_of_lookups(c, dir, self.levels);
     }
 
     /// A LOOKUP of `name` in `dir` by `c` is about to be answered: list `dir` first if this
@@ -99,12 +144,26 @@ impl Lookahead {
         }
         // A miss: the name is not cached (and `dir` not complete), or cached without
         // attributes (listed by name only, e.g. by a lean prefetch): either asks the backend.
-        match dir.cached_child(name) {
-            None if dir.is_complete() => return,
-            None => {}
-            Some(n) if matches!(n.kind(), NodeKind::Positive(_)) && n.cached_attr().is_none() => {}
-            Some(_) => return,
+        if tracing::enabled!(tracing::Level::TRACE) {
+            tracing::trace!(
+                dir = %String::from_utf8_lossy(&cache.node_path(dir).unwrap_or_default()),
+                name = %String::from_utf8_lossy(name),
+                complete = dir.is_complete(),
+                cached = dir.cached_child(name).is_some(),
+                "lookahead: lookup"
+            );
         }
+        let hit = match dir.cached_child(name) {
+            None if dir.is_complete() => return,
+            None => false,
+            Some(n) if matches!(n.kind(), NodeKind::Positive(_)) => {
+                if n.cached_attr().is_some() && !dir.is_complete() {
+                    return;
+                }
+                n.cached_attr().is_some()
+            }
+            Some(_) => return,
+        };
         let Some(attr) = dir.cached_attr() else {
             return;
         };
@@ -116,22 +175,6 @@ impl Lookahead {
         } else {
             (attr.size / BIG_DIR_BYTES_PER_MISS) as u32
         };
-        if prefetch.wait_for(dir) {
-            // Listed meanwhile by someone else: the lookup is answered from it.
-            return;
-        }
-        {
-            let mut m = self.misses.lock();
-            let n = m.entry(dir.id()).or_insert(0);
-            *n += 1;
-            if *n < needed {
-                if m.len() > MAX_DIRS {
-                    m.clear();
-                }
-                return;
-            }
-            m.remove(&dir.id());
-        }
         // Only what the caller may list (the kernel checked search permission for the
         // LOOKUP; read permission is checked here, as a READDIR would need it).
         if PosixPolicy
@@ -140,12 +183,25 @@ impl Lookahead {
         {
             return;
         }
+        if hit {
+            // The names are in the core already: reading them into the kernel costs round
+            // trips only, however large the directory.
+            return self.hit(prefetch, c, dir, MISSES);
+        }
+        if prefetch.wait_for(dir) {
+            // Listed meanwhile by someone else: the lookup is answered from it.
+            return;
+        }
+        if !Self::count(&self.misses, dir, needed) {
+            return;
+        }
         let want_attrs = dir
             .cached_children()
             .iter()
             .any(|n| matches!(n.kind(), NodeKind::Positive(_)));
         if prefetch.list_now(c, dir, want_attrs) && want_attrs && dir.is_complete() {
             prefetch.read_through_kernel(dir);
+            prefetch.ahead_of_lookups(c, dir, self.levels);
         }
     }
 }

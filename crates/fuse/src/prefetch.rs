@@ -22,6 +22,13 @@
 //! The queue is bounded ([`MAX_QUEUED`]): when full, the oldest jobs (furthest from the
 //! walker) are dropped.
 //!
+//! # Ahead of lookups
+//! A second kind of job, queued by `lookahead.rs` when it lists a directory on lookups of its
+//! names ([`Prefetcher::ahead_of_lookups`]): the directory's subdirectories and the siblings
+//! after it, in path order, `-o ahead=N` levels deep, each listed with attributes and read
+//! through the mount by the prefetch thread itself ([`kernel_read`]), so that a program
+//! lstat-ing paths in that order (`git status`) finds them in the kernel's dcache.
+//!
 //! # Correctness
 //! A prefetch is exactly what the walker's own READDIRPLUS would do a moment later:
 //! [`Cache::readdir_node`] with the credentials of the request that triggered it, and only
@@ -60,6 +67,10 @@ struct Job {
     creds: Creds,
     parent: NodeRef,
     name: Vec<u8>,
+    /// 0: ahead of a walker (listed into the core only). n > 0: ahead of a program looking
+    /// names up one by one ([`Prefetcher::ahead_of_lookups`]): listed with attributes, read
+    /// through the mount, and its own subdirectories queued with n - 1.
+    ahead: u8,
 }
 
 #[derive(Default)]
@@ -87,17 +98,43 @@ struct Shared {
     mountpoint: std::sync::OnceLock<std::path::PathBuf>,
     /// Directories to read through the mount, and the threads reading them.
     kreads: parking_lot::Mutex<KernelReads>,
+    /// Signals an idle kernel-read thread that a directory was queued.
+    kread_wake: parking_lot::Condvar,
+    /// Directories (dentry ids) queued ahead of lookups, with the levels below them queued.
+    ahead_seen: parking_lot::Mutex<std::collections::HashMap<u64, u8>>,
 }
 
 #[derive(Default)]
 struct KernelReads {
+    /// Directories to read, newest at the back (popped first).
     dirs: VecDeque<NodeRef>,
+    /// Directories (dentry ids) queued or being read: a directory is read once at a time.
+    pending: HashSet<u64>,
     active: usize,
+    /// Threads waiting for work ([`KERNEL_READ_LINGER`]).
+    idle: usize,
     stop: bool,
 }
 
 /// Threads reading directories through the mount at once ([`Prefetcher::read_through_kernel`]).
 const KERNEL_READERS: usize = 4;
+
+/// How long a kernel-read thread waits for more directories before it ends (and closes its
+/// clone of the mount): a cold `git status` queues reads in bursts, and each new thread made
+/// a new clone (one STATFS, one RCU grace period at its close): 187-311 per run before.
+const KERNEL_READ_LINGER: Duration = Duration::from_millis(50);
+
+/// Directories listed ahead of lookups ([`Prefetcher::ahead_of_lookups`]) are at most this
+/// large (`st_size`), as those `lookahead.rs` lists on two misses: a larger one is listed
+/// only when lookups in it show it is wanted (the benchmark tree's three largest, 68-156 KiB,
+/// 1,842-2,874 files, are therefore looked up before they are listed).
+const AHEAD_MAX_DIR_BYTES: u64 = crate::lookahead::MAX_DIR_BYTES;
+
+/// Siblings after a directory listed on lookups queued ahead of them at most.
+const AHEAD_SIBLINGS: usize = 64;
+
+/// Directories remembered as queued ahead of lookups (cleared when more).
+const MAX_AHEAD_SEEN: usize = 1 << 16;
 
 /// How long a request waits for a prefetch of its directory before listing it itself.
 const MAX_WAIT: Duration = Duration::from_secs(2);
@@ -122,6 +159,8 @@ impl Prefetcher {
             lean: std::sync::OnceLock::new(),
             mountpoint: std::sync::OnceLock::new(),
             kreads: parking_lot::Mutex::new(KernelReads::default()),
+            kread_wake: parking_lot::Condvar::new(),
+            ahead_seen: parking_lot::Mutex::new(std::collections::HashMap::new()),
         });
         let mut handles = Vec::new();
         for i in 0..threads {
@@ -154,56 +193,27 @@ impl Prefetcher {
     /// send no LOOKUP; its cached listing also serves the program's own readdir later.
     /// `lookahead.rs` asks for it once `dir` is complete with attributes in the core.
     pub(crate) fn read_through_kernel(&self, dir: &NodeRef) {
-        if self.shared.mountpoint.get().is_none() {
+        queue_kernel_read(&self.shared, dir);
+    }
+
+    /// `dir` was listed on lookups of its names (`lookahead.rs`): a program is looking up
+    /// names one by one (git's index refresh lstats every tracked path, in path order: a
+    /// directory's files, then its subdirectories', then the next directory's). Its
+    /// subdirectories, and then the subdirectories of its parent that come after it in that
+    /// order (at most [`AHEAD_SIBLINGS`], if the parent is complete in the core), are listed
+    /// (with attributes) and read through the mount ahead of it by the prefetch threads, in
+    /// that order, `levels` levels deep, so that its lstat calls in them find every name in
+    /// the kernel's dcache: no LOOKUP. `dir` must be complete in the core (just listed).
+    pub(crate) fn ahead_of_lookups(&self, creds: &Creds, dir: &NodeRef, levels: u8) {
+        if !self.enabled.load(Ordering::Relaxed) || levels == 0 {
             return;
         }
-        // Threads of their own, started now: the siblings are being looked up meanwhile, and
-        // the prefetch threads may be busy with long listings. At most KERNEL_READERS at a
-        // time; each reads the directories queued until none is left, newest first.
-        let spawn = {
-            let mut k = self.shared.kreads.lock();
-            if k.stop {
-                return;
-            }
-            k.dirs.push_back(dir.clone());
-            if k.dirs.len() > MAX_QUEUED {
-                k.dirs.pop_front();
-            }
-            if k.active < KERNEL_READERS {
-                k.active += 1;
-                true
-            } else {
-                false
-            }
-        };
-        if !spawn {
-            return;
+        // Popped last first: the siblings after the subdirectories.
+        if let Some(p) = dir.parent() {
+            let name = dir.name();
+            queue_ahead(&self.shared, creds, &p, levels, Some(&name));
         }
-        let s = self.shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("dircache-kread".into())
-            .spawn(move || {
-                // One clone of the mount for the directories read in a row ([`kernel_read`]);
-                // dropped when none is left (closing a clone ends an RCU grace period: one per
-                // directory slowed the reads so much that git's lstats overtook them).
-                let mut root = None;
-                loop {
-                    let next = {
-                        let mut k = s.kreads.lock();
-                        match k.dirs.pop_back() {
-                            Some(d) if !k.stop => d,
-                            _ => {
-                                k.active -= 1;
-                                return;
-                            }
-                        }
-                    };
-                    kernel_read(&s, &next, &mut root);
-                }
-            });
-        if spawned.is_err() {
-            self.shared.kreads.lock().active -= 1;
-        }
+        queue_ahead(&self.shared, creds, dir, levels, None);
     }
 
     /// Make listings lean while `lean` says so (set once, by the front end).
@@ -233,29 +243,13 @@ impl Prefetcher {
                 creds: creds.clone(),
                 parent: dir.clone(),
                 name: name.to_vec(),
+                ahead: 0,
             });
         }
         if jobs.is_empty() {
             return;
         }
-        let Ok(mut q) = self.shared.queue.lock() else {
-            return;
-        };
-        if q.stop {
-            return;
-        }
-        let c = &self.shared.counters;
-        c.prefetch_pending
-            .fetch_add(jobs.len() as u64, Ordering::AcqRel);
-        q.jobs.extend(jobs);
-        let over = q.jobs.len().saturating_sub(MAX_QUEUED);
-        if over > 0 {
-            q.jobs.drain(..over);
-            c.prefetch_dropped.fetch_add(over as u64, Ordering::Relaxed);
-            c.prefetch_pending.fetch_sub(over as u64, Ordering::AcqRel);
-        }
-        drop(q);
-        self.shared.wake.notify_all();
+        push_jobs(&self.shared, jobs);
     }
 }
 
@@ -264,24 +258,7 @@ impl Prefetcher {
     /// (at most [`MAX_WAIT`]) until it is done, so that the caller's listing is answered from
     /// the cache instead of being made twice. Returns whether it waited.
     pub fn wait_for(&self, dir: &NodeRef) -> bool {
-        let id = dir.id();
-        let Ok(mut g) = self.shared.inflight.lock() else {
-            return false;
-        };
-        let deadline = Instant::now() + MAX_WAIT;
-        let mut waited = false;
-        while g.contains(&id) {
-            waited = true;
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return true;
-            }
-            g = match self.shared.listed.wait_timeout(g, left) {
-                Ok((g, _)) => g,
-                Err(_) => return true,
-            };
-        }
-        waited
+        wait_listed(&self.shared, dir)
     }
 
     /// List `dir` into the core cache now, on the caller's thread, as `creds` (with
@@ -290,37 +267,217 @@ impl Prefetcher {
     /// Used by LOOKUPs (`lookahead.rs`); works with prefetch threads off as well.
     /// Returns whether this call listed it.
     pub(crate) fn list_now(&self, creds: &Creds, dir: &NodeRef, want_attrs: bool) -> bool {
-        let id = dir.id();
-        {
-            let Ok(mut g) = self.shared.inflight.lock() else {
-                return false;
-            };
-            if g.contains(&id) {
-                drop(g);
-                self.wait_for(dir);
-                return false;
+        let r = list_into_cache(&self.shared, creds, dir, want_attrs).is_some();
+        if r {
+            self.shared
+                .counters
+                .lookahead_listings
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+/// [`Prefetcher::list_now`]: list `dir` into the core as `creds` unless someone is listing
+/// it (then wait for that listing and return None); the listing, if this call made it.
+fn list_into_cache(
+    s: &Shared,
+    creds: &Creds,
+    dir: &NodeRef,
+    want_attrs: bool,
+) -> Option<Vec<dircache_core::DirEntry>> {
+    let id = dir.id();
+    {
+        let Ok(mut g) = s.inflight.lock() else {
+            return None;
+        };
+        if g.contains(&id) {
+            drop(g);
+            wait_listed(s, dir);
+            return None;
+        }
+        g.insert(id);
+    }
+    // A directory complete already (listed by name only, e.g. lean): its names from the
+    // cache, and a statx for each entry without attributes; no second getdents.
+    let complete = dir.is_complete();
+    let r = s.cache.readdir_node(creds, dir, want_attrs && !complete);
+    if let (true, true, Ok(l)) = (want_attrs, complete, &r) {
+        crate::lean::stat_entries(&s.cache, creds, dir, l, false);
+    }
+    if let Ok(mut g) = s.inflight.lock() {
+        g.remove(&id);
+    }
+    s.listed.notify_all();
+    r.ok()
+}
+
+/// [`Prefetcher::wait_for`] on the shared state.
+fn wait_listed(s: &Shared, dir: &NodeRef) -> bool {
+    let id = dir.id();
+    let Ok(mut g) = s.inflight.lock() else {
+        return false;
+    };
+    let deadline = Instant::now() + MAX_WAIT;
+    let mut waited = false;
+    while g.contains(&id) {
+        waited = true;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        g = match s.listed.wait_timeout(g, left) {
+            Ok((g, _)) => g,
+            Err(_) => return true,
+        };
+    }
+    waited
+}
+
+/// Queue the subdirectories of `dir` (complete in the core) for
+/// [`Prefetcher::ahead_of_lookups`]: all of them, or with `after`, the [`AHEAD_SIBLINGS`]
+/// that come after that name. A directory queued before with as many levels is skipped.
+fn queue_ahead(s: &Shared, creds: &Creds, dir: &NodeRef, levels: u8, after: Option<&[u8]>) {
+    if dir.is_dead() || !dir.is_complete() {
+        return;
+    }
+    let mut subdirs: Vec<(Vec<u8>, u64)> = dir
+        .cached_children()
+        .iter()
+        .filter(|n| n.kind() == NodeKind::Positive(FileType::Directory))
+        .map(|n| (n.name(), n.id()))
+        .collect();
+    // In path order, as git's index sorts them (`a/b/x` after `a/b.c`: a directory sorts as
+    // its name with a `/`); the first is popped first, so pushed last.
+    let key = |n: &[u8]| n.iter().chain(b"/".iter()).copied().collect::<Vec<u8>>();
+    subdirs.sort_by_cached_key(|(n, _)| key(n));
+    if let Some(after) = after {
+        let after = key(after);
+        subdirs.retain(|(n, _)| key(n) > after);
+        subdirs.truncate(AHEAD_SIBLINGS);
+    }
+    {
+        let mut seen = s.ahead_seen.lock();
+        if seen.len() > MAX_AHEAD_SEEN {
+            seen.clear();
+        }
+        subdirs.retain(|(_, id)| {
+            let l = seen.entry(*id).or_insert(0);
+            let new = *l < levels;
+            *l = (*l).max(levels);
+            new
+        });
+    }
+    if subdirs.is_empty() {
+        return;
+    }
+    let jobs: Vec<Job> = subdirs
+        .into_iter()
+        .rev()
+        .map(|(name, _)| Job {
+            creds: creds.clone(),
+            parent: dir.clone(),
+            name,
+            ahead: levels,
+        })
+        .collect();
+    push_jobs(s, jobs);
+}
+
+/// Queue `jobs` (the last popped first), dropping the oldest past [`MAX_QUEUED`].
+fn push_jobs(s: &Shared, jobs: Vec<Job>) {
+    let Ok(mut q) = s.queue.lock() else {
+        return;
+    };
+    if q.stop {
+        return;
+    }
+    let c = &s.counters;
+    c.prefetch_pending
+        .fetch_add(jobs.len() as u64, Ordering::AcqRel);
+    q.jobs.extend(jobs);
+    let over = q.jobs.len().saturating_sub(MAX_QUEUED);
+    if over > 0 {
+        q.jobs.drain(..over);
+        c.prefetch_dropped.fetch_add(over as u64, Ordering::Relaxed);
+        c.prefetch_pending.fetch_sub(over as u64, Ordering::AcqRel);
+    }
+    drop(q);
+    s.wake.notify_all();
+}
+
+/// Queue a read of `dir` through the mount ([`Prefetcher::read_through_kernel`]), unless it
+/// is queued or being read already.
+fn queue_kernel_read(shared: &Arc<Shared>, dir: &NodeRef) {
+    if shared.mountpoint.get().is_none() {
+        return;
+    }
+    // Threads of their own, started now: the siblings are being looked up meanwhile, and
+    // the prefetch threads may be busy with long listings. At most KERNEL_READERS at a
+    // time; each reads the directories queued until none is left, newest first, and waits
+    // a little for more ([`KERNEL_READ_LINGER`]) before it ends.
+    let spawn = {
+        let mut k = shared.kreads.lock();
+        if k.stop || !k.pending.insert(dir.id()) {
+            return;
+        }
+        k.dirs.push_back(dir.clone());
+        if k.dirs.len() > MAX_QUEUED {
+            if let Some(d) = k.dirs.pop_front() {
+                k.pending.remove(&d.id());
             }
-            g.insert(id);
         }
-        // A directory complete already (listed by name only, e.g. lean): its names from the
-        // cache, and a statx for each entry without attributes; no second getdents.
-        let complete = dir.is_complete();
-        let r = self
-            .shared
-            .cache
-            .readdir_node(creds, dir, want_attrs && !complete);
-        if let (true, true, Ok(l)) = (want_attrs, complete, &r) {
-            crate::lean::stat_entries(&self.shared.cache, creds, dir, l, false);
+        if k.idle > 0 {
+            shared.kread_wake.notify_one();
+            false
+        } else if k.active < KERNEL_READERS {
+            k.active += 1;
+            true
+        } else {
+            false
         }
-        if let Ok(mut g) = self.shared.inflight.lock() {
-            g.remove(&id);
-        }
-        self.shared.listed.notify_all();
-        self.shared
-            .counters
-            .lookahead_listings
-            .fetch_add(1, Ordering::Relaxed);
-        r.is_ok()
+    };
+    if !spawn {
+        return;
+    }
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name("dircache-kread".into())
+        .spawn(move || {
+            // One clone of the mount for the directories read in a row ([`kernel_read`]);
+            // dropped when none is left (closing a clone ends an RCU grace period: one per
+            // directory slowed the reads so much that git's lstats overtook them).
+            let mut root = None;
+            loop {
+                let next = {
+                    let mut k = s.kreads.lock();
+                    loop {
+                        if k.stop {
+                            k.active -= 1;
+                            return;
+                        }
+                        if let Some(d) = k.dirs.pop_back() {
+                            break d;
+                        }
+                        k.idle += 1;
+                        let timed_out = s.kread_wake.wait_for(&mut k, KERNEL_READ_LINGER);
+                        k.idle -= 1;
+                        if timed_out.timed_out() && k.dirs.is_empty() {
+                            k.active -= 1;
+                            return;
+                        }
+                    }
+                };
+                if kernel_read(&s, &next, &mut root) {
+                    s.counters
+                        .lookahead_kernel_reads
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                s.kreads.lock().pending.remove(&next.id());
+            }
+        });
+    if spawned.is_err() {
+        shared.kreads.lock().active -= 1;
     }
 }
 
@@ -330,7 +487,9 @@ impl Drop for Prefetcher {
             let mut k = self.shared.kreads.lock();
             k.stop = true;
             k.dirs.clear();
+            k.pending.clear();
         }
+        self.shared.kread_wake.notify_all();
         if let Ok(mut q) = self.shared.queue.lock() {
             q.stop = true;
             let n = q.jobs.len() as u64;
@@ -347,7 +506,11 @@ impl Drop for Prefetcher {
     }
 }
 
-fn run(s: &Shared) {
+fn run(s: &Arc<Shared>) {
+    // The clone of the mount for reads ahead of lookups ([`kernel_read`]), kept while jobs
+    // follow one another, closed before the thread waits (a clone keeps the file system up
+    // after an umount).
+    let mut root = None;
     loop {
         let job = {
             let Ok(mut q) = s.queue.lock() else { return };
@@ -356,7 +519,10 @@ fn run(s: &Shared) {
                     return;
                 }
                 if let Some(j) = q.jobs.pop_back() {
-                    break j;
+                    break Some(j);
+                }
+                if root.is_some() {
+                    break None;
                 }
                 q = match s.wake.wait(q) {
                     Ok(q) => q,
@@ -364,7 +530,11 @@ fn run(s: &Shared) {
                 };
             }
         };
-        prefetch(s, &job);
+        let Some(job) = job else {
+            root = None;
+            continue;
+        };
+        prefetch(s, &job, &mut root);
         // Pending until done: a job counts from its queueing to the end of its listing.
         s.counters.prefetch_pending.fetch_sub(1, Ordering::AcqRel);
     }
@@ -386,19 +556,19 @@ fn run(s: &Shared) {
 /// (`fuse_readdir` → `fuse_invalidate_atime`), which made the program's next `stat` of it a
 /// GETATTR; a statx for the atime on the open directory right after the read asks it now,
 /// from this thread, instead.
-fn kernel_read(s: &Shared, dir: &NodeRef, root: &mut Option<rustix::fd::OwnedFd>) {
+fn kernel_read(s: &Shared, dir: &NodeRef, root: &mut Option<rustix::fd::OwnedFd>) -> bool {
     use rustix::fs::{openat2, Mode, OFlags, ResolveFlags, CWD};
     use rustix::mount::{open_tree, OpenTreeFlags};
     let Some(mnt) = s.mountpoint.get() else {
-        return;
+        return false;
     };
     // Only directories of the served tree itself (not of a file system mounted into the
     // core), whose backend path is then their path below the mount point.
     if dir.is_dead() || !Arc::ptr_eq(&s.cache.node_backend(dir), s.cache.backend()) {
-        return;
+        return false;
     }
     let Ok(rel) = s.cache.node_path(dir) else {
-        return;
+        return false;
     };
     // Without CAP_SYS_ADMIN: the mount itself, for this read only.
     let mut direct = None;
@@ -433,11 +603,11 @@ fn kernel_read(s: &Shared, dir: &NodeRef, root: &mut Option<rustix::fd::OwnedFd>
                     direct = Some(fd);
                 }
             }
-            _ => return,
+            _ => return false,
         }
     }
     let Some(root_fd) = root.as_ref().or(direct.as_ref()) else {
-        return;
+        return false;
     };
     let rel = if rel.is_empty() {
         std::path::Path::new(".")
@@ -451,9 +621,10 @@ fn kernel_read(s: &Shared, dir: &NodeRef, root: &mut Option<rustix::fd::OwnedFd>
         Mode::empty(),
         ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
     ) else {
-        return;
+        return false;
     };
     drop(direct);
+    tracing::trace!(dir = %rel.display(), "lookahead: kernel read");
     let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 32 * 1024];
     let mut it = rustix::fs::RawDir::new(&fd, &mut buf);
     while let Some(Ok(_)) = it.next() {}
@@ -463,17 +634,52 @@ fn kernel_read(s: &Shared, dir: &NodeRef, root: &mut Option<rustix::fd::OwnedFd>
         rustix::fs::AtFlags::EMPTY_PATH,
         rustix::fs::StatxFlags::ATIME,
     );
-    s.counters
-        .lookahead_kernel_reads
-        .fetch_add(1, Ordering::Relaxed);
+    true
 }
 
 /// `f_type` of a FUSE file system (`FUSE_SUPER_MAGIC`).
 const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
 
+/// A job of [`Prefetcher::ahead_of_lookups`]: list `child` with attributes (or fetch those
+/// its complete listing lacks), read it through the mount, queue its subdirectories.
+fn ahead(
+    s: &Arc<Shared>,
+    job: &Job,
+    child: &NodeRef,
+    attr: &dircache_core::Attr,
+    root: &mut Option<rustix::fd::OwnedFd>,
+) {
+    if attr.size > AHEAD_MAX_DIR_BYTES {
+        return;
+    }
+    let fresh = !child.is_complete()
+        || child
+            .cached_children()
+            .iter()
+            .any(|c| matches!(c.kind(), NodeKind::Positive(_)) && c.cached_attr().is_none());
+    if fresh && list_into_cache(s, &job.creds, child, true).is_some() {
+        s.counters
+            .lookahead_ahead_listings
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    if !child.is_complete() {
+        return;
+    }
+    // On this thread, in the order the jobs come (path order), not queued behind the reads
+    // lookups ask for.
+    if kernel_read(s, child, root) {
+        s.counters
+            .lookahead_ahead_reads
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    if job.ahead > 1 {
+        queue_ahead(s, &job.creds, child, job.ahead - 1, None);
+    }
+}
+
 /// List `job.name` in `job.parent` into the core cache, unless it is gone, not a directory,
 /// or complete already.
-fn prefetch(s: &Shared, job: &Job) {
+fn prefetch(s: &Arc<Shared>, job: &Job, root: &mut Option<rustix::fd::OwnedFd>) {
     if job.parent.is_dead() {
         return;
     }
@@ -481,7 +687,7 @@ fn prefetch(s: &Shared, job: &Job) {
         return;
     };
     if child.kind() != NodeKind::Positive(FileType::Directory)
-        || child.is_complete()
+        || (child.is_complete() && job.ahead == 0)
         || child.is_dead()
     {
         return;
@@ -496,6 +702,9 @@ fn prefetch(s: &Shared, job: &Job) {
         .is_err()
     {
         return;
+    }
+    if job.ahead > 0 {
+        return ahead(s, job, &child, &attr, root);
     }
     let id = child.id();
     match s.inflight.lock() {

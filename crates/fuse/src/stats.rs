@@ -127,6 +127,10 @@ pub struct RequestCounters {
     pub lookahead_listings: AtomicU64,
     /// Of those, directories then read through the mount (`Prefetcher::read_through_kernel`).
     pub lookahead_kernel_reads: AtomicU64,
+    /// Subdirectories listed ahead of lookups (`Prefetcher::ahead_of_lookups`).
+    pub lookahead_ahead_listings: AtomicU64,
+    /// Directories read through the mount ahead of lookups.
+    pub lookahead_ahead_reads: AtomicU64,
 }
 
 impl Default for RequestCounters {
@@ -148,6 +152,8 @@ impl Default for RequestCounters {
             prefetch_pending: AtomicU64::new(0),
             lookahead_listings: AtomicU64::new(0),
             lookahead_kernel_reads: AtomicU64::new(0),
+            lookahead_ahead_listings: AtomicU64::new(0),
+            lookahead_ahead_reads: AtomicU64::new(0),
         }
     }
 }
@@ -253,6 +259,8 @@ impl StatsSource {
                 "pending": r.prefetch_pending.load(Ordering::Acquire),
                 "lookahead": r.lookahead_listings.load(Ordering::Relaxed),
                 "lookahead_kernel_reads": r.lookahead_kernel_reads.load(Ordering::Relaxed),
+                "lookahead_ahead": r.lookahead_ahead_listings.load(Ordering::Relaxed),
+                "lookahead_ahead_reads": r.lookahead_ahead_reads.load(Ordering::Relaxed),
             },
             "kernel_inodes": (self.kernel_inodes)(),
             "notifier": {

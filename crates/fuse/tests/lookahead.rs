@@ -441,3 +441,245 @@ fn a_directory_read_through_the_mount_needs_no_getattr_after() {
         Ok(())
     });
 }
+
+fn ahead_reads(t: &TestMount) -> u64 {
+    num(&stats(t), &["prefetch", "lookahead_ahead_reads"])
+}
+
+/// Six outside changes in `dir` (relative to SRC and MNT), made after it was read ahead:
+/// a new file, a removed one, a chmod, new content, a rename, a new directory.
+fn change_outside(t: &TestMount, dir: &str) -> Vec<String> {
+    let s = |n: &str| t.s(&format!("{dir}/{n}"));
+    std::fs::write(s("new"), b"new file").expect("write");
+    std::fs::remove_file(s("f3")).expect("rm");
+    std::fs::set_permissions(s("f4"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::fs::write(s("f5"), b"longer content now than before").expect("write");
+    std::fs::rename(s("f6"), s("g6")).expect("rename");
+    std::fs::create_dir(s("newdir")).expect("mkdir");
+    ["new", "f3", "f4", "f5", "f6", "g6", "newdir"]
+        .iter()
+        .map(|n| format!("{dir}/{n}"))
+        .collect()
+}
+
+/// Reads ahead of lookups, two levels (`-o ahead=2`; off by default).
+fn ahead2() -> CachePolicy {
+    CachePolicy {
+        lookahead_levels: 2,
+        ..on()
+    }
+}
+
+/// What `git status` does cold: lstat of every tracked path in path order. Two lookups in
+/// `g` list it; its subdirectories and theirs (`-o ahead=2`) are listed and read
+/// through the mount ahead of the lstat calls, which then send no LOOKUP; a file changed in
+/// SRC after its directory was read ahead shows as SRC has it.
+#[test]
+fn subdirectories_are_read_ahead_of_lookups_and_see_outside_changes() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    // Each g alone in its directory: no siblings read ahead (`ahead_of_lookups`).
+    let t = TestMount::filled(ahead2(), |s| {
+        for i in 0..6 {
+            let g = s.join(format!("p{i}/g"));
+            files(&g, 10);
+            for d in 0..3 {
+                files(&g.join(format!("s{d}")), 40);
+                files(&g.join(format!("s{d}/t")), 20);
+            }
+        }
+    });
+    // Per g: s0..s2 and sub (level 1), s*/sub and s*/t (level 2), s*/t/sub (level 3: not).
+    const AHEAD: u64 = 4 + 6;
+    // MNT listed: the lookups of `p*` are not misses of MNT.
+    std::fs::read_dir(&t.mnt).expect("ls MNT").for_each(drop);
+    let mut done = String::new();
+    attempts(|i| {
+        let g = format!("p{i}/g");
+        done = g.clone();
+        std::fs::symlink_metadata(t.m(&g)).map_err(|e| e.to_string())?;
+        let a0 = ahead_reads(&t);
+        lstat(&t.m(&format!("{g}/f0")));
+        lstat(&t.m(&format!("{g}/f1")));
+        if wait_for(LIMIT, || ahead_reads(&t) >= a0 + AHEAD).is_none() {
+            return Err(format!(
+                "{g}: {} of {AHEAD} subdirectories read ahead",
+                ahead_reads(&t) - a0
+            ));
+        }
+        let k0 = kernel_lookups(&t);
+        let mut n = 0;
+        for d in 0..3 {
+            for f in 0..40 {
+                let rel = format!("{g}/s{d}/f{f}");
+                if lstat(&t.m(&rel)) != lstat(&t.s(&rel)) {
+                    return Err(format!("{rel} differs from native"));
+                }
+                n += 1;
+            }
+            for f in 0..20 {
+                let rel = format!("{g}/s{d}/t/f{f}");
+                if lstat(&t.m(&rel)) != lstat(&t.s(&rel)) {
+                    return Err(format!("{rel} differs from native"));
+                }
+                n += 1;
+            }
+        }
+        match kernel_lookups(&t) - k0 {
+            0 => Ok(()),
+            l => Err(format!("{g}: {l} LOOKUPs for {n} lstats read ahead")),
+        }
+    });
+    // Behind the mount's back, after the reads ahead: a level-1 and a level-2 directory.
+    let (s1, t2) = (format!("{done}/s1"), format!("{done}/s2/t"));
+    let mut changed = change_outside(&t, &s1);
+    changed.extend(change_outside(&t, &t2));
+    let same = || {
+        changed
+            .iter()
+            .all(|rel| lstat(&t.m(rel)) == lstat(&t.s(rel)))
+    };
+    assert!(
+        wait_for(LIMIT, same).is_some(),
+        "outside changes not seen: {:?}",
+        changed
+            .iter()
+            .map(|rel| (rel, lstat(&t.m(rel)), lstat(&t.s(rel))))
+            .collect::<Vec<_>>()
+    );
+    for d in [&s1, &t2] {
+        assert!(
+            wait_for(LIMIT, || view(&t.m(d)) == view(&t.s(d))).is_some(),
+            "{d}: listing differs: {:?} vs {:?}",
+            view(&t.m(d)),
+            view(&t.s(d))
+        );
+    }
+}
+
+/// A directory a walker's prefetch listed into the core (complete, with attributes) but
+/// the kernel does not hold: LOOKUPs of its names are hits in the core, each a round trip.
+/// Two of them read it through the mount; the lstat calls that follow send no LOOKUP, and a
+/// file changed in SRC afterwards shows as SRC has it.
+#[test]
+fn lookups_in_a_directory_listed_ahead_of_a_walker_read_it_through_the_mount() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let full = CachePolicy {
+        lean: false,
+        ..on()
+    };
+    let t = TestMount::filled(full, |s| {
+        for i in 0..6 {
+            for d in 0..4 {
+                files(&s.join(format!("w{i}/s{d}")), 30);
+            }
+        }
+    });
+    let listings = |t: &TestMount| num(&stats(t), &["prefetch", "listings"]);
+    std::fs::read_dir(&t.mnt).expect("ls MNT").for_each(drop);
+    let mut done = String::new();
+    attempts(|i| {
+        let w = format!("w{i}");
+        done = format!("{w}/s0");
+        let p0 = listings(&t);
+        // `ls w`: its parent was listed, so its subdirectories are listed ahead (prefetch.rs).
+        std::fs::read_dir(t.m(&w))
+            .map_err(|e| e.to_string())?
+            .for_each(drop);
+        if wait_for(LIMIT, || listings(&t) >= p0 + 4).is_none() {
+            return Err(format!("{w}: subdirectories not prefetched"));
+        }
+        let b0 = backend_lookups(&t);
+        let r0 = kernel_reads(&t);
+        lstat(&t.m(&format!("{w}/s0/f0")));
+        lstat(&t.m(&format!("{w}/s0/f1")));
+        if wait_for(LIMIT, || kernel_reads(&t) > r0).is_none() {
+            return Err(format!("{w}/s0: no read through the mount"));
+        }
+        let k0 = kernel_lookups(&t);
+        for f in 2..30 {
+            let rel = format!("{w}/s0/f{f}");
+            if lstat(&t.m(&rel)) != lstat(&t.s(&rel)) {
+                return Err(format!("{rel} differs from native"));
+            }
+        }
+        if backend_lookups(&t) != b0 {
+            return Err(format!("{w}/s0: backend lookups in a complete directory"));
+        }
+        match kernel_lookups(&t) - k0 {
+            0 => Ok(()),
+            n => Err(format!("{w}/s0: {n} LOOKUPs for 28 lstats after the read")),
+        }
+    });
+    let changed = change_outside(&t, &done);
+    assert!(
+        wait_for(LIMIT, || changed
+            .iter()
+            .all(|rel| lstat(&t.m(rel)) == lstat(&t.s(rel))))
+        .is_some(),
+        "outside changes not seen"
+    );
+    assert!(
+        wait_for(LIMIT, || view(&t.m(&done)) == view(&t.s(&done))).is_some(),
+        "listing differs"
+    );
+}
+
+/// git's lstat calls go from a directory's files to its subdirectories, then to the next
+/// directory in path order: the siblings after a directory listed on lookups (its parent
+/// listed) are read ahead too, and their lstat calls send no LOOKUP; a file changed in SRC
+/// after its directory was read ahead shows as SRC has it.
+#[test]
+fn siblings_after_a_directory_listed_on_lookups_are_read_ahead() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(ahead2(), |s| {
+        for i in 0..6 {
+            for d in ["a", "b", "c"] {
+                files(&s.join(format!("q{i}/{d}")), 30);
+            }
+        }
+    });
+    let mut done = String::new();
+    attempts(|i| {
+        let q = format!("q{i}");
+        done = q.clone();
+        std::fs::read_dir(t.m(&q))
+            .map_err(|e| e.to_string())?
+            .for_each(drop);
+        let a0 = ahead_reads(&t);
+        lstat(&t.m(&format!("{q}/a/f0")));
+        lstat(&t.m(&format!("{q}/a/f1")));
+        // a/sub, b, c, b/sub, c/sub.
+        if wait_for(LIMIT, || ahead_reads(&t) >= a0 + 5).is_none() {
+            return Err(format!("{q}: {} of 5 read ahead", ahead_reads(&t) - a0));
+        }
+        let k0 = kernel_lookups(&t);
+        for d in ["b", "c"] {
+            for f in 0..30 {
+                let rel = format!("{q}/{d}/f{f}");
+                if lstat(&t.m(&rel)) != lstat(&t.s(&rel)) {
+                    return Err(format!("{rel} differs from native"));
+                }
+            }
+        }
+        match kernel_lookups(&t) - k0 {
+            0 => Ok(()),
+            n => Err(format!(
+                "{q}: {n} LOOKUPs for 60 lstats in siblings read ahead"
+            )),
+        }
+    });
+    let changed = change_outside(&t, &format!("{done}/c"));
+    assert!(
+        wait_for(LIMIT, || changed
+            .iter()
+            .all(|rel| lstat(&t.m(rel)) == lstat(&t.s(rel))))
+        .is_some(),
+        "outside changes not seen"
+    );
+}
