@@ -258,9 +258,9 @@ pub(crate) struct Inner {
     pub(crate) children: Option<Box<ChildMap>>,
 }
 
-/// A dentry's [`Inner`] under its lock, both made at the first `read` or `write` (8 bytes in
-/// the dentry: a leaf nobody asked about children or a target has none; it was a 16-byte
-/// `RwLock<Inner>` in every dentry). The box is installed once by compare-and-swap
+/// A dentry's [`Inner`] under its lock, both made with a directory and for other dentries at
+/// the first `read` or `write` (8 bytes in the dentry: a leaf nobody asked about children or a
+/// target has none; it was a 16-byte `RwLock<Inner>` in every dentry). The box is installed once by compare-and-swap
 /// (`once_cell`'s `OnceBox`) and never replaced or dropped before the dentry, so every caller
 /// locks the same lock: locking works exactly as with the lock inline. Only
 /// [`InnerCell::has_children`] and the teardown look without making it, and a cell without a
@@ -364,7 +364,13 @@ impl Dentry {
             }),
             version: AtomicU64::new(version),
             attr: AttrCell::new(attr, attr.map_or(0, |a| a.ino)),
-            inner: InnerCell::default(),
+            // A directory's lock is made with it (it will hold children; the box then lies
+            // next to the dentry in memory, for invalidation walks); others' at first use.
+            inner: if kind == NodeKind::Positive(FileType::Directory) {
+                InnerCell(OnceBox::with_value(Box::default()))
+            } else {
+                InnerCell::default()
+            },
         }
     }
 
