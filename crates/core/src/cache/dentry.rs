@@ -18,7 +18,8 @@ use std::hash::BuildHasher;
 use std::sync::LazyLock;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
-use parking_lot::RwLock;
+use once_cell::race::OnceBox;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::{NodeKind, NodeRef, Super};
 use crate::{Attr, Error, FileType};
@@ -257,6 +258,45 @@ pub(crate) struct Inner {
     pub(crate) children: Option<Box<ChildMap>>,
 }
 
+/// A dentry's [`Inner`] under its lock, both made with a directory and for other dentries at
+/// the first `read` or `write` (8 bytes in the dentry: a leaf nobody asked about children or a
+/// target has none; it was a 16-byte `RwLock<Inner>` in every dentry). The box is installed once by compare-and-swap
+/// (`once_cell`'s `OnceBox`) and never replaced or dropped before the dentry, so every caller
+/// locks the same lock: locking works exactly as with the lock inline. Only
+/// [`InnerCell::has_children`] and the teardown look without making it, and a cell without a
+/// box has never held anything.
+#[derive(Default)]
+pub(crate) struct InnerCell(OnceBox<RwLock<Inner>>);
+
+impl InnerCell {
+    #[inline]
+    fn lock(&self) -> &RwLock<Inner> {
+        self.0
+            .get_or_init(|| Box::new(RwLock::new(Inner::default())))
+    }
+    #[inline]
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        self.lock().read()
+    }
+    #[inline]
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.lock().write()
+    }
+    /// Whether any child is cached, without making the box (a momentary look, as
+    /// `read()` then dropping the guard).
+    pub(crate) fn has_children(&self) -> bool {
+        self.0
+            .get()
+            .is_some_and(|l| l.read().children.as_ref().is_some_and(|c| !c.is_empty()))
+    }
+    /// Teardown: the children, if the box was ever made.
+    fn take_children(&self) -> Vec<NodeRef> {
+        self.0
+            .get()
+            .map_or_else(Vec::new, |l| l.write().take_children())
+    }
+}
+
 impl Inner {
     /// Bumped whenever the children change; lets a backend call made without the lock detect
     /// that the directory changed meanwhile. 0 until the first bump; never decreases.
@@ -300,7 +340,7 @@ pub struct Dentry {
     pub(crate) version: AtomicU64,
     /// Attributes, and the front-end pins (`attr.pins`, in the cell's padding).
     pub(crate) attr: AttrCell,
-    pub(crate) inner: RwLock<Inner>,
+    pub(crate) inner: InnerCell,
 }
 
 impl Dentry {
@@ -324,7 +364,13 @@ impl Dentry {
             }),
             version: AtomicU64::new(version),
             attr: AttrCell::new(attr, attr.map_or(0, |a| a.ino)),
-            inner: RwLock::new(Inner::default()),
+            // A directory's lock is made with it (it will hold children; the box then lies
+            // next to the dentry in memory, for invalidation walks); others' at first use.
+            inner: if kind == NodeKind::Positive(FileType::Directory) {
+                InnerCell(OnceBox::with_value(Box::default()))
+            } else {
+                InnerCell::default()
+            },
         }
     }
 
@@ -417,10 +463,10 @@ impl Drop for Dentry {
     fn drop(&mut self) {
         // Tear down long child chains iteratively so dropping a deep tree cannot overflow the
         // stack.
-        let mut stack: Vec<NodeRef> = self.inner.get_mut().take_children();
+        let mut stack: Vec<NodeRef> = self.inner.take_children();
         while let Some(n) = stack.pop() {
-            if let Ok(mut n) = Arc::try_unwrap(n) {
-                stack.extend(n.inner.get_mut().take_children());
+            if let Ok(n) = Arc::try_unwrap(n) {
+                stack.extend(n.inner.take_children());
             }
         }
     }
@@ -960,10 +1006,47 @@ mod tests {
         // name's own allocation), and `NodeKind` packed in 4 bytes next to `flags` (8 less).
         assert_eq!(std::mem::size_of::<Name>(), 16);
         assert_eq!(std::mem::size_of::<Link>(), 24);
+        // 144 (was 152): the children's lock and box made at first use (`InnerCell`, 8 bytes
+        // where `RwLock<Inner>` took 16).
+        assert_eq!(std::mem::size_of::<InnerCell>(), 8);
         assert!(
-            std::mem::size_of::<Dentry>() <= 152,
+            std::mem::size_of::<Dentry>() <= 144,
             "Dentry is {} bytes",
             std::mem::size_of::<Dentry>()
         );
+    }
+
+    /// `InnerCell` makes its lock at first use, once: threads racing to use a fresh cell all
+    /// lock the same lock (no write lost to a box made twice), and a cell only looked at
+    /// (`has_children`, teardown) makes none.
+    #[test]
+    fn inner_cell_is_made_once_under_racing_first_use() {
+        for round in 0..200 {
+            let cell = InnerCell::default();
+            assert!(!cell.has_children());
+            assert!(cell.0.get().is_none(), "looking made the box");
+            let threads = 4;
+            let per = 50;
+            let go = std::sync::Barrier::new(threads);
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    let (cell, go) = (&cell, &go);
+                    s.spawn(move || {
+                        go.wait();
+                        for i in 0..per {
+                            if (t + i) % 3 == 0 {
+                                let _ = cell.read().gen();
+                            }
+                            cell.write().bump_gen();
+                        }
+                    });
+                }
+            });
+            assert_eq!(
+                cell.read().gen(),
+                (threads * per) as u64,
+                "round {round}: a bump was lost"
+            );
+        }
     }
 }

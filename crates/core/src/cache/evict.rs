@@ -54,12 +54,7 @@ impl Cache {
                 q.push_back(w);
                 continue;
             }
-            let leaf = n
-                .inner
-                .read()
-                .children
-                .as_ref()
-                .is_none_or(|c| c.is_empty());
+            let leaf = !n.inner.has_children();
             if !leaf || f & MOUNTED != 0 || n.attr.pins.load(Ordering::Acquire) > 0 {
                 q.push_back(w);
                 continue;

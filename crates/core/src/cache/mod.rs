@@ -28,9 +28,10 @@
 //! Cache::tree_lock        RwLock<()>: mutations shared, rename exclusive (mutate.rs);
 //!                           shared by `by_path`'s fallback (invalidate.rs), holding nothing
 //!   Cache::lru            Mutex: account_new; evict (try_lock) (evict.rs)
-//!     Dentry::inner       RwLock, per dentry. Two at once only in rename, lower dentry id
-//!                           first; otherwise one at a time (a child's is released before
-//!                           its parent's is taken: insert_child, bump_subtree, kill)
+//!     Dentry::inner       RwLock, per dentry (made at first use: `InnerCell`). Two at once
+//!                           only in rename, lower dentry id first; otherwise one at a time
+//!                           (a child's is released before its parent's is taken:
+//!                           insert_child, bump_subtree, kill)
 //!       Cache::hardlinks  Mutex: new_dentry -> note_links under a parent's inner (hardlinks.rs)
 //!       Cache::detached   Mutex: revive under the parent's inner (outside.rs)
 //!         AttrCell        per-dentry seqlock: writers spin for 12 stores, nothing inside
