@@ -275,7 +275,13 @@ impl CacheFs {
             // The name the core has not seen go names another file by now (removed or
             // replaced in SRC, not yet reported): not this inode's attributes (another
             // type would make the kernel mark its inode bad: EIO).
-            Ok(a) if ino.0 != self.inodes.root() && (a.dev, a.ino) != held.key() => {
+            // (A provisional identity, made up while disconnected, is the file now at its
+            // name: core `held_node`.)
+            Ok(a)
+                if ino.0 != self.inodes.root()
+                    && (a.dev, a.ino) != held.key()
+                    && !self.cache.provisional(held.key()) =>
+            {
                 Err(CoreError::NotFound)
             }
             r => r,
