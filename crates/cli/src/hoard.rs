@@ -11,6 +11,13 @@
 //! these opens). Files larger than the mount's `whole_file_max` are not fetched whole by an
 //! open (ranged reads) and are skipped, as are files that no longer fit in `cache_size`
 //! once the files before them are counted.
+//!
+//! Under `-o open=noopen` the kernel opens files itself and no open reaches the daemon (told
+//! apart by the mount's OPEN count: two opens of one file, two OPENs only with `open=rpc`):
+//! each file's cached pages are then dropped (`POSIX_FADV_DONTNEED`) and its first byte
+//! read, a page-cache miss the daemon answers by fetching the file whole into its container
+//! (crates/remote/src/client/noopen.rs), after the kernel checked this caller's read access
+//! at the open.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -172,6 +179,12 @@ pub fn run(a: HoardArgs) -> Result<i32> {
             human(cache_size)
         );
     }
+    // Under `open=noopen` no open reaches the daemon: each file is then read (a page-cache
+    // miss) to be fetched.
+    let read_needed = files
+        .iter()
+        .find(|f| f.size > 0 && f.size <= whole_max)
+        .is_some_and(|f| !opens_reach_daemon(&mnt, &f.path));
     let bar = Progress::bytes(total);
     let (mut done, mut done_bytes) = (0u64, 0u64);
     let (mut too_large, mut too_large_bytes) = (0u64, 0u64);
@@ -194,9 +207,17 @@ pub fn run(a: HoardArgs) -> Result<i32> {
                 .display()
                 .to_string(),
         );
-        // The open fetches the whole file into its container.
-        match std::fs::File::open(&f.path) {
-            Ok(_) => {
+        // The open fetches the whole file into its container (`open=noopen`: the read after
+        // it; module docs).
+        let opened = std::fs::File::open(&f.path);
+        match opened.and_then(|file| {
+            if read_needed {
+                read_through(&file)
+            } else {
+                Ok(())
+            }
+        }) {
+            Ok(()) => {
                 done += 1;
                 done_bytes += f.size;
             }
@@ -243,4 +264,36 @@ pub fn run(a: HoardArgs) -> Result<i32> {
         return Ok(1);
     }
     Ok(0)
+}
+
+/// Whether opens of files of the mount at `mnt` reach the daemon (`open=rpc`): two opens of
+/// `sample` send two OPEN requests; under `open=noopen` at most the first (answered ENOSYS).
+fn opens_reach_daemon(mnt: &Path, sample: &Path) -> bool {
+    let opens = || {
+        mount_stats(mnt).ok().and_then(|s| {
+            s.get("kernel_requests")?
+                .get("by_kind")?
+                .get("open")
+                .map(|v| v.as_u64().unwrap_or(0))
+                .or(Some(0))
+        })
+    };
+    let Some(before) = opens() else {
+        return true;
+    };
+    for _ in 0..2 {
+        drop(std::fs::File::open(sample));
+    }
+    opens().is_none_or(|after| after >= before + 2)
+}
+
+/// Drop the kernel's cached pages of `file` and read its first byte, so that the daemon sees
+/// a READ (under `open=noopen`, where the open itself does not reach it) and fetches the file
+/// whole into its container, or finds it valid.
+fn read_through(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed)?;
+    let mut b = [0u8; 1];
+    file.read_at(&mut b, 0)?;
+    Ok(())
 }

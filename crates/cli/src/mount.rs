@@ -58,6 +58,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              no request per open+close, no passthrough (docs/opens.md) [rpc]
   acl / noacl                POSIX ACLs cached by the kernel [acl]
   security_xattrs / nosecurity_xattrs  pass security.* xattrs [nosecurity_xattrs]
+  io_uring / noio_uring      FUSE over io_uring if the kernel offers it (enable_uring=Y),
+                             else /dev/fuse with a warning (docs/opens.md) [noio_uring]
   max_entries=N              core cache size in dentries [1048576]
   pcc_slots=N                core: prefix-check cache slots per credential [65536]
   Core cache optimizations, each on by default (nofoo turns foo off; docs/core.md):
@@ -408,7 +410,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "lookahead" | "nolookahead" | "cache_dir" | "nocache_dir" | "opendir"
                 | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
                 | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" | "open"
-                | "prefetch" | "noprefetch" => {
+                | "prefetch" | "noprefetch" | "io_uring" | "noio_uring" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -480,6 +482,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                     "passthrough" => p.passthrough = on,
                     "acl" => p.posix_acl = on,
                     "security_xattrs" => p.security_xattrs = on,
+                    "io_uring" => p.io_uring = on,
                     _ => return Err(Usage(format!("unknown mount option -o {other}"))),
                 }
             }
@@ -1113,6 +1116,16 @@ mod tests {
         assert!(o.policy.readdirplus, "explicit options win");
         assert!(!p("").unwrap().policy.bypass);
         assert!(p("bypass=1").is_err());
+    }
+
+    #[test]
+    fn io_uring_option() {
+        assert!(!p("").unwrap().policy.io_uring, "off by default");
+        assert!(p("io_uring").unwrap().policy.io_uring);
+        assert!(
+            !p("io_uring,noio_uring").unwrap().policy.io_uring,
+            "the last word wins"
+        );
     }
 
     #[test]

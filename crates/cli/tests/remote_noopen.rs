@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use common::{can_mount, py, sh};
 use dircache_tests::have_tool;
-use dircache_tests::remote::{eventually, random_bytes, Fsx, RemoteMount as Mount};
+use dircache_tests::remote::{eventually, random_bytes, Fsx, Remote, RemoteMount as Mount};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
@@ -25,6 +25,28 @@ fn requests(mnt: &Path) -> serde_json::Value {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stats json");
     v["kernel_requests"]["by_kind"].clone()
+}
+
+/// The backend's counters of the mount at `mnt` (`dircache stats --json`, `backend`).
+fn backend(mnt: &Path) -> serde_json::Value {
+    let o = Command::new(BIN)
+        .args(["stats", "--json"])
+        .arg(mnt)
+        .output()
+        .expect("dircache stats");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stats json");
+    v["backend"].clone()
+}
+
+/// Read `p` whole after dropping the kernel's cached pages of it (POSIX_FADV_DONTNEED), so
+/// that the read is a page-cache miss: READs reach the daemon.
+fn read_uncached(p: &Path) -> std::io::Result<Vec<u8>> {
+    let f = std::fs::File::open(p)?;
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
+    let mut v = Vec::new();
+    std::io::Read::read_to_end(&mut &f, &mut v)?;
+    Ok(v)
 }
 
 fn count(by_kind: &serde_json::Value, kind: &str) -> u64 {
@@ -229,5 +251,138 @@ fn noopen_denies_what_the_servers_acl_denies() {
         !b.status.success() && String::from_utf8_lossy(&b.stderr).contains("Permission denied"),
         "B read {:?}",
         String::from_utf8_lossy(&b.stdout)
+    );
+}
+
+/// Containers under noopen (docs/opens.md, "On a remote mount"): a file read once, and one
+/// only hoarded, are read again after the connection is cut and their pages dropped from the
+/// kernel's cache: the READs are answered from the containers, with the same bytes. Before
+/// (no containers under noopen) such a read failed: "Connection timed out (os error 110)".
+#[test]
+fn noopen_misses_while_cut_off_are_read_from_containers() {
+    if !can_mount() {
+        return;
+    }
+    let r = Remote::new();
+    let read_once = random_bytes(1_000_000, 21);
+    let hoarded = random_bytes(300_000, 22);
+    std::fs::write(r.s("f"), &read_once).unwrap();
+    std::fs::write(r.s("h"), &hoarded).unwrap();
+    let c = r.mount("", "open=noopen,reconnect_timeout=30");
+    assert_eq!(read_uncached(&c.m("f")).unwrap(), read_once);
+    let o = Command::new(BIN)
+        .arg("hoard")
+        .arg(&c.mnt)
+        .arg(c.m("h"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "hoard: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A second miss of the file read once is local already (no data call; the kernel's
+    // lookups may still bring listings).
+    let data_calls =
+        |c: &dircache_tests::remote::Client| c.calls("OpenVerified") + c.calls("Read {");
+    let calls = data_calls(&c);
+    assert_eq!(read_uncached(&c.m("f")).unwrap(), read_once);
+    assert_eq!(
+        data_calls(&c),
+        calls,
+        "a miss with a valid container: no data call:\n{}",
+        c.log_text()
+    );
+    r.cut(&c);
+    for (name, want) in [("f", &read_once), ("h", &hoarded)] {
+        let reads = count(&requests(&c.mnt), "read");
+        let got =
+            read_uncached(&c.m(name)).unwrap_or_else(|e| panic!("{name} read while cut off: {e}"));
+        assert!(got == *want, "{name}: other bytes while cut off");
+        assert!(
+            count(&requests(&c.mnt), "read") > reads,
+            "{name}: the read reached the daemon (its pages were dropped)"
+        );
+    }
+    let b = backend(&c.mnt);
+    assert!(
+        b["containers_noopen_read_hits"].as_u64().unwrap_or(0) > 0,
+        "{b}"
+    );
+    assert_eq!(b["offline"], 1, "{b}");
+    // A write while cut off fails (it is not kept anywhere): the program sees it.
+    let w = std::fs::OpenOptions::new()
+        .write(true)
+        .open(c.m("f"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"while cut off"));
+    assert!(w.is_err(), "a write while cut off under noopen succeeded");
+    r.restore();
+    eventually("the server's f unchanged after the reconnection", || {
+        std::fs::read(r.s("f")).is_ok_and(|d| d == read_once)
+    });
+}
+
+/// A container never answers a miss with bytes older than what the server holds: after a
+/// change made on the server (same size) has reached the client, and after a write through
+/// the mount, a page-cache miss reads the new bytes; the miss before the change was local.
+#[test]
+fn noopen_misses_after_changes_read_fresh_bytes() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("open=noopen");
+    let v1 = random_bytes(300_000, 31);
+    t.put("f", &v1);
+    eventually("the first version read through the mount", || {
+        read_uncached(&t.m("f")).is_ok_and(|d| d == v1)
+    });
+    // The callbacks of the server's write may come after that read's fetch: wait until a miss
+    // makes no round trip.
+    let data_calls = || t.calls("OpenVerified") + t.calls("Read {");
+    eventually("a miss answered from the container", || {
+        let calls = data_calls();
+        read_uncached(&t.m("f")).is_ok_and(|d| d == v1) && data_calls() == calls
+    });
+    // Changed on the server, same size: read fresh once the callback came, and again after
+    // the pages are dropped (not the old container).
+    let v2 = random_bytes(300_000, 32);
+    std::fs::write(t.s("f"), &v2).unwrap();
+    eventually("the server's change read through the mount", || {
+        read_uncached(&t.m("f")).is_ok_and(|d| d == v2)
+    });
+    for _ in 0..5 {
+        assert!(
+            read_uncached(&t.m("f")).unwrap() == v2,
+            "an old version read"
+        );
+    }
+    // Written through the mount (after the container holds v2): a miss reads the write.
+    let mut want = v2.clone();
+    want[100_000..100_005].copy_from_slice(b"WRITE");
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(t.m("f"))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"WRITE", 100_000).unwrap();
+    }
+    assert!(
+        std::fs::read(t.s("f")).unwrap() == want,
+        "the server's copy"
+    );
+    assert!(
+        read_uncached(&t.m("f")).unwrap() == want,
+        "a miss after a write through the mount read the old container"
+    );
+    // Truncated through the mount, then grown on the server: the same.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(t.m("f"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    assert!(
+        read_uncached(&t.m("f")).unwrap() == want[..1000],
+        "after truncate"
     );
 }

@@ -117,9 +117,9 @@ fn bench_remote_smoke_json() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    // 12 workloads x 3 systems x 2 RTTs x cold/warm, and disconnected reads (warm; native
-    // and dircache only) x 2 RTTs.
-    assert_eq!(rows.len(), 12 * 3 * 2 * 2 + 2 * 2, "{rows:#?}");
+    // 13 workloads x 3 systems x 2 RTTs x cold/warm, and disconnected reads, cached and
+    // uncached (warm; native and dircache only) x 2 RTTs.
+    assert_eq!(rows.len(), 13 * 3 * 2 * 2 + 2 * 2 * 2, "{rows:#?}");
     for r in &rows {
         for k in ["workload", "system", "rtt_ms", "cache", "median_s"] {
             assert!(r.get(k).is_some(), "{k} missing in {r}");

@@ -220,7 +220,7 @@ pub fn attr_of_fd(fd: impl AsFd) -> Result<Attr> {
         fd,
         "",
         rustix::fs::AtFlags::EMPTY_PATH,
-        rustix::fs::StatxFlags::BASIC_STATS,
+        rustix::fs::StatxFlags::BASIC_STATS | rustix::fs::StatxFlags::BTIME,
     )
     .map_err(os)?;
     Ok(Attr::from_statx(&st))

@@ -383,6 +383,7 @@ impl Tree {
             atime: t,
             mtime: t,
             ctime: t,
+            birth: 0,
         };
         self.inodes.insert(
             ino,
@@ -719,6 +720,7 @@ impl MemoryBackend {
             atime: t,
             mtime: t,
             ctime: t,
+            birth: 0,
         };
         tree.inodes.insert(
             ROOT_INO,

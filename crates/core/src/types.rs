@@ -89,6 +89,19 @@ pub struct Attr {
     pub atime: Timespec,
     pub mtime: Timespec,
     pub ctime: Timespec,
+    /// Which file this is, beyond `(dev, ino)`: a nonzero digest of statx's birth time
+    /// (STATX_BTIME), 0 when the file system gives none. Not shown to programs: it tells a
+    /// new file that reused a removed one's inode number from that one ([`Attr::same_birth`]).
+    pub birth: u32,
+}
+
+/// The [`Attr::birth`] of a birth time: a nonzero 32-bit digest.
+pub fn birth_digest(sec: i64, nsec: u32) -> u32 {
+    let h = (sec as u64)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .rotate_left(17)
+        ^ u64::from(nsec).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    ((h ^ (h >> 32)) as u32).max(1)
 }
 
 impl Attr {
@@ -112,7 +125,20 @@ impl Attr {
             atime: ts(&s.stx_atime),
             mtime: ts(&s.stx_mtime),
             ctime: ts(&s.stx_ctime),
+            birth: if s.stx_mask & rustix::fs::StatxFlags::BTIME.bits() != 0 {
+                birth_digest(s.stx_btime.tv_sec, s.stx_btime.tv_nsec)
+            } else {
+                0
+            },
         }
+    }
+
+    /// Whether `self` and `other` (both of inode `(dev, ino)`) can be the same file: the same
+    /// birth time, or one of them unknown. ext4 gives a removed file's inode number to the
+    /// next new file at once; the birth time tells them apart unless both were made within
+    /// one tick of the file system's clock (new inodes get the coarse time, 4 ms at HZ=250).
+    pub fn same_birth(a: u32, b: u32) -> bool {
+        a == b || a == 0 || b == 0
     }
 
     pub fn kind(&self) -> FileType {

@@ -176,6 +176,8 @@ struct Opened {
 struct Created {
     nodeid: INodeNo,
     ttl: Duration,
+    /// The attributes' TTL: one jiffy for a file open for writing (`handles.rs`).
+    attr_ttl: Duration,
     attr: FileAttr,
     generation: Generation,
     opened: Opened,
@@ -358,12 +360,14 @@ fn reply_created(r: Result<Created, Errno>, reply: ReplyCreate) {
         Ok(Created {
             nodeid,
             ttl,
+            attr_ttl,
             attr,
             generation,
             opened: Opened { fh, flags, backing },
-        }) => reply.created_nodeid(
+        }) => reply.created_nodeid_ttls(
             nodeid,
             &ttl,
+            &attr_ttl,
             &attr,
             generation,
             fh,

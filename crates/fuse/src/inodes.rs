@@ -35,10 +35,17 @@
 //!   replacement that gave the number there: a listing made just before the tree was
 //!   replaced, answered later, e.g. by lookahead); given the old nodeid, the kernel fails the
 //!   lookup with ELOOP when the holder is an ancestor (`d_splice_alias`), or moves the old
-//!   dentry to the new place. Not detected: a file replaced by one of the
-//!   same type that gets the same number under the same name before the feed reports the
-//!   removal (the backend shows nothing that tells them apart without an identity such as
-//!   statx's btime); the kernel then keeps its inode, refreshed when the feed reports it.
+//!   dentry to the new place. A directory is also that inode only in the directory the kernel
+//!   has it in (its parent's nodeid, `Inode::is_dir_at`): found under another one (its
+//!   parent replaced in SRC, the core still showing the old children under the new parent
+//!   until the feed reports the removal), the kernel would move its one dentry there and
+//!   fail with ESTALE when it cannot take the locks at once (`d_splice_alias`). A file
+//!   replaced by one of the same type that gets the same number (under the same name, or
+//!   named by attributes listed before the replacement) is told apart by its birth time
+//!   ([`Attr::birth`], statx's btime, on file systems that give one): another birth is
+//!   another file, a nodeid of its own. Not detected: both born within one tick of the
+//!   file system's coarse clock (4 ms here), or on a file system without birth times; the
+//!   kernel then keeps its inode, refreshed when the feed reports the change.
 //! - `lookups` counts the kernel's references (each LOOKUP-like reply adds one, FORGET
 //!   subtracts); the entry is dropped when it reaches zero.
 //! - Each nodeid holds its inode in the core ([`Cache::hold`]): the core pins its names, keeps
@@ -74,6 +81,12 @@ struct Inode {
     st_ino: u64,
     /// The file type (`st_mode & S_IFMT`) it was given out with.
     fmt: u32,
+    /// Its [`Attr::birth`] when given out (0: unknown): with the key and the type, which
+    /// file this is (see the module invariants).
+    birth: u32,
+    /// The nodeid of the directory the kernel last had it in (a directory's one place: see
+    /// [`Inode::is_dir_at`]).
+    parent: AtomicU64,
     /// A regular file's size and times as last sent to the kernel ([`told_hash`]; 0: not
     /// known, or invalidated since): the kernel sizes page-cache reads by them.
     told: AtomicU64,
@@ -90,6 +103,34 @@ fn told_hash(a: &Attr) -> u64 {
 /// The file type bits of `a`.
 fn fmt(a: &Attr) -> u32 {
     a.mode & libc::S_IFMT
+}
+
+impl Inode {
+    /// Whether attributes `a` (of inode `key`) can be this entry's file: same key, type and
+    /// birth time (when both are known).
+    fn is_file(&self, key: Key, a: &Attr) -> bool {
+        self.held.key() == key && self.fmt == fmt(a) && Attr::same_birth(self.birth, a.birth)
+    }
+
+    /// Whether the kernel would find this entry at `parent` without moving it: anything but
+    /// a directory, or a directory the kernel has in `parent`. A directory has one dentry
+    /// in the kernel; handed its nodeid under another directory, the kernel moves that
+    /// dentry (`d_splice_alias`), failing the lookup with ESTALE when it cannot take the
+    /// locks at once, or with ELOOP when the old place is below the new one. A directory of
+    /// the kernel's found in another directory is one whose parent was replaced in SRC (the
+    /// core still shows the old children under the new directory until the change feed
+    /// reports it): another directory for the kernel. (Moved in SRC, it is another dentry
+    /// of the core's, which [`Inodes::register`] also takes for another directory.)
+    fn is_dir_at(&self, parent: u64) -> bool {
+        self.fmt != libc::S_IFDIR || self.parent.load(Ordering::Relaxed) == parent
+    }
+
+    /// The kernel has it in directory `parent` now (read first: the line is shared).
+    fn seen_in(&self, parent: u64) {
+        if self.parent.load(Ordering::Relaxed) != parent {
+            self.parent.store(parent, Ordering::Relaxed);
+        }
+    }
 }
 
 struct InodeMut {
@@ -156,6 +197,8 @@ impl Inodes {
                 held,
                 st_ino: ROOT,
                 fmt: libc::S_IFDIR,
+                birth: 0,
+                parent: AtomicU64::new(0),
                 told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
@@ -274,7 +317,7 @@ impl Inodes {
         if let Some(id) = known {
             let hit = self.with_entry(id, |i| {
                 let root = id == self.root();
-                if (i.held.key() != key || i.fmt != fmt(attr)) && !root {
+                if !(root || (i.is_file(key, attr) && i.is_dir_at(parent))) {
                     return false;
                 }
                 let mut m = i.m.lock();
@@ -291,6 +334,7 @@ impl Inodes {
                     if moved {
                         i.held.set_location(None, &name);
                     }
+                    i.seen_in(parent);
                 }
                 true
             });
@@ -313,10 +357,11 @@ impl Inodes {
         let at = |id: u64| inodes.get(&id).cloned().filter(|i| !i.m.lock().removed);
         if let Some(&id) = by_dentry.get(&node.id()) {
             if let Some(i) = at(id) {
-                if (i.held.key() == key && i.fmt == fmt(attr)) || id == self.root() {
+                if (i.is_file(key, attr) && i.is_dir_at(parent)) || id == self.root() {
                     i.m.lock().lookups += 1;
                     if id != self.root() {
                         i.held.set_location(parent_held.as_ref(), &name);
+                        i.seen_in(parent);
                     }
                     return id;
                 }
@@ -335,7 +380,7 @@ impl Inodes {
                             .retain_names(|n| Arc::ptr_eq(n, node) || !n.is_dead())
                             .unwrap_or_default(),
                     )
-                } else if i.fmt != fmt(attr) {
+                } else if !i.is_file(key, attr) || !i.is_dir_at(parent) {
                     None
                 } else if i.fmt == libc::S_IFDIR {
                     // A directory has one name: another dentry of the same path (made anew by
@@ -349,11 +394,12 @@ impl Inodes {
                             || (!n.is_dead()
                                 && here.is_some()
                                 && cache.node_path(n).ok() == here
-                                && cache.names_inode(n, key))
+                                && cache.names_file(n, key, attr.birth))
                     })
                 } else {
                     i.held.retain_names(|n| {
-                        Arc::ptr_eq(n, node) || (!n.is_dead() && cache.names_inode(n, key))
+                        Arc::ptr_eq(n, node)
+                            || (!n.is_dead() && cache.names_file(n, key, attr.birth))
                     })
                 };
                 if let Some(dropped) = kept {
@@ -366,6 +412,7 @@ impl Inodes {
                     i.m.lock().lookups += 1;
                     if id != self.root() {
                         i.held.set_location(parent_held.as_ref(), &name);
+                        i.seen_in(parent);
                     }
                     by_dentry.insert(node.id(), id);
                     return id;
@@ -408,6 +455,8 @@ impl Inodes {
                 held,
                 st_ino,
                 fmt: fmt(attr),
+                birth: attr.birth,
+                parent: AtomicU64::new(parent),
                 told: AtomicU64::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
@@ -489,6 +538,7 @@ impl Inodes {
             }
             i.held.add_name(node, true);
             i.held.set_location(parent_held.as_ref(), &node.name());
+            i.seen_in(parent);
             self.by_dentry.pin().insert(node.id(), nodeid);
         }
     }
@@ -496,6 +546,13 @@ impl Inodes {
     /// The nodeid the kernel knows inode `(dev, ino)` by, if it knows it (no reference taken).
     pub fn peek_key(&self, dev: u64, ino: u64) -> Option<u64> {
         self.by_key.pin().get(&(dev, ino)).copied()
+    }
+
+    /// Whether attributes with birth `birth` can be of the file `nodeid` was given out for
+    /// (see [`Attr::same_birth`]).
+    pub fn same_birth(&self, nodeid: u64, birth: u32) -> bool {
+        self.with_entry(nodeid, |i| Attr::same_birth(i.birth, birth))
+            .unwrap_or(true)
     }
 
     /// The nodeid a dentry is known to the kernel by.
@@ -512,9 +569,7 @@ impl Inodes {
         let key = (attr.dev, attr.ino);
         self.with_entry(id, |i| {
             let m = i.m.lock();
-            !m.removed
-                && m.lookups > 0
-                && (id == self.root() || (i.held.key() == key && i.fmt == fmt(attr)))
+            !m.removed && m.lookups > 0 && (id == self.root() || i.is_file(key, attr))
         })
         .filter(|ok| *ok)
         .map(|_| id)
@@ -668,6 +723,47 @@ mod tests {
         assert_ne!(uid, tid, "U was given T's nodeid");
         // T itself, looked up again through a new dentry of the same path, keeps its nodeid.
         assert_eq!(inodes.register(&cache, &t, &ta, ROOT), tid);
+    }
+
+    /// A file removed in SRC and made again, by ext4, with the same inode number (and type):
+    /// another birth time. Looked up through the same dentry (the change feed has not
+    /// reported the removal) it is a new file to the kernel, not the inode it holds with the
+    /// old file's page cache; a new name of the new file is not a hard link of the old one
+    /// even while the old name shows the number again in the backend; `stat` keeps showing
+    /// the number.
+    #[test]
+    fn a_file_replaced_with_its_inode_number_is_a_new_file() {
+        let b = Arc::new(MemoryBackend::new());
+        b.populate(&["d/f", "d/g"]);
+        let cache = Cache::new(b, Config::default()).unwrap();
+        let inodes = Inodes::new(&cache);
+        let c = cache.kernel_checked(Cred::root());
+        let d = cache.lookup_child(&c, &cache.root(), b"d").unwrap();
+        let did = inodes.register(&cache, &d, &cache.getattr(&d).unwrap(), ROOT);
+        let f = cache.lookup_child(&c, &d, b"f").unwrap();
+        let a = cache.getattr(&f).unwrap();
+        let old = Attr { birth: 11, ..a };
+        let fid = inodes.register(&cache, &f, &old, did);
+        let new = Attr { birth: 22, ..a };
+        let nid = inodes.register(&cache, &f, &new, did);
+        assert_ne!(
+            nid, fid,
+            "the new file at the old name was given the old file's nodeid"
+        );
+        assert_eq!(
+            inodes.st_ino(nid),
+            inodes.st_ino(fid),
+            "the number stat shows"
+        );
+        assert_eq!(inodes.held_by_kernel(&f, &new), Some(nid));
+        // `g` with the old file's attributes (listed before the replacement): not a hard
+        // link of the new file, although `f` names the number in the backend.
+        let g = cache.lookup_child(&c, &d, b"g").unwrap();
+        let gid = inodes.register(&cache, &g, &old, did);
+        assert_ne!(
+            gid, nid,
+            "a name of the old file was taken for a link of the new one"
+        );
     }
 
     /// LOOKUPs and FORGETs of one inode racing on several threads: every reference is

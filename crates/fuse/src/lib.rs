@@ -209,6 +209,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     let mut fc = fuser::Config::default();
     fc.n_threads = Some(cfg.policy.threads.max(1));
     fc.clone_fd = true;
+    fc.io_uring = cfg.policy.io_uring;
     let (session, abi, _served_below) = mount_session(fs, cfg, fc)?;
     // Until `Mounted` exists, a failure leaves no dead mount behind.
     let guard = UnmountOnError(Some(cfg.mnt.clone()));

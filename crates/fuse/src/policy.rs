@@ -104,6 +104,10 @@ pub struct CachePolicy {
     /// (it must be built with `dircache_core::Config::bypass_mode()`), so each request is one
     /// backend call; see [`CachePolicy::bypassing`] for what the kernel may keep.
     pub bypass: bool,
+    /// Serve requests over FUSE over io_uring (`-o io_uring`, vendored fuser's `src/uring.rs`)
+    /// when the kernel offers it (`/sys/module/fuse/parameters/enable_uring` = Y); otherwise a
+    /// warning and `/dev/fuse` (docs/opens.md).
+    pub io_uring: bool,
 }
 
 impl Default for CachePolicy {
@@ -130,6 +134,7 @@ impl Default for CachePolicy {
             lookahead: true,
             max_open_per_user: 0,
             bypass: false,
+            io_uring: false,
         }
     }
 }
@@ -183,6 +188,7 @@ impl CachePolicy {
             lookahead: false,
             max_open_per_user: 0,
             bypass: false,
+            io_uring: false,
         }
     }
 }

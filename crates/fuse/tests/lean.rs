@@ -441,6 +441,84 @@ fn acls_fetched_ahead_of_ls_l_match_native_and_see_outside_changes() {
     assert_eq!(getfacls(&t.m("c")), getfacls(&t.s("c")), "ACLs of c");
 }
 
+/// Whether `uid` may read `p` (open for reading), as the kernel decides: "ok" or the errno.
+fn read_as(uid: u32, p: &Path) -> String {
+    let script = format!(
+        "import errno\ntry:\n    open({:?}, 'rb').close(); print('ok')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])",
+        p.to_str().expect("utf-8 path")
+    );
+    py(Path::new("/"), &script, Some(uid)).trim().to_string()
+}
+
+/// After a cold `ls -l` the kernel holds "no ACL" for every file it listed (asked once per
+/// inode, answered from ACLs fetched ahead: `lean::fill_acls` and the xattr memo). An ACL
+/// set later in SRC must then be shown and enforced through the mount as natively: one that
+/// takes read access away from a user, and one that gives it to a user the mode bits keep
+/// out (the feed's attribute change makes the kernel forget the cached ACL).
+#[test]
+fn acl_set_in_src_after_a_cold_ls_l_is_shown_and_enforced() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    if !have_setfacl() {
+        return;
+    }
+    let t = TestMount::new();
+    chmod(&t.src, 0o755);
+    files(&t.s("d"), 6);
+    chmod(&t.s("d"), 0o755);
+    for i in 0..6 {
+        chmod(&t.s(&format!("d/f{i}")), if i == 2 { 0o600 } else { 0o644 });
+    }
+    settle(&t);
+    // Cold: the kernel asks for each entry's ACL (answered "none"), and keeps that.
+    ls_l(&t.m("d"));
+    assert_eq!(getfacls(&t.m("d")), getfacls(&t.s("d")), "ACLs of d");
+    assert_eq!(read_as(1001, &t.m("d/f1")), "ok");
+    assert_eq!(read_as(1001, &t.m("d/f2")), "EACCES");
+    // Taken away natively: f1 stays 0644, but user 1001 has a named entry without r.
+    setfacl(&["-m", "u:1001:---"], &t.s("d/f1"));
+    assert_eq!(read_as(1001, &t.s("d/f1")), "EACCES", "native f1");
+    let want = getfacl(&t.s("d/f1"));
+    assert!(
+        wait_for(LIMIT, || read_as(1001, &t.m("d/f1")) == "EACCES").is_some(),
+        "an ACL denying uid 1001 set in SRC after ls -l is not enforced: {} ({})",
+        read_as(1001, &t.m("d/f1")),
+        getfacl(&t.m("d/f1"))
+    );
+    assert_eq!(getfacl(&t.m("d/f1")), want, "f1's ACL through the mount");
+    // Given natively: f2 is 0600 root's, user 1001 gets r through a named entry.
+    setfacl(&["-m", "u:1001:r"], &t.s("d/f2"));
+    assert_eq!(read_as(1001, &t.s("d/f2")), "ok", "native f2");
+    let want = getfacl(&t.s("d/f2"));
+    assert!(
+        wait_for(LIMIT, || read_as(1001, &t.m("d/f2")) == "ok").is_some(),
+        "an ACL granting uid 1001 set in SRC after ls -l is not enforced: {} ({})",
+        read_as(1001, &t.m("d/f2")),
+        getfacl(&t.m("d/f2"))
+    );
+    assert_eq!(getfacl(&t.m("d/f2")), want, "f2's ACL through the mount");
+    // And `ls -l` shows the `+` of both, as natively.
+    let ls = |d: &Path| {
+        let o = std::process::Command::new("ls")
+            .arg("-l")
+            .arg(d)
+            .output()
+            .expect("ls -l");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() > 8).then(|| format!("{} {}", f[0], f[8]))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ls(&t.m("d")), ls(&t.s("d")), "ls -l modes");
+    assert!(ls(&t.m("d"))
+        .iter()
+        .any(|l| l.starts_with("-rw-r--r--+") && l.ends_with("f1")));
+}
+
 /// `ls -lR` (a GETXATTR of each entry's ACL) keeps listings full: no LOOKUP of lean names
 /// after the first ACL request, over more directories than one full-listing period
 /// (`lean::FULL_LISTINGS`): before, every period began lean again and the walker looked up

@@ -361,7 +361,7 @@ fn statx_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Attr> {
         dir,
         name,
         AtFlags::SYMLINK_NOFOLLOW,
-        StatxFlags::BASIC_STATS,
+        StatxFlags::BASIC_STATS | StatxFlags::BTIME,
     )
     .map_err(errno)?;
     Ok(attr_from_statx(&s))
@@ -372,7 +372,7 @@ fn statx_fd(fd: BorrowedFd<'_>) -> Result<Attr> {
         fd,
         c"",
         AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-        StatxFlags::BASIC_STATS,
+        StatxFlags::BASIC_STATS | StatxFlags::BTIME,
     )
     .map_err(errno)?;
     Ok(attr_from_statx(&s))

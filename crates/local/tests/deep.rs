@@ -49,7 +49,7 @@ fn kstat(dir: &OwnedFd, name: &str) -> Result<Attr, i32> {
         dir,
         name,
         AtFlags::SYMLINK_NOFOLLOW,
-        StatxFlags::BASIC_STATS,
+        StatxFlags::BASIC_STATS | StatxFlags::BTIME,
     )
     .map(|s| {
         let t = |t: rustix::fs::StatxTimestamp| dircache_core::Timespec {
@@ -70,6 +70,11 @@ fn kstat(dir: &OwnedFd, name: &str) -> Result<Attr, i32> {
             atime: t(s.stx_atime),
             mtime: t(s.stx_mtime),
             ctime: t(s.stx_ctime),
+            birth: if s.stx_mask & StatxFlags::BTIME.bits() != 0 {
+                dircache_core::birth_digest(s.stx_btime.tv_sec, s.stx_btime.tv_nsec)
+            } else {
+                0
+            },
         }
     })
     .map_err(|e| e.raw_os_error())

@@ -28,6 +28,7 @@ mod bulk;
 pub mod cml;
 pub mod container;
 pub mod disconnected;
+mod noopen;
 mod reopen;
 mod search;
 mod statfs;
@@ -36,7 +37,7 @@ pub use container::{ContainerConfig, ContainerFile, ContainerStats, Containers};
 pub use disconnected::Disconnected;
 
 use crate::frame::{read_frame, write_frame};
-use crate::prefetch::{join, Prefetch};
+use crate::prefetch::{join, stale_of, Prefetch, Stale};
 use crate::proto::{
     decode, encode, features, Bytes, ClientMsg, Hello, ProtoError, Reply, Request, ServerMsg,
     SubtreeDir, Target, WireCred, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
@@ -162,6 +163,9 @@ struct Conn {
     own: WireCred,
     keep: Mutex<Option<Box<dyn Send>>>,
     prefetch: Arc<Mutex<Prefetch>>,
+    /// Mutations in flight: call id -> their id in the prefetch buffer, ended when their last
+    /// reply frame arrives (crate::prefetch).
+    mutating: Mutex<HashMap<u64, u64>>,
     close: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     round_trips: Arc<AtomicU64>,
     /// Container files, told about callbacks (client/container.rs).
@@ -189,6 +193,42 @@ fn eio() -> Error {
     Error::Os(libc::EIO)
 }
 
+/// What a mutation named by paths makes stale in the prefetch buffer (crate::prefetch): what
+/// callbacks for its paths would, and every listing of another name of an inode whose
+/// attributes it may move ([`Stale::Linked`]). `None` for a call on a handle (no path: the
+/// caller knows it) or any other.
+fn stale_of_request(req: &Request) -> Option<Vec<Stale>> {
+    let linked = |mut v: Vec<Stale>| {
+        v.push(Stale::Linked);
+        v
+    };
+    let of_target = |t: &Target| {
+        let mut v = linked(stale_of(&t.path));
+        if let Some((_, ino)) = t.expect {
+            v.push(Stale::Ino(ino));
+        }
+        v
+    };
+    Some(match req {
+        Request::Mknod { path, .. } | Request::Mkdir { path, .. } | Request::Rmdir { path } => {
+            stale_of(path)
+        }
+        Request::Symlink { path, .. } => stale_of(path),
+        Request::Unlink { path } | Request::Setattr { path, .. } => linked(stale_of(path)),
+        Request::Link { old, new } | Request::Rename { old, new, .. } => {
+            let mut v = stale_of(old);
+            v.extend(stale_of(new));
+            linked(v)
+        }
+        // O_CREAT makes an entry; O_TRUNC moves an existing inode's attributes.
+        Request::Open { path, .. } => linked(stale_of(path)),
+        Request::OpenVerified { target, .. }
+        | Request::Setxattr { target, .. }
+        | Request::Removexattr { target, .. } => of_target(target),
+        _ => return None,
+    })
+}
+
 impl Conn {
     /// Send a call; the receiver gets its reply frames, or an error if the connection ends.
     fn start(&self, cred: &WireCred, req: Request) -> Result<Receiver<Frame>> {
@@ -197,14 +237,32 @@ impl Conn {
 
     /// [`Conn::start`], also returning the call's id.
     fn start_id(&self, cred: &WireCred, req: Request) -> Result<(u64, Receiver<Frame>)> {
-        if req.mutates() {
-            self.prefetch.lock().clear();
-        }
+        self.start_touching(cred, req, None)
+    }
+
+    /// [`Conn::start_id`]; a mutation (`Request::mutates`) makes stale, in the prefetch buffer,
+    /// what its paths touch ([`stale_of_request`]), or `stale` when given (calls on a handle
+    /// carry no path), or everything when neither is known.
+    fn start_touching(
+        &self,
+        cred: &WireCred,
+        req: Request,
+        stale: Option<Vec<Stale>>,
+    ) -> Result<(u64, Receiver<Frame>)> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if req.mutates() {
+            let stale = stale
+                .or_else(|| stale_of_request(&req))
+                .unwrap_or_else(|| vec![Stale::Tree(Vec::new())]);
+            // Registered before the call is sent: its reply ends it (Conn::reader).
+            let m = self.prefetch.lock().mutation_begin(stale);
+            self.mutating.lock().insert(id, m);
+        }
         let (tx, rx) = unbounded();
         self.pending.lock().insert(id, tx);
         if self.closed.load(Ordering::SeqCst) {
             self.pending.lock().remove(&id);
+            self.mutation_over(id);
             return Err(eio());
         }
         let msg = ClientMsg::Call {
@@ -214,6 +272,8 @@ impl Conn {
         };
         let sent = encode(&msg).map_err(|e| {
             tracing::error!("cannot encode a call: {e}");
+            self.pending.lock().remove(&id);
+            self.mutation_over(id);
             Error::Invalid
         })?;
         let mut w = self.writer.lock();
@@ -226,6 +286,7 @@ impl Conn {
         drop(w);
         if let Err(e) = r {
             self.pending.lock().remove(&id);
+            self.mutation_over(id);
             if e == eio() {
                 // The stream is broken (the server is gone): ended from now on, before the
                 // reader has seen end of file (a store-back failing here is logged while
@@ -255,14 +316,27 @@ impl Conn {
         write_frame(&mut *w, &msg, MAX_CLIENT_FRAME).is_ok() && w.flush().is_ok()
     }
 
-    fn call_as(&self, cred: &WireCred, req: Request) -> Result<Reply> {
-        let mutates = req.mutates();
-        let rx = self.start(cred, req)?;
-        let r = rx.recv();
-        if mutates {
-            // Again at the end: a bulk reply read on the server while this ran is not kept.
-            self.prefetch.lock().clear();
+    /// Mutation call `id` is over (answered, or never sent): bulk calls that start from now
+    /// on are read after it.
+    fn mutation_over(&self, id: u64) {
+        if let Some(m) = self.mutating.lock().remove(&id) {
+            self.prefetch.lock().mutation_end(m);
         }
+    }
+
+    fn call_as(&self, cred: &WireCred, req: Request) -> Result<Reply> {
+        self.call_touching(cred, req, None)
+    }
+
+    /// [`Conn::call_as`] with what a mutation makes stale ([`Conn::start_touching`]).
+    fn call_touching(
+        &self,
+        cred: &WireCred,
+        req: Request,
+        stale: Option<Vec<Stale>>,
+    ) -> Result<Reply> {
+        let (_, rx) = self.start_touching(cred, req, stale)?;
+        let r = rx.recv();
         match r {
             Ok(Ok((_, Ok(r)))) => Ok(r),
             Ok(Ok((_, Err(errno)))) => Err(Error::from_errno(errno)),
@@ -284,6 +358,9 @@ impl Conn {
             match decode::<ServerMsg>(&frame) {
                 Ok(ServerMsg::Reply { id, last, body }) => {
                     let slot = if last {
+                        // A mutation answered was applied on the server: a bulk call sent
+                        // from now on reads after it.
+                        self.mutation_over(id);
                         self.pending.lock().remove(&id)
                     } else {
                         self.pending.lock().get(&id).cloned()
@@ -314,7 +391,7 @@ impl Conn {
                         Change::Attr { path } | Change::Entry { path } => {
                             self.prefetch.lock().touched(path)
                         }
-                        Change::Inode { .. } => self.prefetch.lock().clear(),
+                        Change::Inode { ino, .. } => self.prefetch.lock().touched_inode(*ino),
                         Change::Overflow => {
                             let mut p = self.prefetch.lock();
                             p.clear();
@@ -341,6 +418,9 @@ impl Conn {
             let mut p = self.prefetch.lock();
             p.clear();
             p.forget_listed();
+        }
+        for (_, m) in self.mutating.lock().drain() {
+            self.prefetch.lock().mutation_end(m);
         }
         for (_, s) in self.pending.lock().drain() {
             let _ = s.send(Err(()));
@@ -488,6 +568,7 @@ fn new_conn(
         containers: cfg.containers.clone(),
         disconnected: cfg.disconnected.clone(),
         muted: AtomicBool::new(muted),
+        mutating: Mutex::new(HashMap::new()),
     });
     let c = conn.clone();
     std::thread::Builder::new()
@@ -1032,6 +1113,10 @@ impl Backend for RemoteBackend {
         self.mutated(path);
         if let (Ok(a), Some(cc)) = (&r, &self.cfg.containers) {
             cc.path_setattr(a, set);
+            // Another name of the same file (a hard link) may hold its container.
+            if set.size.is_some() {
+                cc.kernel_written((a.dev, a.ino));
+            }
         }
         r.map(|a| self.seen(a))
     }
@@ -1080,6 +1165,12 @@ impl Backend for RemoteBackend {
         t: XattrTarget<'_>,
         flags: i32,
     ) -> Result<Box<dyn BackendFile>> {
+        // A regular file's READ or WRITE under open=noopen: its container (client/noopen.rs).
+        if let Some(cc) = &self.cfg.containers {
+            if let Some(r) = self.kernel_open(cc, cred, t, flags) {
+                return r;
+            }
+        }
         let c = self.conn()?;
         let r = c.call_as(
             &cred.into(),
@@ -1205,6 +1296,8 @@ impl Backend for RemoteBackend {
             ("bulk_hurries", w.hurries),
             ("bulk_listings", w.stored),
             ("bulk_early_answers", w.early),
+            ("bulk_calls", w.calls),
+            ("bulk_stale_listings", w.stale),
         ]);
         if let Some(d) = &self.cfg.disconnected {
             // 1 while disconnected (serving what is cached), else 0.
@@ -1316,9 +1409,9 @@ impl RemoteBackend {
                 _ => return Ok(Box::new(rf)),
             }
         }
-        Ok(Box::new(
-            cc.open(&conn, path, cred, flags, rf, reader, attr, gen)?,
-        ))
+        Ok(Box::new(cc.open(
+            &conn, path, cred, flags, rf, reader, attr, gen, true,
+        )?))
     }
 
     /// The container cache, if any.
@@ -1499,6 +1592,19 @@ impl RemoteFile {
         self.state.live(&self.link)
     }
 
+    /// What a change through this handle makes stale in the prefetch buffer: what a
+    /// callback for its path would, every listing of another name of an inode, and every
+    /// listing naming this inode when known (a rename on the server this client has not heard
+    /// of yet may have moved it).
+    pub(super) fn stale(&self) -> Vec<Stale> {
+        let mut v = stale_of(&self.state.path());
+        v.push(Stale::Linked);
+        if let Some((_, ino)) = self.state.at.lock().ident {
+            v.push(Stale::Ino(ino));
+        }
+        v
+    }
+
     /// Close the handle without waiting for the answer.
     fn close_async(mut self) {
         self.closed = true;
@@ -1573,7 +1679,7 @@ impl BackendFile for RemoteFile {
         let (conn, handle) = self.at()?;
         let mut done = 0usize;
         for c in data.chunks(MAX_IO) {
-            let r = conn.call_as(
+            let r = conn.call_touching(
                 &cred.into(),
                 Request::Write {
                     handle,
@@ -1581,6 +1687,7 @@ impl BackendFile for RemoteFile {
                     data: c.to_vec(),
                     append,
                 },
+                Some(self.stale()),
             );
             match r.and_then(want_count) {
                 Ok(n) => {
@@ -1603,7 +1710,7 @@ impl BackendFile for RemoteFile {
 
     fn allocate(&self, cred: &Cred, mode: i32, offset: u64, len: u64) -> Result<()> {
         let (conn, handle) = self.at()?;
-        want_unit(conn.call_as(
+        want_unit(conn.call_touching(
             &cred.into(),
             Request::Allocate {
                 handle,
@@ -1611,6 +1718,7 @@ impl BackendFile for RemoteFile {
                 offset,
                 len,
             },
+            Some(self.stale()),
         )?)
     }
 
@@ -1632,12 +1740,20 @@ impl BackendFile for RemoteFile {
 
     fn set_size(&self, cred: &Cred, size: u64) -> Result<()> {
         let (conn, handle) = self.at()?;
-        want_unit(conn.call_as(&cred.into(), Request::SetSize { handle, size })?)
+        want_unit(conn.call_touching(
+            &cred.into(),
+            Request::SetSize { handle, size },
+            Some(self.stale()),
+        )?)
     }
 
     fn setattr(&self, cred: &Cred, set: &SetAttr) -> Result<Attr> {
         let (conn, handle) = self.at()?;
-        want_attr(conn.call_as(&cred.into(), Request::FileSetattr { handle, set: *set })?)
+        want_attr(conn.call_touching(
+            &cred.into(),
+            Request::FileSetattr { handle, set: *set },
+            Some(self.stale()),
+        )?)
     }
 
     fn attr(&self) -> Result<Attr> {

@@ -9,24 +9,107 @@
 //!
 //! **Invariant.** Every listing here was complete and current on the server at some moment
 //! after (a) the last callback the client received that could touch it and (b) the last
-//! mutation this client made; it is dropped before any later callback touching it reaches the
-//! cache. How:
+//! mutation this client made that could touch it; it is dropped before any later callback
+//! touching it reaches the cache. How:
 //! - Only with the `CALLBACKS` feature (without callbacks nothing could keep it current).
+//! - What a change can make stale is a set of [`Stale`] items ([`stale_of`]): a change of
+//!   `p` (an entry appeared, disappeared, was replaced, or its attributes changed) touches the
+//!   listings of `p`'s parent (which names `p`) and grandparent (which holds the parent's
+//!   attributes, moved by an entry change) and every listing at or below `p` (a renamed or
+//!   removed directory takes its whole subtree). A change that can move the attributes of an
+//!   inode with other links (unlink, link, rename, setattr, a write...) also touches every
+//!   listing holding a non-directory with more than one link ([`Stale::Linked`]), and a write
+//!   through a handle whose inode is known, every listing naming that inode.
 //! - The reader thread applies each callback here first, synchronously, before queueing it
-//!   for the cache: `Entry`/`Attr` of `p` drop the listings of `p`'s parent (which names `p`)
-//!   and grandparent (which holds the parent's attributes, moved by an entry change) and every
-//!   listing at or below `p`; `Inode` and `Overflow` drop everything.
-//! - Every callback and every mutation this client sends (at its start and again at its end)
-//!   bumps a generation; a bulk reply is kept only if the generation did not move between
-//!   sending the call and storing the reply (a change racing the server's walk could otherwise
-//!   be reported before the stale listing arrives). Mutations also drop everything.
-//! - Bounded: at most `max` entries in all; a reply that does not fit is dropped.
+//!   for the cache ([`Prefetch::touched`]); this client's mutations are applied before they
+//!   are sent ([`Prefetch::mutation_begin`]). Either drops the listings held that it touches,
+//!   and marks them stale in every bulk call in flight: a listing of such a call that arrives
+//!   later may have been read on the server before the change (the server reads with several
+//!   threads, and runs calls in parallel), so it is dropped on arrival, for the rest of the
+//!   call ([`Prefetch::store_part`]); the call itself goes on. A call whose whole root is
+//!   touched ends.
+//! - A mutation is in flight from before it is sent until its reply arrived (the server
+//!   applied it then); a bulk call that starts meanwhile may be read on the server before
+//!   the mutation is applied, so it starts with the mutation's stale items too. A bulk call
+//!   sent after the reply arrived, or after a callback arrived, is read after the change.
+//! - An `Inode` callback (an inode's attributes changed, no path known) touches every listing
+//!   naming that inode, and what is known about extended attributes. `Overflow` and a lost
+//!   connection drop everything and end every call in flight (a generation moves: parts of
+//!   older calls are not stored).
+//! - Bounded: at most `max` entries in all; a reply that does not fit is dropped; at most
+//!   [`MAX_STALE`] stale items per call in flight (past that, the call ends).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use dircache_core::{Attr, DirEntry, Error};
 
 use crate::proto::SubtreeDir;
+
+/// What a change can make stale (module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stale {
+    /// The listing of this directory.
+    Dir(Vec<u8>),
+    /// Every listing at or below this path (the root: everything).
+    Tree(Vec<u8>),
+    /// Every listing holding a non-directory with more than one link: its attributes (link
+    /// count, ctime, size...) change with any of its names.
+    Linked,
+    /// Every listing holding an entry for this inode number.
+    Ino(u64),
+}
+
+/// The inode numbers an entry names (its own, and its attributes' if they differ).
+fn inos(e: &DirEntry) -> impl Iterator<Item = u64> {
+    let a = e.attr.map(|a| a.ino).filter(|i| *i != e.ino);
+    std::iter::once(e.ino).chain(a)
+}
+
+/// An entry whose attributes another name of the same inode shows too.
+fn linked(e: &DirEntry) -> bool {
+    e.attr.is_some_and(|a| a.nlink > 1 && !a.is_dir())
+}
+
+impl Stale {
+    /// Whether the listing of `dir` (holding `entries`) may be stale.
+    fn hits(&self, dir: &[u8], entries: &[DirEntry]) -> bool {
+        match self {
+            Stale::Dir(d) => d == dir,
+            Stale::Tree(t) => is_below(dir, t),
+            Stale::Linked => entries.iter().any(linked),
+            Stale::Ino(i) => entries.iter().any(|e| inos(e).any(|n| n == *i)),
+        }
+    }
+
+    /// Whether any listing of `dir` may be stale, whatever it holds.
+    fn hides(&self, dir: &[u8]) -> bool {
+        match self {
+            Stale::Dir(d) => d == dir,
+            Stale::Tree(t) => is_below(dir, t),
+            Stale::Linked | Stale::Ino(_) => false,
+        }
+    }
+
+    /// Whether every listing at or below `dir` may be stale.
+    fn covers(&self, dir: &[u8]) -> bool {
+        matches!(self, Stale::Tree(t) if is_below(dir, t))
+    }
+}
+
+/// What a change of `p` makes stale, as its callback would (module docs): the listings of
+/// its parent and grandparent and every listing at or below it.
+pub fn stale_of(p: &[u8]) -> Vec<Stale> {
+    let par = parent(p);
+    let mut v = vec![Stale::Dir(par.to_vec())];
+    if !par.is_empty() {
+        v.push(Stale::Dir(parent(par).to_vec()));
+    }
+    v.push(Stale::Tree(p.to_vec()));
+    v
+}
+
+/// Most stale items one bulk call in flight collects; past that it ends.
+pub const MAX_STALE: usize = 4096;
 
 /// Listings waiting to be asked for (module docs).
 #[derive(Debug)]
@@ -47,15 +130,22 @@ pub struct Prefetch {
     cut: Vec<(Vec<u8>, u64)>,
     /// Streamed bulk calls whose frames are still arriving: (token, root). A caller that wants
     /// a listing below one of them waits for it instead of asking the server itself
-    /// (crate::client::bulk). Any callback or mutation ends them all (their later frames are
-    /// not stored: the generation moved).
+    /// (crate::client::bulk). A callback or mutation marks what it touches stale in each
+    /// (dropped when it arrives); `Inode`, `Overflow` and a lost connection end them all.
     inflight: Vec<InFlight>,
     next_token: u64,
     /// How callers waited for listings of calls in flight (statistics, tests).
     pub waits: WaitStats,
     /// Paths known to have no extended attributes (from bulk replies; at most `max`), under
-    /// the same invariant as the listings.
+    /// the same invariant as the listings. Never a name of an inode with other links.
     bare: BTreeSet<Vec<u8>>,
+    /// Listings held that hold a non-directory with more than one link ([`Stale::Linked`]).
+    linked: BTreeSet<Vec<u8>>,
+    /// Entries held per inode number ([`Stale::Ino`] looks only when there are some).
+    inos: HashMap<u64, u32>,
+    /// This client's mutations in flight (sent, not answered): id and what they make stale.
+    mutations: Vec<(u64, Vec<Stale>)>,
+    next_mutation: u64,
     /// Directories not held here that a lookup had to ask the server about (a hint, not
     /// data: at most [`MAX_MISSED_DIRS`]). A second miss in one of them fetches it in bulk:
     /// programs that stat paths without listing first (`git status` stats every file of its
@@ -81,6 +171,9 @@ struct InFlight {
     /// (a caller that finds one gone, handed to another caller meanwhile, does not wait for
     /// the rest of the call).
     delivered: BTreeSet<Vec<u8>>,
+    /// What changes since the call was sent (or still in flight when it was) made stale:
+    /// listings it hits are dropped when they arrive (at most [`MAX_STALE`]).
+    stale: Vec<Stale>,
 }
 
 /// Most directories hurried per bulk call.
@@ -101,6 +194,11 @@ pub struct WaitStats {
     pub stored: u64,
     /// Listings handed over or looked up while a bulk call was still in flight.
     pub early: u64,
+    /// Bulk calls started.
+    pub calls: u64,
+    /// Listings of bulk calls dropped on arrival: a change since the call was sent may have
+    /// made them stale.
+    pub stale: u64,
 }
 
 /// A caller waiting this long for a listing a bulk call in flight brings hurries it.
@@ -121,6 +219,15 @@ pub const FIRST_BUDGET: u64 = 1024;
 /// Whether backend path `dir` is `root` or below it.
 pub fn is_below(dir: &[u8], root: &[u8]) -> bool {
     root.is_empty() || dir == root || (dir.starts_with(root) && dir.get(root.len()) == Some(&b'/'))
+}
+
+/// The key range of the paths strictly below backend path `p` (not the root).
+fn below(p: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut lo = p.to_vec();
+    lo.push(b'/');
+    let mut hi = p.to_vec();
+    hi.push(b'/' + 1);
+    (lo, hi)
 }
 
 /// The parent of backend path `p` (the root for a top-level name).
@@ -156,6 +263,10 @@ impl Prefetch {
             next_token: 1,
             waits: WaitStats::default(),
             bare: BTreeSet::new(),
+            linked: BTreeSet::new(),
+            inos: HashMap::new(),
+            mutations: Vec::new(),
+            next_mutation: 1,
             missed: BTreeSet::new(),
             listed: BTreeSet::new(),
         }
@@ -190,71 +301,138 @@ impl Prefetch {
         b
     }
 
-    /// Forget everything (a mutation by this client, `Overflow`, `Inode`).
+    /// Forget everything and end every bulk call in flight (`Overflow`, `Inode`, a lost
+    /// connection). Mutations in flight stay in flight.
     pub fn clear(&mut self) {
         self.gen += 1;
         self.inflight.clear();
         self.listings.clear();
         self.entries = 0;
         self.bare.clear();
+        self.linked.clear();
+        self.inos.clear();
     }
 
-    /// A callback touching `path`: drop its parent's and grandparent's listings and everything
-    /// at or below it.
+    /// A callback touching `path` ([`stale_of`]).
     pub fn touched(&mut self, path: &[u8]) {
-        self.gen += 1;
-        self.inflight.clear();
-        // The parent's listing names `path`; the grandparent's holds the parent's own
-        // attributes (mtime, ctime, link count), which an entry change moves too.
-        let par = parent(path);
-        self.remove(par);
-        if !par.is_empty() {
-            self.remove(parent(par));
+        self.drop_stale(&stale_of(path));
+    }
+
+    /// A callback about inode `ino` (its attributes changed, no path known: a link count,
+    /// or a change through a name outside the served tree): the listings naming it, held or
+    /// to come; and what is known about extended attributes (by path only).
+    pub fn touched_inode(&mut self, ino: u64) {
+        self.drop_stale(&[Stale::Ino(ino)]);
+        self.bare.clear();
+    }
+
+    /// A mutation by this client is about to be sent: drop what it makes stale, here and in
+    /// every bulk call in flight, and in every call that starts before it ends
+    /// ([`Prefetch::mutation_end`]). Its id.
+    pub fn mutation_begin(&mut self, stale: Vec<Stale>) -> u64 {
+        self.drop_stale(&stale);
+        let id = self.next_mutation;
+        self.next_mutation += 1;
+        self.mutations.push((id, stale));
+        id
+    }
+
+    /// Mutation `id` was answered (or its connection is gone).
+    pub fn mutation_end(&mut self, id: u64) {
+        self.mutations.retain(|(m, _)| *m != id);
+    }
+
+    /// Mutations in flight (for tests).
+    pub fn mutations_in_flight(&self) -> usize {
+        self.mutations.len()
+    }
+
+    /// Drop the listings held that `stale` hits, and mark them stale in every bulk call in
+    /// flight (a call whose whole subtree it covers, or that collected too many, ends).
+    pub fn drop_stale(&mut self, stale: &[Stale]) {
+        for s in stale {
+            match s {
+                Stale::Dir(d) => {
+                    self.remove(d);
+                }
+                Stale::Tree(t) if t.is_empty() => {
+                    self.listings.clear();
+                    self.entries = 0;
+                    self.bare.clear();
+                    self.linked.clear();
+                    self.inos.clear();
+                }
+                Stale::Tree(t) => {
+                    self.remove(t);
+                    self.bare.remove(t);
+                    let (lo, hi) = below(t);
+                    let bare_below: Vec<Vec<u8>> =
+                        self.bare.range(lo.clone()..hi.clone()).cloned().collect();
+                    for k in bare_below {
+                        self.bare.remove(&k);
+                    }
+                    let keys: Vec<Vec<u8>> = self
+                        .listings
+                        .range(lo..hi)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for k in keys {
+                        self.remove(&k);
+                    }
+                }
+                Stale::Linked => {
+                    for k in std::mem::take(&mut self.linked) {
+                        self.remove(&k);
+                    }
+                }
+                Stale::Ino(i) if !self.inos.contains_key(i) => {}
+                Stale::Ino(_) => {
+                    let keys: Vec<Vec<u8>> = self
+                        .listings
+                        .iter()
+                        .filter(|(k, l)| s.hits(k, l))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for k in keys {
+                        self.remove(&k);
+                    }
+                }
+            }
         }
-        if path.is_empty() {
-            self.listings.clear();
-            self.entries = 0;
-            self.bare.clear();
-            return;
-        }
-        self.remove(path);
-        self.bare.remove(path);
-        let mut lo = path.to_vec();
-        lo.push(b'/');
-        let mut hi = path.to_vec();
-        hi.push(b'/' + 1);
-        let bare_below: Vec<Vec<u8>> = self.bare.range(lo.clone()..hi.clone()).cloned().collect();
-        for k in bare_below {
-            self.bare.remove(&k);
-        }
-        let below: Vec<Vec<u8>> = self
-            .listings
-            .range(lo..hi)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in below {
-            self.remove(&k);
-        }
+        self.inflight.retain_mut(|c| {
+            if stale.iter().any(|s| s.covers(&c.root)) {
+                return false;
+            }
+            for s in stale {
+                // The same file written again and again adds nothing.
+                if !c.stale.contains(s) {
+                    c.stale.push(s.clone());
+                }
+            }
+            c.stale.len() <= MAX_STALE
+        });
     }
 
     fn remove(&mut self, dir: &[u8]) -> Option<Vec<DirEntry>> {
         let l = self.listings.remove(dir)?;
         self.entries -= l.len();
+        self.linked.remove(dir);
+        for n in l.iter().flat_map(inos) {
+            if let Some(c) = self.inos.get_mut(&n) {
+                *c -= 1;
+                if *c == 0 {
+                    self.inos.remove(&n);
+                }
+            }
+        }
         Some(l)
     }
 
-    /// Store the listings of a bulk reply for `root` if nothing moved since generation `gen`,
-    /// as many whole listings as fit; `root`'s own only when `with_root`.
-    pub fn store(&mut self, gen: u64, root: &[u8], dirs: Vec<SubtreeDir>, with_root: bool) {
-        if gen != self.gen || !self.enabled() {
-            return;
-        }
-        self.put(root, dirs, with_root);
-    }
-
-    /// [`Prefetch::store`] for one part of streamed bulk call `token` (whole listings only):
-    /// false when the call is no longer in flight (a callback or mutation ended it, or the
-    /// generation moved since `gen`): nothing stored, the caller stops.
+    /// Store one part of the reply of streamed bulk call `token`, as many whole listings as
+    /// fit (`root`'s own only when `with_root`): `None` when the call is no longer in flight
+    /// (`Inode`, `Overflow` or a change to its root ended it, or the generation moved since
+    /// `gen`): nothing stored, the caller stops. Else whether every listing of the part was
+    /// kept (none was dropped as stale: module docs).
     pub fn store_part(
         &mut self,
         gen: u64,
@@ -262,16 +440,26 @@ impl Prefetch {
         root: &[u8],
         dirs: Vec<SubtreeDir>,
         with_root: bool,
-    ) -> bool {
-        if gen != self.gen || !self.enabled() || !self.inflight.iter().any(|c| c.token == token) {
-            return false;
+    ) -> Option<bool> {
+        if gen != self.gen || !self.enabled() {
+            return None;
         }
-        self.waits.stored += dirs.len() as u64;
-        if let Some(c) = self.inflight.iter_mut().find(|c| c.token == token) {
-            c.delivered.extend(dirs.iter().map(|d| join(root, &d.dir)));
+        let c = self.inflight.iter_mut().find(|c| c.token == token)?;
+        let n = dirs.len();
+        let mut fresh = Vec::with_capacity(n);
+        for d in dirs {
+            let key = join(root, &d.dir);
+            let stale = c.stale.iter().any(|s| s.hits(&key, &d.entries));
+            c.delivered.insert(key);
+            if !stale {
+                fresh.push(d);
+            }
         }
-        self.put(root, dirs, with_root);
-        true
+        let dropped = (n - fresh.len()) as u64;
+        self.waits.stored += fresh.len() as u64;
+        self.waits.stale += dropped;
+        self.put(root, fresh, with_root);
+        Some(dropped == 0)
     }
 
     fn put(&mut self, root: &[u8], dirs: Vec<SubtreeDir>, with_root: bool) {
@@ -279,7 +467,7 @@ impl Prefetch {
             let key = join(root, &d.dir);
             if d.bare.len() == d.entries.len() {
                 for (e, bare) in d.entries.iter().zip(&d.bare) {
-                    if *bare && self.bare.len() < self.max {
+                    if *bare && !linked(e) && self.bare.len() < self.max {
                         self.bare.insert(join(&key, &e.name));
                     }
                 }
@@ -291,7 +479,14 @@ impl Prefetch {
             if self.entries - old + d.entries.len() > self.max {
                 return;
             }
-            self.entries = self.entries - old + d.entries.len();
+            self.remove(&key);
+            self.entries += d.entries.len();
+            for n in d.entries.iter().flat_map(inos) {
+                *self.inos.entry(n).or_default() += 1;
+            }
+            if d.entries.iter().any(linked) {
+                self.linked.insert(key.clone());
+            }
             self.listings.insert(key, d.entries);
         }
     }
@@ -365,18 +560,30 @@ impl Prefetch {
         Some(self.cut.remove(i).0)
     }
 
-    /// A streamed bulk call for `root` starts: its token.
-    pub fn begin(&mut self, root: &[u8]) -> u64 {
+    /// A streamed bulk call for `root` starts: its token, or `None` when a mutation in flight
+    /// makes all of it stale (no use asking before it is answered). The call starts with the
+    /// stale items of the mutations in flight (module docs).
+    pub fn begin(&mut self, root: &[u8]) -> Option<u64> {
+        let stale: Vec<Stale> = self
+            .mutations
+            .iter()
+            .flat_map(|(_, s)| s.iter().cloned())
+            .collect();
+        if stale.iter().any(|s| s.covers(root)) || stale.len() > MAX_STALE {
+            return None;
+        }
         let t = self.next_token;
         self.next_token += 1;
+        self.waits.calls += 1;
         self.inflight.push(InFlight {
             token: t,
             root: root.to_vec(),
             call: None,
             hurried: BTreeSet::new(),
             delivered: BTreeSet::new(),
+            stale,
         });
-        t
+        Some(t)
     }
 
     /// Streamed bulk call `token` was sent as call `call`.
@@ -392,7 +599,10 @@ impl Prefetch {
         let mut out = Vec::new();
         for c in &mut self.inflight {
             let Some(call) = c.call else { continue };
-            if !is_below(dir, &c.root) || c.hurried.len() >= MAX_HURRIED {
+            if !is_below(dir, &c.root)
+                || c.hurried.len() >= MAX_HURRIED
+                || c.stale.iter().any(|s| s.hides(dir))
+            {
                 continue;
             }
             let rel = if c.root.is_empty() {
@@ -420,13 +630,14 @@ impl Prefetch {
     }
 
     /// Whether a streamed bulk call in flight may still bring `dir`'s listing (it is not
-    /// held, and no call that may bring it brought it already).
+    /// held, and no call that may bring it brought it already or would drop it as stale).
     pub fn coming(&self, dir: &[u8]) -> bool {
         !self.listings.contains_key(dir)
-            && self
-                .inflight
-                .iter()
-                .any(|c| is_below(dir, &c.root) && !c.delivered.contains(dir))
+            && self.inflight.iter().any(|c| {
+                is_below(dir, &c.root)
+                    && !c.delivered.contains(dir)
+                    && !c.stale.iter().any(|s| s.hides(dir))
+            })
     }
 
     /// The listing of `dir`, handed over (once).
@@ -474,11 +685,18 @@ mod tests {
         }
     }
 
+    /// One whole bulk reply for `root`, stored as a call's only part.
+    fn store(p: &mut Prefetch, root: &[u8], dirs: Vec<SubtreeDir>, with_root: bool) {
+        let g = p.generation();
+        let t = p.begin(root).expect("not hidden");
+        p.store_part(g, t, root, dirs, with_root);
+        p.end(t);
+    }
+
     fn filled() -> Prefetch {
         let mut p = Prefetch::new(100);
-        let g = p.generation();
-        p.store(
-            g,
+        store(
+            &mut p,
             b"r",
             vec![
                 sd("", &["a", "a!"]),
@@ -530,20 +748,20 @@ mod tests {
     }
 
     #[test]
-    fn a_reply_older_than_a_callback_or_too_big_is_not_stored() {
+    fn a_reply_older_than_a_clear_or_too_big_is_not_stored() {
         let mut p = Prefetch::new(100);
         let g = p.generation();
-        p.touched(b"somewhere/else");
-        p.store(g, b"", vec![sd("d", &["x"])], false);
+        let t = p.begin(b"").unwrap();
+        p.clear();
+        assert_eq!(p.store_part(g, t, b"", vec![sd("d", &["x"])], false), None);
         assert!(p.is_empty());
         let mut p = Prefetch::new(2);
-        let g = p.generation();
-        p.store(g, b"", vec![sd("d", &["x", "y", "z"])], false);
+        store(&mut p, b"", vec![sd("d", &["x", "y", "z"])], false);
         assert!(p.is_empty());
-        p.store(g, b"", vec![sd("d", &["x", "y"])], false);
+        store(&mut p, b"", vec![sd("d", &["x", "y"])], false);
         assert_eq!(p.entries(), 2);
         // The same listing again replaces it (no double count).
-        p.store(g, b"", vec![sd("d", &["x", "y"])], false);
+        store(&mut p, b"", vec![sd("d", &["x", "y"])], false);
         assert_eq!(p.entries(), 2);
         p.clear();
         assert!(p.is_empty() && p.entries() == 0);
@@ -570,26 +788,144 @@ mod tests {
     fn streamed_parts_are_kept_only_while_their_call_is_in_flight() {
         let mut p = Prefetch::new(100);
         let g = p.generation();
-        let t = p.begin(b"r");
+        let t = p.begin(b"r").unwrap();
         assert!(p.coming(b"r/a") && p.coming(b"r") && !p.coming(b"ra") && !p.coming(b"x"));
-        assert!(p.store_part(g, t, b"r", vec![sd("a", &["b"])], false));
+        assert_eq!(
+            p.store_part(g, t, b"r", vec![sd("a", &["b"])], false),
+            Some(true)
+        );
         assert!(!p.coming(b"r/a"), "held now");
         assert!(p.lookup(b"r/a", b"b").is_some());
         // Handed over: not coming again (a second caller does not wait for the whole call).
         assert!(p.take(b"r/a").is_some());
         assert!(!p.coming(b"r/a") && !p.holds(b"r/a") && p.coming(b"r/b"));
-        // A callback ends every call in flight: later parts are not kept, nobody waits.
+        // A callback below the root does not end the call: what it touches is dropped when it
+        // arrives, the rest is kept.
         p.touched(b"r/x/y");
-        assert!(!p.coming(b"r/z"));
-        let g2 = p.generation();
-        assert!(!p.store_part(g2, t, b"r", vec![sd("z", &["b"])], false));
-        assert!(p.lookup(b"r/z", b"b").is_none());
-        let t2 = p.begin(b"");
+        assert!(p.coming(b"r/z") && !p.coming(b"r/x") && !p.coming(b"r/x/y/w"));
+        assert!(p.coming(b"r/x/yy"), "a sibling of the touched path");
+        assert_eq!(
+            p.store_part(
+                g,
+                t,
+                b"r",
+                vec![sd("z", &["b"]), sd("x", &["y"]), sd("x/y/w", &["q"])],
+                false
+            ),
+            Some(false)
+        );
+        assert!(p.lookup(b"r/z", b"b").is_some());
+        assert!(p.lookup(b"r/x", b"y").is_none() && !p.holds(b"r/x/y/w"));
+        assert_eq!((p.waits.stored, p.waits.stale), (2, 2));
+        // A change to the call's root (here its parent's entry for it) ends it.
+        p.touched(b"r");
+        assert!(!p.coming(b"r/q") && !p.in_flight());
+        assert_eq!(p.store_part(g, t, b"r", vec![sd("q", &["b"])], false), None);
+        let t2 = p.begin(b"").unwrap();
         p.end(t2);
         assert!(!p.coming(b"q"));
-        let t3 = p.begin(b"");
+        let t3 = p.begin(b"").unwrap();
         p.clear();
-        assert!(!p.store_part(p.generation(), t3, b"", vec![sd("q", &["b"])], false));
+        assert_eq!(
+            p.store_part(p.generation(), t3, b"", vec![sd("q", &["b"])], false),
+            None
+        );
+    }
+
+    /// Mutations by this client: what they touch is dropped, held or in flight; a call that
+    /// starts while one is in flight starts with its stale items; a directory renamed away
+    /// takes its subtree; other links of an inode whose attributes move are dropped too.
+    #[test]
+    fn mutations_drop_what_they_touch_and_calls_started_meanwhile_inherit_it() {
+        let mut p = filled();
+        let g = p.generation();
+        let t = p.begin(b"r").unwrap();
+        // Rename of directory r/a to s/a: r/a's subtree, r (its parent), s, and the grandparent
+        // (the root's listing) are stale.
+        let mut stale = stale_of(b"r/a");
+        stale.extend(stale_of(b"s/a"));
+        let m = p.mutation_begin(stale);
+        assert!(p.lookup(b"r/a", b"x").is_none() && p.lookup(b"r/a/b", b"c").is_none());
+        assert!(p.lookup(b"r/a!", b"y").is_some(), "a sibling stays");
+        assert!(!p.coming(b"r/a/b") && p.coming(b"r/q"));
+        // Started while the rename is in flight: the server may read before it is applied.
+        let g2 = p.generation();
+        let t2 = p.begin(b"s").unwrap();
+        assert!(!p.coming(b"s/a/k") && p.coming(b"s/other"));
+        assert_eq!(
+            p.store_part(
+                g2,
+                t2,
+                b"s",
+                vec![sd("a/k", &["z"]), sd("other", &["o"])],
+                false
+            ),
+            Some(false)
+        );
+        assert!(!p.holds(b"s/a/k") && p.holds(b"s/other"));
+        assert!(p.begin(b"r/a/b").is_none(), "all of it stale: not asked");
+        p.mutation_end(m);
+        assert_eq!(p.mutations_in_flight(), 0);
+        // After the reply: a new call is read after the rename, and kept.
+        let t3 = p.begin(b"s/a").unwrap();
+        assert_eq!(
+            p.store_part(g2, t3, b"s/a", vec![sd("b", &["c"])], false),
+            Some(true)
+        );
+        assert!(p.holds(b"s/a/b"));
+        // The first call still drops what the rename touched (read before it, maybe).
+        assert_eq!(
+            p.store_part(g, t, b"r", vec![sd("a/b", &["c"]), sd("n", &["m"])], false),
+            Some(false)
+        );
+        assert!(!p.holds(b"r/a/b") && p.holds(b"r/n"));
+        // An inode with two names: a mutation that moves its attributes drops both listings.
+        let mut two = e("h");
+        two.kind = FileType::Regular;
+        two.attr = Some(Attr {
+            nlink: 2,
+            mode: libc::S_IFREG | 0o644,
+            ..Attr::default()
+        });
+        let mut one = sd("l1", &[]);
+        one.entries.push(two.clone());
+        one.bare.push(true);
+        let mut other = sd("l2", &["plain"]);
+        other.entries.push(two);
+        other.bare.push(true);
+        store(&mut p, b"", vec![one, other, sd("l3", &["x"])], false);
+        assert!(p.holds(b"l1") && p.holds(b"l2"));
+        assert!(
+            !p.is_bare(b"l1/h"),
+            "never bare: another name may get attributes"
+        );
+        let mut unlink = stale_of(b"l1/h");
+        unlink.push(Stale::Linked);
+        let m = p.mutation_begin(unlink);
+        assert!(!p.holds(b"l1") && !p.holds(b"l2") && p.holds(b"l3"));
+        p.mutation_end(m);
+        // An Inode callback, or a write through a handle of a known inode: listings naming it.
+        let mut q = filled();
+        q.touched_inode(1);
+        assert!(
+            q.is_empty() && q.entries() == 0,
+            "every entry of filled() is inode 1"
+        );
+        let mut f = sd("l4", &[]);
+        f.entries.push(DirEntry {
+            name: b"w".to_vec(),
+            kind: FileType::Regular,
+            ino: 77,
+            attr: Some(Attr {
+                ino: 77,
+                nlink: 1,
+                ..Attr::default()
+            }),
+        });
+        store(&mut p, b"", vec![f], false);
+        let m = p.mutation_begin(vec![Stale::Ino(77)]);
+        assert!(!p.holds(b"l4") && p.holds(b"l3"));
+        p.mutation_end(m);
     }
 
     #[test]

@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::frame::FrameError;
 
-/// The protocol version this build speaks. Both sides must speak the same one.
-pub const VERSION: u32 = 1;
+/// The protocol version this build speaks. Both sides must speak the same one (2: attributes
+/// carry [`Attr::birth`]).
+pub const VERSION: u32 = 2;
 /// Magic bytes opening every [`Hello`]: tells a dircache peer from anything else on the stream
 /// (a shell's greeting printed by a login script, say).
 pub const MAGIC: [u8; 8] = *b"dircache";
@@ -342,7 +343,9 @@ impl Request {
             | Request::Close { .. }
             | Request::Search { .. }
             | Request::Cancel { .. } => false,
-            Request::Open { flags, .. } => flags & (libc::O_CREAT | libc::O_TRUNC) != 0,
+            Request::Open { flags, .. } | Request::OpenVerified { flags, .. } => {
+                flags & (libc::O_CREAT | libc::O_TRUNC) != 0
+            }
             _ => true,
         }
     }

@@ -287,7 +287,7 @@ impl Source for DirectSource {
             dir,
             name,
             AtFlags::SYMLINK_NOFOLLOW,
-            StatxFlags::BASIC_STATS,
+            StatxFlags::BASIC_STATS | StatxFlags::BTIME,
         )
         .map(|s| attr_of(&s))
         .map_err(errno)

@@ -22,7 +22,15 @@ pub fn fstatat(dirfd: i32, path: &CStr, follow: bool) -> KResult<Attr> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     let flags = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
     chk(unsafe { libc::fstatat(dirfd, path.as_ptr(), &mut st, flags) })?;
-    Ok(attr_from_stat(&st))
+    let mut a = attr_from_stat(&st);
+    // The birth time (not in `struct stat`), as backends report it.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx(2) into a zeroed struct of the right type.
+    let r = unsafe { libc::statx(dirfd, path.as_ptr(), flags, libc::STATX_BTIME, &mut sx) };
+    if r == 0 && sx.stx_mask & libc::STATX_BTIME != 0 && sx.stx_ino == st.st_ino {
+        a.birth = dircache_core::birth_digest(sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec);
+    }
+    Ok(a)
 }
 
 /// access(2) for the *effective* (fs) ids of the calling thread: faccessat2 with AT_EACCESS.

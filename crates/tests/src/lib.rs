@@ -88,6 +88,7 @@ pub fn attr_from_stat(st: &libc::stat) -> Attr {
             sec: st.st_ctime,
             nsec: st.st_ctime_nsec as u32,
         },
+        birth: 0,
     }
 }
 

@@ -101,6 +101,9 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+mod uring;
+/// dircache: requests taken from FUSE-over-io_uring entries by this process (src/uring.rs).
+pub use uring::requests_served as uring_requests_served;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

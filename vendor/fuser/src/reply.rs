@@ -38,6 +38,8 @@ use crate::passthrough::BackingId;
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    /// dircache: a FUSE-over-io_uring entry (src/uring.rs).
+    Ring(crate::uring::RingSender),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +51,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            ReplySender::Ring(sender) => sender.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -63,6 +66,7 @@ impl ReplySender {
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
             ReplySender::Channel(sender) => sender.open_backing(fd),
+            ReplySender::Ring(sender) => sender.ch.open_backing(fd),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -74,6 +78,7 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            ReplySender::Ring(sender) => unsafe { sender.ch.wrap_backing(id) },
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -561,6 +566,40 @@ impl ReplyCreate {
         self.reply.send_ll(&ll::ResponseStruct::new_create_nodeid(
             nodeid,
             ttl,
+            &attr.into(),
+            generation,
+            fh,
+            flags,
+            id,
+        ));
+    }
+
+    /// dircache patch: as [`ReplyCreate::created_nodeid`], with the attributes valid for
+    /// `attr_ttl` and the entry for `entry_ttl` (a file created open for writing: its
+    /// attributes must not outlive writes the kernel does not see, while its name may).
+    #[allow(clippy::too_many_arguments)]
+    pub fn created_nodeid_ttls(
+        self,
+        nodeid: INodeNo,
+        entry_ttl: &Duration,
+        attr_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: ll::FileHandle,
+        flags: FopenFlags,
+        backing: Option<&BackingId>,
+    ) {
+        let (flags, id) = match backing {
+            Some(b) => (flags | FopenFlags::FOPEN_PASSTHROUGH, b.backing_id),
+            None => {
+                assert!(!flags.contains(FopenFlags::FOPEN_PASSTHROUGH));
+                (flags, 0)
+            }
+        };
+        self.reply.send_ll(&ll::ResponseStruct::new_create_nodeid_ttls(
+            nodeid,
+            entry_ttl,
+            attr_ttl,
             &attr.into(),
             generation,
             fh,

@@ -34,6 +34,8 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// dircache: the ring entry the request came from, which takes the reply instead.
+    ring: Option<crate::uring::RingSender>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +51,29 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            ring: None,
+            request,
+        })
+    }
+
+    /// dircache: a request reassembled from a FUSE-over-io_uring entry; replies go back to it.
+    pub(crate) fn new_ring(
+        ring: crate::uring::RingSender,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut req = Self::new(ring.ch.clone(), data)?;
+        req.ring = Some(ring);
+        Some(req)
+    }
+
+    /// Where replies go: the ring entry, or `/dev/fuse`.
+    fn sender(&self) -> ReplySender {
+        match &self.ring {
+            Some(r) => ReplySender::Ring(r.clone()),
+            None => ReplySender::Channel(self.ch.clone()),
+        }
     }
 
     /// Dispatch request to the given filesystem.
@@ -302,11 +326,7 @@ impl<'a> RequestWithSender<'a> {
                     self.request.nodeid(),
                     x.file_handle(),
                     x.offset(),
-                    ReplyDirectory::new(
-                        self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
-                        x.size() as usize,
-                    ),
+                    ReplyDirectory::new(self.request.unique(), self.sender(), x.size() as usize),
                 );
             }
             ll::Operation::ReleaseDir(x) => {
@@ -479,7 +499,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +572,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
     }
 
     /// Returns a Request reference for this request

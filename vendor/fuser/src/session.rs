@@ -139,6 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// dircache: FUSE over io_uring was negotiated at INIT: its queues, their rings made
+    /// before the INIT reply (src/uring.rs).
+    pub(crate) uring_queues: Vec<Arc<crate::uring::RingQueue>>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +189,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            uring_queues: Vec::new(),
         };
 
         session.handshake()?;
@@ -214,6 +218,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            uring_queues: Vec::new(),
         };
 
         session.handshake()?;
@@ -252,6 +257,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring_queues,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -268,6 +274,10 @@ impl<FS: Filesystem> Session<FS> {
         };
 
         let mut filesystem = Arc::new(filesystem);
+
+        // dircache: the ring's queue threads, before `ch` moves into the channels.
+        let ring_threads =
+            crate::uring::start(uring_queues, &ch, &filesystem, allowed, session_owner)?;
 
         let mut channels = Vec::with_capacity(n_threads);
 
@@ -318,6 +328,12 @@ impl<FS: Filesystem> Session<FS> {
                 if reply.is_ok() {
                     reply = Err(e);
                 }
+            }
+        }
+
+        for thread in ring_threads {
+            if thread.join().is_err() {
+                return Err(io::Error::other("io_uring queue thread panicked"));
             }
         }
 
@@ -427,6 +443,33 @@ impl<FS: Filesystem> Session<FS> {
                 <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                     .send_ll(&ResponseErrno(errno));
                 return Err(error);
+            }
+
+            // dircache: FUSE over io_uring when asked for and offered (src/uring.rs).
+            if self.config.io_uring {
+                if init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+                    let pages = usize::from(config.max_pages()) * page_size::get();
+                    let payload = 8192.max(config.max_write as usize).max(pages);
+                    // The rings are made before the INIT reply: once it carries the flag the
+                    // kernel holds every request until each queue has an entry, so a ring
+                    // that cannot be made (io_uring disabled by sysctl, no memory) must mean
+                    // no flag rather than a hung mount.
+                    match crate::uring::queues(&self.ch, payload) {
+                        Ok(q) => {
+                            config.requested |= InitFlags::FUSE_OVER_IO_URING;
+                            self.uring_queues = q;
+                        }
+                        Err(e) => {
+                            warn!("io_uring: cannot set up the rings ({e}): serving over /dev/fuse")
+                        }
+                    }
+                } else {
+                    warn!(
+                        "io_uring: the kernel does not offer FUSE over io_uring \
+                         (/sys/module/fuse/parameters/enable_uring is N, or not compiled in): \
+                         serving over /dev/fuse"
+                    );
+                }
             }
 
             // Remember the ABI version supported by kernel and mark the session initialized.

@@ -55,8 +55,9 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only these systems, in this order (comma-separated: native, bindfs, passthrough_hp,
-    /// dircache, or dircache:OPTS for a dircache mount with extra `-o OPTS`, options joined
-    /// with `+`, e.g. dircache:noprefetch+threads=2) [native,bindfs,dircache].
+    /// dircache, dircache-base (a mount by `--base-binary`), or dircache:OPTS for a dircache
+    /// mount with extra `-o OPTS`, options joined with `+`, e.g.
+    /// dircache:noprefetch+threads=2) [native,bindfs,dircache].
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
     /// Walk an existing directory instead of the generated tree: only the read-only walks
@@ -72,6 +73,10 @@ pub struct Args {
     /// Directory to create the temporary tree in (default: $TMPDIR or /tmp).
     #[arg(long)]
     pub base: Option<PathBuf>,
+    /// The dircache binary of system `dircache-base` (e.g. a build of main), measured beside
+    /// this binary's `dircache` in the same interleaved rounds.
+    #[arg(long, value_name = "PATH")]
+    pub base_binary: Option<PathBuf>,
     /// Also draw the results into this SVG file: bars of the time ratio to native (to the
     /// all-on mount with --ablation) per workload and system, log scale.
     #[arg(long, value_name = "FILE.svg")]
@@ -243,6 +248,8 @@ impl Sys {
     const BINDFS: Sys = Sys::plain(Kind::Bindfs, "bindfs");
     const PASSTHROUGH_HP: Sys = Sys::plain(Kind::PassthroughHp, "passthrough_hp");
     const DIRCACHE: Sys = Sys::plain(Kind::Dircache, "dircache");
+    /// A dircache mount by `--base-binary`.
+    const DIRCACHE_BASE: Sys = Sys::plain(Kind::Dircache, "dircache-base");
 
     const fn plain(kind: Kind, label: &'static str) -> Sys {
         Sys {
@@ -259,7 +266,13 @@ impl Sys {
     /// `native`, `bindfs`, `passthrough_hp`, `dircache` or `dircache:OPTS` (a dircache mount
     /// with `-o OPTS` in addition, shown as `dircache:OPTS`).
     fn parse(s: &str) -> Result<Sys> {
-        for k in [Sys::NATIVE, Sys::BINDFS, Sys::PASSTHROUGH_HP, Sys::DIRCACHE] {
+        for k in [
+            Sys::NATIVE,
+            Sys::BINDFS,
+            Sys::PASSTHROUGH_HP,
+            Sys::DIRCACHE,
+            Sys::DIRCACHE_BASE,
+        ] {
             if s == k.label {
                 return Ok(k);
             }
@@ -272,7 +285,7 @@ impl Sys {
                 label: Box::leak(s.to_string().into_boxed_str()),
             }),
             _ => bail!(
-                "unknown system {s:?} (native, bindfs, passthrough_hp, dircache, dircache:OPTS)"
+                "unknown system {s:?} (native, bindfs, passthrough_hp, dircache, dircache:OPTS, dircache-base)"
             ),
         }
     }
@@ -327,7 +340,15 @@ impl Mount {
                 c
             }
             Kind::Dircache => {
-                let mut c = Command::new(std::env::current_exe().context("current_exe")?);
+                let exe = if sys == Sys::DIRCACHE_BASE {
+                    BASE_BINARY
+                        .get()
+                        .cloned()
+                        .context("system dircache-base needs --base-binary")?
+                } else {
+                    std::env::current_exe().context("current_exe")?
+                };
+                let mut c = Command::new(exe);
                 c.arg("mount").arg(src).arg(mnt).arg("-f");
                 if !sys.opts.is_empty() {
                     c.arg("-o").arg(sys.opts);
@@ -1052,7 +1073,13 @@ pub(super) struct Row {
     pub(super) backend: Vec<u64>,
 }
 
+/// `--base-binary`: the binary of system `dircache-base`.
+static BASE_BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
 pub fn run(a: Args) -> Result<i32> {
+    if let Some(b) = &a.base_binary {
+        let _ = BASE_BINARY.set(fs::canonicalize(b).with_context(|| format!("{}", b.display()))?);
+    }
     let runs = a.runs.unwrap_or(if a.quick { 2 } else { 5 }).max(1);
     // Opened first: a path that cannot be written fails before any measuring.
     let plot = a.plot.as_deref().map(PlotFile::create).transpose()?;

@@ -102,7 +102,8 @@ pub struct Args {
 /// The hidden loop's arguments (`dircache bench remote-loop`).
 #[derive(clap::Args)]
 pub struct LoopArgs {
-    /// stat | open-read
+    /// stat | open-read | uncached-read (open, drop the file's cached pages with
+    /// POSIX_FADV_DONTNEED, read, close: every read a page-cache miss)
     #[arg(long)]
     pub mode: String,
     /// Directory to chdir into first.
@@ -137,6 +138,17 @@ pub fn run_loop(a: LoopArgs) -> Result<i32> {
             for p in &paths {
                 match fs::File::open(p) {
                     Ok(mut f) => while f.read(&mut buf)? > 0 {},
+                    Err(_) => wrong += 1,
+                }
+            }
+        }
+        "uncached-read" => {
+            for p in &paths {
+                match fs::File::open(p) {
+                    Ok(mut f) => {
+                        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
+                        while f.read(&mut buf)? > 0 {}
+                    }
                     Err(_) => wrong += 1,
                 }
             }
@@ -407,11 +419,29 @@ fn workloads(loop_n: usize) -> Vec<Workload> {
         blob,
         make_build,
         make_noop,
+        // Every read a page-cache miss (the file's pages dropped after its open): natively a
+        // read from the disk, on a remote mount from the container or the server.
+        Workload {
+            name: format!("uncached open+read x{loop_n}"),
+            action: Action::Loop("uncached-read", "hit.list", false),
+            ops: loop_n,
+            git: false,
+            project: false,
+            disconnected: false,
+        },
         // Last: each of its rounds cuts the connection, and the reconnection after it makes
         // the client forget what it cached (docs/remote.md, "Disconnected operation").
         Workload {
             name: format!("disconnected open+read x{loop_n}"),
             action: Action::Loop("open-read", "hit.list", false),
+            ops: loop_n,
+            git: false,
+            project: false,
+            disconnected: true,
+        },
+        Workload {
+            name: format!("disconnected uncached open+read x{loop_n}"),
+            action: Action::Loop("uncached-read", "hit.list", false),
             ops: loop_n,
             git: false,
             project: false,
@@ -1518,6 +1548,7 @@ fn print_targets_11(rows: &[Row]) {
         ("make -j2 build", 1.5),
         // "Disconnected reads at local speed": judged as the warm rows are.
         ("disconnected open+read", 1.2),
+        ("disconnected uncached open+read", 1.2),
     ] {
         if let (Some(d), Some(n)) = (find(pre, "dircache"), find(pre, "native")) {
             any = true;

@@ -455,11 +455,16 @@ pub(crate) struct AttrCell {
 const WORDS: usize = 8;
 
 /// Word 2 ("meta"): mode in bits 0..16, [`FORGOTTEN`] bit 16, the block-size code in bits
-/// 17..23 (0: 0, k: 2^(k-1)), blocks in bits 24..64.
+/// 17..23 (0: 0, k: 2^(k-1)), [`BIRTH`] bit 23, blocks in bits 24..64.
 const MODE_MASK: u64 = 0xffff;
 /// Bit of the meta word meaning "forgotten".
 const FORGOTTEN: u64 = 1 << 16;
 const BLKSIZE_SHIFT: u32 = 17;
+/// Bit of the meta word meaning "word 0 holds the inode number in its low 32 bits and
+/// [`Attr::birth`] in its high 32" (an inode number below 2^32, as ext4's, with a known
+/// birth time: no word more per dentry). Without it word 0 is the inode number alone and the
+/// birth unknown.
+const BIRTH: u64 = 1 << 23;
 const BLOCKS_SHIFT: u32 = 24;
 const TIME_SEC_BITS: u32 = 34;
 
@@ -507,16 +512,30 @@ fn pack(a: &Attr) -> Option<[u64; WORDS]> {
         }
         a.size
     };
+    let (w0, birth) = if a.birth != 0 && a.ino < 1 << 32 {
+        (a.ino | (u64::from(a.birth) << 32), BIRTH)
+    } else {
+        (a.ino, 0)
+    };
     Some([
-        a.ino,
+        w0,
         size,
-        u64::from(a.mode) | (bs << BLKSIZE_SHIFT) | (a.blocks << BLOCKS_SHIFT),
+        u64::from(a.mode) | (bs << BLKSIZE_SHIFT) | birth | (a.blocks << BLOCKS_SHIFT),
         u64::from(a.uid) | (u64::from(a.gid) << 32),
         u64::from(a.nlink) | (u64::from(dev) << 32),
         pack_time(a.atime)?,
         pack_time(a.mtime)?,
         pack_time(a.ctime)?,
     ])
+}
+
+/// The inode number and [`Attr::birth`] held in words 0 and 2 ([`BIRTH`]).
+fn split_ino(w0: u64, w2: u64) -> (u64, u32) {
+    if w2 & BIRTH != 0 {
+        (w0 & 0xffff_ffff, (w0 >> 32) as u32)
+    } else {
+        (w0, 0)
+    }
 }
 
 impl AttrCell {
@@ -579,8 +598,9 @@ impl AttrCell {
             }
             let bs = (w[2] >> BLKSIZE_SHIFT) & 0x3f;
             let dev = is_device(mode);
+            let (ino, birth) = split_ino(w[0], w[2]);
             return Some(Attr {
-                ino: w[0],
+                ino,
                 dev: w[4] >> 32,
                 mode,
                 nlink: w[4] as u32,
@@ -593,6 +613,7 @@ impl AttrCell {
                 atime: unpack_time(w[5]),
                 mtime: unpack_time(w[6]),
                 ctime: unpack_time(w[7]),
+                birth,
             });
         }
     }
@@ -659,11 +680,31 @@ impl AttrCell {
     }
 
     pub(crate) fn set_ino(&self, ino: u64) {
-        self.write(|| self.w[0].store(ino, Ordering::Relaxed));
+        self.write(|| {
+            self.w[0].store(ino, Ordering::Relaxed);
+            let w2 = self.w[2].load(Ordering::Relaxed);
+            if w2 & BIRTH != 0 {
+                self.w[2].store(w2 & !BIRTH, Ordering::Relaxed);
+            }
+        });
     }
 
     pub(crate) fn ino(&self) -> u64 {
-        self.w[0].load(Ordering::Relaxed)
+        loop {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let (w0, w2) = (
+                self.w[0].load(Ordering::Relaxed),
+                self.w[2].load(Ordering::Relaxed),
+            );
+            std::sync::atomic::fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) == s1 {
+                return split_ino(w0, w2).0;
+            }
+        }
     }
 
     /// The device number, if attributes were ever stored (0 otherwise, also after attributes
@@ -696,6 +737,7 @@ mod tests {
                 nsec: 999_999_999,
             },
             ctime: Timespec { sec: 3, nsec: 4 },
+            birth: 0,
         }
     }
 
@@ -734,6 +776,32 @@ mod tests {
             assert_eq!(&*name.clone(), &n[..]);
             assert_eq!(matches!(name, Name::Inline { .. }), len <= INLINE_NAME);
         }
+    }
+
+    /// The birth time digest rides in word 0 beside an inode number below 2^32 and comes
+    /// back as stored; with a larger number it is unknown (0), never a wrong inode number.
+    #[test]
+    fn birth_is_kept_beside_a_32_bit_inode_number() {
+        let a = Attr {
+            birth: 0xdead_beef,
+            ..attr(libc::S_IFREG | 0o644)
+        };
+        let c = AttrCell::new(Some(a), a.ino);
+        assert_eq!((c.load(), c.ino()), (Some(a), a.ino));
+        c.store(None);
+        assert_eq!(c.load_last(), Some(a));
+        c.set_ino(8);
+        assert_eq!(
+            (c.ino(), c.load_last().map(|l| (l.ino, l.birth))),
+            (8, Some((8, 0)))
+        );
+        let big = Attr {
+            ino: 1 << 40 | 5,
+            ..a
+        };
+        c.store(Some(big));
+        assert_eq!(c.load(), Some(Attr { birth: 0, ..big }));
+        assert_eq!(c.ino(), big.ino);
     }
 
     #[test]

@@ -462,6 +462,12 @@ impl Cache {
     /// name of a key it holds for a hard link of the held inode: the number may have been
     /// reused by a new file after the old one was removed.
     pub fn names_inode(&self, node: &NodeRef, key: (u64, u64)) -> bool {
+        self.names_file(node, key, 0)
+    }
+
+    /// [`Cache::names_inode`], and the file there has birth `birth` ([`Attr::same_birth`]:
+    /// a new file that reused the number since is another file).
+    pub fn names_file(&self, node: &NodeRef, key: (u64, u64), birth: u32) -> bool {
         if node.is_dead() {
             return false;
         }
@@ -478,7 +484,7 @@ impl Cache {
             .lookup
             .time(|| node.sb.backend.lookup(&dir, &name))
         {
-            Ok(a) => (a.dev, a.ino) == key,
+            Ok(a) => (a.dev, a.ino) == key && Attr::same_birth(a.birth, birth),
             Err(_) => false,
         }
     }

@@ -123,6 +123,13 @@ impl IoctlFile {
     }
 }
 
+/// The attributes' TTL in the reply to a CREATE open for writing: 1 ns, which the kernel
+/// rounds up to one jiffy (fs/fuse `fuse_time_to_jiffies`). The open that follows at once
+/// (`may_open` checks the new inode's permissions) uses them; a `stat` a jiffy later asks the
+/// daemon, as for any file open for writing (`attr_ttl_of`). A TTL of 0 would make that
+/// open send a GETATTR for every created file.
+const CREATED_WRITABLE_ATTR_TTL: Duration = Duration::from_nanos(1);
+
 impl CacheFs {
     /// On a `noatime` mount, make reads through the backend's open file (the daemon's own,
     /// and the kernel's passthrough reads) leave the atime alone. The file was opened as the
@@ -151,11 +158,19 @@ impl CacheFs {
     }
 
     pub(super) fn add_open(&self, of: OpenFile) -> u64 {
+        let known = of.writable;
+        self.add_open_known(of, known)
+    }
+
+    /// [`CacheFs::add_open`] of a handle whose inode the kernel may hold attributes of
+    /// (`known`), or not: a nodeid given out by this very CREATE reply, whose attributes
+    /// expire at once when writable (`create`), has nothing in the kernel to drop.
+    fn add_open_known(&self, of: OpenFile, known: bool) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if let Some(h) = self.inodes.held(of.nodeid) {
             self.cache.note_open(&h, of.writable);
         }
-        if of.writable {
+        if of.writable && known {
             // Writes through a shared mapping of a passthrough file never reach the FUSE
             // inode: drop the kernel's attributes now, and give them no lifetime while the
             // file is open for writing (`attr_ttl_of`), so `stat` asks the backend.
@@ -547,7 +562,7 @@ impl CacheFs {
                 self.cache.note_close(&h, of.writable);
             }
             self.cache.forget_attr(&of.node);
-            if of.writable {
+            if of.writable && !self.kernel_told_current(&of) {
                 self.queue_inval_inode(of.nodeid);
             }
             if of.backing {
@@ -560,6 +575,17 @@ impl CacheFs {
                 self.files.mode_closed(ino.0, of.backing);
             }
         }
+    }
+
+    /// Whether the attributes the kernel was last sent for `of`'s inode (size, mtime, ctime)
+    /// are the file's now: then writes through a shared mapping (which never reach the FUSE
+    /// inode) changed nothing the kernel shows, and the kernel's copy needs no invalidation
+    /// at release. A create, write(2)s, then chmod/utimens (tar, cp -p): the last SETATTR
+    /// reply told the final attributes.
+    fn kernel_told_current(&self, of: &OpenFile) -> bool {
+        of.fd
+            .attr()
+            .is_ok_and(|a| self.inodes.told_is(of.nodeid, &a))
     }
 
     /// FLUSH (close(2)) of handle `fh`: the backend's file stores what it keeps locally.
@@ -614,7 +640,13 @@ impl CacheFs {
             .attr()
             .or_else(|_| self.cache.attr_of_name(&node))
             .map_err(errno)?;
+        let before = self.inodes.peek_key(a.dev, a.ino);
         let id = self.inodes.register(&self.cache, &node, &a, parent.0);
+        // A nodeid the kernel holds already (another name of an existing file): its
+        // attributes there are dropped when opened for writing (`add_open`). A new one is
+        // first sent in this reply, with attributes that expire at once if writable: an
+        // invalidation queued now would race the reply and find nothing (ENOENT).
+        let known = before == Some(id);
         let attr = self.attr_for(id, &a);
         let writable = is_writable(flags);
         let cred = c.cred().clone();
@@ -623,6 +655,11 @@ impl CacheFs {
         let created = |opened| Created {
             nodeid: INodeNo(id),
             ttl: self.policy.entry_ttl,
+            attr_ttl: if writable {
+                CREATED_WRITABLE_ATTR_TTL
+            } else {
+                self.policy.entry_ttl
+            },
             attr,
             generation: Generation(self.inodes.generation(id)),
             opened,
@@ -636,14 +673,17 @@ impl CacheFs {
                         m.passthrough += 1;
                         drop(modes);
                         let own = self.own_writes_file(writable, &node, &fd);
-                        let fh = self.add_open(OpenFile {
-                            fd,
-                            nodeid: id,
-                            node,
-                            writable,
-                            backing: true,
-                            cred,
-                        });
+                        let fh = self.add_open_known(
+                            OpenFile {
+                                fd,
+                                nodeid: id,
+                                node,
+                                writable,
+                                backing: true,
+                                cred,
+                            },
+                            known,
+                        );
                         self.own_writes_begin(req, fh, own);
                         self.counters
                             .passthrough_opens
@@ -659,14 +699,17 @@ impl CacheFs {
             }
             m.cached += 1;
         }
-        let fh = self.add_open(OpenFile {
-            fd,
-            nodeid: id,
-            node,
-            writable,
-            backing: false,
-            cred,
-        });
+        let fh = self.add_open_known(
+            OpenFile {
+                fd,
+                nodeid: id,
+                node,
+                writable,
+                backing: false,
+                cred,
+            },
+            known,
+        );
         Ok(created(Opened {
             fh: FileHandle(fh),
             flags: self.fopen_flags_for(flags),

@@ -279,8 +279,8 @@ impl CacheFs {
             // name: core `held_node`.)
             Ok(a)
                 if ino.0 != self.inodes.root()
-                    && (a.dev, a.ino) != held.key()
-                    && !self.cache.provisional(held.key()) =>
+                    && (((a.dev, a.ino) != held.key() && !self.cache.provisional(held.key()))
+                        || !self.inodes.same_birth(ino.0, a.birth)) =>
             {
                 Err(CoreError::NotFound)
             }
@@ -423,6 +423,7 @@ impl CacheFs {
         let c = self.creds(req);
         let victim = self.child(&c, &dir, name);
         let orphan = self.keep_orphan(&c, &dir, name);
+        let open = victim.as_ref().and_then(|v| self.open_writer_told(v));
         let r = self.with_node(parent, |d| self.cache.unlink_at(&c, d, name.as_bytes()));
         if let (Err(_), Some(id)) = (&r, orphan) {
             self.drop_orphan(id);
@@ -432,7 +433,28 @@ impl CacheFs {
         if let Some(v) = victim {
             self.attrs_changed(&v);
         }
+        // The kernel drops the link count and moves the ctime of its inode itself at an
+        // UNLINK (fs/fuse `fuse_entry_unlinked`): if its size and times were the file's
+        // before, they are now, and the RELEASE of a writer still open (mkstemp's close and
+        // unlink race the kernel's RELEASE) needs no invalidation (`kernel_told_current`).
+        if let Some((id, of)) = open {
+            if let Ok(a) = of.fd.attr() {
+                self.inodes.told(id, &a);
+            }
+        }
         Ok(())
+    }
+
+    /// `victim`'s nodeid and an open handle of it when a writer has it open through the
+    /// daemon and the kernel was last told its attributes as they are now.
+    fn open_writer_told(&self, victim: &NodeRef) -> Option<(u64, Arc<super::handles::OpenFile>)> {
+        let id = self.inodes.nodeid_of(victim)?;
+        if !self.inodes.has_writers(id) {
+            return None;
+        }
+        let of = self.any_open(id)?;
+        let a = of.fd.attr().ok()?;
+        self.inodes.told_is(id, &a).then_some((id, of))
     }
 
     pub(super) fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr) -> Result<(), Errno> {

@@ -70,6 +70,13 @@ pub fn kattr(p: &Path) -> std::io::Result<Attr> {
             sec: m.ctime(),
             nsec: m.ctime_nsec() as u32,
         },
+        birth: m
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| {
+                dircache_core::birth_digest(d.as_secs() as i64, d.subsec_nanos())
+            }),
     })
 }
 

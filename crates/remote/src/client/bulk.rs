@@ -13,8 +13,10 @@
 //!
 //! Coherence is the prefetch buffer's invariant, part by part: each part is stored only while
 //! its call is still in flight and the buffer's generation has not moved since the call was
-//! sent (`Prefetch::store_part`); a callback or a mutation by this client ends every call in
-//! flight (their later parts are dropped, their waiters ask the server). A directory's listing
+//! sent (`Prefetch::store_part`); a callback or a mutation by this client marks what it
+//! touches stale in every call in flight (those listings are dropped when they arrive, their
+//! waiters ask the server; the rest of the call is kept), and `Inode`, `Overflow` or a lost
+//! connection ends every call. A directory's listing
 //! may come in pieces over several frames: the last directory of a frame is held back until
 //! the next frame shows whether it continues, so only whole listings are stored.
 //!
@@ -54,7 +56,11 @@ impl RemoteBackend {
             if !p.enabled() {
                 return false;
             }
-            (p.generation(), p.begin(root))
+            // None: a mutation in flight makes all of it stale.
+            let Some(token) = p.begin(root) else {
+                return false;
+            };
+            (p.generation(), token)
         };
         // Restored containers are revalidated from the parts (client/container.rs): only
         // while no callback came after the call was sent.
@@ -272,13 +278,15 @@ impl Call {
                 .as_ref()
                 .map(|(cc, _)| cc.scan(&self.root, &whole));
             let mut p = self.prefetch.lock();
-            let kept = p.store_part(self.gen, self.token, &self.root, whole, self.with_root);
-            kept_all &= kept;
+            let stored = p.store_part(self.gen, self.token, &self.root, whole, self.with_root);
+            let kept = stored.is_some();
+            kept_all &= stored == Some(true);
             if kept && last && !complete && self.budget > 0 {
                 p.mark_cut(&self.root, self.budget);
             }
             drop(p);
-            if let (true, Some((cc, gen)), Some(l)) = (kept, &self.containers, learned) {
+            // Only a part kept whole: a listing dropped as stale teaches nothing.
+            if let (Some(true), Some((cc, gen)), Some(l)) = (stored, &self.containers, learned) {
                 cc.learn(l, *gen);
             }
             self.arrived.notify_all();
@@ -293,7 +301,11 @@ impl Call {
             "bulk call for {:?}: {listings} listings, {entries} entries in {:.3} s{}",
             String::from_utf8_lossy(&self.root),
             t0.elapsed().as_secs_f64(),
-            if kept_all { "" } else { " (ended by a change)" }
+            if kept_all {
+                ""
+            } else {
+                " (ended or cut by a change)"
+            }
         );
     }
 }

@@ -38,6 +38,7 @@
 //! directory below the root are unchanged too.
 
 mod index;
+mod kernel;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -118,6 +119,12 @@ pub struct ContainerStats {
     /// (dropped).
     pub revalidated_at_mount: u64,
     pub stale_at_mount: u64,
+    /// `open=noopen`: page-cache misses (READs) answered from a valid container without a
+    /// round trip (container/kernel.rs).
+    pub kernel_read_hits: u64,
+    /// Writes through to the server (`open=noopen`), and truncations by path, after which
+    /// the file's container was made invalid.
+    pub kernel_writes: u64,
 }
 
 type Key = (u64, u64);
@@ -438,6 +445,8 @@ impl Containers {
             ("containers_restored", s.restored),
             ("containers_revalidated_at_mount", s.revalidated_at_mount),
             ("containers_stale_at_mount", s.stale_at_mount),
+            ("containers_noopen_read_hits", s.kernel_read_hits),
+            ("containers_invalidated_by_writes", s.kernel_writes),
             ("containers_max_bytes", self.max_bytes),
             ("containers_whole_file_max", self.whole_file_max),
             ("containers_kept", u64::from(self.persistent())),
@@ -701,7 +710,8 @@ impl Containers {
     #[allow(clippy::too_many_arguments)]
     /// An open the server granted (`rf`, with the file's attributes `attr` asked after the
     /// open; `gen` read before the open was sent): the container, fetched if it is not of this
-    /// version.
+    /// version. `grant`: the server decided `cred`'s access (remembered for later opens);
+    /// not for a READ under `open=noopen`, whose access the kernel decided (container/kernel.rs).
     pub(super) fn open(
         self: &Arc<Self>,
         conn: &Arc<Conn>,
@@ -712,6 +722,7 @@ impl Containers {
         reader: Option<RemoteFile>,
         attr: Attr,
         gen: u64,
+        grant: bool,
     ) -> Result<ContainerFile> {
         let key = (attr.dev, attr.ino);
         let writable = rf.writable;
@@ -811,6 +822,8 @@ impl Containers {
                     // The server answered for this version now: what the index recorded is
                     // superseded.
                     e.restored = None;
+                }
+                if held && grant {
                     let mode = flags & libc::O_ACCMODE;
                     grew |= e.access.insert(access_of(cred, mode));
                     if mode == libc::O_RDWR {
@@ -1374,7 +1387,7 @@ impl ContainerFile {
             let mut calls = Vec::new();
             for (i, c) in buf[..n].chunks(MAX_IO).enumerate() {
                 let (conn, handle) = rf.at()?;
-                let rx = conn.start(
+                let (_, rx) = conn.start_touching(
                     &wc,
                     Request::Write {
                         handle,
@@ -1382,6 +1395,7 @@ impl ContainerFile {
                         data: c.to_vec(),
                         append: false,
                     },
+                    Some(rf.stale()),
                 )?;
                 calls.push((c.len(), rx));
             }
@@ -1411,23 +1425,25 @@ impl ContainerFile {
             off += n as u64;
         }
         let (conn, handle) = rf.at()?;
-        want_unit(conn.call_as(
+        want_unit(conn.call_touching(
             &wc,
             Request::SetSize {
                 handle,
                 size: before.size,
             },
+            Some(rf.stale()),
         )?)?;
         let set = SetAttr {
             mtime: Some(TimeSet::At(before.mtime)),
             ..Default::default()
         };
-        let attr = match conn.call_as(&wc, Request::FileSetattr { handle, set }) {
-            Ok(r) => want_attr(r)?,
-            // Not the owner: the server's store time stays.
-            Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => rf.attr()?,
-            Err(e) => return Err(e),
-        };
+        let attr =
+            match conn.call_touching(&wc, Request::FileSetattr { handle, set }, Some(rf.stale())) {
+                Ok(r) => want_attr(r)?,
+                // Not the owner: the server's store time stays.
+                Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => rf.attr()?,
+                Err(e) => return Err(e),
+            };
         let mut st = self.cc.st.lock();
         let held = st.gen == gen;
         st.stats.stores += 1;

@@ -425,6 +425,7 @@ impl Known {
             atime: now,
             mtime: now,
             ctime: now,
+            birth: 0,
         };
         self.attrs.insert(path.to_vec(), a);
         self.touch(parent(path), if dir { 1 } else { 0 });

@@ -247,6 +247,27 @@ impl ResponseStruct<abi::fuse_create_out> {
     }
 }
 
+impl ResponseStruct<abi::fuse_create_out> {
+    /// dircache patch: as [`ResponseStruct::new_create_nodeid`], with the attributes valid
+    /// for `attr_ttl` and the entry for `entry_ttl` (fuser's own replies use one TTL for both).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new_create_nodeid_ttls(
+        nodeid: INodeNo,
+        entry_ttl: &Duration,
+        attr_ttl: &Duration,
+        attr: &Attr,
+        generation: Generation,
+        fh: FileHandle,
+        flags: FopenFlags,
+        backing_id: u32,
+    ) -> Self {
+        let mut r = Self::new_create_nodeid(nodeid, entry_ttl, attr, generation, fh, flags, backing_id);
+        r.0.0.attr_valid = attr_ttl.as_secs();
+        r.0.0.attr_valid_nsec = attr_ttl.subsec_nanos();
+        r
+    }
+}
+
 impl ResponseStruct<abi::fuse_poll_out> {
     pub(crate) fn new_poll(revents: PollEvents) -> Self {
         ResponseStruct(abi::fuse_poll_out {

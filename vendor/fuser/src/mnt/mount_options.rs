@@ -18,6 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// dircache: serve requests over FUSE over io_uring (src/uring.rs) when the kernel offers
+    /// it at INIT (`/sys/module/fuse/parameters/enable_uring`); otherwise a warning is logged
+    /// and `/dev/fuse` serves them, as it always does FORGET, INTERRUPT and notifications.
+    pub io_uring: bool,
 }
 
 /// Mount options accepted by the FUSE filesystem type
