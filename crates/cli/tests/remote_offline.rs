@@ -17,10 +17,11 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::fd::IntoRawFd;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{can_mount, sh_ok};
-use dircache_tests::remote::{eventually, eventually_or, Client, Remote};
+use dircache_tests::remote::{eventually, eventually_or, eventually_within, Client, Remote};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
@@ -254,6 +255,58 @@ fn misses_while_cut_off_answer_at_once() {
     });
 }
 
+/// How long the prober test waits for a round's log to be reintegrated, and for its threads
+/// to stop once told (then the daemon is killed, ending every request they wait in).
+const REINTEGRATION_WAIT: Duration = Duration::from_secs(180);
+const THREADS_STOP_WAIT: Duration = Duration::from_secs(60);
+
+/// Counts a running prober thread (in [`StopGuard::running`]) until dropped, also when the
+/// thread panics.
+struct Running<'a>(&'a AtomicUsize);
+
+impl<'a> Running<'a> {
+    fn new(n: &'a AtomicUsize) -> Running<'a> {
+        n.fetch_add(1, Ordering::SeqCst);
+        Running(n)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The prober test's threads stop when this is dropped, also when the test fails while they
+/// run (a scope whose threads never end would hang the test instead of failing it): `stop`
+/// set, then at most [`THREADS_STOP_WAIT`] for them to end; a thread still blocked in a
+/// request by then (a hung mount) is freed by killing the daemon by PID, which aborts the
+/// FUSE connection (every request answered ENOTCONN). The `Client`'s and `Remote`'s own
+/// guards then detach the mount and stop the server.
+struct StopGuard<'a> {
+    stop: &'a AtomicBool,
+    running: &'a AtomicUsize,
+    daemon: Option<u32>,
+}
+
+impl Drop for StopGuard<'_> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let t0 = Instant::now();
+        while self.running.load(Ordering::SeqCst) > 0 && t0.elapsed() < THREADS_STOP_WAIT {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let left = self.running.load(Ordering::SeqCst);
+        if left > 0 {
+            eprintln!("{left} prober threads still blocked after {THREADS_STOP_WAIT:?}: killing the daemon");
+            if let Some(pid) = self.daemon.and_then(|p| i32::try_from(p).ok()) {
+                // SAFETY: kill(2) of the mount daemon this test started, by PID.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
 /// Directories of the prober test, and names made in each while cut off per round.
 const PROBE_DIRS: usize = 8;
 const PROBE_FILES: usize = 6;
@@ -276,7 +329,6 @@ type Miss = (usize, String, String, f64);
 /// `inodes_made_while_cut_off_stay_usable_after_the_reintegration`, which pins the cause.)
 #[test]
 fn names_made_while_cut_off_never_vanish_across_the_reconnection() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Mutex;
     if !can_mount() {
         return;
@@ -288,14 +340,17 @@ fn names_made_while_cut_off_never_vanish_across_the_reconnection() {
     }
     sh_ok(&r.src, &setup);
     let c = r.mount("", "reconnect_timeout=30");
-    // Every directory listed with no round trip: their listings are complete and cached, so
-    // names can be made in them while cut off.
+    // Every directory listed with no round trip (the root too: `find` starts there): their
+    // listings are complete and cached, so they are served and names can be made in them
+    // while cut off.
     eventually("the directories listed with no round trip", || {
         let before = c.calls("");
-        (0..PROBE_DIRS).all(|d| {
-            std::fs::read_dir(c.m(&format!("d{d}"))).is_ok_and(|l| l.count() == 2)
-                && std::fs::read_dir(c.m(&format!("d{d}/deep"))).is_ok_and(|l| l.count() == 0)
-        }) && c.calls("") == before
+        std::fs::read_dir(&c.mnt).is_ok_and(|l| l.count() == PROBE_DIRS)
+            && (0..PROBE_DIRS).all(|d| {
+                std::fs::read_dir(c.m(&format!("d{d}"))).is_ok_and(|l| l.count() == 2)
+                    && std::fs::read_dir(c.m(&format!("d{d}/deep"))).is_ok_and(|l| l.count() == 0)
+            })
+            && c.calls("") == before
     });
     let pending = || {
         let dirs: Vec<_> = std::fs::read_dir(&r.cache)
@@ -396,12 +451,22 @@ fn names_made_while_cut_off_never_vanish_across_the_reconnection() {
                 .unwrap()
                 .push((round, p.to_string(), what, since()))
         };
+        let running = AtomicUsize::new(0);
         std::thread::scope(|s| {
+            // Declared first in the scope, dropped last: whatever fails below, the threads
+            // are told to stop (and the daemon killed if they cannot), so the scope ends.
+            let _stop = StopGuard {
+                stop: &stop,
+                running: &running,
+                daemon: c.pid(),
+            };
             // The lister: every directory listed, every listed name lstat'ed (as `cp -r`
             // or `ls -lR` walk).
             {
                 let (stop, miss, c) = (&stop, &miss, &c);
+                let run = Running::new(&running);
                 s.spawn(move || {
+                    let _run = run;
                     while !stop.load(Ordering::Relaxed) {
                         let mut stack: Vec<String> =
                             (0..PROBE_DIRS).map(|d| format!("d{d}")).collect();
@@ -440,7 +505,9 @@ fn names_made_while_cut_off_never_vanish_across_the_reconnection() {
                     .cloned()
                     .collect();
                 let (stop, miss, c) = (&stop, &miss, &c);
+                let run = Running::new(&running);
                 s.spawn(move || {
+                    let _run = run;
                     while !stop.load(Ordering::Relaxed) {
                         for p in &names {
                             if let Err(e) = std::fs::symlink_metadata(c.m(p)) {
@@ -453,7 +520,9 @@ fn names_made_while_cut_off_never_vanish_across_the_reconnection() {
             // The walker: `find` over the whole mount (bulk calls after the reconnection,
             // lookups relative to open directories); what it could not reach is a miss.
             let (stop, c2, miss2) = (&stop, &c, &miss);
+            let run = Running::new(&running);
             s.spawn(move || {
+                let _run = run;
                 while !stop.load(Ordering::Relaxed) {
                     let out = Command::new("find")
                         .arg(&c2.mnt)
@@ -467,7 +536,9 @@ fn names_made_while_cut_off_never_vanish_across_the_reconnection() {
                 }
             });
             // The spinner: a core kept busy.
+            let run = Running::new(&running);
             s.spawn(move || {
+                let _run = run;
                 let mut x = 1u64;
                 while !stop.load(Ordering::Relaxed) {
                     for _ in 0..100_000 {
@@ -479,9 +550,9 @@ fn names_made_while_cut_off_never_vanish_across_the_reconnection() {
             std::thread::sleep(Duration::from_millis(300));
             *restored.lock().unwrap() = Some(Instant::now());
             r.restore();
-            eventually("the log reintegrated", || !pending());
+            // 152 records replayed while ten threads keep two loaded cores busy: generous.
+            eventually_within(REINTEGRATION_WAIT, "the log reintegrated", || !pending());
             std::thread::sleep(Duration::from_secs(2));
-            stop.store(true, Ordering::Relaxed);
         });
         // The server has every name.
         for p in &made {

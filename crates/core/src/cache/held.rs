@@ -361,17 +361,19 @@ impl Cache {
         }
     }
 
-    /// The live dentry of a held inode. When the core dropped the one the holder knows (an
-    /// outside change invalidated it, or it was evicted before the holder pinned it), find the
-    /// name again where the holder last saw it (from the held parent, itself found again the
-    /// same way) and keep the dentry found if it is still the same inode. ESTALE when the
-    /// held parent is gone; the dead dentry when the name is gone or names another inode.
     /// Whether `key` (a held inode's `(dev, ino)`) is a provisional identity of the root
     /// file system's backend ([`Backend::provisional`](crate::Backend::provisional)).
     pub fn provisional(&self, key: (u64, u64)) -> bool {
         self.root_sb.backend.provisional(key.0, key.1)
     }
 
+    /// The live dentry of a held inode. When the core dropped the one the holder knows (an
+    /// outside change invalidated it, or it was evicted before the holder pinned it), find the
+    /// name again where the holder last saw it (from the held parent, itself found again the
+    /// same way) and keep the dentry found if it is still the same inode. ESTALE when the
+    /// held parent is gone; the dead dentry when the name is gone or names another inode.
+    /// A provisional identity ([`Cache::provisional`]) is the object found at its name
+    /// whatever its number, once the backend has replaced it.
     pub fn held_node(&self, held: &Held) -> Result<NodeRef> {
         self.held_node_depth(held, 0)
     }
