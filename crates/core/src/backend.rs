@@ -268,6 +268,16 @@ pub trait Backend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Whether `(dev, ino)` is a provisional identity this backend made up for an object it
+    /// has not been told the real one of (the remote backend's objects made while
+    /// disconnected, until their reintegration gives them the server's). A front end
+    /// holding such an inode takes the object of the same type found at its name later as
+    /// that same object, whatever its number (Coda's temporary fids, replaced at
+    /// reintegration). Default: no identity is provisional.
+    fn provisional(&self, _dev: u64, _ino: u64) -> bool {
+        false
+    }
+
     /// Told by [`Cache::apply_change`](crate::Cache::apply_change) (and `invalidate`) before
     /// the cache applies a change made behind its back: a backend with caches of its own
     /// (e.g. directory descriptors keyed by path) must drop what the change may have made

@@ -1297,6 +1297,13 @@ impl Backend for RemoteBackend {
         self.cfg.containers.is_some()
     }
 
+    fn provisional(&self, _dev: u64, ino: u64) -> bool {
+        self.cfg
+            .disconnected
+            .as_ref()
+            .is_some_and(|d| d.provisional(ino))
+    }
+
     fn acls_listed(&self) -> bool {
         // `getxattr` answers an ACL of an entry a bulk listing flagged bare (no round trip);
         // a front end fetching ACLs ahead would re-check each entry's attributes after the

@@ -413,6 +413,28 @@ impl Remote {
     }
 }
 
+impl Drop for Remote {
+    /// The latest server, if it still runs once its clients are gone (it ends when its
+    /// client hangs up; a test failing while the client is stuck may leave it): SIGKILL by
+    /// PID, if that PID is still a server of this SRC.
+    fn drop(&mut self) {
+        let Ok(pid) = std::fs::read_to_string(self.dir.path().join("server-pid")) else {
+            return;
+        };
+        let Ok(pid) = pid.trim().parse::<i32>() else {
+            return;
+        };
+        let ours = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            let c = String::from_utf8_lossy(&c);
+            c.contains("serve") && c.contains(&*self.src.to_string_lossy())
+        });
+        if ours {
+            // SAFETY: kill(2) of this Remote's own server (through the stand-in ssh), by PID.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 /// The entries of `dir` (none if it cannot be read: a container directory removed meanwhile).
 fn entries(dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(dir)
@@ -477,6 +499,11 @@ impl Client {
     /// Whether the daemon has exited (e.g. after an unmount by the test).
     pub fn daemon_exited(&mut self) -> bool {
         self.daemon.exited()
+    }
+
+    /// The daemon's PID while it runs (for a test's guard to stop it by PID).
+    pub fn pid(&self) -> Option<u32> {
+        self.daemon.pid()
     }
 }
 

@@ -361,18 +361,30 @@ impl Cache {
         }
     }
 
+    /// Whether `key` (a held inode's `(dev, ino)`) is a provisional identity of the root
+    /// file system's backend ([`Backend::provisional`](crate::Backend::provisional)).
+    pub fn provisional(&self, key: (u64, u64)) -> bool {
+        self.root_sb.backend.provisional(key.0, key.1)
+    }
+
     /// The live dentry of a held inode. When the core dropped the one the holder knows (an
     /// outside change invalidated it, or it was evicted before the holder pinned it), find the
     /// name again where the holder last saw it (from the held parent, itself found again the
     /// same way) and keep the dentry found if it is still the same inode. ESTALE when the
     /// held parent is gone; the dead dentry when the name is gone or names another inode.
+    /// A provisional identity ([`Cache::provisional`]) is the object found at its name
+    /// whatever its number, once the backend has replaced it.
     pub fn held_node(&self, held: &Held) -> Result<NodeRef> {
         self.held_node_depth(held, 0)
     }
 
     fn held_node_depth(&self, held: &Held, depth: u32) -> Result<NodeRef> {
         let n = held.node();
-        if !n.is_dead() && !n.is_evicted() {
+        // A dentry still carrying a provisional number its backend has since replaced (an
+        // object made while disconnected, reintegrated: `Backend::provisional`) is found
+        // again by its name, as a dropped one is.
+        let superseded = || n.attr.ino() == held.key().1 && self.provisional(held.key());
+        if !n.is_dead() && !n.is_evicted() && !superseded() {
             return Ok(n);
         }
         if held.0.root {
@@ -398,6 +410,12 @@ impl Cache {
                 match self.getattr(&fresh) {
                     // The same number with another type is a new file that reused it.
                     Ok(a) if (a.dev, a.ino) == held.key() && fresh.kind() == n.kind() => {
+                        held.add_name(&fresh, true);
+                        Ok(fresh)
+                    }
+                    // A provisional identity (made up by the backend, e.g. while
+                    // disconnected) is the object now at its name, with its real number.
+                    Ok(_) if self.provisional(held.key()) && fresh.kind() == n.kind() => {
                         held.add_name(&fresh, true);
                         Ok(fresh)
                     }

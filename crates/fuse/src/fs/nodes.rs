@@ -274,9 +274,13 @@ impl CacheFs {
         let r = match self.cache.attr_for_reply(&held, &node) {
             // The name the core has not seen go names another file by now (removed or
             // replaced in SRC, not yet reported): not this inode's attributes (another
-            // type would make the kernel mark its inode bad: EIO).
+            // type would make the kernel mark its inode bad: EIO). Neither the number nor
+            // the birth is checked for a provisional identity (made up while disconnected,
+            // its birth unknown): the file now at its name is it, with the server's number
+            // and birth (core `held_node`).
             Ok(a)
                 if ino.0 != self.inodes.root()
+                    && !self.cache.provisional(held.key())
                     && ((a.dev, a.ino) != held.key()
                         || !self.inodes.same_birth(ino.0, a.birth)) =>
             {

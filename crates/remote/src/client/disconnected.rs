@@ -259,6 +259,16 @@ impl Disconnected {
         true
     }
 
+    /// Whether `ino` is one this client made up for an object made while disconnected
+    /// ([`FAKE_INO`]) and the client is connected again: the reintegration made the object
+    /// on the server, with the server's number, which replaces the made-up one (Coda's
+    /// temporary fids). While disconnected the made-up number is the object's.
+    pub fn provisional(&self, ino: u64) -> bool {
+        ino & FAKE_MASK == FAKE_INO
+            && (1..=self.known.lock().next_ino).contains(&(ino & !FAKE_MASK))
+            && !self.offline()
+    }
+
     /// Counters for `dircache stats` (under `backend`): disconnections, conflicts found
     /// reintegrating (each kept local version), records reintegrated.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
@@ -477,6 +487,8 @@ impl Known {
 
 /// Inode numbers made up for objects made while disconnected (the high bits).
 const FAKE_INO: u64 = 0xD15C << 48;
+/// The bits of [`FAKE_INO`].
+const FAKE_MASK: u64 = 0xFFFF << 48;
 
 fn now() -> Timespec {
     let d = std::time::SystemTime::now()
