@@ -766,7 +766,10 @@ fn lookups_in_unlisted_directories_take_few_round_trips_and_stay_coherent() {
     // Found at once (the stale listing was dropped); its size may come with the write's own
     // callback, which can follow the create's.
     loop {
-        let size = r.lookup(b"t3/s3", b"new").expect("new after its callback").size;
+        let size = r
+            .lookup(b"t3/s3", b"new")
+            .expect("new after its callback")
+            .size;
         if size == 2 {
             break;
         }

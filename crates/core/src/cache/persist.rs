@@ -1178,10 +1178,13 @@ mod tests {
             .iter()
             .map(|x| x.wrapping_mul(31).wrapping_add(7))
             .collect();
-        assert!(matches!(
-            try_load(&with_payload(&garbage)),
-            PersistError::Corrupt(..)
-        ));
+        // (The payload holds the memory backend's times, so the garbage differs from run to
+        // run: now and then it decodes as far as a source name, which is then another tree's.)
+        let e = try_load(&with_payload(&garbage));
+        assert!(
+            matches!(e, PersistError::Corrupt(..) | PersistError::Foreign(..)),
+            "{e}"
+        );
         // A well-formed snapshot with a malformed tree: a parent after its child, a `..` name.
         let mut snap: Snapshot = postcard::from_bytes(&payload).expect("decode");
         snap.dirs[1].parent = Some(5);
