@@ -852,6 +852,15 @@ impl RemoteBackend {
 /// The calling thread's umask, sent with creations: the FUSE front end sets a request thread's
 /// umask to its caller's around a creation (in a private fs context), as it does for the local
 /// backend, whose file system applies it there; here the server's must.
+/// The umask an open with `flags` sends: the caller's when it may create, else none.
+fn open_umask(flags: i32) -> u32 {
+    if flags & libc::O_CREAT != 0 {
+        thread_umask()
+    } else {
+        0
+    }
+}
+
 fn thread_umask() -> u32 {
     // SAFETY: umask(2) has no memory effects. Reading it means setting it: a thread with a
     // private fs context (the FUSE request threads that set a caller's umask) races with no
@@ -1181,11 +1190,7 @@ impl Backend for RemoteBackend {
                 path: path.to_vec(),
                 flags,
                 mode,
-                umask: if flags & libc::O_CREAT != 0 {
-                    thread_umask()
-                } else {
-                    0
-                },
+                umask: open_umask(flags),
             },
         )?;
         self.file(c, r, path, cred, flags, None)
@@ -1385,11 +1390,7 @@ impl RemoteBackend {
             path: path.to_vec(),
             flags,
             mode,
-            umask: if flags & libc::O_CREAT != 0 {
-                thread_umask()
-            } else {
-                0
-            },
+            umask: open_umask(flags),
         };
         let read = if flags & libc::O_ACCMODE != libc::O_WRONLY && flags & libc::O_TRUNC == 0 {
             cc.first_read(path)

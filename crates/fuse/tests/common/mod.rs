@@ -175,26 +175,10 @@ impl TestMount {
             lim.current = lim.maximum;
             let _ = setrlimit(Resource::Nofile, lim);
         }
-        let dir = tempfile::Builder::new()
-            .prefix("dcmem")
-            .tempdir()
-            .expect("tempdir");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mkdir mnt");
-        chmod(dir.path(), 0o755);
         let backend = Arc::new(dircache_core::memory::MemoryBackend::new().applying_umask());
-        let cache =
-            dircache_core::Cache::new(backend.clone(), core_config(&policy)).expect("cache");
-        let mut cfg = dircache_fuse::MountConfig::without_src(&mnt);
-        cfg.policy = policy;
-        let thread = serve(cache, &cfg);
-        TestMount {
-            dir,
-            src: PathBuf::new(),
-            mnt,
-            memory: Some(backend),
-            thread: Some(thread),
-        }
+        let mut t = Self::over_backend(backend.clone(), policy);
+        t.memory = Some(backend);
+        t
     }
 
     /// A mount of `backend` (no SRC) with `policy`, e.g. a backend wrapped by a test.
