@@ -399,7 +399,15 @@ impl Cache {
 
     /// stat (`flags.follow`) or lstat.
     pub fn stat(&self, c: &Creds, at: At<'_>, path: &[u8], flags: LookupFlags) -> Result<Attr> {
-        match self.resolve(c, at, path, flags, |n, _| n.attr_copy()) {
+        match self.resolve(
+            c,
+            at,
+            path,
+            flags,
+            // Inlined: see `AttrCell::load_words`.
+            #[inline(always)]
+            |n, _| n.attr_copy(),
+        ) {
             Ok(Some(a)) => Ok(a),
             Ok(None) => {
                 let n = self.lookup(c, at, path, flags)?;
