@@ -47,6 +47,15 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
+/// The heap is counted for the whole process: the tests take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The default bound on all prefix-check caches together.
 const PCC_BOUND: isize = 4 << 20;
 /// What else each kept credential may cost (its state, its group list, its slot in the map:
@@ -97,6 +106,7 @@ fn check_private(c: &Cache, round: usize) {
 
 #[test]
 fn many_credentials_stay_within_the_bound_and_get_correct_answers() {
+    let _turn = one_at_a_time();
     let m = Arc::new(MemoryBackend::new());
     let root = Cred::root();
     m.mkdir(&root, b"home", 0o777).expect("home");
@@ -171,4 +181,71 @@ fn many_credentials_stay_within_the_bound_and_get_correct_answers() {
         peak_pcc > PCC_BOUND as u64 * 3 / 4,
         "the bound was never approached: eviction untested"
     );
+}
+
+/// The same from four threads at once (credentials created, grown and evicted while others
+/// are used): the accounting never exceeds the bound and every answer stays the backend's.
+#[test]
+fn concurrent_churn_stays_within_the_bound() {
+    let _turn = one_at_a_time();
+    let m = Arc::new(MemoryBackend::new());
+    let root = Cred::root();
+    m.mkdir(&root, b"home", 0o777).expect("home");
+    for u in 1..=PRIVATE_USERS {
+        let me = Cred::new(u, u, []);
+        let d = format!("home/u{u}");
+        m.mkdir(&me, d.as_bytes(), 0o700).expect("private dir");
+        m.mknod(
+            &me,
+            format!("{d}/secret").as_bytes(),
+            libc::S_IFREG | 0o600,
+            0,
+        )
+        .expect("secret");
+    }
+    let spec: Vec<String> = (0..DIRS * FILES).map(file).collect();
+    let spec: Vec<&str> = spec.iter().map(String::as_str).collect();
+    m.populate(&spec);
+    // A small budget, so that the threads evict each other's credentials all the time.
+    let budget = 256 << 10;
+    let c = Cache::new(
+        m.clone(),
+        Config {
+            pcc_budget: budget,
+            ..Config::default()
+        },
+    )
+    .expect("cache");
+    std::thread::scope(|s| {
+        for t in 0..4u32 {
+            let c = &c;
+            s.spawn(move || {
+                for i in 0..400u32 {
+                    let id = 200_000 + t * 10_000 + i;
+                    let cs = c.credentials(Cred::new(id, id, [id]));
+                    let n = if i % 10 == 0 { 1000 } else { 60 };
+                    for k in 0..n {
+                        stat(c, &cs, &file((i * 13 + k) as usize)).expect("public file");
+                    }
+                    let pcc = c.stats().pcc_bytes;
+                    assert!(
+                        pcc <= budget as u64,
+                        "thread {t}: {pcc} bytes of PCC tables"
+                    );
+                    // A private user now and then, from every thread.
+                    let u = 1 + (i + t) % PRIVATE_USERS;
+                    let me = c.credentials(Cred::new(u, u, []));
+                    for v in 1..=PRIVATE_USERS {
+                        let r = stat(c, &me, &format!("home/u{v}/secret"));
+                        assert_eq!(r.is_ok(), u == v, "thread {t}: uid {u} on u{v}: {r:?}");
+                        if u != v {
+                            assert!(matches!(r, Err(Error::Access)), "uid {u} on u{v}: {r:?}");
+                        }
+                    }
+                }
+            });
+        }
+    });
+    assert!(c.stats().pcc_bytes <= budget as u64);
+    check_private(&c, 0);
 }
