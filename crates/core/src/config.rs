@@ -37,9 +37,15 @@ pub struct Config {
     pub dotdot: DotDot,
     /// Most dentries kept (positive and negative); eviction starts from the leaves above this.
     pub max_entries: usize,
-    /// Slots of each credential's prefix-check cache (rounded up to a power of two; 8 bytes
-    /// each, 2-way set-associative).
+    /// Most slots of each credential's prefix-check cache (8 bytes each, 2-way
+    /// set-associative tables of 64, 128, ... slots, added as the credential uses them).
     pub pcc_slots: usize,
+    /// Most bytes the prefix-check caches of all credentials hold together. Each starts
+    /// without a table and grows with use (64 slots, then doubling, up to `pcc_slots`);
+    /// credentials nobody holds are evicted to make room, and a credential whose table does
+    /// not fit does without (its lookups take the slow path). Bounds what callers with many
+    /// distinct credentials can make the cache allocate (pcc.rs).
+    pub pcc_budget: usize,
     /// Linux's `fs.protected_hardlinks=1`: only the owner (or root) may hard-link a file that
     /// is not a plain regular file the caller can read and write.
     pub protected_hardlinks: bool,
@@ -67,6 +73,7 @@ impl Default for Config {
             dotdot: DotDot::Posix,
             max_entries: 1 << 20,
             pcc_slots: 1 << 16,
+            pcc_budget: 4 << 20,
             protected_hardlinks: true,
             walk_batch: true,
             bypass: false,

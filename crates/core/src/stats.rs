@@ -333,6 +333,8 @@ pub struct StatsSnapshot {
     pub fast_entries: u64,
     /// Estimated bytes held by dentries and tables.
     pub bytes: u64,
+    /// Bytes of all prefix-check tables (exact; at most `Config::pcc_budget`).
+    pub pcc_bytes: u64,
 }
 
 impl Stats {

@@ -38,7 +38,9 @@
 //!                           (set_attr under hardlinks, detached, inner)
 //!   Cache::namespaces     Mutex: bump_subtree (following mounts), sweep_dlht, stats
 //!     Namespace::mounts   RwLock: mount tables (mounts.rs)
-//! Cache::creds_new        Mutex: creating an interned credential (pcc.rs); nothing inside
+//! Cache::creds_new        Mutex: creating an interned credential, evicting idle ones for a
+//!                           PCC that grows (pcc.rs, from a walk's publish: no lock held);
+//!                           nothing inside
 //!                           (`Cache::creds` itself is a papaya map, read lock-free)
 //! Cache::pending          Mutex: one map operation, nothing else held (persist.rs)
 //! Held::names             Mutex per held inode (held.rs): a leaf, taken after none of the
@@ -261,6 +263,10 @@ pub struct Cache {
     /// a front end interning per request neither rebuilds the state nor writes the map.
     pub(crate) creds: papaya::HashMap<(Cred, bool), Arc<CredState>>,
     pub(crate) creds_new: Mutex<()>,
+    /// Moves at each new interned credential: `CredState::last_use` (eviction order).
+    pub(crate) creds_tick: AtomicU64,
+    /// Bytes of all credentials' prefix-check tables (`Config::pcc_budget`, pcc.rs).
+    pub(crate) pcc_budget: Arc<pcc::PccBudget>,
     /// Which held inodes have no value for an xattr (see `held.rs`).
     pub(crate) xattr_memo: held::XattrMemo,
     pub(crate) stats: Stats,
@@ -313,6 +319,7 @@ impl Cache {
             opts: MountOptions::default(),
         });
         let ns = Arc::new(Namespace::new(mount, Default::default()));
+        let pcc_budget = pcc::PccBudget::new(config.pcc_budget);
         Ok(Arc::new(Cache {
             config,
             policy,
@@ -325,8 +332,14 @@ impl Cache {
             inval_end: AtomicU64::new(0),
             tree_lock: RwLock::new(()),
             rename_seq: AtomicU64::new(0),
-            creds: papaya::HashMap::new(),
+            // Batches of one: an evicted credential's tables are freed (and their budget
+            // given back) as soon as no reader can see them, not 32 evictions later.
+            creds: papaya::HashMap::builder()
+                .collector(seize::Collector::new().batch_size(1))
+                .build(),
             creds_new: Mutex::new(()),
+            creds_tick: AtomicU64::new(0),
+            pcc_budget,
             xattr_memo: Default::default(),
             stats: Stats::default(),
             entries: AtomicU64::new(1),
@@ -386,7 +399,15 @@ impl Cache {
 
     /// stat (`flags.follow`) or lstat.
     pub fn stat(&self, c: &Creds, at: At<'_>, path: &[u8], flags: LookupFlags) -> Result<Attr> {
-        match self.resolve(c, at, path, flags, |n, _| n.attr_copy()) {
+        match self.resolve(
+            c,
+            at,
+            path,
+            flags,
+            // Inlined: see `AttrCell::load_words`.
+            #[inline(always)]
+            |n, _| n.attr_copy(),
+        ) {
             Ok(Some(a)) => Ok(a),
             Ok(None) => {
                 let n = self.lookup(c, at, path, flags)?;
@@ -706,7 +727,9 @@ impl Cache {
             fast += ns.dlht.len() as u64;
         }
         s.fast_entries = fast;
-        let pcc: usize = self.creds.pin().values().map(|c| c.pcc.bytes()).sum();
+        // Every table, also of credentials evicted from `creds` but still held.
+        let pcc = self.pcc_budget.used();
+        s.pcc_bytes = pcc as u64;
         // Dentry (with its link) + attr + a children-map slot, and a DLHT entry each.
         let per_dentry = std::mem::size_of::<Dentry>() as u64 + 16 + 128 + 32;
         let per_fast = std::mem::size_of::<dlht::FastEntry>() as u64 + 16 + 16;

@@ -718,8 +718,8 @@ impl Cache {
                 stamp
             }
         };
-        if cs.check {
-            cs.pcc.insert(sig, stamp);
+        if cs.check && cs.pcc.insert(sig, stamp) {
+            self.grow_pcc(cs, sig, stamp);
         }
         Some((sig, stamp))
     }
