@@ -619,12 +619,12 @@ fn o_path(p: &Path) -> std::io::Result<std::fs::File> {
 /// is the same file: `fstat` of it answers (not ENOENT, not a directory with no links), and
 /// names below a held directory are found, as on a native file system.
 ///
-/// KNOWN FAILURE (docs/remote.md, "Made-up inode numbers after the reintegration"): on the
-/// loaded 2-core machine about 1 run in 3 fails with `lstat d/new/f: No such file or
-/// directory` after the reintegration; ignored so that it does not block CI, run it with
-/// `--ignored`. Not fixed.
+/// Before the fix in `Cache::held_node` about 1 run in 3 failed here (loaded 2-core machine)
+/// with `lstat d/new/f: No such file or directory`: the `lstat`'s GETATTR of the held inode
+/// found `d/new/f` again by name, asked its attributes, the reconnection's `Overflow` killed
+/// the dentry meanwhile, and the dead dentry was answered for (docs/remote.md, "Made-up
+/// inode numbers after the reintegration").
 #[test]
-#[ignore = "known failure: lstat ENOENT of a name made while cut off, about 1 run in 3 under load"]
 fn inodes_made_while_cut_off_stay_usable_after_the_reintegration() {
     if !can_mount() {
         return;
