@@ -8,24 +8,35 @@
 #[path = "../../fuse/tests/common/mod.rs"]
 mod common;
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{can_mount, sh_ok};
+use dircache_tests::remote::{eventually, Client, Remote};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dircache");
 
-/// A remote mount whose connection the test can cut and restore. Drop unmounts and reaps
-/// the daemon.
+/// A remote (the shared harness, crates/tests/src/remote.rs: the stand-in ssh, the server
+/// killed by PID) and its one mount, which a test cuts, restores, crashes and starts again.
+/// Derefs to the [`Remote`] (`src`, `dir`, `cache`, `s()`, `restore()`). Drop unmounts and
+/// reaps the daemon.
 struct Mount {
-    dir: tempfile::TempDir,
-    src: PathBuf,
+    /// Declared before `remote`: unmounted before its directory goes.
+    client: Option<Client>,
+    remote: Remote,
+    extra: String,
     mnt: PathBuf,
     log: PathBuf,
-    cache: PathBuf,
-    opts: String,
-    daemon: Option<Child>,
+}
+
+impl Deref for Mount {
+    type Target = Remote;
+
+    fn deref(&self) -> &Remote {
+        &self.remote
+    }
 }
 
 impl Mount {
@@ -35,104 +46,35 @@ impl Mount {
 
     /// [`Mount::start`] with `env` added to the daemon's environment.
     fn start_with(extra: &str, env: &[(&str, &str)]) -> Mount {
-        let dir = tempfile::Builder::new()
-            .prefix("dcdisc")
-            .tempdir()
-            .expect("tempdir");
-        let src = dir.path().join("src");
-        let mnt = dir.path().join("mnt");
-        let cache = dir.path().join("cache");
-        for d in [&src, &mnt, &cache] {
-            std::fs::create_dir(d).unwrap();
+        let remote = Remote::new();
+        let client = remote.mount_with("", extra, env);
+        Mount {
+            mnt: client.mnt.clone(),
+            log: client.log.clone(),
+            client: Some(client),
+            remote,
+            extra: extra.to_string(),
         }
-        common::chmod(dir.path(), 0o755);
-        common::chmod(&src, 0o755);
-        common::chmod(&cache, 0o700);
-        let fake = dir.path().join("fake-ssh");
-        std::fs::write(
-            &fake,
-            format!(
-                "#!/bin/sh\nif [ -e {down} ]; then echo 'fake ssh: host unreachable' >&2; \
-                 exit 255; fi\nfor last; do :; done\necho $$ > {pid}\nexec sh -c \"exec $last\"\n",
-                down = dir.path().join("down").display(),
-                pid = dir.path().join("server-pid").display(),
-            ),
-        )
-        .unwrap();
-        common::chmod(&fake, 0o755);
-        let log = dir.path().join("client.log");
-        let opts = format!(
-            "ssh_command={},serve_command={BIN},cache_dir={}",
-            fake.display(),
-            cache.display()
-        );
-        let opts = if extra.is_empty() {
-            opts
-        } else {
-            format!("{opts},{extra}")
-        };
-        let mut m = Mount {
-            dir,
-            src,
-            mnt,
-            log,
-            cache,
-            opts,
-            daemon: None,
-        };
-        m.spawn_with(env, true);
-        m
     }
 
-    /// Start the daemon (again) and wait for the mount.
+    fn client(&self) -> &Client {
+        self.client.as_ref().expect("a running daemon")
+    }
+
+    /// Start the daemon again (after [`Mount::crash`]) and wait for the mount.
     fn spawn(&mut self) {
         self.spawn_with(&[], true);
     }
 
-    /// Start the daemon (again) with `env` added to its environment; with `wait`, wait for
+    /// Start the daemon again with `env` added to its environment; with `wait`, wait for
     /// the mount (a log left behind is replayed before it appears).
     fn spawn_with(&mut self, env: &[(&str, &str)], wait: bool) {
-        let daemon = Command::new(BIN)
-            .envs(env.iter().copied())
-            .arg("mount")
-            .arg("-f")
-            .arg(format!("localhost:{}", self.src.display()))
-            .arg(&self.mnt)
-            .arg("-o")
-            .arg(&self.opts)
-            .env("DIRCACHE_LOG", "dircache_remote::client=trace")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&self.log)
-                    .unwrap(),
-            )
-            .spawn()
-            .expect("dircache mount");
-        self.daemon = Some(daemon);
-        if !wait {
-            return;
-        }
-        let m = self;
-        let end = Instant::now() + Duration::from_secs(60);
-        while !dircache_fuse::is_mount_point(&m.mnt) {
-            if let Some(Ok(Some(st))) = m.daemon.as_mut().map(|d| d.try_wait()) {
-                panic!("dircache mount exited: {st}\n{}", m.log_text());
-            }
-            assert!(Instant::now() < end, "the remote mount did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.client = Some(self.remote.remount_with("", &self.extra, env, wait));
     }
 
     /// Kill the daemon (SIGKILL, by PID) and detach its dead mount.
     fn crash(&mut self) {
-        let mut d = self.daemon.take().expect("a daemon");
-        let _ = d.kill();
-        let _ = d.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        self.client.take().expect("a daemon").kill9();
         eventually("the dead mount detached", || {
             !dircache_fuse::is_mount_point(&self.mnt)
         });
@@ -142,83 +84,20 @@ impl Mount {
         self.mnt.join(rel)
     }
 
-    fn s(&self, rel: &str) -> PathBuf {
-        self.src.join(rel)
-    }
-
+    /// What the daemons logged so far (one log, appended to by each start).
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Remote calls so far (every call is one `remote call` line).
     fn calls(&self) -> usize {
-        self.log_text()
-            .lines()
-            .filter(|l| l.contains("remote call"))
-            .count()
-    }
-
-    fn server_pid(&self) -> i32 {
-        std::fs::read_to_string(self.dir.path().join("server-pid"))
-            .expect("server pid")
-            .trim()
-            .parse()
-            .expect("a pid")
+        self.client().calls("")
     }
 
     /// Cut the connection: new connections are refused, the server is killed, and the
     /// client has seen its connection end.
     fn cut(&self) {
-        std::fs::write(self.dir.path().join("down"), b"").unwrap();
-        let pid = self.server_pid();
-        let seen = self
-            .log_text()
-            .matches("the server closed the connection")
-            .count();
-        // SAFETY: kill(2) of the server process this test started (through the fake ssh).
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-        eventually("the client sees the connection end", || {
-            self.log_text()
-                .matches("the server closed the connection")
-                .count()
-                > seen
-        });
-    }
-
-    /// Let the client connect again.
-    fn restore(&self) {
-        std::fs::remove_file(self.dir.path().join("down")).unwrap();
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if dircache_fuse::unmount(&self.mnt).is_err() {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        if let Some(mut d) = self.daemon.take() {
-            let end = Instant::now() + Duration::from_secs(20);
-            loop {
-                match d.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > end => {
-                        let _ = d.kill();
-                        let _ = d.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }
-    }
-}
-
-/// Wait until `cond` holds, at most 20 s.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < end, "not within 20 s: {what}");
-        std::thread::sleep(Duration::from_millis(10));
+        self.remote.cut(self.client());
     }
 }
 

@@ -80,24 +80,44 @@ impl ChildMount {
     /// stderr going to `log`; wait up to `limit` for the mount. On failure the error carries
     /// the log, and nothing is left mounted or running.
     pub fn start(
-        mut cmd: Command,
+        cmd: Command,
         mnt: &Path,
         log: &Path,
         limit: Duration,
     ) -> Result<ChildMount, String> {
+        std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let mut m = Self::spawn(cmd, mnt, log)?;
+        m.wait_mounted(limit)?;
+        Ok(m)
+    }
+
+    /// Run `cmd` as [`ChildMount::start`] does, its output appended to `log`, without
+    /// waiting for the mount (a daemon that has work to do before it mounts, such as
+    /// replaying a log, may be killed in the middle of it).
+    pub fn spawn(mut cmd: Command, mnt: &Path, log: &Path) -> Result<ChildMount, String> {
         std::fs::create_dir_all(mnt).map_err(|e| format!("mkdir {}: {e}", mnt.display()))?;
         if is_mounted(mnt) {
             return Err(format!("{} is already a mount point", mnt.display()));
         }
-        let logf = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let logf2 = logf.try_clone().map_err(|e| e.to_string())?;
         cmd.stdin(Stdio::null()).stdout(logf).stderr(logf2);
         let child = cmd.spawn().map_err(|e| format!("starting {cmd:?}: {e}"))?;
-        let mut m = ChildMount {
+        Ok(ChildMount {
             mnt: mnt.to_path_buf(),
             child: Some(child),
             log: log.to_path_buf(),
-        };
+        })
+    }
+
+    /// Wait up to `limit` for the mount of a daemon [`ChildMount::spawn`] started. On
+    /// failure the error carries the log, and nothing is left mounted or running.
+    pub fn wait_mounted(&mut self, limit: Duration) -> Result<(), String> {
+        let mnt = self.mnt.clone();
         let t0 = Instant::now();
         let parent_dev = mnt
             .parent()
@@ -106,22 +126,24 @@ impl ChildMount {
         loop {
             // Mounted is not enough (sshfs mounts, then connects, and may exit): the file
             // system must have answered a stat of its root.
-            if is_mounted(mnt)
-                && std::fs::metadata(mnt)
+            if is_mounted(&mnt)
+                && std::fs::metadata(&mnt)
                     .map(|md| Some(md.dev()) != parent_dev)
                     .unwrap_or(false)
             {
-                return Ok(m);
+                return Ok(());
             }
-            if let Some(c) = m.child.as_mut() {
+            if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(st)) = c.try_wait() {
-                    m.child = None;
-                    return Err(format!("exited ({st}) before mounting: {}", m.log_text()));
+                    self.child = None;
+                    let l = self.log_text();
+                    self.stop();
+                    return Err(format!("exited ({st}) before mounting: {l}"));
                 }
             }
             if t0.elapsed() > limit {
-                let l = m.log_text();
-                drop(m);
+                let l = self.log_text();
+                self.stop();
                 return Err(format!(
                     "did not mount {} within {limit:?}: {l}",
                     mnt.display()

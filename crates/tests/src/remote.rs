@@ -309,6 +309,40 @@ impl Remote {
 
     /// [`Remote::mount`] with `env` added to the daemon's environment.
     pub fn mount_with(&self, name: &str, extra: &str, env: &[(&str, &str)]) -> Client {
+        let (cmd, mnt, log) = self.mount_command(name, extra, env);
+        let daemon = ChildMount::start(cmd, &mnt, &log, MOUNT_WAIT)
+            .unwrap_or_else(|e| panic!("dircache mount {}: {e}", mnt.display()));
+        Client { mnt, log, daemon }
+    }
+
+    /// Start the daemon of mount `name` again (after [`Client::kill9`]), its output appended
+    /// to the same log; with `wait`, return once the mount answers, else at once (a daemon
+    /// replays a log left behind before it mounts, and may be killed in the middle of it).
+    pub fn remount_with(
+        &self,
+        name: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+        wait: bool,
+    ) -> Client {
+        let (cmd, mnt, log) = self.mount_command(name, extra, env);
+        let mut daemon = ChildMount::spawn(cmd, &mnt, &log)
+            .unwrap_or_else(|e| panic!("dircache mount {}: {e}", mnt.display()));
+        if wait {
+            daemon
+                .wait_mounted(MOUNT_WAIT)
+                .unwrap_or_else(|e| panic!("dircache mount {}: {e}", mnt.display()));
+        }
+        Client { mnt, log, daemon }
+    }
+
+    /// The `dircache mount -f` command of mount `name`, its mount point and its log.
+    fn mount_command(
+        &self,
+        name: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> (Command, PathBuf, PathBuf) {
         let mnt = self.dir.path().join(format!("mnt{name}"));
         let log = self.dir.path().join(format!("client{name}.log"));
         let mut opts = format!(
@@ -331,9 +365,7 @@ impl Remote {
             .env("DIRCACHE_LOG", CLIENT_LOG)
             .env("NO_COLOR", "1")
             .envs(env.iter().copied());
-        let daemon = ChildMount::start(cmd, &mnt, &log, MOUNT_WAIT)
-            .unwrap_or_else(|e| panic!("dircache mount {}: {e}", mnt.display()));
-        Client { mnt, log, daemon }
+        (cmd, mnt, log)
     }
 
     /// The PID of the latest server (by the stand-in ssh).

@@ -32,6 +32,7 @@
 //! Locks: one mutex per held inode (its names), never a global one; the memo is a lock-free
 //! map. A held inode's lock is taken after any dentry lock is released (it is a leaf).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -43,6 +44,10 @@ use crate::{Attr, Cred, Error, Result};
 
 /// How deep [`Cache::held_node`] follows held parents (a cycle of stale locations must end).
 const MAX_DEPTH: u32 = 4096;
+
+/// How many times [`Cache::held_node`] finds a held inode again when the dentry it found
+/// died before it could be handed back (a change applied meanwhile).
+const RACE_RETRIES: u32 = 8;
 
 /// A held inode: its names (hard links) and what the core must know to keep it coherent.
 /// Cheap to clone; the names are unpinned when the last clone is dropped.
@@ -374,11 +379,28 @@ impl Cache {
     /// held parent is gone; the dead dentry when the name is gone or names another inode.
     /// A provisional identity ([`Cache::provisional`]) is the object found at its name
     /// whatever its number, once the backend has replaced it.
+    ///
+    /// A dentry found again that dies before it is handed back (a change applied while its
+    /// attributes were asked: the `Overflow` of a reconnection kills every dentry, and the
+    /// backend may hold the question until the new connection is installed) is no answer
+    /// about the name: it is found again, from the live tree. Handing it back made the
+    /// holder's next call on it fail with ENOENT although the file was there (a `stat`
+    /// straddling a reintegration).
     pub fn held_node(&self, held: &Held) -> Result<NodeRef> {
-        self.held_node_depth(held, 0)
+        let mut tries = 0;
+        loop {
+            let raced = Cell::new(false);
+            let n = self.held_node_depth(held, 0, &raced)?;
+            if !raced.get() || !n.is_dead() || tries >= RACE_RETRIES {
+                return Ok(n);
+            }
+            tries += 1;
+        }
     }
 
-    fn held_node_depth(&self, held: &Held, depth: u32) -> Result<NodeRef> {
+    /// One resolution of [`Cache::held_node`]; `raced` is set when a dentry it looked in or
+    /// found died meanwhile (the dead `n` is returned: the caller resolves again).
+    fn held_node_depth(&self, held: &Held, depth: u32, raced: &Cell<bool>) -> Result<NodeRef> {
         let n = held.node();
         // A dentry still carrying a provisional number its backend has since replaced (an
         // object made while disconnected, reintegrated: `Backend::provisional`) is found
@@ -403,24 +425,33 @@ impl Cache {
             return Ok(n);
         }
         let parent = Held(parent.upgrade().ok_or(Error::Stale)?);
-        let p = self.held_node_depth(&parent, depth + 1)?;
+        let p = self.held_node_depth(&parent, depth + 1, raced)?;
         let c = self.kernel_checked(Cred::root());
         match self.lookup_child(&c, &p, &name) {
             Ok(fresh) if matches!(fresh.kind(), NodeKind::Positive(_)) => {
-                match self.getattr(&fresh) {
+                let same = match self.getattr(&fresh) {
                     // The same number with another type is a new file that reused it.
-                    Ok(a) if (a.dev, a.ino) == held.key() && fresh.kind() == n.kind() => {
-                        held.add_name(&fresh, true);
-                        Ok(fresh)
-                    }
+                    Ok(a) if (a.dev, a.ino) == held.key() => fresh.kind() == n.kind(),
                     // A provisional identity (made up by the backend, e.g. while
                     // disconnected) is the object now at its name, with its real number.
-                    Ok(_) if self.provisional(held.key()) && fresh.kind() == n.kind() => {
-                        held.add_name(&fresh, true);
-                        Ok(fresh)
-                    }
-                    _ => Ok(n),
+                    Ok(_) => self.provisional(held.key()) && fresh.kind() == n.kind(),
+                    Err(_) => false,
+                };
+                if fresh.is_dead() {
+                    // Killed while its attributes were asked: no answer (see `held_node`).
+                    raced.set(true);
+                    return Ok(n);
                 }
+                if same {
+                    held.add_name(&fresh, true);
+                    return Ok(fresh);
+                }
+                Ok(n)
+            }
+            // The directory died before the name was looked up in it.
+            Err(Error::NotFound | Error::Stale) if p.is_dead() => {
+                raced.set(true);
+                Ok(n)
             }
             _ => Ok(n),
         }

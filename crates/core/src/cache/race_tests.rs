@@ -30,7 +30,7 @@
 //!   lands between the backend's getattr answer and the cache storing it: the older answer
 //!   must not overwrite the newer attributes.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::ThreadId;
 
@@ -81,6 +81,8 @@ struct Racing {
     /// How often the armed call was made by the armed thread (raced or not).
     calls: AtomicU32,
     cache: OnceLock<Weak<Cache>>,
+    /// An inode number the backend calls provisional (0: none; `Backend::provisional`).
+    provisional: AtomicU64,
 }
 
 impl Racing {
@@ -174,6 +176,9 @@ impl Backend for Racing {
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
         self.inner.setattr(cred, path, set)
     }
+    fn provisional(&self, _dev: u64, ino: u64) -> bool {
+        ino != 0 && ino == self.provisional.load(Ordering::SeqCst)
+    }
 }
 
 /// `a` and `b` with distinguishable contents, and an unrelated directory `u`.
@@ -198,6 +203,7 @@ fn setup_with(spec: &[&str]) -> (Arc<Racing>, Arc<Cache>) {
         fired: AtomicU32::new(0),
         calls: AtomicU32::new(0),
         cache: OnceLock::new(),
+        provisional: AtomicU64::new(0),
     });
     let cache = Cache::new(be.clone(), Config::default()).expect("cache");
     assert!(be.cache.set(Arc::downgrade(&cache)).is_ok());
@@ -718,4 +724,46 @@ fn outside_create_reported_during_lookup_gives_a_live_positive() {
             "{reported}: the lookup returned a dead dentry"
         );
     }
+}
+
+/// A held inode found again by its name (`Cache::held_node`: here a provisional identity,
+/// as after a reintegration) whose dentry dies while its attributes are asked: the
+/// reconnection's `Overflow` kills every dentry, and the remote backend holds the question
+/// until the new connection is installed. The held inode must come back live, not as the
+/// dentry that died (its next call then answered ENOENT for a file that exists:
+/// `remote_offline::inodes_made_while_cut_off_stay_usable_after_the_reintegration`).
+#[test]
+fn held_node_found_again_while_an_overflow_kills_it_is_live() {
+    let (be, cache) = setup_with(&["d/f"]);
+    let root = cache.credentials(Cred::root());
+    let d = cache
+        .lookup(&root, At::Root, b"d", LookupFlags::FOLLOW)
+        .expect("d");
+    let f = cache.lookup_child(&root, &d, b"f").expect("d/f");
+    let (ad, af) = (cache.getattr(&d).expect("d"), cache.getattr(&f).expect("f"));
+    let held_root = cache.hold_root();
+    let held_d = cache.hold(&d, &ad, Some(&held_root));
+    let held_f = cache.hold(&f, &af, Some(&held_d));
+    // f's number is provisional: found again by its name, whose attributes the core
+    // forgot (the backend is asked).
+    be.provisional.store(af.ino, Ordering::SeqCst);
+    cache.forget_attr(&f);
+    let overflow: Race = Box::new(|c: &Arc<Cache>| {
+        c.apply_change(&Change::Overflow);
+    });
+    arm(&be, Op::Getattr, When::After, ONCE, overflow);
+    let n = cache.held_node(&held_f);
+    disarm(&be);
+    assert_eq!(
+        be.fired.load(Ordering::SeqCst),
+        1,
+        "the overflow never raced"
+    );
+    let n = n.expect("held_node");
+    assert!(!n.is_dead(), "held_node handed back a dentry that died");
+    assert_eq!(
+        cache.getattr(&n).map(|a| a.ino),
+        Ok(truth(&be, b"d/f").ino),
+        "attributes of the held file"
+    );
 }

@@ -15,7 +15,9 @@
 //!   granted the same credentials; other opens are not answered;
 //! - anything else needs the server: the call waits for the reconnection at most
 //!   [`Disconnected::grace`] and then fails with ETIMEDOUT (Coda's answer to a miss while
-//!   disconnected), never the whole `reconnect_timeout`;
+//!   disconnected), never the whole `reconnect_timeout`; once a new connection is made and
+//!   the log is being replayed on it, it waits for the connection instead, while the replay
+//!   makes progress (the server is reachable: its answer, not ETIMEDOUT);
 //! - a reconnector thread starts ssh again with backoff (50 ms doubling to 2 s) for as long
 //!   as the mount lives. On success, before any call is sent on the new connection, the
 //!   promises are broken (Coda's revalidation on reconnect): every container becomes invalid
@@ -108,6 +110,10 @@ struct St {
     /// the front end applying the `Overflow`): nothing is answered from what was known while
     /// disconnected any more, and calls that need the server wait for the connection.
     installing: bool,
+    /// A new connection is made and the log is being replayed on it (before `installing`):
+    /// the server is reachable, so calls that need it wait for the connection while the
+    /// replay makes progress (what is cached is still answered from the cache).
+    replaying: bool,
     since: Option<Instant>,
 }
 
@@ -175,7 +181,33 @@ impl Disconnected {
         st.lost = true;
         st.unreachable = false;
         st.installing = false;
+        st.replaying = false;
         self.cv.notify_all();
+    }
+
+    /// A new connection is made: the log is replayed on it, then it is installed (see
+    /// `St::replaying`): from now on misses wait for it instead of failing at once.
+    pub(super) fn replaying(&self) {
+        let mut st = self.st.lock();
+        if st.offline {
+            st.replaying = true;
+            st.unreachable = false;
+        }
+        self.cv.notify_all();
+    }
+
+    /// The replay on a new connection ended before the connection was installed (it ended,
+    /// or the log could not be written): misses no longer wait for it.
+    pub(super) fn replay_abandoned(&self) {
+        self.st.lock().replaying = false;
+        self.cv.notify_all();
+    }
+
+    /// Whether the log is being replayed on a new connection (calls wait for it while the
+    /// replay makes progress); the records reintegrated so far.
+    pub(super) fn is_replaying(&self) -> Option<u64> {
+        let st = self.st.lock();
+        (st.offline && st.replaying).then(|| self.reintegrated.load(Ordering::Relaxed))
     }
 
     /// The log is reintegrated on a new connection that is being installed (see
@@ -207,7 +239,7 @@ impl Disconnected {
     /// reached now: a call that needs it fails at once).
     pub fn unreachable(&self) -> bool {
         let st = self.st.lock();
-        st.offline && st.unreachable && !st.installing
+        st.offline && st.unreachable && !st.installing && !st.replaying
     }
 
     /// Whether the client is disconnected now and serving what it cached (not while a new
@@ -298,6 +330,7 @@ impl Disconnected {
         st.offline = false;
         st.unreachable = false;
         st.installing = false;
+        st.replaying = false;
         self.cv.notify_all();
     }
 

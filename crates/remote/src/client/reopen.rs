@@ -116,10 +116,13 @@ impl Link {
     }
 
     /// Disconnected: wait for the reconnector at most `d.grace`, then ETIMEDOUT; at once
-    /// when the server is known unreachable (an attempt since the loss failed).
+    /// when the server is known unreachable (an attempt since the loss failed). While the
+    /// log is replayed on a new connection, wait for it as long as the replay makes progress
+    /// (a record reintegrated at least every `reconnect_timeout`).
     fn wait_for_reconnector(&self, d: &Arc<Disconnected>) -> Result<Arc<Conn>> {
-        let end = Instant::now() + d.grace.min(self.cfg.reconnect_timeout);
+        let mut end = Instant::now() + d.grace.min(self.cfg.reconnect_timeout);
         let mut counted = false;
+        let mut progress = None;
         loop {
             let c = self.conn.lock().clone();
             if !c.closed.load(Ordering::SeqCst) {
@@ -131,6 +134,13 @@ impl Link {
                 // the reconnection's Overflow (`install`, bounded).
                 d.wait(Duration::from_millis(20));
                 continue;
+            }
+            if let Some(done) = d.is_replaying().filter(|_| !d.stopped()) {
+                // The server is reachable: its answer comes once the log is replayed.
+                if progress != Some(done) {
+                    progress = Some(done);
+                    end = now + self.cfg.reconnect_timeout;
+                }
             }
             if now >= end || d.unreachable() {
                 return Err(Error::Os(libc::ETIMEDOUT));
@@ -169,12 +179,16 @@ impl Link {
     /// (containers invalid, the cache and the kernel told `Overflow` and seen to apply it),
     /// then calls may use it, then the open files are reopened on it.
     pub(super) fn install(&self, new: Arc<Conn>) {
+        if let Some(d) = self.disconnected() {
+            d.replaying();
+        }
         let _one = self.reconnecting.lock();
         // The modification log first, in order; held until the connection is published, so
         // that nothing is logged meanwhile (client/cml.rs).
         let mut log = self.cfg.disconnected.as_ref().map(|d| d.cml.lock());
         if let (Some(d), Some(g)) = (&self.cfg.disconnected, log.as_mut()) {
             if !d.reintegrate_all(g, &new) {
+                d.replay_abandoned();
                 return;
             }
             // From now on nothing is answered from what was known while disconnected (it
