@@ -481,12 +481,12 @@ impl Inodes {
                 }),
             }),
         );
-        if let Some(&prev) = by_key.get(&key) {
-            if at(prev).is_some() {
+        // The file the key stood for until now, if the kernel still holds it, is an older one.
+        if let Some(&prev) = by_key.insert(key, id) {
+            if prev != id && at(prev).is_some() {
                 self.older.lock().entry(key).or_default().push(prev);
             }
         }
-        by_key.insert(key, id);
         by_dentry.insert(node.id(), id);
         id
     }
