@@ -60,7 +60,23 @@ pub enum Change {
 pub struct XattrTarget<'a> {
     pub path: &'a [u8],
     pub expect: Option<(u64, u64)>,
+    /// The held file's [`Attr::birth`] (0: unknown), checked with `expect`: ext4 gives a
+    /// removed file's inode number to the next new file at once, so `(dev, ino)` alone takes
+    /// a file made since at that name for the one the caller holds.
+    pub birth: u32,
     pub open: Option<BorrowedFd<'a>>,
+}
+
+impl XattrTarget<'_> {
+    /// Whether attributes `a` (of the file the target resolved to) are of the file the
+    /// caller holds: its `(dev, ino)` and, when both are known, its birth time
+    /// ([`Attr::same_birth`]). True without an expectation.
+    pub fn is(&self, a: &Attr) -> bool {
+        match self.expect {
+            Some(k) => (a.dev, a.ino) == k && Attr::same_birth(self.birth, a.birth),
+            None => true,
+        }
+    }
 }
 
 /// What backends without extended attributes answer (EOPNOTSUPP, as a file system without

@@ -2175,6 +2175,7 @@ mod tests {
                 XattrTarget {
                     path: b"d",
                     expect: None,
+                    birth: 0,
                     open: None,
                 },
                 libc::O_RDONLY | libc::O_DIRECTORY,
@@ -2254,6 +2255,7 @@ mod tests {
         let at = |path: &'static [u8], expect| XattrTarget {
             path,
             expect,
+            birth: 0,
             open: None,
         };
         let f = m
@@ -2300,6 +2302,7 @@ mod tests {
         let target = XattrTarget {
             path: b"",
             expect: Some((MEMORY_DEV, ino)),
+            birth: 0,
             open: w.fd(),
         };
         let o = m.open_verified(&root(), target, libc::O_PATH).unwrap();

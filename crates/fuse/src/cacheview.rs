@@ -92,6 +92,7 @@ impl Checker<'_> {
                     let target = XattrTarget {
                         path: &at,
                         expect: None,
+                        birth: 0,
                         open: None,
                     };
                     match cache

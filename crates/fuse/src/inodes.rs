@@ -46,6 +46,9 @@
 //!   another file, a nodeid of its own. Not detected: both born within one tick of the
 //!   file system's coarse clock (4 ms here), or on a file system without birth times; the
 //!   kernel then keeps its inode, refreshed when the feed reports the change.
+//!   Several files of one key may be held at once (`by_key` has the newest, `older` the
+//!   others): a name found to be an older one (its birth) joins that one's nodeid, as
+//!   its hard link.
 //! - `lookups` counts the kernel's references (each LOOKUP-like reply adds one, FORGET
 //!   subtracts); the entry is dropped when it reaches zero.
 //! - Each nodeid holds its inode in the core ([`Cache::hold`]): the core pins its names, keeps
@@ -169,6 +172,11 @@ type Hasher = foldhash::quality::RandomState;
 pub struct Inodes {
     inodes: papaya::HashMap<u64, Arc<Inode>, Hasher>,
     by_key: papaya::HashMap<Key, u64, Hasher>,
+    /// The nodeids of older files of a key `by_key` gives to a newer one (the number reused
+    /// while the kernel still holds the old file: see the module invariants), so that a
+    /// name of an older one is still found to be it. Almost always empty; changed under
+    /// `structure`.
+    older: Mutex<std::collections::HashMap<Key, Vec<u64>>>,
     by_dentry: papaya::HashMap<u64, u64, Hasher>,
     /// Taken to change the structure (see the module doc); holds the next counted nodeid.
     structure: Mutex<u64>,
@@ -186,6 +194,7 @@ impl Inodes {
         let t = Inodes {
             inodes: papaya::HashMap::with_hasher(Hasher::default()),
             by_key: papaya::HashMap::with_hasher(Hasher::default()),
+            older: Mutex::new(std::collections::HashMap::new()),
             by_dentry: papaya::HashMap::with_hasher(Hasher::default()),
             structure: Mutex::new(COUNTED),
             root_key: key,
@@ -369,7 +378,14 @@ impl Inodes {
         }
         // The number `stat` shows when this key is known under another nodeid.
         let mut reused = None;
-        if let Some(&id) = by_key.get(&key) {
+        // The newest file of the key first, then older ones the kernel still holds (no
+        // allocation unless there are any).
+        let newest = by_key.get(&key).copied();
+        let older = match newest {
+            Some(_) => self.older.lock().get(&key).cloned().unwrap_or_default(),
+            None => Vec::new(),
+        };
+        for id in newest.into_iter().chain(older) {
             if let Some(i) = at(id) {
                 // Which names still stand for the inode: not dead in the core, and (unless
                 // it is `node` itself) still naming the inode in the backend. None when the
@@ -420,7 +436,7 @@ impl Inodes {
                 // A new file with the inode number of one the kernel still holds: a nodeid
                 // of its own, the number `stat` shows kept. The old entry keeps its names
                 // (the kernel's old inode is the removed file) until its FORGET.
-                reused = Some(i.st_ino);
+                reused.get_or_insert(i.st_ino);
             }
         }
         let derived = self.derived(key);
@@ -465,7 +481,12 @@ impl Inodes {
                 }),
             }),
         );
-        by_key.insert(key, id);
+        // The file the key stood for until now, if the kernel still holds it, is an older one.
+        if let Some(&prev) = by_key.insert(key, id) {
+            if prev != id && at(prev).is_some() {
+                self.older.lock().entry(key).or_default().push(prev);
+            }
+        }
         by_dentry.insert(node.id(), id);
         id
     }
@@ -555,6 +576,11 @@ impl Inodes {
             .unwrap_or(true)
     }
 
+    /// The [`Attr::birth`] `nodeid` was given out with (0: unknown or no such nodeid).
+    pub fn birth(&self, nodeid: u64) -> u32 {
+        self.with_entry(nodeid, |i| i.birth).unwrap_or(0)
+    }
+
     /// The nodeid a dentry is known to the kernel by.
     pub fn nodeid_of(&self, node: &NodeRef) -> Option<u64> {
         self.by_dentry.pin().get(&node.id()).copied()
@@ -606,9 +632,20 @@ impl Inodes {
         }
         let key = i.held.key();
         let by_key = self.by_key.pin();
+        let mut older = self.older.lock();
         if by_key.get(&key) == Some(&nodeid) {
-            by_key.remove(&key);
+            // An older file of the key the kernel still holds takes its place.
+            match older.get_mut(&key).and_then(Vec::pop) {
+                Some(o) => by_key.insert(key, o),
+                None => by_key.remove(&key),
+            };
+        } else if let Some(ids) = older.get_mut(&key) {
+            ids.retain(|&o| o != nodeid);
         }
+        if older.get(&key).is_some_and(Vec::is_empty) {
+            older.remove(&key);
+        }
+        drop(older);
         let by_dentry = self.by_dentry.pin();
         for a in i.held.names() {
             if by_dentry.get(&a.id()) == Some(&nodeid) {
@@ -734,7 +771,7 @@ mod tests {
     #[test]
     fn a_file_replaced_with_its_inode_number_is_a_new_file() {
         let b = Arc::new(MemoryBackend::new());
-        b.populate(&["d/f", "d/g"]);
+        b.populate(&["d/f", "d/g", "d/h"]);
         let cache = Cache::new(b, Config::default()).unwrap();
         let inodes = Inodes::new(&cache);
         let c = cache.kernel_checked(Cred::root());
@@ -764,6 +801,13 @@ mod tests {
             gid, nid,
             "a name of the old file was taken for a link of the new one"
         );
+        // It is the old file the kernel still holds: its hard link, not a third inode.
+        assert_eq!(gid, fid, "a name of the older file got a nodeid of its own");
+        // The newest forgotten, the older one is the key's again (a third name of it).
+        inodes.forget(&cache, nid, 1);
+        assert_eq!(inodes.peek_key(a.dev, a.ino), Some(fid));
+        let h = cache.lookup_child(&c, &d, b"h").unwrap();
+        assert_eq!(inodes.register(&cache, &h, &old, did), fid);
     }
 
     /// LOOKUPs and FORGETs of one inode racing on several threads: every reference is

@@ -243,6 +243,7 @@ pub(crate) fn fill_acls(
         let t = XattrTarget {
             path: &path,
             expect: None,
+            birth: 0,
             open: None,
         };
         let names: &[&[u8]] = if kind == FileType::Directory {

@@ -549,8 +549,12 @@ fn run(s: &Arc<Shared>) {
 /// the kernel's dentries and cached listing are filled all the same, but no reference to the
 /// mount the user sees, whose plain `umount` would fail with EBUSY while a directory of it is
 /// open (one in 2 right after the lookups, `tests/lookahead.rs`). After such an umount the
-/// file system ends when the last clone is closed. Cloning needs CAP_SYS_ADMIN; without it
-/// the directory is opened on the mount itself (and that EBUSY window stays).
+/// file system ends when the last clone is closed. Cloning needs CAP_SYS_ADMIN (`may_mount`,
+/// checked before the path is looked up): a daemon without it (one whose mount was made for
+/// it, or a seccomp filter refusing `open_tree`) reads nothing through the mount, as on a
+/// kernel without `open_tree`: a directory opened on the mount itself made a plain umount
+/// fail with EBUSY while it was open. The kernel then looks the names up one by one (each
+/// answered from the core's listing).
 ///
 /// The kernel marks the atime of a directory it read from the file system stale
 /// (`fuse_readdir` → `fuse_invalidate_atime`), which made the program's next `stat` of it a
@@ -570,43 +574,23 @@ fn kernel_read(s: &Shared, dir: &NodeRef, root: &mut Option<rustix::fd::OwnedFd>
     let Ok(rel) = s.cache.node_path(dir) else {
         return false;
     };
-    // Without CAP_SYS_ADMIN: the mount itself, for this read only.
-    let mut direct = None;
     if root.is_none() {
-        let fd = match open_tree(
+        let Ok(fd) = open_tree(
             CWD,
             mnt.as_path(),
             OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-        ) {
-            Ok(fd) => Some((fd, true)),
-            Err(rustix::io::Errno::PERM) => openat2(
-                CWD,
-                mnt.as_path(),
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::empty(),
-            )
-            .ok()
-            .map(|fd| (fd, false)),
-            Err(_) => None,
+        ) else {
+            return false;
         };
         // Checked once per descriptor (each statfs is a request): unmounted meanwhile, MNT
         // is the directory below it now.
-        match fd {
-            Some((fd, clone))
-                if rustix::fs::fstatfs(&fd)
-                    .is_ok_and(|f| u64::try_from(f.f_type) == Ok(FUSE_SUPER_MAGIC)) =>
-            {
-                if clone {
-                    *root = Some(fd);
-                } else {
-                    direct = Some(fd);
-                }
-            }
-            _ => return false,
+        if !rustix::fs::fstatfs(&fd).is_ok_and(|f| u64::try_from(f.f_type) == Ok(FUSE_SUPER_MAGIC))
+        {
+            return false;
         }
+        *root = Some(fd);
     }
-    let Some(root_fd) = root.as_ref().or(direct.as_ref()) else {
+    let Some(root_fd) = root.as_ref() else {
         return false;
     };
     let rel = if rel.is_empty() {
@@ -623,7 +607,6 @@ fn kernel_read(s: &Shared, dir: &NodeRef, root: &mut Option<rustix::fd::OwnedFd>
     ) else {
         return false;
     };
-    drop(direct);
     tracing::trace!(dir = %rel.display(), "lookahead: kernel read");
     let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 32 * 1024];
     let mut it = rustix::fs::RawDir::new(&fd, &mut buf);

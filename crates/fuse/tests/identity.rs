@@ -714,3 +714,152 @@ fn open_through_a_remaining_hard_link_before_the_feed() {
         "rewritten\n"
     );
 }
+
+/// What user `uid` (its own group, no others) gets opening `name` in `dir` and reading it
+/// (no stat: the kernel asks nothing of the daemon before the READ): `open ERROR`,
+/// `read ERROR`, or `read BYTES`.
+fn read_as(uid: u32, dir: &Path, name: &str) -> String {
+    const READ: &str = r#"
+import os, sys
+try:
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+except OSError as e:
+    print("open", e.strerror)
+    sys.exit(0)
+try:
+    print("read", os.read(fd, 4096))
+except OSError as e:
+    print("read", e.strerror)
+"#;
+    let o = std::process::Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .args([PY, "-c", READ, name])
+        .current_dir(dir)
+        .env("LC_ALL", "C")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("setpriv");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim_end().to_string()
+}
+
+/// Whether this process (the daemon serves the test mounts in it) has a descriptor of `p`.
+fn holds_descriptor_of(p: &Path) -> bool {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.flatten()
+                .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == p))
+        })
+        .unwrap_or(false)
+}
+
+/// A world-readable file read by a user through the mount, then replaced in SRC by root's
+/// 0600 secret that ext4 gives the same inode number (a new birth time), before any change
+/// feed reports it (the mount has none: the window made endless, so the kernel keeps the old
+/// file's dentry, attributes and ACL). When the kernel comes back to the daemon for the old
+/// inode (`open=rpc`: the OPEN; `open=noopen`: a READ after the page cache was dropped,
+/// which the daemon answers with a descriptor it opens as root) the daemon must not take the
+/// new file for the old one: the user never reads the secret, and from then on the mount
+/// shows the new file as SRC does (the user refused as natively, root reading it, its
+/// attributes).
+#[test]
+fn file_replaced_with_its_inode_number_is_served_as_the_new_file() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    if !can_mount() {
+        return;
+    }
+    const OLD: &str = "an old file, readable by everyone\n";
+    const SECRET: &str = "root's secret\n";
+    let user = 1001;
+    // `open=rpc` once with root's open first: no earlier request of the user's (their ACL
+    // read) has made the daemon forget the name, the OPEN's own check must find the new file.
+    for (label, no_open, root_first) in [
+        ("rpc", false, false),
+        ("noopen", true, false),
+        ("rpc, root first", false, true),
+    ] {
+        let t = TestMount::with_policy_without_feed(dircache_fuse::CachePolicy {
+            no_open,
+            ..Default::default()
+        });
+        // A fresh name per try, until the new file gets the old one's number (another file
+        // created on this file system meanwhile may take it).
+        let mut tries = 0;
+        let name = loop {
+            tries += 1;
+            assert!(tries <= 50, "{label}: ext4 never gave a number back");
+            let name = format!("f{tries}");
+            let (s, m) = (t.s(&name), t.m(&name));
+            std::fs::write(&s, OLD).unwrap();
+            chmod(&s, 0o644);
+            assert_eq!(
+                read_as(user, &t.mnt, &name),
+                "read b'an old file, readable by everyone\\n'",
+                "{label}"
+            );
+            let old = std::fs::metadata(&s).unwrap();
+            // The daemon closed its descriptor (RELEASE comes after close): ext4 frees the
+            // number only with the inode.
+            assert!(
+                wait_for(Duration::from_secs(20), || !holds_descriptor_of(&s)).is_some(),
+                "{label}: the daemon keeps {name} open"
+            );
+            // A tick of ext4's coarse clock (4 ms) or more: another birth time.
+            std::thread::sleep(Duration::from_millis(20));
+            std::fs::remove_file(&s).unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&s)
+                .and_then(|mut w| std::io::Write::write_all(&mut w, SECRET.as_bytes()))
+                .unwrap();
+            if std::fs::metadata(&s).unwrap().ino() != old.ino() {
+                continue;
+            }
+            if no_open {
+                // The kernel opens by itself (no request); drop its pages of the old file so
+                // that the user's next read reaches the daemon.
+                let f = std::fs::File::open(&m).unwrap();
+                // SAFETY: fadvise on a descriptor this test owns.
+                let rc =
+                    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+                assert_eq!(rc, 0);
+            }
+            break name;
+        };
+        // Root reads the new file, whole, and sees its attributes as SRC shows them.
+        let root_reads = || {
+            assert_eq!(
+                std::fs::read_to_string(t.m(&name)).map_err(|e| e.to_string()),
+                Ok(SECRET.to_string()),
+                "{label}: root's read"
+            );
+            let fmt = format!("stat -c '%i %a %u %g %s %h' {name}");
+            assert_eq!(sh_ok(&t.mnt, &fmt), sh_ok(&t.src, &fmt), "{label}: stat");
+        };
+        if root_first {
+            root_reads();
+        }
+        // Natively the user is refused.
+        let refused = read_as(user, &t.src, &name);
+        assert_eq!(refused, "open Permission denied", "native");
+        // Through the mount: never the secret. The first try may fail with ESTALE (the
+        // kernel opened the old file by itself: `open=noopen`), the next is refused as
+        // natively (the kernel looked the name up again and found the new file).
+        let first = read_as(user, &t.mnt, &name);
+        assert!(
+            first.starts_with("open ") || first == "read Stale file handle",
+            "{label}: user {user} read the new 0600 file of root through the old one's inode: {first}"
+        );
+        assert_eq!(
+            read_as(user, &t.mnt, &name),
+            refused,
+            "{label}: the second try"
+        );
+        root_reads();
+    }
+}

@@ -683,3 +683,124 @@ fn siblings_after_a_directory_listed_on_lookups_are_read_ahead() {
         "outside changes not seen"
     );
 }
+
+/// Make open_tree(2) fail with EPERM on every thread of this process, for good (a seccomp
+/// filter synchronised to all threads), as for a daemon that may not clone mounts (no
+/// CAP_SYS_ADMIN, or a container's seccomp profile).
+#[cfg(target_arch = "x86_64")]
+fn refuse_open_tree_in_this_process() {
+    use libc::{sock_filter, sock_fprog, BPF_ABS, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_RET, BPF_W};
+    let op = |code: u32, jt, jf, k| sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let arch_x86_64 = 0xc000_003e; // AUDIT_ARCH_X86_64
+    let filter = [
+        // seccomp_data.arch (offset 4): anything else is let through.
+        op(BPF_LD | BPF_W | BPF_ABS, 0, 0, 4),
+        op(BPF_JMP | BPF_JEQ | BPF_K, 0, 3, arch_x86_64),
+        // seccomp_data.nr (offset 0).
+        op(BPF_LD | BPF_W | BPF_ABS, 0, 0, 0),
+        op(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, libc::SYS_open_tree as u32),
+        op(
+            BPF_RET | BPF_K,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        op(BPF_RET | BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ];
+    let prog = sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut sock_filter,
+    };
+    // SAFETY: seccomp(2) with a filter program that outlives the call (the kernel copies it).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_TSYNC,
+            &prog as *const sock_fprog,
+        )
+    };
+    assert_eq!(rc, 0, "seccomp: {}", std::io::Error::last_os_error());
+}
+
+/// Set in the child process of `a_plain_umount_after_lookups_without_open_tree_is_not_busy`.
+const NO_OPEN_TREE: &str = "DIRCACHE_TEST_NO_OPEN_TREE";
+
+/// `a_plain_umount_during_reads_through_the_mount_is_not_busy` for a daemon that may not
+/// clone the mount (open_tree(2) refused with EPERM, in a child process of this test: a
+/// seccomp filter cannot be taken back): the lookups are answered as natively and a plain
+/// umount right after them never fails with EBUSY (the daemon opened the directories on
+/// the mount itself to read them through it before).
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn a_plain_umount_after_lookups_without_open_tree_is_not_busy() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    if std::env::var_os(NO_OPEN_TREE).is_none() {
+        let o = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "a_plain_umount_after_lookups_without_open_tree_is_not_busy",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(NO_OPEN_TREE, "1")
+            .output()
+            .expect("child test");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "child: {out}\n{err}");
+        assert!(
+            out.contains("1 passed"),
+            "the child ran nothing: {out}\n{err}"
+        );
+        return;
+    }
+    let mut busy = 0;
+    let rounds = 8;
+    // Mounted first: mounting clones a tree too (`rootmount.rs`).
+    let mounts: Vec<_> = (0..rounds)
+        .map(|_| {
+            TestMount::filled(on(), |s| {
+                for d in 0..4 {
+                    files(&s.join(format!("k{d}")), 900);
+                }
+            })
+        })
+        .collect();
+    refuse_open_tree_in_this_process();
+    for t in mounts {
+        for d in 0..4 {
+            std::fs::symlink_metadata(t.m(&format!("k{d}"))).expect("stat k");
+        }
+        let seen: Vec<_> = (0..4)
+            .flat_map(|d| ["f0", "f1"].map(|f| format!("k{d}/{f}")))
+            .map(|p| (lstat(&t.m(&p)), p))
+            .collect();
+        let path = std::ffi::CString::new(t.mnt.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: umount2(2) of a NUL-terminated path.
+        if unsafe { libc::umount2(path.as_ptr(), 0) } != 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.raw_os_error(), Some(libc::EBUSY), "umount: {e}");
+            busy += 1;
+        } else {
+            assert!(
+                wait_for(LIMIT, || !dircache_fuse::is_mount_point(&t.mnt)).is_some(),
+                "still mounted after umount"
+            );
+        }
+        for (got, p) in seen {
+            assert_eq!(got, lstat(&t.s(&p)), "{p}");
+        }
+    }
+    assert_eq!(
+        busy, 0,
+        "umount failed with EBUSY in {busy} of {rounds} rounds"
+    );
+}

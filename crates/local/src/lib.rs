@@ -1027,11 +1027,11 @@ impl Backend for LocalBackend {
                 .map_err(errno)?
             }
         };
-        if let Some(key) = target.expect {
-            let st = rustix::fs::fstat(&pfd).map_err(errno)?;
-            if (st.st_dev, st.st_ino) != key {
-                return Err(Error::Stale);
-            }
+        // The same `(dev, ino)` and birth time: a file made at the name since, with the
+        // removed one's inode number, is another file (the kernel checked the caller's open
+        // against the old one's attributes).
+        if target.expect.is_some() && !target.is(&statx_fd(pfd.as_fd())?) {
+            return Err(Error::Stale);
         }
         if flags & libc::O_PATH != 0 {
             return Ok(self.file(pfd));

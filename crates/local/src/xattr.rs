@@ -98,15 +98,12 @@ impl LocalBackend {
             let d = self.dir(dir)?;
             rustix::fs::openat2(d.as_fd(), name, flags, Mode::empty(), RESOLVE).map_err(errno)?
         };
-        if let Some(key) = t.expect {
-            let a = statx_fd(fd.as_fd())?;
-            if (a.dev, a.ino) != key {
-                tracing::debug!(
-                    "xattr: {:?} is no longer the caller's inode",
-                    String::from_utf8_lossy(t.path)
-                );
-                return Err(Error::Stale);
-            }
+        if t.expect.is_some() && !t.is(&statx_fd(fd.as_fd())?) {
+            tracing::debug!(
+                "xattr: {:?} is no longer the caller's inode",
+                String::from_utf8_lossy(t.path)
+            );
+            return Err(Error::Stale);
         }
         // A decimal number never contains NUL.
         let proc = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
@@ -308,6 +305,7 @@ mod tests {
         let t = XattrTarget {
             path: b"a",
             expect: Some((a.dev, a.ino)),
+            birth: 0,
             open: None,
         };
         b.setxattr(&me, t, b"user.k", b"first", 0).unwrap();
@@ -327,6 +325,7 @@ mod tests {
         let fresh = XattrTarget {
             path: b"a",
             expect: None,
+            birth: 0,
             open: None,
         };
         assert_eq!(
@@ -388,6 +387,7 @@ mod tests {
                 let by_path = XattrTarget {
                     path,
                     expect: None,
+                    birth: 0,
                     open: None,
                 };
                 let fast = b.getxattr(&me, by_path, name);
@@ -398,6 +398,7 @@ mod tests {
                         XattrTarget {
                             path,
                             expect: Some((a.dev, a.ino)),
+                            birth: 0,
                             open: None,
                         },
                         name,
@@ -427,6 +428,7 @@ mod tests {
         let t = XattrTarget {
             path: b"f",
             expect: None,
+            birth: 0,
             open: None,
         };
         b.setxattr(&Cred::root(), t, b"trusted.t", b"1", 0).unwrap();

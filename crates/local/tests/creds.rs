@@ -593,6 +593,7 @@ fn mutations_as_a_user_hold_no_capabilities() {
     let target = dircache_core::XattrTarget {
         path: b"prog",
         expect: None,
+        birth: 0,
         open: None,
     };
     let got = b.setxattr(

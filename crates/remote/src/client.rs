@@ -875,6 +875,7 @@ fn target(t: &XattrTarget<'_>) -> Target {
     Target {
         path: t.path.to_vec(),
         expect: t.expect,
+        birth: t.birth,
     }
 }
 

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::frame::FrameError;
 
 /// The protocol version this build speaks. Both sides must speak the same one (2: attributes
-/// carry [`Attr::birth`]).
-pub const VERSION: u32 = 2;
+/// carry [`Attr::birth`]; 3: so does a [`Target`]).
+pub const VERSION: u32 = 3;
 /// Magic bytes opening every [`Hello`]: tells a dircache peer from anything else on the stream
 /// (a shell's greeting printed by a login script, say).
 pub const MAGIC: [u8; 8] = *b"dircache";
@@ -136,6 +136,8 @@ pub struct Target {
     #[serde(with = "serde_bytes")]
     pub path: Vec<u8>,
     pub expect: Option<(u64, u64)>,
+    /// That inode's [`Attr::birth`] (0: unknown): a file that reused the number is another.
+    pub birth: u32,
 }
 
 /// Bytes that serialize as one byte string (not a sequence of numbers).

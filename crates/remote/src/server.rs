@@ -283,6 +283,7 @@ fn target(t: &Target) -> XattrTarget<'_> {
     XattrTarget {
         path: &t.path,
         expect: t.expect,
+        birth: t.birth,
         open: None,
     }
 }

@@ -148,6 +148,7 @@ fn acl_questions_about_a_directory_bigger_than_a_frame_need_no_round_trip() {
         let t = dircache_core::XattrTarget {
             path: &p,
             expect: None,
+            birth: 0,
             open: None,
         };
         assert_eq!(

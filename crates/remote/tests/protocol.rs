@@ -154,6 +154,7 @@ fn operations_match_the_local_backend() {
     let t = dircache_core::XattrTarget {
         path: b"a/b/c/f",
         expect: None,
+        birth: 0,
         open: None,
     };
     match r.setxattr(&c, t, b"user.k", b"v", 0) {
@@ -646,6 +647,7 @@ fn acl_questions_about_bare_files_need_no_round_trip_until_they_change() {
             dircache_core::XattrTarget {
                 path: p,
                 expect: None,
+                birth: 0,
                 open: None,
             },
             b"system.posix_acl_access",

@@ -230,7 +230,9 @@ impl CacheFs {
             return Ok(None);
         }
         let a = file.attr().map_err(errno)?;
-        if (a.dev, a.ino) != key {
+        // The birth time too: a file made at the name since with the removed one's inode
+        // number (ext4 reuses it at once) is another file.
+        if (a.dev, a.ino) != key || !self.inodes.same_birth(nodeid, a.birth) {
             tracing::debug!("open of nodeid {nodeid}: the path names another inode now");
             return Err(Errno::ESTALE);
         }

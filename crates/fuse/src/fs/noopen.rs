@@ -15,7 +15,7 @@
 //!   reaches the daemon only for a file the kernel opened with that access.
 //! - **I/O**: each request opens the inode the kernel named for just that request
 //!   (`Backend::open_verified`: the path resolved `O_PATH` beneath SRC, checked to be that
-//!   `(dev, ino)` *before* it is opened, then reopened through `/proc/self/fd` as root,
+//!   `(dev, ino)` and birth time *before* it is opened, then reopened through `/proc/self/fd` as root,
 //!   standing for the kernel's already-authorised open file: read-only for reads,
 //!   write-only for writes; a backend without it: opened as root by path, then checked),
 //!   and closes it when the request is done (no descriptor is held between requests, so nothing is kept busy: native

@@ -11,6 +11,9 @@ pub(super) struct XattrCall {
     pub(super) backend: Arc<dyn Backend>,
     pub(super) path: Vec<u8>,
     pub(super) expect: Option<(u64, u64)>,
+    /// The birth time digest the nodeid was given out with (0: unknown): a file that reused
+    /// the number since is another file.
+    pub(super) birth: u32,
     /// An open descriptor of the inode, for a file whose names are all gone.
     pub(super) open: Option<Arc<SharedFd>>,
 }
@@ -20,6 +23,7 @@ impl XattrCall {
         XattrTarget {
             path: &self.path,
             expect: self.expect,
+            birth: self.birth,
             open: self.open.as_ref().and_then(|f| f.fd()),
         }
     }
@@ -33,6 +37,7 @@ impl CacheFs {
     pub(super) fn xattr_target(&self, ino: INodeNo) -> Result<XattrCall, Errno> {
         let node = self.node(ino)?;
         let expect = self.inodes.key(ino.0);
+        let birth = self.inodes.birth(ino.0);
         if node.is_dead() {
             // A file unlinked while open: its open descriptor names it, as natively.
             let open = self.any_open(ino.0).map(|f| f.fd.clone());
@@ -43,6 +48,7 @@ impl CacheFs {
                     backend,
                     path: Vec::new(),
                     expect,
+                    birth,
                     open: Some(open),
                 });
             }
@@ -63,6 +69,7 @@ impl CacheFs {
             backend,
             path,
             expect,
+            birth,
             open: None,
         })
     }
