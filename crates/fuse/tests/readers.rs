@@ -21,10 +21,12 @@ fn cached_stat_while_lookup_blocks(
     GatedMount::new(policy).cached_stat_while_lookup_blocks(within, None)
 }
 
-/// No listing made on a second LOOKUP miss: `d/slow` must be a backend LOOKUP.
+/// No listing made on a second LOOKUP miss: `d/slow` must be a backend LOOKUP. Over
+/// `/dev/fuse` whatever `enable_uring` says (the ring is `io_uring.rs`'s).
 fn no_lookahead(p: dircache_fuse::CachePolicy) -> dircache_fuse::CachePolicy {
     dircache_fuse::CachePolicy {
         lookahead: false,
+        io_uring: false,
         ..p
     }
 }
@@ -91,6 +93,7 @@ fn posix_checks_match_native_with_one_reader_at_a_time() {
         let policy = dircache_fuse::CachePolicy {
             leader_follower: true,
             spin_us,
+            io_uring: false,
             ..Default::default()
         };
         let t = TestMount::with_policy(policy.clone());

@@ -478,7 +478,8 @@ impl<FS: Filesystem> Session<FS> {
                         }
                     }
                 } else {
-                    warn!(
+                    // dircache asks for it by default: not offered is the usual case.
+                    info!(
                         "io_uring: the kernel does not offer FUSE over io_uring \
                          (/sys/module/fuse/parameters/enable_uring is N, or not compiled in): \
                          serving over /dev/fuse"
