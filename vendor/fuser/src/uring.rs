@@ -119,6 +119,8 @@ pub(crate) struct Server {
     fd: RawFd,
     qid: u16,
     ent: RingEnt,
+    /// A command of the entry is with the kernel (its completion is still to come).
+    armed: AtomicBool,
 }
 
 // SAFETY: the entry's buffers are touched by one party at a time, as the protocol hands them
@@ -182,6 +184,7 @@ impl Server {
                 payload_len,
                 iov,
             },
+            armed: AtomicBool::new(false),
         })
     }
 
@@ -211,6 +214,7 @@ impl Server {
             }
         }
         self.ring.submitter().submit()?;
+        self.armed.store(true, Ordering::Release);
         Ok(())
     }
 }
@@ -563,6 +567,7 @@ fn serve<FS: Filesystem>(server: Arc<Server>, queue: Arc<Queue>, se: SessionEven
         else {
             continue;
         };
+        server.armed.store(false, Ordering::Release);
         if res < 0 {
             let e = io::Error::from_raw_os_error(-res);
             if served {
@@ -594,6 +599,11 @@ fn serve<FS: Filesystem>(server: Arc<Server>, queue: Arc<Queue>, se: SessionEven
                 req.dispatch(&se);
             }
             None => return,
+        }
+        if !server.armed.load(Ordering::Acquire) {
+            // The reply's commit never reached the kernel: no completion will come.
+            warn!("FUSE over io_uring: queue {qid}: a reply was not committed: server ends");
+            return;
         }
     }
 }
