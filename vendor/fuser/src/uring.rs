@@ -250,15 +250,20 @@ impl RingSender {
                 std::slice::from_raw_parts_mut(e.payload, e.payload_len),
             )
         };
+        // The first OUT_HEADER bytes go to the header, the rest to the payload: whole slices.
         let mut at = 0;
         for b in data {
-            for &byte in b.iter() {
-                if at < OUT_HEADER {
-                    header[at] = byte;
-                } else {
-                    payload[at - OUT_HEADER] = byte;
-                }
-                at += 1;
+            let mut b: &[u8] = b;
+            if at < OUT_HEADER {
+                let n = b.len().min(OUT_HEADER - at);
+                header[at..at + n].copy_from_slice(&b[..n]);
+                at += n;
+                b = &b[n..];
+            }
+            if !b.is_empty() {
+                let p = at - OUT_HEADER;
+                payload[p..p + b.len()].copy_from_slice(b);
+                at += b.len();
             }
         }
         let payload_sz = (total - OUT_HEADER) as u32;
