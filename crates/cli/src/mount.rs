@@ -36,7 +36,7 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   default_permissions        always on: the kernel checks permissions
   fsname=NAME, source=NAME   source shown in /proc/mounts [SRC]
   context=, fscontext=, defcontext=, rootcontext=  SELinux labels (kernel options)
-  threads=N                  FUSE request threads, 1..=1024 [4]
+  threads=N                  FUSE request threads (and at most N per io_uring queue), 1..=1024 [4]
   readers=all|leader         all: every request thread reads /dev/fuse; leader: one reads
                              and serves what does not block itself, handing reading on
                              before what may block (docs/opens.md) [all]
@@ -66,7 +66,7 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   acl / noacl                POSIX ACLs cached by the kernel [acl]
   security_xattrs / nosecurity_xattrs  pass security.* xattrs [nosecurity_xattrs]
   io_uring / noio_uring      FUSE over io_uring if the kernel offers it (enable_uring=Y),
-                             else /dev/fuse with a warning (docs/opens.md) [noio_uring]
+                             else /dev/fuse (docs/opens.md) [io_uring]
   max_entries=N              core cache size in dentries [1048576]
   pcc_slots=N                core: prefix-check cache slots per credential [65536]
   Core cache optimizations, each on by default (nofoo turns foo off; docs/core.md):
@@ -1172,7 +1172,8 @@ mod tests {
 
     #[test]
     fn io_uring_option() {
-        assert!(!p("").unwrap().policy.io_uring, "off by default");
+        assert!(p("").unwrap().policy.io_uring, "on by default");
+        assert!(!p("noio_uring").unwrap().policy.io_uring);
         assert!(p("io_uring").unwrap().policy.io_uring);
         assert!(
             !p("io_uring,noio_uring").unwrap().policy.io_uring,

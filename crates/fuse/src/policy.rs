@@ -111,9 +111,10 @@ pub struct CachePolicy {
     /// (it must be built with `dircache_core::Config::bypass_mode()`), so each request is one
     /// backend call; see [`CachePolicy::bypassing`] for what the kernel may keep.
     pub bypass: bool,
-    /// Serve requests over FUSE over io_uring (`-o io_uring`, vendored fuser's `src/uring.rs`)
-    /// when the kernel offers it (`/sys/module/fuse/parameters/enable_uring` = Y); otherwise a
-    /// warning and `/dev/fuse` (docs/opens.md).
+    /// Serve requests over FUSE over io_uring (vendored fuser's `src/uring.rs`) when the kernel
+    /// offers it (`/sys/module/fuse/parameters/enable_uring` = Y); otherwise (or with
+    /// `-o noio_uring`) over `/dev/fuse`. On by default: each CPU's queue has a spare server
+    /// that takes over while a request blocks in the backend (docs/opens.md).
     pub io_uring: bool,
     /// Leader/follower reading of `/dev/fuse` (`-o readers=leader`, vendored fuser's
     /// `src/lf.rs`): one request thread reads at a time and serves requests answered without
@@ -151,7 +152,7 @@ impl Default for CachePolicy {
             lookahead_levels: 0,
             max_open_per_user: 0,
             bypass: false,
-            io_uring: false,
+            io_uring: true,
             leader_follower: false,
             spin_us: 0,
         }

@@ -6,6 +6,9 @@
 //!   (`fuser::uring_requests_served`).
 //! * With it N, a mount asking for io_uring is served over `/dev/fuse` (no request from a ring
 //!   entry) and gives the same results.
+//! * A LOOKUP held in the backend does not hold up another request from the same CPU (both
+//!   callers pinned to it, so both requests go to that CPU's queue): the queue's spare thread
+//!   serves it. With one thread per queue (`threads=1`) it waits: the check can fail.
 //!
 //! `enable_uring` is one switch for the whole machine: the tests of this file take turns
 //! (`SERIAL`) and put back the value they found, also when they fail. Each mount's FUSE
@@ -19,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::gated::{self, GatedMount};
 use common::posix_checks::*;
 use common::*;
 use dircache_fuse::CachePolicy;
@@ -188,5 +192,89 @@ fn falls_back_to_dev_fuse_when_enable_uring_is_off() {
         fuser::uring_requests_served(),
         before,
         "requests came from ring entries although enable_uring was N"
+    );
+}
+
+/// A mount of the gated backend (`common/gated.rs`) over the ring, with `threads` request
+/// threads: a forced `stat` of a cached file, by a caller on the same CPU as a `stat` whose
+/// LOOKUP is held in the backend. Returns how long it took (None: not within `within`).
+fn stat_beside_a_blocked_lookup_on_one_cpu(threads: usize, within: Duration) -> Option<Duration> {
+    stat_beside_blocked_lookups_on_one_cpu(threads, 1, within)
+}
+
+/// The same with `held` LOOKUPs held at once.
+fn stat_beside_blocked_lookups_on_one_cpu(
+    threads: usize,
+    held: usize,
+    within: Duration,
+) -> Option<Duration> {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _on = EnableUring::set("Y");
+    let before = fuser::uring_requests_served();
+    let g = GatedMount::new(CachePolicy {
+        threads,
+        // No listing made on a second LOOKUP miss: `d/slow` must be a backend LOOKUP.
+        lookahead: false,
+        ..uring()
+    });
+    let _abort = AbortGuard::new(&g.t.mnt);
+    let cpu = gated::some_cpu();
+    let took = g.cached_stat_while_lookups_block(held, within, Some(cpu));
+    let served = fuser::uring_requests_served() - before;
+    // Two forced stats of d/a and the held LOOKUPs at least, all from ring entries.
+    assert!(
+        served >= 2 + held as u64,
+        "only {served} requests came from ring entries: not served over the ring"
+    );
+    took
+}
+
+/// The kernel puts a request on the ring queue of the CPU its caller runs on; each queue has a
+/// spare thread with its own entry, which serves the next request while the first waits in the
+/// backend. Before the spare, one thread per queue served it inline and the stat waited for the
+/// gate (20 s).
+#[test]
+fn blocked_backend_call_does_not_hold_up_its_cpus_queue() {
+    if !can_mount() {
+        return;
+    }
+    let took = stat_beside_a_blocked_lookup_on_one_cpu(4, Duration::from_secs(20));
+    assert!(
+        took.is_some(),
+        "a stat waited for a LOOKUP blocked in the backend on the same CPU's ring queue"
+    );
+}
+
+/// The check above can fail: with one thread per queue (`threads=1`) the stat waits for the
+/// blocked LOOKUP (not answered within 2 s while the gate is closed).
+#[test]
+fn one_thread_per_queue_serialises_behind_a_blocked_lookup() {
+    if !can_mount() {
+        return;
+    }
+    let took = stat_beside_a_blocked_lookup_on_one_cpu(1, Duration::from_secs(2));
+    assert_eq!(
+        took, None,
+        "one thread per queue served a stat while blocked in the backend"
+    );
+}
+
+/// With two LOOKUPs held on one CPU, the queue's first two servers are both blocked: the
+/// second, before its backend call (`fuser::may_block`), found no idle spare and started a
+/// third server (`threads=4` allows up to four per queue), which serves the stat.
+#[test]
+fn a_second_blocked_call_adds_a_spare() {
+    if !can_mount() {
+        return;
+    }
+    let added = fuser::uring_servers_added();
+    let took = stat_beside_blocked_lookups_on_one_cpu(4, 2, Duration::from_secs(20));
+    assert!(
+        fuser::uring_servers_added() > added,
+        "no server was added while two were blocked"
+    );
+    assert!(
+        took.is_some(),
+        "a stat waited for two LOOKUPs blocked in the backend on the same CPU's ring queue"
     );
 }

@@ -8,168 +8,25 @@ mod common;
 use common::posix_checks::*;
 use common::*;
 
-use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dircache_core::memory::MemoryBackend;
-use dircache_core::{Attr, Backend, Cred, DirEntry, RenameMode, Result, SetAttr};
+use common::gated::GatedMount;
 
-/// A LOOKUP of `slow` waits here while the gate is closed.
-#[derive(Default)]
-struct Gate {
-    /// (closed, lookups waiting)
-    state: Mutex<(bool, usize)>,
-    cv: Condvar,
-}
-
-impl Gate {
-    fn close(&self) {
-        self.state.lock().unwrap().0 = true;
-    }
-    fn open(&self) {
-        self.state.lock().unwrap().0 = false;
-        self.cv.notify_all();
-    }
-    fn pass(&self) {
-        let mut s = self.state.lock().unwrap();
-        if !s.0 {
-            return;
-        }
-        s.1 += 1;
-        self.cv.notify_all();
-        // Bounded, so that a failing test cannot hang the daemon for good.
-        let (mut s, _) = self
-            .cv
-            .wait_timeout_while(s, Duration::from_secs(120), |s| s.0)
-            .unwrap();
-        s.1 -= 1;
-    }
-    fn waiting(&self) -> usize {
-        self.state.lock().unwrap().1
-    }
-}
-
-/// The in-memory backend with a gate in front of LOOKUPs of the name `slow`.
-struct Gated {
-    inner: MemoryBackend,
-    gate: Arc<Gate>,
-}
-
-impl Backend for Gated {
-    fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<Attr> {
-        if name == b"slow" {
-            self.gate.pass();
-        }
-        self.inner.lookup(dir, name)
-    }
-    fn getattr(&self, path: &[u8]) -> Result<Attr> {
-        self.inner.getattr(path)
-    }
-    fn readdir(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
-        self.inner.readdir(path, plus)
-    }
-    fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
-        self.inner.readlink(path)
-    }
-    fn mknod(&self, cred: &Cred, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
-        self.inner.mknod(cred, path, mode, rdev)
-    }
-    fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
-        self.inner.mkdir(cred, path, mode)
-    }
-    fn symlink(&self, cred: &Cred, target: &[u8], path: &[u8]) -> Result<Attr> {
-        self.inner.symlink(cred, target, path)
-    }
-    fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr> {
-        self.inner.link(cred, old, new)
-    }
-    fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
-        self.inner.unlink(cred, path)
-    }
-    fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
-        self.inner.rmdir(cred, path)
-    }
-    fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
-        self.inner.rename(cred, old, new, mode)
-    }
-    fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
-        self.inner.setattr(cred, path, set)
-    }
-}
-
-/// `stat` that always reaches the daemon (a GETATTR even while the kernel's copy is valid).
-fn forced_stat(p: &Path) -> std::io::Result<()> {
-    rustix::fs::statx(
-        rustix::fs::CWD,
-        p,
-        rustix::fs::AtFlags::STATX_FORCE_SYNC,
-        rustix::fs::StatxFlags::BASIC_STATS,
-    )
-    .map(|_| ())
-    .map_err(std::io::Error::from)
-}
-
-/// Mount the gated backend with `policy`; stat `d/a` (cached), then close the gate and start a
-/// `stat d/slow` that waits in the backend. Returns how long a forced `stat d/a` by another
-/// thread took while `stat d/slow` was held (None: not done within `within`), after opening
-/// the gate and checking both stats succeeded.
+/// Mount the gated backend with `policy` and time a cached `stat` while a LOOKUP is held
+/// (`common/gated.rs`).
 fn cached_stat_while_lookup_blocks(
     policy: dircache_fuse::CachePolicy,
     within: Duration,
 ) -> Option<Duration> {
-    let gate = Arc::new(Gate::default());
-    let inner = MemoryBackend::new();
-    inner.mkdir(&Cred::root(), b"d", 0o755).unwrap();
-    inner.mknod(&Cred::root(), b"d/a", 0o100644, 0).unwrap();
-    inner.mknod(&Cred::root(), b"d/slow", 0o100644, 0).unwrap();
-    let t = TestMount::over_backend(
-        Arc::new(Gated {
-            inner,
-            gate: gate.clone(),
-        }),
-        policy,
-    );
-    // Whatever happens below, the gate opens before the mount goes (fields drop in order).
-    struct OpenOnDrop(Arc<Gate>);
-    impl Drop for OpenOnDrop {
-        fn drop(&mut self) {
-            self.0.open();
-        }
-    }
-    let _open = OpenOnDrop(gate.clone());
-    let a: PathBuf = t.m("d/a");
-    forced_stat(&a).expect("stat d/a");
-    gate.close();
-    let slow = t.m("d/slow");
-    let held = std::thread::spawn(move || forced_stat(&slow));
-    assert!(
-        wait_for(Duration::from_secs(30), || gate.waiting() == 1).is_some(),
-        "the LOOKUP of d/slow never reached the backend"
-    );
-    let (tx, rx) = mpsc::channel();
-    let other = std::thread::spawn(move || {
-        let t0 = Instant::now();
-        let r = forced_stat(&a);
-        let _ = tx.send(t0.elapsed());
-        r
-    });
-    let took = rx.recv_timeout(within).ok();
-    // The held LOOKUP is still held: the stat above did not get through by its release.
-    assert_eq!(gate.waiting(), 1, "the gate let d/slow through early");
-    gate.open();
-    held.join()
-        .unwrap()
-        .expect("stat d/slow after the gate opened");
-    other.join().unwrap().expect("stat d/a");
-    took
+    GatedMount::new(policy).cached_stat_while_lookup_blocks(within, None)
 }
 
-/// No listing made on a second LOOKUP miss: `d/slow` must be a backend LOOKUP.
+/// No listing made on a second LOOKUP miss: `d/slow` must be a backend LOOKUP. Over
+/// `/dev/fuse` whatever `enable_uring` says (the ring is `io_uring.rs`'s).
 fn no_lookahead(p: dircache_fuse::CachePolicy) -> dircache_fuse::CachePolicy {
     dircache_fuse::CachePolicy {
         lookahead: false,
+        io_uring: false,
         ..p
     }
 }
@@ -236,6 +93,7 @@ fn posix_checks_match_native_with_one_reader_at_a_time() {
         let policy = dircache_fuse::CachePolicy {
             leader_follower: true,
             spin_us,
+            io_uring: false,
             ..Default::default()
         };
         let t = TestMount::with_policy(policy.clone());

@@ -100,12 +100,14 @@ thread_local! {
 
 /// dircache: the calling request handler is about to do something that may block (a backend
 /// call on a cache miss, a network round trip): if this thread is the one reading
-/// `/dev/fuse`, a follower takes over reading before it blocks. Cheap (a thread-local check)
-/// and a no-op on any other thread.
+/// `/dev/fuse`, a follower takes over reading before it blocks; if it serves a FUSE-over-io_uring
+/// queue whose other servers are all busy, one more is started (src/uring.rs). Cheap (a
+/// thread-local check, then two atomic loads on a ring server) and a no-op on any other thread.
 pub fn may_block() {
     if let Some(shared) = LEADING.with(|l| l.borrow_mut().take()) {
         shared.hand_off();
     }
+    crate::uring::may_block();
 }
 
 /// Requests that usually wait for storage: data, mutations, syncs, locks.

@@ -107,6 +107,8 @@ mod time;
 mod uring;
 /// dircache: requests taken from FUSE-over-io_uring entries by this process (src/uring.rs).
 pub use uring::requests_served as uring_requests_served;
+/// dircache: ring server threads started after a mount's first ones (src/uring.rs).
+pub use uring::servers_added as uring_servers_added;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

@@ -141,7 +141,7 @@ pub struct Session<FS: Filesystem> {
     pub(crate) config: Config,
     /// dircache: FUSE over io_uring was negotiated at INIT: its queues, their rings made
     /// before the INIT reply (src/uring.rs).
-    pub(crate) uring_queues: Vec<Arc<crate::uring::RingQueue>>,
+    pub(crate) uring_queues: Option<crate::uring::Prepared>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -189,7 +189,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
-            uring_queues: Vec::new(),
+            uring_queues: None,
         };
 
         session.handshake()?;
@@ -218,7 +218,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
-            uring_queues: Vec::new(),
+            uring_queues: None,
         };
 
         session.handshake()?;
@@ -345,10 +345,8 @@ impl<FS: Filesystem> Session<FS> {
             }
         }
 
-        for thread in ring_threads {
-            if thread.join().is_err() {
-                return Err(io::Error::other("io_uring queue thread panicked"));
-            }
+        if !ring_threads.join() {
+            return Err(io::Error::other("io_uring queue thread panicked"));
         }
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
@@ -468,17 +466,20 @@ impl<FS: Filesystem> Session<FS> {
                     // kernel holds every request until each queue has an entry, so a ring
                     // that cannot be made (io_uring disabled by sysctl, no memory) must mean
                     // no flag rather than a hung mount.
-                    match crate::uring::queues(&self.ch, payload) {
+                    // Up to `n_threads` server threads per queue (src/uring.rs).
+                    let per_queue = self.config.n_threads.unwrap_or(1);
+                    match crate::uring::prepare(&self.ch, payload, per_queue) {
                         Ok(q) => {
                             config.requested |= InitFlags::FUSE_OVER_IO_URING;
-                            self.uring_queues = q;
+                            self.uring_queues = Some(q);
                         }
                         Err(e) => {
                             warn!("io_uring: cannot set up the rings ({e}): serving over /dev/fuse")
                         }
                     }
                 } else {
-                    warn!(
+                    // dircache asks for it by default: not offered is the usual case.
+                    info!(
                         "io_uring: the kernel does not offer FUSE over io_uring \
                          (/sys/module/fuse/parameters/enable_uring is N, or not compiled in): \
                          serving over /dev/fuse"

@@ -12,15 +12,42 @@
 //! INTERRUPT and notifications stay on `/dev/fuse`, whose reader threads keep running.
 //!
 //! If the kernel refuses the registration (`enable_uring` turned off, an error), it turns
-//! io_uring off for the connection itself and requests flow over `/dev/fuse`: the queue threads
-//! log it and end.
+//! io_uring off for the connection itself and requests flow over `/dev/fuse`: the server
+//! threads log it and end.
+//!
+//! **Servers and spares.** Each queue is served by server threads, each with a ring of its
+//! own and one entry registered from it, pinned to the queue's CPU. The kernel hands a new
+//! request to the queue's most recently made available entry (`ent_avail_queue` is LIFO:
+//! `fuse_uring_ent_avail` does `list_move` to its head, `fuse_uring_queue_fuse_req` takes
+//! `list_first_entry`), so the thread that just committed an answer gets the next request
+//! too, and the other servers sleep in `io_uring_enter` with their entries at the tail,
+//! never woken: the common path is one thread per CPU, as with a single server. When that
+//! thread is busy (blocked in the backend, or simply still working), its entry is not
+//! available and the next request from that CPU goes to a spare's entry: the spare takes
+//! over without any hand-off on the path of a request. The request's copy into the entry
+//! runs as task work in the thread that submitted the entry's last command
+//! (`io_uring_cmd_complete_in_task`), which is why each entry has its own thread and ring:
+//! an entry last committed by a thread now blocked (uninterruptibly, on a disk) would
+//! otherwise wait for that thread.
+//!
+//! A queue starts with two servers (one spare; one with `n_threads` = 1). Before a backend
+//! call that may block (`crate::may_block`), a server whose queue has no idle spare left
+//! starts one more, up to `n_threads` per queue. Servers never exit before the connection
+//! ends: a thread's exit cancels its entry's command, and one the kernel had just handed a
+//! request to would leave that request unanswered (`fuse_uring_send_in_task` with
+//! `IO_URING_F_TASK_DEAD`).
 
 use std::io;
 use std::io::IoSlice;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::os::fd::RawFd;
+use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
 use io_uring::IoUring;
@@ -57,16 +84,24 @@ const IN_HEADER: usize = 40;
 const OUT_HEADER: usize = 16;
 /// `io_uring_enter` flag: wait for completions.
 const IORING_ENTER_GETEVENTS: u32 = 1;
-/// Ring entries per queue.
-const DEPTH: usize = 2;
+/// Server threads a queue starts with (the first and one spare).
+const START_SERVERS: usize = 2;
 
 /// Requests taken from ring entries by this process, all sessions together.
-static SERVED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static SERVED: AtomicU64 = AtomicU64::new(0);
+/// Server threads started after the mount (spares added before a backend call), all sessions.
+static ADDED: AtomicU64 = AtomicU64::new(0);
 
 /// dircache: how many requests this process has taken from FUSE-over-io_uring entries (all
 /// sessions together): tests tell by it that requests came over the ring.
 pub fn requests_served() -> u64 {
-    SERVED.load(std::sync::atomic::Ordering::Relaxed)
+    SERVED.load(Ordering::Relaxed)
+}
+
+/// dircache: how many ring server threads this process started after a mount's first ones
+/// (a spare added because every server of a queue was busy when one was about to block).
+pub fn servers_added() -> u64 {
+    ADDED.load(Ordering::Relaxed)
 }
 
 /// One ring entry's buffers (heap memory whose addresses the kernel keeps).
@@ -77,95 +112,91 @@ struct RingEnt {
     iov: Box<[libc::iovec; 2]>,
 }
 
-/// One queue: its ring, its entries, and the lock that serializes pushes to its SQ.
-pub(crate) struct RingQueue {
+/// One server: a ring of its own and the one entry registered (and committed) from it.
+pub(crate) struct Server {
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
     sq: Mutex<()>,
     fd: RawFd,
     qid: u16,
-    ents: Vec<RingEnt>,
+    ent: RingEnt,
+    /// A command of the entry is with the kernel (its completion is still to come).
+    armed: AtomicBool,
 }
 
-// SAFETY: an entry's buffers are touched by one party at a time, as the protocol hands them
-// over: the kernel until the entry's completion, then the queue thread (reassembly) and the
+// SAFETY: the entry's buffers are touched by one party at a time, as the protocol hands them
+// over: the kernel until the entry's completion, then the server thread (reassembly) and the
 // one reply (`RingSender::send`), then the kernel again from the commit on. The SQ is pushed
-// to under `sq` only; the CQ is read by the queue thread only.
-unsafe impl Send for RingQueue {}
+// to under `sq` only; the CQ is read by the server thread only.
+unsafe impl Send for Server {}
 // SAFETY: as above.
-unsafe impl Sync for RingQueue {}
+unsafe impl Sync for Server {}
 
-impl std::fmt::Debug for RingQueue {
+impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RingQueue({})", self.qid)
+        write!(f, "Server(queue {})", self.qid)
     }
 }
 
-impl Drop for RingQueue {
+impl Drop for Server {
     fn drop(&mut self) {
-        for e in &self.ents {
-            // SAFETY: allocated by `Box::into_raw` in `RingQueue::new` with these lengths; the
-            // ring (and with it every registration) is gone once the queue is dropped: the
-            // queue thread drops it after its last completion.
-            unsafe {
-                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                    e.header,
-                    HEADER_SIZE,
-                )));
-                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                    e.payload,
-                    e.payload_len,
-                )));
-            }
+        let e = &self.ent;
+        // SAFETY: allocated by `Box::into_raw` in `Server::new` with these lengths; the ring
+        // (and with it the registration) is gone once the server is dropped: its thread drops
+        // it after its last completion.
+        unsafe {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                e.header,
+                HEADER_SIZE,
+            )));
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                e.payload,
+                e.payload_len,
+            )));
         }
     }
 }
 
-impl RingQueue {
+impl Server {
     fn new(fd: RawFd, qid: u16, payload_len: usize) -> io::Result<Self> {
-        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .build((2 * DEPTH).next_power_of_two() as u32)?;
-        let ents = (0..DEPTH)
-            .map(|_| {
-                let header = Box::into_raw(vec![0u8; HEADER_SIZE].into_boxed_slice()).cast::<u8>();
-                // Zeroed memory from the allocator: pages are not touched until used.
-                let payload = Box::into_raw(vec![0u8; payload_len].into_boxed_slice()).cast::<u8>();
-                let iov = Box::new([
-                    libc::iovec {
-                        iov_base: header.cast(),
-                        iov_len: HEADER_SIZE,
-                    },
-                    libc::iovec {
-                        iov_base: payload.cast(),
-                        iov_len: payload_len,
-                    },
-                ]);
-                RingEnt {
-                    header,
-                    payload,
-                    payload_len,
-                    iov,
-                }
-            })
-            .collect();
+        // One entry: at most one command in flight.
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
+        let header = Box::into_raw(vec![0u8; HEADER_SIZE].into_boxed_slice()).cast::<u8>();
+        // Zeroed memory from the allocator: pages are not touched until used.
+        let payload = Box::into_raw(vec![0u8; payload_len].into_boxed_slice()).cast::<u8>();
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: header.cast(),
+                iov_len: HEADER_SIZE,
+            },
+            libc::iovec {
+                iov_base: payload.cast(),
+                iov_len: payload_len,
+            },
+        ]);
         Ok(Self {
             ring,
             sq: Mutex::new(()),
             fd,
             qid,
-            ents,
+            ent: RingEnt {
+                header,
+                payload,
+                payload_len,
+                iov,
+            },
+            armed: AtomicBool::new(false),
         })
     }
 
-    /// Pushes one command for entry `k` and submits it.
-    fn command(&self, op: u32, k: usize, commit_id: u64) -> io::Result<()> {
+    /// Pushes one command for the entry and submits it.
+    fn command(&self, op: u32, commit_id: u64) -> io::Result<()> {
         let mut cmd = [0u8; 80];
         cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
         cmd[16..18].copy_from_slice(&self.qid.to_ne_bytes());
         let sqe = opcode::UringCmd80::new(types::Fd(self.fd), op)
             .cmd(cmd)
-            .addr(Some(self.ents[k].iov.as_ptr() as u64))
-            .build()
-            .user_data(k as u64);
+            .addr(Some(self.ent.iov.as_ptr() as u64))
+            .build();
         // SAFETY: `Entry128` is `#[repr(C)]` (`struct io_uring_sqe`, then 64 bytes of command):
         // 128 bytes of plain data. FUSE wants `len` (the u32 at offset 24 of `io_uring_sqe`) to
         // be the iovec count, 2; the crate's `UringCmd80` has no setter for it.
@@ -175,7 +206,7 @@ impl RingQueue {
         let sqe = unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) };
         let _g = self.sq.lock();
         // SAFETY: pushes are serialized by `sq`; the buffers the SQE names live as long as the
-        // queue, which outlives the ring's use of them (see `Drop`).
+        // server, which outlives the ring's use of them (see `Drop`).
         unsafe {
             let mut sq = self.ring.submission_shared();
             if sq.push(&sqe).is_err() {
@@ -183,6 +214,7 @@ impl RingQueue {
             }
         }
         self.ring.submitter().submit()?;
+        self.armed.store(true, Ordering::Release);
         Ok(())
     }
 }
@@ -190,48 +222,48 @@ impl RingQueue {
 /// Where the reply to a request taken from a ring entry goes.
 #[derive(Clone)]
 pub(crate) struct RingSender {
-    queue: Arc<RingQueue>,
-    ent: usize,
+    server: Arc<Server>,
     /// `/dev/fuse`, for backing files (an ioctl on the device).
     pub(crate) ch: ChannelSender,
 }
 
 impl std::fmt::Debug for RingSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "RingSender(queue {}, entry {})",
-            self.queue.qid, self.ent
-        )
+        write!(f, "RingSender(queue {})", self.server.qid)
     }
 }
 
 impl RingSender {
     /// Writes the reply (out header, then its arguments) into the entry and commits it.
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
-        let e = &self.queue.ents[self.ent];
+        let e = &self.server.ent;
         let total: usize = data.iter().map(|b| b.len()).sum();
         if total < OUT_HEADER || total - OUT_HEADER > e.payload_len {
             return Err(io::Error::other(
                 "reply larger than the ring entry's payload",
             ));
         }
-        // SAFETY: this entry belongs to this reply until the commit below (see `RingQueue`).
+        // SAFETY: the entry belongs to this reply until the commit below (see `Server`).
         let (header, payload) = unsafe {
             (
                 std::slice::from_raw_parts_mut(e.header, HEADER_SIZE),
                 std::slice::from_raw_parts_mut(e.payload, e.payload_len),
             )
         };
+        // The first OUT_HEADER bytes go to the header, the rest to the payload: whole slices.
         let mut at = 0;
         for b in data {
-            for &byte in b.iter() {
-                if at < OUT_HEADER {
-                    header[at] = byte;
-                } else {
-                    payload[at - OUT_HEADER] = byte;
-                }
-                at += 1;
+            let mut b: &[u8] = b;
+            if at < OUT_HEADER {
+                let n = b.len().min(OUT_HEADER - at);
+                header[at..at + n].copy_from_slice(&b[..n]);
+                at += n;
+                b = &b[n..];
+            }
+            if !b.is_empty() {
+                let p = at - OUT_HEADER;
+                payload[p..p + b.len()].copy_from_slice(b);
+                at += b.len();
             }
         }
         let payload_sz = (total - OUT_HEADER) as u32;
@@ -241,8 +273,8 @@ impl RingSender {
                 .try_into()
                 .expect("8 bytes"),
         );
-        self.queue
-            .command(FUSE_IO_URING_CMD_COMMIT_AND_FETCH, self.ent, commit_id)
+        self.server
+            .command(FUSE_IO_URING_CMD_COMMIT_AND_FETCH, commit_id)
     }
 }
 
@@ -260,46 +292,200 @@ fn possible_cpus() -> io::Result<u16> {
     Ok(max + 1)
 }
 
-/// One queue per possible CPU, each with its ring and entries (nothing registered yet).
-pub(crate) fn queues(ch: &Channel, payload_len: usize) -> io::Result<Vec<Arc<RingQueue>>> {
-    (0..possible_cpus()?)
-        .map(|qid| {
-            Ok(Arc::new(RingQueue::new(
-                ch.as_fd().as_raw_fd(),
-                qid,
-                payload_len,
-            )?))
-        })
-        .collect()
+/// The rings made at INIT, before its reply: the first servers of every queue.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    fd: RawFd,
+    payload_len: usize,
+    max_per_queue: usize,
+    /// Per queue (index = qid), its first servers.
+    queues: Vec<Vec<Server>>,
 }
 
-/// Starts one thread per queue, each registering its entries and serving their requests
-/// until the connection ends or the kernel refuses the ring.
+/// One queue per possible CPU, each with its first servers' rings and entries (nothing
+/// registered yet); at most `max_per_queue` servers per queue (at least one).
+pub(crate) fn prepare(
+    ch: &Channel,
+    payload_len: usize,
+    max_per_queue: usize,
+) -> io::Result<Prepared> {
+    let fd = ch.as_fd().as_raw_fd();
+    let max_per_queue = max_per_queue.max(1);
+    let queues = (0..possible_cpus()?)
+        .map(|qid| {
+            (0..START_SERVERS.min(max_per_queue))
+                .map(|_| Server::new(fd, qid, payload_len))
+                .collect::<io::Result<Vec<_>>>()
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    Ok(Prepared {
+        fd,
+        payload_len,
+        max_per_queue,
+        queues,
+    })
+}
+
+/// Starts a server thread of `queue` (type-erased over the file system).
+type Spawn = dyn Fn(Arc<Queue>, Arc<Server>) -> io::Result<JoinHandle<()>> + Send + Sync;
+
+/// What the server threads of one session share.
+pub(crate) struct Pool {
+    fd: RawFd,
+    payload_len: usize,
+    max_per_queue: usize,
+    spawn: Box<Spawn>,
+    /// Every server thread started, and whether the session stopped taking new ones.
+    threads: Mutex<(Vec<JoinHandle<()>>, bool)>,
+    /// The kernel refused the ring (logged once).
+    refused: AtomicBool,
+}
+
+impl Pool {
+    fn start(&self, queue: Arc<Queue>, server: Server) -> io::Result<()> {
+        let mut t = self.threads.lock();
+        if t.1 {
+            return Err(io::Error::other("the session is ending"));
+        }
+        let h = (self.spawn)(queue, Arc::new(server))?;
+        t.0.push(h);
+        Ok(())
+    }
+}
+
+/// One queue's servers.
+pub(crate) struct Queue {
+    qid: u16,
+    pool: Arc<Pool>,
+    /// Server threads started (or starting).
+    servers: AtomicUsize,
+    /// Of them, the ones serving a request right now.
+    busy: AtomicUsize,
+}
+
+impl Queue {
+    /// Called by a server of this queue before it may block: if no other server is idle (its
+    /// entry available for the next request), start one more, within the bound.
+    fn spare_before_blocking(self: &Arc<Self>) {
+        let servers = self.servers.load(Ordering::Acquire);
+        if servers >= self.pool.max_per_queue || self.busy.load(Ordering::Acquire) < servers {
+            return;
+        }
+        if self
+            .servers
+            .compare_exchange(servers, servers + 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            // Another server of this queue is adding one right now.
+            return;
+        }
+        let added = Server::new(self.pool.fd, self.qid, self.pool.payload_len)
+            .and_then(|s| self.pool.start(self.clone(), s));
+        match added {
+            Ok(()) => {
+                ADDED.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.servers.fetch_sub(1, Ordering::AcqRel);
+                debug!(
+                    "FUSE over io_uring: queue {}: no spare server added: {e}",
+                    self.qid
+                );
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The queue this thread serves, if it is a ring server.
+    static SERVING: RefCell<Option<Arc<Queue>>> = const { RefCell::new(None) };
+}
+
+/// The calling request handler may block (`crate::may_block`): on a ring server whose queue
+/// has no idle spare, start one. Nothing else to do: the kernel hands the queue's next request
+/// to an idle server's entry by itself.
+pub(crate) fn may_block() {
+    SERVING.with(|s| {
+        if let Some(q) = s.borrow().as_ref() {
+            q.spare_before_blocking();
+        }
+    });
+}
+
+/// The server threads of one session.
+pub(crate) struct RingThreads(Option<Arc<Pool>>);
+
+impl RingThreads {
+    /// Waits for every server thread, also the ones started meanwhile; false if one panicked.
+    pub(crate) fn join(self) -> bool {
+        let Some(pool) = self.0 else {
+            return true;
+        };
+        let mut ok = true;
+        loop {
+            let next = {
+                let mut t = pool.threads.lock();
+                let next = t.0.pop();
+                if next.is_none() {
+                    // A server still running could not be joined here: none is.
+                    t.1 = true;
+                }
+                next
+            };
+            match next {
+                Some(h) => ok &= h.join().is_ok(),
+                None => return ok,
+            }
+        }
+    }
+}
+
+/// Starts the first server threads of every queue, each registering its entry and serving
+/// its requests until the connection ends or the kernel refuses the ring.
 pub(crate) fn start<FS: Filesystem>(
-    queues: Vec<Arc<RingQueue>>,
+    prepared: Option<Prepared>,
     ch: &Channel,
     filesystem: &Arc<FilesystemHolder<FS>>,
     allowed: SessionACL,
     session_owner: Uid,
-) -> io::Result<Vec<JoinHandle<()>>> {
-    let mut threads = Vec::new();
-    for queue in queues {
-        let qid = queue.qid;
-        let name = format!("fuser-uring-{qid}");
-        let event_loop = SessionEventLoop {
+) -> io::Result<RingThreads> {
+    let Some(prepared) = prepared else {
+        return Ok(RingThreads(None));
+    };
+    let (ch, filesystem) = (ch.clone(), filesystem.clone());
+    let spawn = move |queue: Arc<Queue>, server: Arc<Server>| {
+        let name = format!("fuser-uring-{}", queue.qid);
+        let se = SessionEventLoop {
             thread_name: name.clone(),
             filesystem: filesystem.clone(),
             ch: ch.clone(),
             allowed,
             session_owner,
         };
-        threads.push(
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(move || queue_loop(queue, event_loop))?,
-        );
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || serve(server, queue, se))
+    };
+    let pool = Arc::new(Pool {
+        fd: prepared.fd,
+        payload_len: prepared.payload_len,
+        max_per_queue: prepared.max_per_queue,
+        spawn: Box::new(spawn),
+        threads: Mutex::new((Vec::new(), false)),
+        refused: AtomicBool::new(false),
+    });
+    for (qid, servers) in prepared.queues.into_iter().enumerate() {
+        let queue = Arc::new(Queue {
+            qid: qid as u16,
+            pool: pool.clone(),
+            servers: AtomicUsize::new(servers.len()),
+            busy: AtomicUsize::new(0),
+        });
+        for server in servers {
+            pool.start(queue.clone(), server)?;
+        }
     }
-    Ok(threads)
+    Ok(RingThreads(Some(pool)))
 }
 
 /// Keeps the calling thread on CPU `qid`: the kernel puts a request on the queue of the CPU its
@@ -316,26 +502,58 @@ fn pin_to_cpu(qid: u16) {
     }
 }
 
-fn queue_loop<FS: Filesystem>(queue: Arc<RingQueue>, se: SessionEventLoop<FS>) {
-    let qid = queue.qid;
+/// While a server thread runs: it counts among its queue's servers and is known as one
+/// (`SERVING`); neither once it ends, also by a panic in a handler.
+struct Serving(Arc<Queue>);
+
+impl Serving {
+    fn new(queue: Arc<Queue>) -> Serving {
+        SERVING.with(|s| *s.borrow_mut() = Some(queue.clone()));
+        Serving(queue)
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        SERVING.with(|s| *s.borrow_mut() = None);
+        self.0.servers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts a server as busy while a request is served.
+struct Busy<'a>(&'a Queue);
+
+impl<'a> Busy<'a> {
+    fn new(queue: &'a Queue) -> Busy<'a> {
+        queue.busy.fetch_add(1, Ordering::AcqRel);
+        Busy(queue)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn serve<FS: Filesystem>(server: Arc<Server>, queue: Arc<Queue>, se: SessionEventLoop<FS>) {
+    let qid = server.qid;
     pin_to_cpu(qid);
-    for k in 0..DEPTH {
-        if let Err(e) = queue.command(FUSE_IO_URING_CMD_REGISTER, k, 0) {
-            warn!(
-                "FUSE over io_uring: queue {qid}: registering failed ({e}): requests stay on /dev/fuse"
-            );
-            return;
-        }
+    let _serving = Serving::new(queue.clone());
+    if let Err(e) = server.command(FUSE_IO_URING_CMD_REGISTER, 0) {
+        warn!(
+            "FUSE over io_uring: queue {qid}: registering failed ({e}): requests stay on /dev/fuse"
+        );
+        return;
     }
     let mut buf = FuseReadBuf::new();
     let buf = buf.as_mut();
-    let mut live = DEPTH;
     let mut served = false;
-    while live > 0 {
+    loop {
         // Wait only: submissions are made (under the lock) by whoever pushes.
         // SAFETY: io_uring_enter with no SQEs to submit and no signal mask.
         let r = unsafe {
-            queue
+            server
                 .ring
                 .submitter()
                 .enter::<libc::sigset_t>(0, 1, IORING_ENTER_GETEVENTS, None)
@@ -348,52 +566,58 @@ fn queue_loop<FS: Filesystem>(queue: Arc<RingQueue>, se: SessionEventLoop<FS>) {
             return;
         }
         // SAFETY: only this thread reads the completion queue.
-        let done: Vec<(usize, i32)> = unsafe { queue.ring.completion_shared() }
-            .map(|c| (c.user_data() as usize, c.result()))
-            .collect();
-        for (k, res) in done {
-            if res < 0 {
-                live -= 1;
-                let e = io::Error::from_raw_os_error(-res);
-                if served {
-                    debug!("FUSE over io_uring: queue {qid} entry {k} ended: {e}");
-                } else {
-                    warn!(
-                        "FUSE over io_uring: queue {qid}: the kernel refused the ring ({e}): requests stay on /dev/fuse"
-                    );
-                }
-                continue;
+        let Some(res) = unsafe { server.ring.completion_shared() }
+            .next()
+            .map(|c| c.result())
+        else {
+            continue;
+        };
+        server.armed.store(false, Ordering::Release);
+        if res < 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            if served {
+                debug!("FUSE over io_uring: queue {qid}: entry ended: {e}");
+            } else if !queue.pool.refused.swap(true, Ordering::Relaxed) {
+                warn!(
+                    "FUSE over io_uring: queue {qid}: the kernel refused the ring ({e}): requests stay on /dev/fuse"
+                );
             }
-            served = true;
-            SERVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(len) = reassemble(&queue, k, buf) else {
-                warn!("FUSE over io_uring: queue {qid}: malformed request in entry {k}");
-                return;
-            };
-            let sender = RingSender {
-                queue: queue.clone(),
-                ent: k,
-                ch: se.ch.sender(),
-            };
-            match RequestWithSender::new_ring(sender, &buf[..len]) {
-                Some(req) => {
-                    if let Ok(Operation::Destroy(_)) = req.request.operation() {
-                        req.reply::<crate::ReplyEmpty>().ok();
-                        return;
-                    }
-                    req.dispatch(&se);
+            return;
+        }
+        served = true;
+        SERVED.fetch_add(1, Ordering::Relaxed);
+        let _busy = Busy::new(&queue);
+        let Some(len) = reassemble(&server, buf) else {
+            warn!("FUSE over io_uring: queue {qid}: malformed request");
+            return;
+        };
+        let sender = RingSender {
+            server: server.clone(),
+            ch: se.ch.sender(),
+        };
+        match RequestWithSender::new_ring(sender, &buf[..len]) {
+            Some(req) => {
+                if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                    req.reply::<crate::ReplyEmpty>().ok();
+                    return;
                 }
-                None => return,
+                req.dispatch(&se);
             }
+            None => return,
+        }
+        if !server.armed.load(Ordering::Acquire) {
+            // The reply's commit never reached the kernel: no completion will come.
+            warn!("FUSE over io_uring: queue {qid}: a reply was not committed: server ends");
+            return;
         }
     }
 }
 
-/// Puts the request in entry `k` back together as `/dev/fuse` delivers it: in header, the
-/// opcode's header, the payload. Returns its length.
-fn reassemble(queue: &RingQueue, k: usize, buf: &mut [u8]) -> Option<usize> {
-    let e = &queue.ents[k];
-    // SAFETY: the kernel handed this entry to us with its completion (see `RingQueue`).
+/// Puts the request in the server's entry back together as `/dev/fuse` delivers it: in header,
+/// the opcode's header, the payload. Returns its length.
+fn reassemble(server: &Server, buf: &mut [u8]) -> Option<usize> {
+    let e = &server.ent;
+    // SAFETY: the kernel handed this entry to us with its completion (see `Server`).
     let (header, payload) = unsafe {
         (
             std::slice::from_raw_parts(e.header, HEADER_SIZE),

@@ -57,7 +57,7 @@ pub struct Args {
     /// Only these systems, in this order (comma-separated: native, bindfs, passthrough_hp,
     /// dircache, dircache-base (a mount by `--base-binary`), or dircache:OPTS for a dircache
     /// mount with extra `-o OPTS`, options joined with `+`, e.g.
-    /// dircache:noprefetch+threads=2) [native,bindfs,dircache].
+    /// dircache:noprefetch+threads=2; dircache-base:OPTS likewise) [native,bindfs,dircache].
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
     /// Walk an existing directory instead of the generated tree: only the read-only walks
@@ -241,6 +241,8 @@ struct Sys {
     kind: Kind,
     opts: &'static str,
     label: &'static str,
+    /// A mount by `--base-binary` (`dircache-base`, `dircache-base:OPTS`).
+    base: bool,
 }
 
 impl Sys {
@@ -249,13 +251,17 @@ impl Sys {
     const PASSTHROUGH_HP: Sys = Sys::plain(Kind::PassthroughHp, "passthrough_hp");
     const DIRCACHE: Sys = Sys::plain(Kind::Dircache, "dircache");
     /// A dircache mount by `--base-binary`.
-    const DIRCACHE_BASE: Sys = Sys::plain(Kind::Dircache, "dircache-base");
+    const DIRCACHE_BASE: Sys = Sys {
+        base: true,
+        ..Sys::plain(Kind::Dircache, "dircache-base")
+    };
 
     const fn plain(kind: Kind, label: &'static str) -> Sys {
         Sys {
             kind,
             opts: "",
             label,
+            base: false,
         }
     }
 
@@ -277,12 +283,17 @@ impl Sys {
                 return Ok(k);
             }
         }
-        match s.strip_prefix("dircache:") {
+        let (o, base) = match s.strip_prefix("dircache-base:") {
+            Some(o) => (Some(o), true),
+            None => (s.strip_prefix("dircache:"), false),
+        };
+        match o {
             Some(o) if !o.is_empty() => Ok(Sys {
                 kind: Kind::Dircache,
                 // A handful per run, alive until exit.
                 opts: Box::leak(o.replace('+', ",").into_boxed_str()),
                 label: Box::leak(s.to_string().into_boxed_str()),
+                base,
             }),
             _ => bail!(
                 "unknown system {s:?} (native, bindfs, passthrough_hp, dircache, dircache:OPTS, dircache-base)"
@@ -340,7 +351,7 @@ impl Mount {
                 c
             }
             Kind::Dircache => {
-                let exe = if sys == Sys::DIRCACHE_BASE {
+                let exe = if sys.base {
                     BASE_BINARY
                         .get()
                         .cloned()

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 pub const PY: &str = "/usr/bin/python3";
 
+pub mod gated;
 pub mod posix_checks;
 
 /// The core configuration a mount with `policy` needs (bypass mode or not).
