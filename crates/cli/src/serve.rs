@@ -81,6 +81,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
             .map_err(|e| anyhow::anyhow!("{}: {e}", root.display()))?,
         )
     };
+    // The cache's feed follows changes to hard-linked files by their inodes itself.
+    cfg.link_callbacks = cached.is_none();
     let backend: Arc<dyn dircache_core::Backend> = match &cached {
         Some(c) => c.clone(),
         None => local,

@@ -643,81 +643,173 @@ fn shows(p: &Path, what: &str, want: (u32, u64, u64), data: Option<&[u8]>) {
     });
 }
 
-/// A served tree made by `script`, mounted; the server runs as root (fanotify) or, with
-/// `uid`, as that user (inotify).
-fn mount_tree(script: &str, uid: Option<u32>) -> RemoteMount {
+/// How the server of a hard-link test runs: as root (fanotify) or, with `uid`, as that user
+/// (inotify); with the server's cache (`dircache serve`) or without (`--no-cache`).
+#[derive(Clone, Copy, Debug)]
+struct Server {
+    uid: Option<u32>,
+    no_cache: bool,
+}
+
+/// The servers of the cached hard-link tests: root and non-root, with the server's cache.
+const CACHED: [Server; 2] = [
+    Server {
+        uid: None,
+        no_cache: false,
+    },
+    Server {
+        uid: Some(1000),
+        no_cache: false,
+    },
+];
+
+/// The same without the server's cache (`dircache serve --no-cache`).
+const UNCACHED: [Server; 2] = [
+    Server {
+        uid: None,
+        no_cache: true,
+    },
+    Server {
+        uid: Some(1000),
+        no_cache: true,
+    },
+];
+
+/// A served tree made by `script`, mounted, served as `server` says.
+fn mount_tree(script: &str, server: Server) -> RemoteMount {
     let mut r = Remote::new();
     sh_ok(&r.src, script);
-    if let Some(uid) = uid {
+    if let Some(uid) = server.uid {
         r.serve_as(uid);
+    }
+    if server.no_cache {
+        r.serve_flags("--no-cache");
     }
     RemoteMount::over(r, "")
 }
 
 /// A change made on the server through one name of a hard-linked file (a chmod, a write)
 /// shows through every name the client has cached, in other directories too, with one-day
-/// kernel TTLs: the callback names one path, the inode's other names must follow. With a
-/// root server (fanotify) and a non-root one (inotify).
-#[test]
-fn a_server_side_change_reaches_every_cached_name_of_a_hard_link() {
-    if !can_mount() {
-        return;
+/// kernel TTLs: the callback names one path, the inode's other names must follow.
+fn change_through_one_name(server: Server) {
+    let t = mount_tree(
+        "mkdir d1 d2 && echo one > d1/a && chmod 644 d1/a && ln d1/a d2/b && ln d1/a d1/b2",
+        server,
+    );
+    let names = ["d1/a", "d2/b", "d1/b2"];
+    // Cached in the client's core and in the kernel.
+    for n in names {
+        assert_eq!(mode_links_size(&t.m(n)), Some((0o644, 3, 4)), "{n}");
+        assert_eq!(std::fs::read(t.m(n)).unwrap(), b"one\n", "{n}");
     }
-    for uid in [None, Some(1000)] {
-        let t = mount_tree(
-            "mkdir d1 d2 && echo one > d1/a && chmod 644 d1/a && ln d1/a d2/b && ln d1/a d1/b2",
-            uid,
-        );
-        let names = ["d1/a", "d2/b", "d1/b2"];
-        // Cached in the client's core and in the kernel.
-        for n in names {
-            assert_eq!(mode_links_size(&t.m(n)), Some((0o644, 3, 4)), "{n}");
-            assert_eq!(std::fs::read(t.m(n)).unwrap(), b"one\n", "{n}");
-        }
-        common::chmod(&t.s("d1/a"), 0o600);
-        for n in names {
-            let what = format!("server uid {uid:?}: {n} shows the server's chmod of d1/a");
-            shows(&t.m(n), &what, (0o600, 3, 4), None);
-        }
-        // A write on the server through another name: new size and contents everywhere.
-        std::fs::write(t.s("d2/b"), b"second version\n").unwrap();
-        for n in names {
-            let what = format!("server uid {uid:?}: {n} shows the server's write to d2/b");
-            shows(&t.m(n), &what, (0o600, 3, 15), Some(b"second version\n"));
-        }
+    common::chmod(&t.s("d1/a"), 0o600);
+    for n in names {
+        let what = format!("{server:?}: {n} shows the server's chmod of d1/a");
+        shows(&t.m(n), &what, (0o600, 3, 4), None);
+    }
+    // A write on the server through another name: new size and contents everywhere.
+    std::fs::write(t.s("d2/b"), b"second version\n").unwrap();
+    for n in names {
+        let what = format!("{server:?}: {n} shows the server's write to d2/b");
+        shows(&t.m(n), &what, (0o600, 3, 15), Some(b"second version\n"));
     }
 }
 
 /// A third name linked on the server after the client cached two: the link count, and a
 /// chmod and a write through the new name (which the client never looked up), reach the
-/// cached names. With a root server (fanotify) and a non-root one (inotify).
+/// cached names.
+fn change_through_a_name_linked_on_the_server(server: Server) {
+    let t = mount_tree(
+        "mkdir d1 d2 d3 && echo one > d1/a && chmod 644 d1/a && ln d1/a d2/b",
+        server,
+    );
+    for n in ["d1/a", "d2/b"] {
+        assert_eq!(mode_links_size(&t.m(n)), Some((0o644, 2, 4)), "{n}");
+    }
+    sh_ok(&t.src, "ln d1/a d3/c");
+    for n in ["d1/a", "d2/b"] {
+        let what = format!("{server:?}: {n} shows the link made on the server");
+        shows(&t.m(n), &what, (0o644, 3, 4), None);
+    }
+    common::chmod(&t.s("d3/c"), 0o640);
+    for n in ["d1/a", "d2/b", "d3/c"] {
+        let what = format!("{server:?}: {n} shows the server's chmod of d3/c");
+        shows(&t.m(n), &what, (0o640, 3, 4), None);
+    }
+    std::fs::write(t.s("d3/c"), b"through c\n").unwrap();
+    for n in ["d1/a", "d2/b", "d3/c"] {
+        let what = format!("{server:?}: {n} shows the server's write to d3/c");
+        shows(&t.m(n), &what, (0o640, 3, 10), Some(b"through c\n"));
+    }
+}
+
+/// Names of a hard-linked file removed on the server by a program there (`rm` of one name,
+/// `mv` of another file over a second one): the link count the remaining cached name shows
+/// drops each time. The kernel reports the link count change on the inode only (no
+/// directory, no name: `fsnotify_link_count`), so an inotify server must watch the file.
+fn unlink_and_rename_over_one_name(server: Server) {
+    let t = mount_tree(
+        "mkdir d1 d2 d3 && echo one > d1/a && chmod 644 d1/a && ln d1/a d2/b && ln d1/a d1/b2 \
+         && echo other > d3/x",
+        server,
+    );
+    for n in ["d1/a", "d2/b", "d1/b2"] {
+        assert_eq!(mode_links_size(&t.m(n)), Some((0o644, 3, 4)), "{n}");
+    }
+    sh_ok(&t.src, "rm d1/a");
+    eventually_or("the removed name is gone", || match t.m("d1/a").exists() {
+        false => Ok(()),
+        true => Err(format!("{server:?}: d1/a still shown")),
+    });
+    for n in ["d2/b", "d1/b2"] {
+        let what = format!("{server:?}: {n} shows the link count after the server's rm d1/a");
+        shows(&t.m(n), &what, (0o644, 2, 4), None);
+    }
+    sh_ok(&t.src, "mv d3/x d1/b2");
+    let what = format!("{server:?}: d2/b shows the link count after the server's mv over d1/b2");
+    shows(&t.m("d2/b"), &what, (0o644, 1, 4), None);
+    let what = format!("{server:?}: d1/b2 is the file moved over it");
+    shows(&t.m("d1/b2"), &what, (0o644, 1, 6), Some(b"other\n"));
+}
+
+#[test]
+fn a_server_side_change_reaches_every_cached_name_of_a_hard_link() {
+    if !can_mount() {
+        return;
+    }
+    CACHED.into_iter().for_each(change_through_one_name);
+}
+
 #[test]
 fn a_chmod_through_a_name_linked_on_the_server_reaches_the_cached_names() {
     if !can_mount() {
         return;
     }
-    for uid in [None, Some(1000)] {
-        let t = mount_tree(
-            "mkdir d1 d2 d3 && echo one > d1/a && chmod 644 d1/a && ln d1/a d2/b",
-            uid,
-        );
-        for n in ["d1/a", "d2/b"] {
-            assert_eq!(mode_links_size(&t.m(n)), Some((0o644, 2, 4)), "{n}");
-        }
-        sh_ok(&t.src, "ln d1/a d3/c");
-        for n in ["d1/a", "d2/b"] {
-            let what = format!("server uid {uid:?}: {n} shows the link made on the server");
-            shows(&t.m(n), &what, (0o644, 3, 4), None);
-        }
-        common::chmod(&t.s("d3/c"), 0o640);
-        for n in ["d1/a", "d2/b", "d3/c"] {
-            let what = format!("server uid {uid:?}: {n} shows the server's chmod of d3/c");
-            shows(&t.m(n), &what, (0o640, 3, 4), None);
-        }
-        std::fs::write(t.s("d3/c"), b"through c\n").unwrap();
-        for n in ["d1/a", "d2/b", "d3/c"] {
-            let what = format!("server uid {uid:?}: {n} shows the server's write to d3/c");
-            shows(&t.m(n), &what, (0o640, 3, 10), Some(b"through c\n"));
-        }
+    CACHED
+        .into_iter()
+        .for_each(change_through_a_name_linked_on_the_server);
+}
+
+/// The two tests above against `dircache serve --no-cache` (the server's callbacks come
+/// straight from the local change feed, not through its cache).
+#[test]
+fn hard_linked_names_follow_server_side_changes_without_the_server_cache() {
+    if !can_mount() {
+        return;
     }
+    for server in UNCACHED {
+        change_through_one_name(server);
+        change_through_a_name_linked_on_the_server(server);
+    }
+}
+
+#[test]
+fn a_server_side_unlink_or_rename_over_one_name_reaches_the_other_names() {
+    if !can_mount() {
+        return;
+    }
+    CACHED
+        .into_iter()
+        .chain(UNCACHED)
+        .for_each(unlink_and_rename_over_one_name);
 }

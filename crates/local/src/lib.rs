@@ -46,6 +46,7 @@
 
 pub mod creds;
 mod fid;
+mod links;
 mod own;
 mod served;
 mod watch;
@@ -214,6 +215,11 @@ pub struct LocalBackend {
     fds: Arc<FdCache>,
     /// The non-directories answered about: the change feed's inode filter (`served.rs`).
     served: Arc<served::Served>,
+    /// The hard-linked files' watches of each running inotify feed (`links.rs`); dead ones
+    /// (their feed ended) are pruned when a feed starts.
+    links: Mutex<Vec<std::sync::Weak<links::Links>>>,
+    /// Whether `links` may hold a live feed's (read before taking its lock).
+    any_links: std::sync::atomic::AtomicBool,
     /// Whether the process is root, so mutations can switch fs credentials.
     switch_creds: bool,
     watch_mode: WatchMode,
@@ -446,6 +452,8 @@ impl LocalBackend {
             root_path,
             fds: Arc::new(fds),
             served: Arc::default(),
+            links: Mutex::default(),
+            any_links: std::sync::atomic::AtomicBool::new(false),
             switch_creds,
             watch_mode,
             report_own_changes: std::sync::atomic::AtomicBool::new(false),
@@ -455,18 +463,50 @@ impl LocalBackend {
         })
     }
 
-    /// `statx_at`, noted for the change feed (`served.rs`).
+    /// `statx_at`, noted for the change feed (`served.rs`; a hard-linked file watched by
+    /// an inotify feed, `links.rs`).
     fn noted_at(&self, dir: BorrowedFd<'_>, name: &[u8]) -> Result<Attr> {
         let a = statx_at(dir, name)?;
         self.served.note(&a);
-        Ok(a)
+        Ok(self.watch_link(a, || {
+            rustix::fs::openat(
+                dir,
+                name,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()
+        }))
     }
 
-    /// `statx_fd`, noted for the change feed (`served.rs`).
+    /// `statx_fd`, noted for the change feed (`served.rs`, `links.rs`).
     fn noted_fd(&self, fd: BorrowedFd<'_>) -> Result<Attr> {
         let a = statx_fd(fd)?;
         self.served.note(&a);
-        Ok(a)
+        Ok(self.watch_link(a, || fd.try_clone_to_owned().ok()))
+    }
+
+    /// While an inotify feed runs, watch the hard-linked file `a` describes (`links.rs`);
+    /// the attributes to answer with.
+    fn watch_link(&self, a: Attr, open: impl Fn() -> Option<OwnedFd>) -> Attr {
+        if !links::wanted(&a) || !self.any_links.load(Ordering::Acquire) {
+            return a;
+        }
+        let live: Vec<Arc<links::Links>> = self
+            .links
+            .lock()
+            .iter()
+            .filter_map(|l| l.upgrade())
+            .collect();
+        live.iter().fold(a, |a, l| l.watch(a, &open))
+    }
+
+    /// An inotify feed starts: its hard-linked files' watches (`links.rs`).
+    pub(crate) fn add_links(&self, l: &Arc<links::Links>) {
+        let mut v = self.links.lock();
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Arc::downgrade(l));
+        self.any_links.store(true, Ordering::Release);
     }
 
     /// Whether this backend's fanotify change feed reports inode-only events about

@@ -29,10 +29,13 @@
 //!   outside the mount are not reported.
 //! * **inotify** (fallback, or when asked): one watch per directory under the root, added
 //!   recursively at start and for every directory created or moved in later. Watches cost no
-//!   descriptors (they count against `fs.inotify.max_user_watches`).
+//!   descriptors (they count against `fs.inotify.max_user_watches`). A link count change is
+//!   reported on the inode only, so every hard-linked file the backend answers about gets a
+//!   watch of its own, reported as `Change::Inode` (`links.rs`).
 //!
 //! The thread sends `Change::Entry` for create/delete/move (old and new names), `Change::Attr`
-//! for attrib/modify, `Change::Inode` for inode-only attribute events (fanotify) and
+//! for attrib/modify, `Change::Inode` for inode-only attribute events (fanotify; inotify's
+//! watches on hard-linked files) and
 //! `Change::Overflow` when the kernel lost events (a front end's own passthrough writes are
 //! reported marked, `own.rs`). It empties the
 //! backend's directory-descriptor cache on every directory create/delete/move and on overflow.
@@ -148,6 +151,13 @@ impl Source {
             Source::Ino(i) => i.read(out),
         }
     }
+    /// The hard-linked files' watches (`links.rs`), read with the rest (inotify only).
+    fn links_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match self {
+            Source::Fan(_) => None,
+            Source::Ino(i) => Some(i.links.fd()),
+        }
+    }
     /// A descriptor that reports changes of the mount table (POLLPRI), if followed.
     fn mounts_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         match self {
@@ -191,9 +201,14 @@ fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache
                 events: libc::POLLPRI,
                 revents: 0,
             },
+            libc::pollfd {
+                fd: source.links_fd().map_or(-1, |f| f.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
-        // SAFETY: pfd is a live array of three pollfd structures.
-        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 3, -1) };
+        // SAFETY: pfd is a live array of four pollfd structures.
+        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 4, -1) };
         if r < 0 {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
@@ -205,7 +220,7 @@ fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache
         if pfd[1].revents != 0 {
             return;
         }
-        if pfd[0].revents == 0 && pfd[2].revents == 0 {
+        if pfd[0].revents == 0 && pfd[2].revents == 0 && pfd[3].revents == 0 {
             continue;
         }
         out.clear();
@@ -224,7 +239,7 @@ fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache
                 return; // receiver dropped
             }
         }
-        if pfd[0].revents != 0 {
+        if pfd[0].revents != 0 || pfd[3].revents != 0 {
             // Let events gather before the next read: a busy file system (the fanotify mark
             // covers all of it: other jobs' builds) would otherwise wake this thread for every
             // few events, and the wakeups, not the events, would cost most. Bounds what a
@@ -959,6 +974,9 @@ struct Ino {
     wds: HashMap<WatchDescriptor, Vec<u8>>,
     /// MOVED_FROM of a directory waiting for its MOVED_TO: cookie -> old path.
     moves: HashMap<u32, Vec<u8>>,
+    /// Watches on the hard-linked files the backend answered about (`links.rs`): a link
+    /// count change is reported on the inode only, not to the directories' watches.
+    links: Arc<crate::links::Links>,
 }
 
 fn ino_mask() -> AddWatchFlags {
@@ -984,8 +1002,10 @@ impl Ino {
             root: b.root.try_clone().map_err(Error::from)?,
             wds: HashMap::new(),
             moves: HashMap::new(),
+            links: Arc::new(crate::links::Links::new()?),
         };
         me.add_tree(Vec::new(), &mut Vec::new())?;
+        b.add_links(&me.links);
         Ok(me)
     }
 
@@ -1088,6 +1108,7 @@ impl Ino {
 
     fn read(&mut self, out: &mut Vec<Change>) -> bool {
         use std::os::unix::ffi::OsStrExt;
+        self.links.read(out);
         let mut structural = false;
         loop {
             let evs = match self.ino.read_events() {

@@ -569,3 +569,50 @@ fn outside_directory_changes_keep_the_fd_cache() {
         "outside directory changes emptied the fd cache"
     );
 }
+
+/// The inotify feed watches directories, and the kernel reports a link count change on the
+/// inode only (`fsnotify_link_count`): a hard-linked file the backend answered about is
+/// watched itself, so `rm` of one of its names, a rename over another, and a chmod through a
+/// name outside the root are reported by inode (what its remaining names show changed).
+#[test]
+fn inotify_reports_link_count_changes_of_served_hard_linked_files() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("root");
+    let out = base.path().join("out");
+    for d in ["root/d1", "root/d2", "root/d3", "out"] {
+        fs::create_dir_all(base.path().join(d)).unwrap();
+    }
+    fs::write(root.join("d1/a"), b"one").unwrap();
+    for l in ["d2/b", "d1/b2"] {
+        fs::hard_link(root.join("d1/a"), root.join(l)).unwrap();
+    }
+    fs::hard_link(root.join("d1/a"), out.join("o")).unwrap();
+    fs::write(root.join("d3/x"), b"other").unwrap();
+    let b = LocalBackend::with_options(&root, 16, WatchMode::Inotify).unwrap();
+    b.set_report_own_changes(true);
+    let rx = b.watch().unwrap().unwrap();
+    let a = b.lookup(b"d2", b"b").unwrap();
+    assert_eq!(a.nlink, 4);
+    let inode = Change::Inode {
+        dev: a.dev,
+        ino: a.ino,
+    };
+    fs::remove_file(root.join("d1/a")).unwrap();
+    expect(&rx, &inode, "rm of another name");
+    fs::rename(root.join("d3/x"), root.join("d1/b2")).unwrap();
+    expect(&rx, &inode, "rename over another name");
+    fs::set_permissions(out.join("o"), fs::Permissions::from_mode(0o600)).unwrap();
+    expect(&rx, &inode, "chmod through the outside name");
+    // A file with one link is not watched: a chmod through its name comes by path only.
+    let x = b.lookup(b"d1", b"b2").unwrap();
+    assert_eq!(x.nlink, 1);
+    let before = until_marker(&rx, "d3/m", || {
+        fs::set_permissions(root.join("d1/b2"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::write(root.join("d3/m"), b"").unwrap();
+    });
+    assert!(
+        before.iter().all(|c| !matches!(c, Change::Inode { .. })),
+        "a singly linked file reported by inode: {before:?}"
+    );
+}

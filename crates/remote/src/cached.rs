@@ -253,7 +253,7 @@ fn apply_loop(feed: ChangeFeed, cache: Weak<Cache>, subs: Arc<Mutex<Vec<Subscrib
 /// which the feed reports by inode only when the event named no directory: the change by
 /// inode, for the cache here and the client's (every cached name, and the client kernel's
 /// inode). Asked of the local backend directly (one `statx`), not through the cache.
-fn linked_inode(local: &dyn Backend, change: &Change) -> Option<Change> {
+pub(crate) fn linked_inode(local: &dyn Backend, change: &Change) -> Option<Change> {
     let (Change::Attr { path } | Change::Entry { path }) = change else {
         return None;
     };

@@ -1185,16 +1185,7 @@ impl Backend for RemoteBackend {
             return self.open_container(cc, cred, path, flags, mode);
         }
         let c = self.conn()?;
-        let r = c.call_as(
-            &cred.into(),
-            Request::Open {
-                path: path.to_vec(),
-                flags,
-                mode,
-                umask: open_umask(flags),
-            },
-        )?;
-        self.file(c, r, path, cred, flags, None)
+        Ok(Box::new(self.open_path(c, cred, path, flags, mode, None)?))
     }
 
     fn open_verified(
@@ -1406,32 +1397,11 @@ impl RemoteBackend {
         // caller; a caller who may not read gets ranged writes instead.
         let mut reader = None;
         if flags & libc::O_ACCMODE == libc::O_WRONLY && attr.size > 0 && cc.needs_fetch(&attr) {
-            let r = conn.call_as(
-                &cred.into(),
-                Request::Open {
-                    path: path.to_vec(),
-                    flags: libc::O_RDONLY,
-                    mode: 0,
-                    umask: 0,
-                },
-            );
-            match r {
-                Ok(Reply::Opened { handle, writable }) => {
-                    let r = self.remote_file(
-                        conn.clone(),
-                        handle,
-                        writable,
-                        path,
-                        cred,
-                        libc::O_RDONLY,
-                        Some((attr.dev, attr.ino)),
-                    );
-                    // The same file still (not replaced since the first open).
-                    match r.attr() {
-                        Ok(a) if (a.dev, a.ino) == (attr.dev, attr.ino) => reader = Some(r),
-                        _ => return Ok(Box::new(rf)),
-                    }
-                }
+            let ident = Some((attr.dev, attr.ino));
+            let r = self.open_path(conn.clone(), cred, path, libc::O_RDONLY, 0, ident);
+            // The same file still (not replaced since the first open).
+            match r.and_then(|r| Ok((r.attr()?, r))) {
+                Ok((a, r)) if (a.dev, a.ino) == (attr.dev, attr.ino) => reader = Some(r),
                 _ => return Ok(Box::new(rf)),
             }
         }
@@ -1601,6 +1571,29 @@ impl RemoteBackend {
             )),
             _ => Err(Error::Os(libc::EPROTO)),
         }
+    }
+
+    /// `Open` of `path` on `conn` as `cred` (the caller's umask when `flags` may create):
+    /// the open file, whose reopen must find `ident` if given.
+    fn open_path(
+        &self,
+        conn: Arc<Conn>,
+        cred: &Cred,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+        ident: Option<(u64, u64)>,
+    ) -> Result<RemoteFile> {
+        let req = Request::Open {
+            path: path.to_vec(),
+            flags,
+            mode,
+            umask: open_umask(flags),
+        };
+        let Reply::Opened { handle, writable } = conn.call_as(&cred.into(), req)? else {
+            return Err(Error::Os(libc::EPROTO));
+        };
+        Ok(self.remote_file(conn, handle, writable, path, cred, flags, ident))
     }
 
     /// The open file `handle` on `conn` (see [`Self::file`]).

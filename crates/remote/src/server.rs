@@ -59,6 +59,10 @@ pub struct ServerConfig {
     /// The served root (an `O_PATH` descriptor) delegated searches run beneath; `None`: no
     /// searches (EOPNOTSUPP).
     pub search_root: Option<Arc<std::os::fd::OwnedFd>>,
+    /// Follow each callback by path that names a non-directory with other links by the
+    /// callback of its inode (`cached::linked_inode`), so every name of a hard-linked file
+    /// drops its attributes. Off for a backend whose feed does it itself ([`crate::CachedBackend`]).
+    pub link_callbacks: bool,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +78,7 @@ impl Default for ServerConfig {
             features: features::ALL,
             max_subtree: 1 << 20,
             search_root: None,
+            link_callbacks: true,
         }
     }
 }
@@ -152,10 +157,11 @@ where
                 Ok(Some(feed)) => {
                     let out = out_tx.clone();
                     let stop = stop_rx.clone();
+                    let links = shared.cfg.link_callbacks.then(|| shared.backend.clone());
                     threads.push(
                         std::thread::Builder::new()
                             .name("dircache-serve-callbacks".into())
-                            .spawn(move || callback_loop(feed, stop, out))
+                            .spawn(move || callback_loop(feed, links, stop, out))
                             .map_err(|e| ProtoError::Frame(e.into()))?,
                     );
                 }
@@ -262,14 +268,24 @@ fn write_loop<W: Write>(output: W, rx: Receiver<Vec<u8>>) {
     }
 }
 
-fn callback_loop(feed: dircache_core::ChangeFeed, stop: Receiver<()>, out: Sender<Vec<u8>>) {
+/// Forward the feed's changes as callbacks, each change by path followed by its inode's when
+/// `links` (the backend, asked directly) says it names a hard-linked file.
+fn callback_loop(
+    feed: dircache_core::ChangeFeed,
+    links: Option<Arc<dyn Backend>>,
+    stop: Receiver<()>,
+    out: Sender<Vec<u8>>,
+) {
     loop {
         select! {
             recv(feed) -> c => match c {
                 Ok(c) => {
-                    tracing::debug!("callback {c:?}");
-                    if !send(&out, &ServerMsg::Callback(Callback::from(&c))) {
-                        return;
+                    let inode = links.as_ref().and_then(|b| crate::cached::linked_inode(&**b, &c));
+                    for c in std::iter::once(&c).chain(&inode) {
+                        tracing::debug!("callback {c:?}");
+                        if !send(&out, &ServerMsg::Callback(Callback::from(c))) {
+                            return;
+                        }
                     }
                 }
                 Err(_) => return,

@@ -227,6 +227,10 @@ pub struct Remote {
     pub cache: PathBuf,
     ssh: PathBuf,
     serve: PathBuf,
+    /// What the server's command runs the binary through (`setpriv ...`, [`Remote::serve_as`]).
+    serve_prefix: String,
+    /// Flags added to `dircache serve` ([`Remote::serve_flags`]).
+    serve_flags: String,
 }
 
 impl Default for Remote {
@@ -258,8 +262,10 @@ impl Remote {
             cache,
             ssh,
             serve,
+            serve_prefix: String::new(),
+            serve_flags: String::new(),
         };
-        r.write_serve("");
+        r.write_serve();
         r
     }
 
@@ -273,18 +279,25 @@ impl Remote {
             .status()
             .expect("chown");
         assert!(st.success(), "chown -R {uid} {}", self.src.display());
-        self.write_serve(&format!(
-            "setpriv --reuid={uid} --regid={uid} --clear-groups "
-        ));
+        self.serve_prefix = format!("setpriv --reuid={uid} --regid={uid} --clear-groups ");
+        self.write_serve();
+    }
+
+    /// Add `flags` (e.g. `--no-cache`) to the server's command line, after its arguments.
+    pub fn serve_flags(&mut self, flags: &str) {
+        self.serve_flags = format!(" {flags}");
+        self.write_serve();
     }
 
     /// The server's command (`serve_command=`): a script that logs to `server.log` and execs
-    /// the binary (through `prefix`) with its arguments, keeping its PID.
-    fn write_serve(&self, prefix: &str) {
+    /// the binary (through the prefix) with its arguments and the flags, keeping its PID.
+    fn write_serve(&self) {
         write_script(
             &self.serve,
             &format!(
-                "#!/bin/sh\nDIRCACHE_LOG=info exec {prefix}'{bin}' \"$@\" 2>>'{log}'\n",
+                "#!/bin/sh\nDIRCACHE_LOG=info exec {prefix}'{bin}' \"$@\"{flags} 2>>'{log}'\n",
+                prefix = self.serve_prefix,
+                flags = self.serve_flags,
                 bin = dircache_bin().display(),
                 log = self.dir.path().join("server.log").display(),
             ),

@@ -8,8 +8,9 @@
 
 use dircache_core::Config;
 
-use super::apps::{median_u64, Row};
+use super::apps::Row;
 use super::stats;
+use super::stats::median_u64;
 use crate::coreopts::{self, SWITCHES};
 
 /// The workloads of the ablation (prefixes of `bench apps` workload names). Not the loops

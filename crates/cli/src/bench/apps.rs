@@ -37,8 +37,9 @@ use serde_json::json;
 
 use super::plot::{self, PlotFile};
 use super::progress::{interleaved_rounds, Progress};
+use super::stats::median_u64;
 use super::tree::{self, TempDir};
-use super::{ablation, stats};
+use super::{ablation, drop_caches, stats};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -804,12 +805,6 @@ fn generate(base: &Path, quick: bool, big: bool) -> Result<(PathBuf, PathBuf)> {
     Ok((src, tar))
 }
 
-fn drop_caches() -> Result<()> {
-    // SAFETY: sync(2) has no preconditions.
-    unsafe { libc::sync() };
-    fs::write("/proc/sys/vm/drop_caches", "3\n").context("echo 3 > /proc/sys/vm/drop_caches")
-}
-
 fn run_quiet(cmd: &mut Command) -> Result<()> {
     let o = cmd
         .stdin(Stdio::null())
@@ -1361,27 +1356,9 @@ fn chart(rows: &[Row], runs: usize, ablation: bool) -> plot::Chart {
 /// Median count of each request kind over the runs (a run without a kind counts 0),
 /// largest first.
 fn median_kinds(runs: &[BTreeMap<String, u64>]) -> Vec<(String, u64)> {
-    let mut names: Vec<&String> = runs.iter().flat_map(|m| m.keys()).collect();
-    names.sort();
-    names.dedup();
-    let mut out: Vec<(String, u64)> = names
-        .into_iter()
-        .map(|k| {
-            let v: Vec<u64> = runs
-                .iter()
-                .map(|m| m.get(k).copied().unwrap_or(0))
-                .collect();
-            (k.clone(), median_u64(&v))
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect();
+    let mut out: Vec<(String, u64)> = stats::median_by_kind(runs).into_iter().collect();
     out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     out
-}
-
-pub(super) fn median_u64(v: &[u64]) -> u64 {
-    let f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
-    stats::median(&f).round() as u64
 }
 
 fn print_table(rows: &[Row], runs: usize) {

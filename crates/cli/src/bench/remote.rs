@@ -37,9 +37,10 @@ use dircache_tests::delay_proxy::{DelayProxy, Traffic};
 use dircache_tests::sshd::{sshd_available, which, Sshd};
 use serde_json::json;
 
+use super::drop_caches;
 use super::plot::{self, PlotFile};
 use super::progress::{interleaved_rounds, Progress};
-use super::stats;
+use super::stats::{self, median_u64};
 use super::tree::{self, TempDir};
 
 #[derive(clap::Args)]
@@ -586,12 +587,6 @@ fn spread<T: Clone>(v: &[T], n: usize) -> Vec<T> {
     (0..n.min(v.len()))
         .map(|i| v[i * v.len() / n.min(v.len())].clone())
         .collect()
-}
-
-fn drop_caches() -> Result<()> {
-    // SAFETY: sync(2) has no preconditions.
-    unsafe { libc::sync() };
-    fs::write("/proc/sys/vm/drop_caches", "3\n").context("echo 3 > /proc/sys/vm/drop_caches")
 }
 
 /// Run `cmd` with a time limit: (wall seconds, stdout). The child is killed by PID when the
@@ -1241,37 +1236,11 @@ fn bench(
     Ok(rows)
 }
 
-fn median_u64(v: &[u64]) -> u64 {
-    let f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
-    stats::median(&f).round() as u64
-}
-
 /// Per kind, the median over runs of the requests of that kind (0 where a run had none);
 /// and the median of the runs' totals.
 fn median_requests(runs: &[BTreeMap<String, u64>]) -> (BTreeMap<String, u64>, u64) {
-    let mut kinds: Vec<&String> = runs.iter().flat_map(|m| m.keys()).collect();
-    kinds.sort();
-    kinds.dedup();
-    let by = kinds
-        .into_iter()
-        .map(|k| {
-            let v: Vec<u64> = runs
-                .iter()
-                .map(|m| m.get(k).copied().unwrap_or(0))
-                .collect();
-            (k.clone(), median_u64(&v))
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect();
     let totals: Vec<u64> = runs.iter().map(|m| m.values().sum()).collect();
-    (
-        by,
-        if totals.is_empty() {
-            0
-        } else {
-            median_u64(&totals)
-        },
-    )
+    (stats::median_by_kind(runs), stats::median_u64(&totals))
 }
 
 fn native_median(rows: &[Row], r: &Row) -> Option<f64> {

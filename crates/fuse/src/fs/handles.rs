@@ -28,7 +28,7 @@ pub(super) struct OpenFile {
 impl OpenFile {
     /// A handle of `node` (the kernel's `nodeid`) on `fd` for `cred`; `backing`: the kernel
     /// does its I/O through a passthrough backing file, else through the page cache.
-    fn new(
+    pub(super) fn new(
         fd: Arc<SharedFd>,
         nodeid: u64,
         node: NodeRef,

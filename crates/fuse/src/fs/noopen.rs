@@ -100,14 +100,9 @@ impl CacheFs {
         if !write {
             self.apply_noatime(&**fd);
         }
-        Ok(Arc::new(OpenFile {
-            fd,
-            nodeid: ino.0,
-            node: self.node(ino)?,
-            writable: write,
-            backing: false,
-            cred: self.groups.cred(req.pid(), req.uid(), req.gid()),
-        }))
+        let node = self.node(ino)?;
+        let cred = self.groups.cred(req.pid(), req.uid(), req.gid());
+        Ok(Arc::new(OpenFile::new(fd, ino.0, node, write, false, cred)))
     }
 
     /// The error for I/O on `ino` whose backend file could not be opened (`e`): a name the
@@ -160,14 +155,7 @@ impl CacheFs {
                 .ok()
         })?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let of = OpenFile {
-            fd,
-            nodeid,
-            node: victim,
-            writable: true,
-            backing: false,
-            cred: root.cred().clone(),
-        };
+        let of = OpenFile::new(fd, nodeid, victim, true, false, root.cred().clone());
         self.files.insert(fh, Arc::new(of));
         if let Some(old) = self.orphans.lock().insert(nodeid, fh) {
             self.files.remove(old);
