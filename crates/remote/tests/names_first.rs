@@ -250,8 +250,9 @@ fn names_are_answered_before_the_server_stats_any_entry() {
     let native = LocalBackend::new(dir.path()).unwrap();
     let (want_names, want_full) = (names_walk(&native), full_walk(&native));
     let gate = Arc::new(Gate::default());
-    let _opener = Opener(gate.clone());
     let (s, r) = client(dir.path(), &gate, features::ALL);
+    // Dropped before `s` (whose drop joins the server): a failing test opens the gate first.
+    let _opener = Opener(gate.clone());
     assert_ne!(r.features() & features::NAMES, 0);
     let r = Arc::new(r);
     let before = r.round_trips();
@@ -286,8 +287,9 @@ fn changes_during_a_names_first_stream_are_shown() {
     tree(dir.path());
     let root = dir.path().to_path_buf();
     let gate = Arc::new(Gate::default());
-    let _opener = Opener(gate.clone());
     let (s, r) = client(&root, &gate, features::ALL);
+    // Dropped before `s` (whose drop joins the server): a failing test opens the gate first.
+    let _opener = Opener(gate.clone());
     let feed = r.watch().unwrap().expect("callbacks");
     let r = Arc::new(r);
     assert!(r.prefetch_root());
