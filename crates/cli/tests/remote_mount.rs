@@ -231,6 +231,84 @@ fn server_side_changes_show_through_callbacks() {
     eventually("a rename", || !t.m("d").exists() && t.m("e/f").exists());
 }
 
+/// The mount's FUSE requests of `kind` so far (`dircache stats --json`).
+fn kernel_requests(mnt: &Path, kind: &str) -> u64 {
+    let out = std::process::Command::new(BIN)
+        .arg("stats")
+        .arg("--json")
+        .arg(mnt)
+        .output()
+        .expect("dircache stats");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stats: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    v["kernel_requests"]["by_kind"][kind].as_u64().unwrap_or(0)
+}
+
+/// Cache drops on the machine so far (/proc/vmstat `drop_pagecache` + `drop_slab`): a
+/// `drop_caches` by another program empties the kernel's negative dentries of every mount.
+fn drops() -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("drop_slab ")
+                .or(l.strip_prefix("drop_pagecache "))
+        })
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum()
+}
+
+/// Issue 9's rule for warm runs on a remote mount: missing names (in a directory, under a
+/// missing directory, at the top) stat'ed again send no FUSE request (the kernel keeps the
+/// negative entries with the one-day negative TTL), and a name then created on the server
+/// shows through the callback. A drop_caches by another program meanwhile (the machine is
+/// shared) empties the kernel's dentries: such a pass is done again.
+#[test]
+fn missing_names_stay_in_the_kernel_until_a_callback() {
+    if !can_mount() {
+        return;
+    }
+    let t = RemoteMount::start("");
+    std::fs::create_dir_all(t.s("d/e")).unwrap();
+    std::fs::write(t.s("d/e/f"), b"x").unwrap();
+    eventually("d/e/f seen through the mount", || t.m("d/e/f").exists());
+    let missing = ["d/e/no-such.c", "d/no-dir/x.c", "no-such-top", "d/e/f.o"];
+    let stat_all = || {
+        for m in missing {
+            assert!(std::fs::symlink_metadata(t.m(m)).is_err(), "{m} exists");
+        }
+    };
+    stat_all();
+    let mut quiet = false;
+    for _ in 0..5 {
+        let d0 = drops();
+        stat_all(); // again after a drop; else the kernel has them all
+        let before = kernel_requests(&t.mnt, "lookup");
+        for _ in 0..3 {
+            stat_all();
+        }
+        let sent = kernel_requests(&t.mnt, "lookup") - before;
+        if drops() != d0 {
+            continue;
+        }
+        assert_eq!(sent, 0, "LOOKUPs for missing names stat'ed again");
+        quiet = true;
+        break;
+    }
+    assert!(quiet, "a drop_caches during each of 5 passes");
+    std::fs::write(t.s("d/e/f.o"), b"obj").unwrap();
+    std::fs::create_dir(t.s("d/no-dir")).unwrap();
+    std::fs::write(t.s("d/no-dir/x.c"), b"c").unwrap();
+    eventually("a file created on the server shows", || {
+        std::fs::read(t.m("d/e/f.o")).is_ok_and(|b| b == b"obj")
+    });
+    eventually(
+        "a file under a directory created on the server shows",
+        || std::fs::read(t.m("d/no-dir/x.c")).is_ok_and(|b| b == b"c"),
+    );
+    assert!(std::fs::symlink_metadata(t.m("no-such-top")).is_err());
+}
+
 /// With the server gone (and no reconnecting), calls fail (EIO, never a hang) and unmounting
 /// works.
 #[test]

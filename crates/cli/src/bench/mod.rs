@@ -4,6 +4,7 @@ mod ablation;
 mod alloc;
 mod apps;
 mod lookup;
+mod outside_drops;
 mod plot;
 mod progress;
 mod remote;
