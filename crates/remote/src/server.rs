@@ -92,8 +92,6 @@ struct Shared {
     searches: Arc<search::Running>,
     /// `Subtree` calls in flight, for [`ClientMsg::Hurry`].
     walks: subtree::Walks,
-    /// The features the handshake granted.
-    granted: u64,
 }
 
 struct Job {
@@ -151,7 +149,6 @@ where
             next_handle: AtomicU64::new(1),
             searches: Arc::default(),
             walks: subtree::Walks::default(),
-            granted,
         });
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut threads = Vec::new();
@@ -339,8 +336,7 @@ fn answer(s: &Shared, job: Job) {
             return;
         }
         Request::Subtree { path, budget } => {
-            let names = s.granted & features::NAMES != 0;
-            subtree::run(s, id, &path, budget.min(s.cfg.max_subtree), names);
+            subtree::run(s, id, &path, budget.min(s.cfg.max_subtree));
             return;
         }
         Request::Search {
