@@ -94,3 +94,54 @@ impl Cache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::memory::MemoryBackend;
+    use crate::{At, Backend, Cache, Change, Config, Cred, LookupFlags};
+
+    /// A name first listed without attributes (a plain listing, or a remote names-only one)
+    /// whose attributes a later full listing brings: when those say "hard-linked", the name
+    /// is filed under its inode, so an outside change by inode alone (`Change::Inode`: a link
+    /// count moved by a name nobody reported) reaches it. Before: the full listing stored the
+    /// attributes without filing the name, and the cache kept showing the old link count.
+    #[test]
+    fn a_name_listed_without_attributes_then_with_them_follows_its_inode() {
+        let m = Arc::new(MemoryBackend::new());
+        m.populate(&["d/", "e/", "d/a"]);
+        let root = Cred::root();
+        m.link(&root, b"d/a", b"e/b").expect("link");
+        let c = Cache::new(m.clone(), Config::default()).expect("cache");
+        let r = c.credentials(root.clone());
+        let d = c
+            .lookup(&r, At::Root, b"d", LookupFlags::NOFOLLOW)
+            .expect("d");
+        let names = c.readdir_node(&r, &d, false).expect("names");
+        assert!(names.iter().any(|e| e.name == b"a" && e.attr.is_none()));
+        let full = c.readdir_node(&r, &d, true).expect("listing");
+        let a = full
+            .iter()
+            .find(|e| e.name == b"a")
+            .and_then(|e| e.attr)
+            .expect("attributes of a");
+        assert_eq!(a.nlink, 2);
+        let stat = |p: &[u8]| {
+            c.stat(&r, At::Root, p, LookupFlags::NOFOLLOW)
+                .expect("stat")
+        };
+        assert_eq!(stat(b"d/a").nlink, 2);
+        // A third name, made behind the cache's back and reported by inode only.
+        m.link(&root, b"e/b", b"e/c").expect("link");
+        c.apply_change(&Change::Inode {
+            dev: a.dev,
+            ino: a.ino,
+        });
+        assert_eq!(
+            stat(b"d/a").nlink,
+            3,
+            "d/a kept the link count from before the inode's change"
+        );
+    }
+}

@@ -108,6 +108,10 @@ impl Cache {
                     {
                         if let Some(a) = e.attr {
                             d.set_attr(Some(a));
+                            // A name known without attributes (a plain listing, a remote
+                            // names-only one) that turns out hard-linked: `Change::Inode`
+                            // must reach it (hardlinks.rs).
+                            self.note_links(&d, &a);
                         }
                         if d.attr_copy().is_none() {
                             d.attr.set_ino(e.ino);

@@ -263,6 +263,7 @@ impl Cache {
             // Same inode number on another device: a file system was mounted over the name.
             Ok(Ok(a)) if a.ino == ino && a.kind() == kind && (dev == 0 || a.dev == dev) => {
                 node.set_attr(Some(a));
+                self.note_links(node, &a);
                 true
             }
             _ => false,
