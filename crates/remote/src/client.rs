@@ -772,6 +772,8 @@ impl RemoteBackend {
         let mut dirs: Vec<SubtreeDir> = Vec::new();
         loop {
             match rx.recv() {
+                // Names first: the full listings follow.
+                Ok(Ok((false, Ok(Reply::Names(_))))) => {}
                 Ok(Ok((last, Ok(Reply::Subtree { dirs: d, complete })))) => {
                     for sd in d {
                         match dirs.last_mut() {
@@ -803,23 +805,37 @@ impl RemoteBackend {
 impl RemoteBackend {
     /// [`Backend::readdir`] from the prefetch buffer or the server.
     fn readdir_online(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
+        // Without attributes, the names of a bulk call (names first) answer.
+        let take = |p: &mut Prefetch| {
+            let l = p
+                .take(path)
+                .or_else(|| (!plus).then(|| p.take_names(path)).flatten());
+            if l.is_some() {
+                p.mark_listed(path);
+            }
+            l
+        };
         let first = {
             let mut p = self.prefetch.lock();
-            if let Some(l) = p.take(path) {
-                p.mark_listed(path);
+            if let Some(l) = take(&mut p) {
                 return Ok(l);
             }
             p.enabled() && !p.was_listed(path)
         };
         // The first listing of a directory: its whole subtree (bounded) in one streamed bulk
         // call (or the one in flight that brings it); this listing answers the call, the rest
-        // waits in the prefetch buffer (client/bulk.rs).
-        let got = first && self.bulk(path);
+        // waits in the prefetch buffer (client/bulk.rs). Another listing of it: the call in
+        // flight that still brings it (names handed over, the full listing wanted now).
+        let got = if first {
+            self.bulk(path, !plus)
+        } else {
+            self.wait_for_listing(path, !plus)
+        };
         {
             let mut p = self.prefetch.lock();
             p.mark_listed(path);
             if got {
-                if let Some(l) = p.take(path) {
+                if let Some(l) = take(&mut p) {
                     return Ok(l);
                 }
             }
@@ -957,7 +973,13 @@ impl Backend for RemoteBackend {
         if let Some(r) = self.prefetch.lock().lookup(dir, name) {
             return r.map(|a| self.handed_out(&join(dir, name), a));
         }
-        if self.wait_for_listing(dir) || self.bulk_after_misses(dir) {
+        // Names first: the names answer for a subdirectory or a missing name.
+        if self.wait_for_listing(dir, true) {
+            if let Some(r) = self.prefetch.lock().lookup(dir, name) {
+                return r.map(|a| self.handed_out(&join(dir, name), a));
+            }
+        }
+        if self.wait_for_listing(dir, false) || self.bulk_after_misses(dir) {
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                 return r.map(|a| self.handed_out(&join(dir, name), a));
             }
@@ -980,12 +1002,16 @@ impl Backend for RemoteBackend {
             names,
             |at, name| {
                 if self.prefetch.lock().coming(at) {
-                    self.wait_for_listing(at);
+                    // Names first: the names answer for a subdirectory or a missing name.
+                    let named = self.wait_for_listing(at, true);
+                    if !named || self.prefetch.lock().lookup(at, name).is_none() {
+                        self.wait_for_listing(at, false);
+                    }
                 }
                 let mut p = self.prefetch.lock();
                 if !p.holds(at) && p.missed_again(at) {
                     drop(p);
-                    self.bulk(at);
+                    self.bulk(at, false);
                     p = self.prefetch.lock();
                 }
                 let r = p.lookup(at, name);
@@ -1008,7 +1034,12 @@ impl Backend for RemoteBackend {
             if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                 return r.map(|a| self.handed_out(path, a));
             }
-            if self.wait_for_listing(dir) || self.bulk_after_misses(dir) {
+            if self.wait_for_listing(dir, true) {
+                if let Some(r) = self.prefetch.lock().lookup(dir, name) {
+                    return r.map(|a| self.handed_out(path, a));
+                }
+            }
+            if self.wait_for_listing(dir, false) || self.bulk_after_misses(dir) {
                 if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                     return r.map(|a| self.handed_out(path, a));
                 }
@@ -1228,7 +1259,7 @@ impl Backend for RemoteBackend {
             };
             if bare
                 || (!t.path.is_empty()
-                    && self.wait_for_listing(parent)
+                    && self.wait_for_listing(parent, false)
                     && self.prefetch.lock().is_bare(t.path))
             {
                 return Err(Error::Os(libc::ENODATA));
@@ -1505,7 +1536,7 @@ impl RemoteBackend {
         if !self.prefetch.lock().missed_again(dir) {
             return false;
         }
-        self.bulk(dir)
+        self.bulk(dir, false)
     }
 
     fn walk_remote(&self, dir: &[u8], names: &[&[u8]]) -> Walked {

@@ -38,6 +38,15 @@
 //!   older calls are not stored).
 //! - Bounded: at most `max` entries in all; a reply that does not fit is dropped; at most
 //!   [`MAX_STALE`] stale items per call in flight (past that, the call ends).
+//!
+//! **Names first** (feature `NAMES`): a bulk call may bring a directory's names (types, inode
+//! numbers, its subdirectories' attributes) before its full listing. Those names-only
+//! listings are held apart ([`Prefetch::store_names`]; at most `max` entries more), under
+//! the same invariant and dropped by the same changes; a directory's full listing replaces
+//! them. They answer a `readdir` without attributes ([`Prefetch::take_names`]: the core
+//! cache then holds the names, and lookups of the files wait for the full listing, which
+//! stays here for them), and lookups of subdirectories and of names the listing lacks
+//! (they stay until the full listing replaces them).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -156,6 +165,10 @@ pub struct Prefetch {
     /// just that listing after a change) is a plain `Readdir`: the subtree below is still in
     /// the cache, and a bulk call would fetch all of it again.
     listed: BTreeSet<Vec<u8>>,
+    /// Names first: names-only listings whose full listings have not come (module docs).
+    names: BTreeMap<Vec<u8>, Vec<DirEntry>>,
+    /// Entries in `names`.
+    names_entries: usize,
 }
 
 /// A streamed bulk call in flight.
@@ -171,6 +184,12 @@ struct InFlight {
     /// (a caller that finds one gone, handed to another caller meanwhile, does not wait for
     /// the rest of the call).
     delivered: BTreeSet<Vec<u8>>,
+    /// Directories (backend paths) whose names the call brought (names first): a caller
+    /// waiting for the full listing then hurries it as one waiting for attributes.
+    named: BTreeSet<Vec<u8>>,
+    /// Directories (relative to `root`) hurried for their full listing after their names
+    /// came (at most [`MAX_HURRIED`]).
+    hurried_full: BTreeSet<Vec<u8>>,
     /// What changes since the call was sent (or still in flight when it was) made stale:
     /// listings it hits are dropped when they arrive (at most [`MAX_STALE`]).
     stale: Vec<Stale>,
@@ -269,6 +288,8 @@ impl Prefetch {
             next_mutation: 1,
             missed: BTreeSet::new(),
             listed: BTreeSet::new(),
+            names: BTreeMap::new(),
+            names_entries: 0,
         }
     }
 
@@ -311,6 +332,8 @@ impl Prefetch {
         self.bare.clear();
         self.linked.clear();
         self.inos.clear();
+        self.names.clear();
+        self.names_entries = 0;
     }
 
     /// A callback touching `path` ([`stale_of`]).
@@ -354,8 +377,11 @@ impl Prefetch {
             match s {
                 Stale::Dir(d) => {
                     self.remove(d);
+                    self.remove_names(d);
                 }
                 Stale::Tree(t) if t.is_empty() => {
+                    self.names.clear();
+                    self.names_entries = 0;
                     self.listings.clear();
                     self.entries = 0;
                     self.bare.clear();
@@ -364,8 +390,17 @@ impl Prefetch {
                 }
                 Stale::Tree(t) => {
                     self.remove(t);
+                    self.remove_names(t);
                     self.bare.remove(t);
                     let (lo, hi) = below(t);
+                    let names_below: Vec<Vec<u8>> = self
+                        .names
+                        .range(lo.clone()..hi.clone())
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for k in names_below {
+                        self.remove_names(&k);
+                    }
                     let bare_below: Vec<Vec<u8>> =
                         self.bare.range(lo.clone()..hi.clone()).cloned().collect();
                     for k in bare_below {
@@ -385,6 +420,7 @@ impl Prefetch {
                         self.remove(&k);
                     }
                 }
+                Stale::Ino(_) if !self.names.is_empty() && self.drop_names_hit(s) => {}
                 Stale::Ino(i) if !self.inos.contains_key(i) => {}
                 Stale::Ino(_) => {
                     let keys: Vec<Vec<u8>> = self
@@ -411,6 +447,26 @@ impl Prefetch {
             }
             c.stale.len() <= MAX_STALE
         });
+    }
+
+    /// Drop the names-only listings `s` hits; false (to go on with the full listings).
+    fn drop_names_hit(&mut self, s: &Stale) -> bool {
+        let keys: Vec<Vec<u8>> = self
+            .names
+            .iter()
+            .filter(|(k, l)| s.hits(k, l))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            self.remove_names(&k);
+        }
+        false
+    }
+
+    fn remove_names(&mut self, dir: &[u8]) -> Option<Vec<DirEntry>> {
+        let l = self.names.remove(dir)?;
+        self.names_entries -= l.len();
+        Some(l)
     }
 
     fn remove(&mut self, dir: &[u8]) -> Option<Vec<DirEntry>> {
@@ -462,9 +518,73 @@ impl Prefetch {
         Some(dropped == 0)
     }
 
+    /// Names first: store the names-only listings of one part of streamed bulk call
+    /// `token` (`Reply::Names`), as [`Prefetch::store_part`] stores full ones: `None` when
+    /// the call is no longer in flight, else whether none was dropped as stale. A directory
+    /// whose full listing is held already keeps that.
+    pub fn store_names(
+        &mut self,
+        gen: u64,
+        token: u64,
+        root: &[u8],
+        dirs: Vec<SubtreeDir>,
+        with_root: bool,
+    ) -> Option<bool> {
+        if gen != self.gen || !self.enabled() {
+            return None;
+        }
+        let c = self.inflight.iter_mut().find(|c| c.token == token)?;
+        let mut fresh = Vec::with_capacity(dirs.len());
+        let mut dropped = 0;
+        for d in dirs {
+            let key = join(root, &d.dir);
+            if c.stale.iter().any(|s| s.hits(&key, &d.entries)) {
+                dropped += 1;
+                continue;
+            }
+            c.named.insert(key.clone());
+            if with_root || !d.dir.is_empty() {
+                fresh.push((key, d.entries));
+            }
+        }
+        for (key, entries) in fresh {
+            if self.listings.contains_key(&key) {
+                continue;
+            }
+            let old = self.names.get(&key).map_or(0, Vec::len);
+            if self.names_entries - old + entries.len() > self.max {
+                break;
+            }
+            self.remove_names(&key);
+            self.names_entries += entries.len();
+            self.names.insert(key, entries);
+        }
+        self.waits.stale += dropped;
+        Some(dropped == 0)
+    }
+
+    /// Whether the names of `dir` are held (names only).
+    pub fn holds_names(&self, dir: &[u8]) -> bool {
+        self.names.contains_key(dir)
+    }
+
+    /// The names-only listing of `dir`, handed over. It stays (for lookups of its
+    /// subdirectories and missing names) until its full listing replaces it; that stays
+    /// for the lookups of its files.
+    pub fn take_names(&mut self, dir: &[u8]) -> Option<Vec<DirEntry>> {
+        let l = self.names.get(dir)?.clone();
+        self.hits += 1;
+        if self.in_flight() {
+            self.waits.early += 1;
+        }
+        Some(l)
+    }
+
     fn put(&mut self, root: &[u8], dirs: Vec<SubtreeDir>, with_root: bool) {
         for d in dirs {
             let key = join(root, &d.dir);
+            // The full listing replaces the names.
+            self.remove_names(&key);
             if d.bare.len() == d.entries.len() {
                 for (e, bare) in d.entries.iter().zip(&d.bare) {
                     if *bare && !linked(e) && self.bare.len() < self.max {
@@ -581,6 +701,8 @@ impl Prefetch {
             call: None,
             hurried: BTreeSet::new(),
             delivered: BTreeSet::new(),
+            named: BTreeSet::new(),
+            hurried_full: BTreeSet::new(),
             stale,
         });
         Some(t)
@@ -612,7 +734,13 @@ impl Prefetch {
             } else {
                 dir[c.root.len() + 1..].to_vec()
             };
-            if c.hurried.insert(rel.clone()) {
+            // Its names came: the caller waits for the full listing (names first).
+            let set = if c.named.contains(dir) {
+                &mut c.hurried_full
+            } else {
+                &mut c.hurried
+            };
+            if set.len() < MAX_HURRIED && set.insert(rel.clone()) {
                 out.push((call, rel));
             }
         }
@@ -650,10 +778,11 @@ impl Prefetch {
         Some(l)
     }
 
-    /// `dir/name` from a held listing of `dir`: its attributes, NotFound if the complete
-    /// listing lacks it, `None` when `dir` is not held (or the entry has no attributes).
+    /// `dir/name` from a held listing of `dir` (full, or names only): its attributes,
+    /// NotFound if the complete listing lacks it, `None` when `dir` is not held (or the entry
+    /// has no attributes: a file of a names-only listing).
     pub fn lookup(&mut self, dir: &[u8], name: &[u8]) -> Option<Result<Attr, Error>> {
-        let l = self.listings.get(dir)?;
+        let l = self.listings.get(dir).or_else(|| self.names.get(dir))?;
         let r = match l.iter().find(|e| e.name == name) {
             Some(e) => Ok(e.attr?),
             None => Err(Error::NotFound),

@@ -37,8 +37,14 @@ pub mod features {
     /// [`Request::OpenPlus`](super::Request::OpenPlus): an open answered with the file's
     /// attributes and its first bytes (one round trip for a cold open+read of a small file).
     pub const OPEN_PLUS: u64 = 1 << 5;
+    /// Names first: a `Subtree` reply sends each directory's names and types (getdents; the
+    /// subdirectories with their attributes) in [`Reply::Names`](super::Reply::Names) frames
+    /// as soon as they are read, and its full listing (every entry's attributes) later, so a
+    /// walk that needs names only (`find -name`) is answered before the server has statted
+    /// every entry. Needs [`SUBTREE`].
+    pub const NAMES: u64 = 1 << 6;
     /// Everything this build knows.
-    pub const ALL: u64 = CALLBACKS | SUBTREE | XATTRS | SEARCH | HURRY | OPEN_PLUS;
+    pub const ALL: u64 = CALLBACKS | SUBTREE | XATTRS | SEARCH | HURRY | OPEN_PLUS | NAMES;
 }
 
 /// Largest frame a client sends (a write's data chunk plus its header fits).
@@ -120,7 +126,9 @@ pub enum ClientMsg {
     /// `path`) of `Subtree` call `call`, still in flight: the server reads it (or the nearest
     /// ancestor it has not read yet, then the path down to it) before the rest of the call's
     /// queue, and what lies below it depth first. No reply; nothing if the call is over or
-    /// `dir` was sent already.
+    /// `dir` was sent already. With [`features::NAMES`]: for a directory whose names were
+    /// sent already, the caller waits for its attributes: its full listing (and those of
+    /// the directories below it) is read before the other full listings.
     Hurry {
         call: u64,
         #[serde(with = "serde_bytes")]
@@ -439,6 +447,11 @@ pub enum Reply {
         attr: Attr,
         data: Option<Bytes>,
     },
+    /// (With [`features::NAMES`].) Part of a `Subtree` reply, never its last frame: listings
+    /// with names, types and inode numbers only, but for subdirectories, which carry their
+    /// attributes (`bare` empty). Each directory's full listing follows in a later
+    /// [`Reply::Subtree`] frame of the same call (unless it cannot be read by then).
+    Names(Vec<SubtreeDir>),
 }
 
 /// One result of a [`Request::Search`] ([`dircache_core::SearchHit`] on the wire).

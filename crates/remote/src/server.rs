@@ -92,6 +92,8 @@ struct Shared {
     searches: Arc<search::Running>,
     /// `Subtree` calls in flight, for [`ClientMsg::Hurry`].
     walks: subtree::Walks,
+    /// The features the handshake granted.
+    granted: u64,
 }
 
 struct Job {
@@ -149,6 +151,7 @@ where
             next_handle: AtomicU64::new(1),
             searches: Arc::default(),
             walks: subtree::Walks::default(),
+            granted,
         });
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut threads = Vec::new();
@@ -336,7 +339,8 @@ fn answer(s: &Shared, job: Job) {
             return;
         }
         Request::Subtree { path, budget } => {
-            subtree::run(s, id, &path, budget.min(s.cfg.max_subtree));
+            let names = s.granted & features::NAMES != 0;
+            subtree::run(s, id, &path, budget.min(s.cfg.max_subtree), names);
             return;
         }
         Request::Search {

@@ -20,6 +20,12 @@
 //! may come in pieces over several frames: the last directory of a frame is held back until
 //! the next frame shows whether it continues, so only whole listings are stored.
 //!
+//! With `NAMES` granted a call brings each directory's names first (`Reply::Names`, stored
+//! apart: crate::prefetch) and its full listing later: a caller that needs names only
+//! (a listing without attributes) takes the names as soon as they come, one that needs
+//! attributes waits for the full listing (and hurries it, the server then reads that full
+//! listing next).
+//!
 //! [`RemoteBackend::prefetch_root`] starts one for the whole tree when a mount starts, so the
 //! first walk finds its listings arriving or already there.
 
@@ -111,15 +117,18 @@ impl RemoteBackend {
     }
 
     /// Wait while a streamed bulk call in flight may still bring `dir`'s listing (at most
-    /// [`MAX_WAIT`]); whether the listing is held now. A wait longer than
-    /// [`HURRY_AFTER_MS`] tells the server (`ClientMsg::Hurry`, once per directory and call):
+    /// [`MAX_WAIT`]; with `names_ok` its names are enough); whether the listing (or with
+    /// `names_ok` the names) is held now. A wait longer than
+    /// [`HURRY_AFTER_MS`] tells the server (`ClientMsg::Hurry`, once per directory and call,
+    /// and once more when its names came and its full listing is still awaited):
     /// it reads `dir` next, and what is below it depth first, instead of when its breadth
     /// first pass would reach it (a depth-first `find` would otherwise wait for most of the
     /// pass before its first deep directory comes).
-    pub(super) fn wait_for_listing(&self, dir: &[u8]) -> bool {
+    pub(super) fn wait_for_listing(&self, dir: &[u8], names_ok: bool) -> bool {
+        let ready = |p: &Prefetch| p.holds(dir) || (names_ok && p.holds_names(dir));
         let mut p = self.prefetch.lock();
-        if !p.coming(dir) {
-            let held = p.holds(dir);
+        if ready(&p) || !p.coming(dir) {
+            let held = ready(&p);
             if held && p.in_flight() {
                 p.waits.early += 1;
             }
@@ -129,8 +138,10 @@ impl RemoteBackend {
         let deadline = t0 + MAX_WAIT;
         let hurry_at = t0 + Duration::from_millis(HURRY_AFTER_MS);
         let mut hurried = false;
-        while p.coming(dir) && Instant::now() < deadline {
-            if !hurried && Instant::now() >= hurry_at {
+        while !ready(&p) && p.coming(dir) && Instant::now() < deadline {
+            // Once past the delay, at every wake-up: the names may have come meanwhile, and
+            // the full listing is hurried then (`to_hurry` sends each once).
+            if Instant::now() >= hurry_at {
                 hurried = true;
                 let calls = p.to_hurry(dir);
                 if !calls.is_empty() {
@@ -148,7 +159,7 @@ impl RemoteBackend {
         }
         let waited = t0.elapsed();
         let us = waited.as_micros() as u64;
-        let held = p.holds(dir);
+        let held = ready(&p);
         let w = &mut p.waits;
         w.waits += 1;
         w.wait_us += us;
@@ -196,8 +207,8 @@ impl RemoteBackend {
     /// the next budget (so that its other unlisted directories come along), else the subtree
     /// of `dir`'s parent when its listing is known, else `dir`'s own subtree; waits for
     /// `dir`'s part. Whether `dir`'s listing is held now.
-    pub(super) fn bulk(&self, dir: &[u8]) -> bool {
-        if self.wait_for_listing(dir) {
+    pub(super) fn bulk(&self, dir: &[u8], names_ok: bool) -> bool {
+        if self.wait_for_listing(dir, names_ok) {
             return true;
         }
         let (budget, root) = {
@@ -223,11 +234,11 @@ impl RemoteBackend {
             }
         };
         if let Some(root) = root.filter(|r| r != dir) {
-            if self.bulk_start(&root, budget, false) && self.wait_for_listing(dir) {
+            if self.bulk_start(&root, budget, false) && self.wait_for_listing(dir, names_ok) {
                 return true;
             }
         }
-        self.bulk_start(dir, budget, true) && self.wait_for_listing(dir)
+        self.bulk_start(dir, budget, true) && self.wait_for_listing(dir, names_ok)
     }
 }
 
@@ -251,9 +262,31 @@ impl Call {
     fn run(self, rx: Receiver<Frame>) {
         // The last directory of the previous frame: it may continue in the next one.
         let mut held: Option<SubtreeDir> = None;
+        // The same for names-only frames (whose pieces are adjacent frames too).
+        let mut held_names: Option<SubtreeDir> = None;
         let t0 = Instant::now();
         let (mut listings, mut entries, mut kept_all) = (0usize, 0usize, true);
-        while let Ok(Ok((last, Ok(Reply::Subtree { dirs, complete })))) = rx.recv() {
+        loop {
+            let (last, dirs, complete) = match rx.recv() {
+                Ok(Ok((last, Ok(Reply::Subtree { dirs, complete })))) => (last, dirs, complete),
+                Ok(Ok((false, Ok(Reply::Names(dirs))))) => {
+                    let whole = join_pieces(&mut held_names, dirs);
+                    let stored = self.prefetch.lock().store_names(
+                        self.gen,
+                        self.token,
+                        &self.root,
+                        whole,
+                        self.with_root,
+                    );
+                    kept_all &= stored == Some(true);
+                    self.arrived.notify_all();
+                    if stored.is_none() {
+                        break;
+                    }
+                    continue;
+                }
+                _ => break,
+            };
             let mut whole = Vec::with_capacity(dirs.len());
             // Entries of the frame's last piece.
             let mut piece = ENTRIES_PER_FRAME;
@@ -294,6 +327,9 @@ impl Call {
                 break;
             }
         }
+        if held_names.is_some() {
+            tracing::debug!("a names-only listing was cut short");
+        }
         // Dropping `rx` discards whatever else comes for this call.
         self.prefetch.lock().end(self.token);
         self.arrived.notify_all();
@@ -308,4 +344,23 @@ impl Call {
             }
         );
     }
+}
+
+/// Names first: the whole names-only listings of a `Reply::Names` frame. A listing continues
+/// in the next names frame only when its piece in this one is full ([`ENTRIES_PER_FRAME`]):
+/// such a last piece is held in `held` until then.
+fn join_pieces(held: &mut Option<SubtreeDir>, dirs: Vec<SubtreeDir>) -> Vec<SubtreeDir> {
+    let mut whole = Vec::with_capacity(dirs.len());
+    let mut piece = ENTRIES_PER_FRAME;
+    for sd in dirs {
+        piece = sd.entries.len();
+        match held {
+            Some(h) if h.dir == sd.dir => h.entries.extend(sd.entries),
+            _ => whole.extend(held.replace(sd)),
+        }
+    }
+    if piece < ENTRIES_PER_FRAME {
+        whole.extend(held.take());
+    }
+    whole
 }

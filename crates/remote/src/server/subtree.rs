@@ -11,6 +11,17 @@
 //! once keep the disk busy on a cold tree, where one statx after another waits for one inode
 //! block after another.
 //!
+//! **Names first** (feature `NAMES`, docs/protocol.md): a walker reads a directory with
+//! getdents only (and statx of its subdirectories, which the walk opens next anyway) and
+//! sends those names at once (`Reply::Names`); the full listing (a statx per entry, and the
+//! extended attribute query) is a second job for later. Walkers take jobs in this order:
+//! hurried listings, hurried full listings (a client waits for attributes), the breadth-first
+//! queue of listings, the full listings in the order their names were sent. So the names of
+//! the whole tree (what a `find -name` needs) reach the client before most entries are
+//! statted, and a walk that stats (`du`, `ls -l`) hurries the full listings it waits for.
+//! Each directory is listed once by getdents for its names; its full listing reads it again
+//! from the page cache.
+//!
 //! Bounds, as before: at most `budget` entries below the root, whole directories only (the
 //! first directory that does not fit ends the walk: `complete: false`); a directory that
 //! cannot be read is skipped; a directory's listing may span frames, its pieces adjacent;
@@ -63,6 +74,24 @@ pub(super) struct Walk {
     stop: bool,
     /// Directories read out of order because of a hurry (for the log).
     hurried: u64,
+    /// Names first (module docs): directories whose names were sent and whose full listings
+    /// are still to read, in that order.
+    named: VecDeque<Vec<u8>>,
+    /// Full listings a client waits for (hurried), before `named`.
+    stat_urgent: VecDeque<Vec<u8>>,
+    /// Directories whose attributes a client waited for: the full listings of directories
+    /// named below them later go to `stat_urgent` (at most [`MAX_WANTED`]).
+    stat_hot: Vec<Vec<u8>>,
+}
+
+/// A walker's next job.
+#[derive(Debug, PartialEq, Eq)]
+enum Job {
+    /// Read a directory (with `hot`: what is below it is hurried too). With names first,
+    /// its names only.
+    List(Vec<u8>, bool),
+    /// Names first: read a named directory's full listing.
+    Full(Vec<u8>),
 }
 
 impl Walk {
@@ -73,8 +102,71 @@ impl Walk {
         }
     }
 
+    /// The next job (module docs for the order); no listing once the walk is cut.
+    fn next_job(&mut self) -> Option<Job> {
+        if !self.cut {
+            if let Some((r, hot)) = self.urgent.pop() {
+                self.hurried += 1;
+                return Some(Job::List(r, hot));
+            }
+        }
+        if let Some(d) = self.stat_urgent.pop_front() {
+            return Some(Job::Full(d));
+        }
+        if !self.cut {
+            if let Some(d) = self.queue.pop_front() {
+                return Some(Job::List(d, false));
+            }
+        }
+        self.named.pop_front().map(Job::Full)
+    }
+
+    /// Names first: `rel`'s names were sent; its full listing is a job now.
+    fn named(&mut self, rel: Vec<u8>) {
+        if self.stat_hot.iter().any(|h| is_below(&rel, h)) {
+            self.stat_urgent.push_back(rel);
+        } else {
+            self.named.push_back(rel);
+        }
+    }
+
+    /// Names first: a client waits for the attributes of `dir`, whose names were sent: its
+    /// full listing next, then those of the directories named below it (in the order they
+    /// were named), and of those named below it later. False when `dir`'s full listing is
+    /// not waiting (not named yet, or read already).
+    fn hurry_full(&mut self, dir: &[u8]) -> bool {
+        let at = |q: &VecDeque<Vec<u8>>| q.iter().position(|d| d == dir);
+        if let Some(i) = at(&self.stat_urgent) {
+            if let Some(d) = self.stat_urgent.remove(i) {
+                self.stat_urgent.push_front(d);
+            }
+            return true;
+        }
+        let Some(i) = at(&self.named) else {
+            return false;
+        };
+        let (below, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.named)
+            .into_iter()
+            .enumerate()
+            .partition(|(j, d)| *j != i && is_below(d, dir));
+        let mut rest: VecDeque<Vec<u8>> = rest.into_iter().map(|(_, d)| d).collect();
+        if let Some(k) = rest.iter().position(|d| d == dir) {
+            if let Some(d) = rest.remove(k) {
+                self.stat_urgent.push_front(d);
+            }
+        }
+        self.named = rest;
+        self.stat_urgent.extend(below.into_iter().map(|(_, d)| d));
+        if self.stat_hot.len() >= MAX_WANTED {
+            self.stat_hot.remove(0);
+        }
+        self.stat_hot.push(dir.to_vec());
+        true
+    }
+
     /// The next directory to read: hurried ones first; with whether what is below it is
     /// hurried too.
+    #[cfg(test)]
     fn next(&mut self) -> Option<(Vec<u8>, bool)> {
         if let Some(r) = self.urgent.pop() {
             self.hurried += 1;
@@ -112,7 +204,10 @@ impl Walk {
     /// A client waits for `dir`: it (or its nearest ancestor still queued) jumps the queue;
     /// when an ancestor is being read, `dir` is remembered for when its path is found.
     pub(super) fn hurry(&mut self, dir: &[u8]) {
-        if self.stop || self.cut || self.urgent.last().is_some_and(|u| u.0 == dir && u.1) {
+        if self.stop || self.hurry_full(dir) {
+            return;
+        }
+        if self.cut || self.urgent.last().is_some_and(|u| u.0 == dir && u.1) {
             return;
         }
         let queued = |d: &Vec<u8>| is_below(dir, d);
@@ -200,8 +295,35 @@ impl Drop for Registered<'_> {
     }
 }
 
-/// Answer call `id`: the subtree of `root`, at most `budget` entries below it (module docs).
-pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
+/// A listing read by a walker.
+enum Listing {
+    /// Names first: names and types, subdirectories with attributes.
+    Names(Vec<u8>, Vec<DirEntry>),
+    /// Every entry with attributes, and which entries are bare.
+    Full(Vec<u8>, Vec<DirEntry>, Vec<bool>),
+}
+
+/// Names first: `dir`'s names and types (getdents, through the server's cache), its
+/// subdirectories with their attributes (a statx each: the walk opens them next anyway).
+fn names_of(s: &Shared, dir: &[u8]) -> dircache_core::Result<Vec<DirEntry>> {
+    let mut entries = s.backend.readdir(dir, false)?;
+    for e in entries
+        .iter_mut()
+        .filter(|e| e.kind == FileType::Directory && e.attr.is_none())
+    {
+        // A name replaced by another type meanwhile keeps no attributes (the full listing
+        // brings them).
+        if let Some(a) = s.backend.lookup(dir, &e.name).ok().filter(|a| a.is_dir()) {
+            e.ino = a.ino;
+            e.attr = Some(a);
+        }
+    }
+    Ok(entries)
+}
+
+/// Answer call `id`: the subtree of `root`, at most `budget` entries below it (module docs);
+/// with `names`, names first.
+pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64, names: bool) {
     // Registered first: a hurry may come while the root's listing is read (it is "being
     // read", so hurried directories are wanted once it is).
     let mut first = Walk::new(budget);
@@ -212,7 +334,12 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
     });
     s.walks.0.lock().insert(id, ctl.clone());
     let _registered = Registered(&s.walks, id);
-    let entries = match s.backend.readdir(root, true) {
+    let read = if names {
+        names_of(s, root)
+    } else {
+        s.backend.readdir(root, true)
+    };
+    let entries = match read {
         Ok(e) => e,
         Err(e) => {
             send(
@@ -230,6 +357,7 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
         s,
         id,
         batch: Vec::new(),
+        names: false,
         entries: 0,
         bytes: 0,
     };
@@ -239,12 +367,21 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
         let mut w = ctl.walk.lock();
         w.reading.clear();
         w.found(b"", false, subs);
+        if names {
+            // The root's full listing before the others' (everyone stats at the top).
+            w.stat_urgent.push_back(Vec::new());
+        }
     }
-    let bare = bare_entries(s, root, &entries);
-    if !out.push(Vec::new(), entries, bare) {
+    let pushed = if names {
+        out.push(Vec::new(), entries, Vec::new(), true)
+    } else {
+        let bare = bare_entries(s, root, &entries);
+        out.push(Vec::new(), entries, bare, false)
+    };
+    if !pushed {
         return;
     }
-    if !any {
+    if !any && !names {
         out.flush(true, true);
         return;
     }
@@ -253,15 +390,15 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
         return;
     }
     let (walk, changed) = (&ctl.walk, &ctl.changed);
-    let (tx, rx) = bounded::<(Vec<u8>, Vec<DirEntry>, Vec<bool>)>(READ_AHEAD);
+    let (tx, rx) = bounded::<Listing>(READ_AHEAD);
     let sent = std::thread::scope(|scope| {
         for _ in 0..WALKERS {
             let tx = tx.clone();
-            scope.spawn(move || walker(s, root, walk, changed, tx));
+            scope.spawn(move || walker(s, root, walk, changed, tx, names));
         }
         drop(tx);
         let sent = loop {
-            let (rel, entries, bare) = match rx.try_recv() {
+            let listing = match rx.try_recv() {
                 Ok(l) => l,
                 Err(TryRecvError::Empty) => {
                     // Nothing read yet: what is packed leaves now.
@@ -275,7 +412,11 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64) {
                 }
                 Err(TryRecvError::Disconnected) => break true,
             };
-            if !out.push(rel, entries, bare) {
+            let pushed = match listing {
+                Listing::Names(rel, entries) => out.push(rel, entries, Vec::new(), true),
+                Listing::Full(rel, entries, bare) => out.push(rel, entries, bare, false),
+            };
+            if !pushed {
                 break false;
             }
         };
@@ -317,19 +458,30 @@ fn walker(
     root: &[u8],
     walk: &Mutex<Walk>,
     changed: &Condvar,
-    tx: crossbeam_channel::Sender<(Vec<u8>, Vec<DirEntry>, Vec<bool>)>,
+    tx: crossbeam_channel::Sender<Listing>,
+    names: bool,
 ) {
     loop {
         let (rel, hot) = {
             let mut w = walk.lock();
             loop {
-                if w.stop || w.cut {
+                if w.stop {
                     return;
                 }
-                if let Some((r, hot)) = w.next() {
-                    w.reading.push(r.clone());
-                    break (r, hot);
+                match w.next_job() {
+                    Some(Job::List(r, hot)) => {
+                        w.reading.push(r.clone());
+                        break (r, hot);
+                    }
+                    Some(Job::Full(r)) => {
+                        drop(w);
+                        full_listing(s, root, r, &tx);
+                        w = walk.lock();
+                        continue;
+                    }
+                    None => {}
                 }
+                // No job, and none can come: no directory is being listed.
                 if w.reading.is_empty() {
                     return;
                 }
@@ -337,7 +489,11 @@ fn walker(
             }
         };
         let path = join(root, &rel);
-        let read = s.backend.readdir(&path, true);
+        let read = if names {
+            names_of(s, &path)
+        } else {
+            s.backend.readdir(&path, true)
+        };
         let entries = {
             let mut w = walk.lock();
             if let Some(i) = w.reading.iter().position(|r| *r == rel) {
@@ -349,20 +505,41 @@ fn walker(
                     w.left -= e.len() as u64;
                     let subs = subdirs(&rel, &e).collect();
                     w.found(&rel, hot, subs);
+                    if names {
+                        w.named(rel.clone());
+                    }
                     e
                 }
                 Ok(_) => {
+                    // No more listings; with names first, the full listings of what was
+                    // named still go out.
                     w.cut = true;
-                    return;
+                    continue;
                 }
                 // Unreadable: skipped (the client lists it itself if it needs it).
                 Err(_) => continue,
             }
         };
-        let bare = bare_entries(s, &path, &entries);
-        if tx.send((rel, entries, bare)).is_err() {
+        let listing = if names {
+            Listing::Names(rel, entries)
+        } else {
+            let bare = bare_entries(s, &path, &entries);
+            Listing::Full(rel, entries, bare)
+        };
+        if tx.send(listing).is_err() {
             return;
         }
+    }
+}
+
+/// Names first: read and send `rel`'s full listing (skipped when it cannot be read).
+fn full_listing(s: &Shared, root: &[u8], rel: Vec<u8>, tx: &crossbeam_channel::Sender<Listing>) {
+    let path = join(root, &rel);
+    let r = s.backend.readdir(&path, true);
+    if let Ok(entries) = r {
+        let bare = bare_entries(s, &path, &entries);
+        // A closed channel: the client is gone, and the walk stops.
+        let _ = tx.send(Listing::Full(rel, entries, bare));
     }
 }
 
@@ -371,13 +548,22 @@ struct Packer<'a> {
     s: &'a Shared,
     id: u64,
     batch: Vec<SubtreeDir>,
+    /// `batch` holds names-only listings (a `Reply::Names` frame).
+    names: bool,
     entries: usize,
     bytes: usize,
 }
 
 impl Packer<'_> {
-    /// Add one directory's listing (sending full frames); false when the client is gone.
-    fn push(&mut self, rel: Vec<u8>, entries: Vec<DirEntry>, bare: Vec<bool>) -> bool {
+    /// Add one directory's listing (`names`: names only), sending full frames (and the
+    /// batch when it is of the other kind); false when the client is gone.
+    fn push(&mut self, rel: Vec<u8>, entries: Vec<DirEntry>, bare: Vec<bool>, names: bool) -> bool {
+        if names != self.names {
+            if !self.batch.is_empty() && !self.flush(false, false) {
+                return false;
+            }
+            self.names = names;
+        }
         if entries.is_empty() {
             self.batch.push(SubtreeDir {
                 dir: rel,
@@ -411,10 +597,28 @@ impl Packer<'_> {
         true
     }
 
-    /// Send what is packed as one frame; false when the client is gone.
+    /// Send what is packed as one frame (names only: never the last; a last frame follows
+    /// with no listing); false when the client is gone.
     fn flush(&mut self, last: bool, complete: bool) -> bool {
         self.entries = 0;
         self.bytes = 0;
+        if self.names {
+            if !self.batch.is_empty()
+                && !send(
+                    &self.s.out,
+                    &ServerMsg::Reply {
+                        id: self.id,
+                        last: false,
+                        body: Ok(Reply::Names(std::mem::take(&mut self.batch))),
+                    },
+                )
+            {
+                return false;
+            }
+            if !last {
+                return true;
+            }
+        }
         send(
             &self.s.out,
             &ServerMsg::Reply {
