@@ -104,9 +104,9 @@ fn check_private(c: &Cache, round: usize) {
     );
 }
 
-#[test]
-fn many_credentials_stay_within_the_bound_and_get_correct_answers() {
-    let _turn = one_at_a_time();
+/// The tree both tests walk: a private 0700 home with a 0600 secret per user, and the
+/// shared files.
+fn tree() -> Arc<MemoryBackend> {
     let m = Arc::new(MemoryBackend::new());
     let root = Cred::root();
     m.mkdir(&root, b"home", 0o777).expect("home");
@@ -125,10 +125,17 @@ fn many_credentials_stay_within_the_bound_and_get_correct_answers() {
     let spec: Vec<String> = (0..DIRS * FILES).map(file).collect();
     let spec: Vec<&str> = spec.iter().map(String::as_str).collect();
     m.populate(&spec);
+    m
+}
+
+#[test]
+fn many_credentials_stay_within_the_bound_and_get_correct_answers() {
+    let _turn = one_at_a_time();
+    let m = tree();
     let c = Cache::new(m.clone(), Config::default()).expect("cache");
 
     // Every dentry and direct-lookup entry the churn will use, made up front.
-    let r = c.credentials(root.clone());
+    let r = c.credentials(Cred::root());
     for i in 0..DIRS * FILES {
         stat(&c, &r, &file(i)).expect("warm");
     }
@@ -188,24 +195,7 @@ fn many_credentials_stay_within_the_bound_and_get_correct_answers() {
 #[test]
 fn concurrent_churn_stays_within_the_bound() {
     let _turn = one_at_a_time();
-    let m = Arc::new(MemoryBackend::new());
-    let root = Cred::root();
-    m.mkdir(&root, b"home", 0o777).expect("home");
-    for u in 1..=PRIVATE_USERS {
-        let me = Cred::new(u, u, []);
-        let d = format!("home/u{u}");
-        m.mkdir(&me, d.as_bytes(), 0o700).expect("private dir");
-        m.mknod(
-            &me,
-            format!("{d}/secret").as_bytes(),
-            libc::S_IFREG | 0o600,
-            0,
-        )
-        .expect("secret");
-    }
-    let spec: Vec<String> = (0..DIRS * FILES).map(file).collect();
-    let spec: Vec<&str> = spec.iter().map(String::as_str).collect();
-    m.populate(&spec);
+    let m = tree();
     // A small budget, so that the threads evict each other's credentials all the time.
     let budget = 256 << 10;
     let c = Cache::new(
