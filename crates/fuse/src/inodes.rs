@@ -90,8 +90,9 @@ struct Inode {
     /// The nodeid of the directory the kernel last had it in (a directory's one place: see
     /// [`Inode::is_dir_at`]).
     parent: AtomicU64,
-    /// A regular file's size and times as last sent to the kernel ([`told_hash`]; 0: not
-    /// known, or invalidated since): the kernel sizes page-cache reads by them.
+    /// A regular file's size and times as last sent to the kernel, and whether its mode had
+    /// set-id bits ([`told_hash`]; 0: not known, or invalidated since): the kernel sizes
+    /// page-cache reads by them.
     told: AtomicU64,
     m: Mutex<InodeMut>,
 }
@@ -100,8 +101,16 @@ struct Inode {
 fn told_hash(a: &Attr) -> u64 {
     let mut h = mix(a.size, a.mtime.sec as u64 ^ (u64::from(a.mtime.nsec) << 32));
     h = mix(h, a.ctime.sec as u64 ^ (u64::from(a.ctime.nsec) << 32));
-    h | 1
+    let setid = if a.mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
+        TOLD_SETID
+    } else {
+        0
+    };
+    (h & !TOLD_SETID) | setid | 1
 }
+
+/// The bit of a `told` hash that says the attributes told had set-id bits.
+const TOLD_SETID: u64 = 2;
 
 /// The file type bits of `a`.
 fn fmt(a: &Attr) -> u32 {
@@ -510,6 +519,16 @@ impl Inodes {
     pub fn told_is(&self, nodeid: u64, a: &Attr) -> bool {
         self.with_entry(nodeid, |i| i.told.load(Ordering::Relaxed) == told_hash(a))
             .unwrap_or(false)
+    }
+
+    /// Whether the kernel may hold set-id bits for `nodeid`: the attributes it was last told
+    /// had some, or nothing is known of what it holds.
+    pub fn told_setid(&self, nodeid: u64) -> bool {
+        self.with_entry(nodeid, |i| {
+            let t = i.told.load(Ordering::Relaxed);
+            t == 0 || t & TOLD_SETID != 0
+        })
+        .unwrap_or(true)
     }
 
     /// The kernel's attributes of `nodeid` are being invalidated: nothing is proven until

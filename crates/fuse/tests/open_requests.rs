@@ -621,3 +621,180 @@ fn created_file_changed_in_src_is_seen() {
         );
     }
 }
+
+/// Requests of `n` appends of 4 bytes each in open(O_WRONLY|O_APPEND) + write + close
+/// cycles to `t.m(name)` (a log line per run, as shells and loggers append), once the
+/// RELEASEs came back. Runs during which the kernel evicted the inode (a LOOKUP: another
+/// process's drop_caches) are run again, up to 10 times.
+fn append_cycles(t: &TestMount, name: &str, n: u64) -> BTreeMap<String, u64> {
+    let mut d = BTreeMap::new();
+    for _ in 0..10 {
+        let a = requests(t);
+        for _ in 0..n {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(t.m(name))
+                .unwrap();
+            f.write_all(b"abc\n").unwrap();
+        }
+        d = releases_done(t, &a);
+        if !d.contains_key("lookup") {
+            break;
+        }
+    }
+    d
+}
+
+/// A write-only open cannot be mapped (mmap needs read access), and the kernel marks its
+/// own size and times stale after every write through it (`fuse_write_update_attr`), so
+/// the daemon does not invalidate the kernel's attributes at such an open or at its
+/// release. Before, each cycle of open(O_APPEND) + 4-byte write + close cost GETATTR (the
+/// next open's permission check after the invalidation), OPEN, GETXATTR of
+/// `security.capability` (the refreshed attributes clear the inode's S_NOSEC, so the next
+/// write asks again) and RELEASE: now OPEN and RELEASE.
+#[test]
+fn append_cycles_cost_open_and_release() {
+    if !can_mount() {
+        return;
+    }
+    const CYCLES: u64 = 50;
+    let t = TestMount::new();
+    std::fs::write(t.m("log"), b"").unwrap();
+    // Warm: the kernel holds the inode and has asked once for `security.capability`.
+    let _ = append_cycles(&t, "log", 2);
+    let d = append_cycles(&t, "log", CYCLES);
+    eprintln!("{CYCLES} append cycles: {d:?}");
+    assert_eq!(d.get("open"), Some(&CYCLES), "{d:?}");
+    assert!(
+        d.get("getattr").copied().unwrap_or(0) <= 2,
+        "a GETATTR per append cycle: {d:?}"
+    );
+    assert!(
+        d.get("getxattr").copied().unwrap_or(0) <= 2,
+        "a GETXATTR per append cycle: {d:?}"
+    );
+    assert!(d["total"] <= 2 * CYCLES + 4, "{d:?}");
+    assert_eq!(
+        std::fs::read(t.s("log")).unwrap(),
+        b"abc\n".repeat((CYCLES + 2) as usize)
+    );
+}
+
+/// With no invalidation at a write-only open and its release, nothing goes stale: right
+/// after each append cycle `stat` through the mount shows SRC's size, mtime and ctime (the
+/// kernel marked its own copy stale at the write), and changes made in SRC after the
+/// cycles are seen.
+#[test]
+fn append_cycles_leave_nothing_stale() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    std::fs::write(t.m("log"), b"").unwrap();
+    let same = |what: &str| {
+        let m = std::fs::metadata(t.m("log")).unwrap();
+        let s = std::fs::metadata(t.s("log")).unwrap();
+        assert_eq!(
+            (
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec()
+            ),
+            (
+                s.len(),
+                s.mtime(),
+                s.mtime_nsec(),
+                s.ctime(),
+                s.ctime_nsec()
+            ),
+            "{what}: size, mtime, ctime through the mount vs SRC"
+        );
+        assert_eq!(m.mode(), s.mode(), "{what}: mode through the mount vs SRC");
+    };
+    for i in 0..20 {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(t.m("log"))
+            .unwrap();
+        f.write_all(b"abc\n").unwrap();
+        drop(f);
+        same(&format!("after append cycle {i}"));
+    }
+    // Changed in SRC: seen through the mount (the change feed).
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(t.s("log"))
+        .unwrap();
+    f.write_all(b"from SRC\n").unwrap();
+    drop(f);
+    std::fs::set_permissions(t.s("log"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    let want = std::fs::metadata(t.s("log")).unwrap();
+    let seen = wait_for(std::time::Duration::from_secs(20), || {
+        std::fs::metadata(t.m("log"))
+            .is_ok_and(|m| m.len() == want.len() && m.mode() == want.mode())
+    });
+    assert!(
+        seen.is_some(),
+        "SRC's append and chmod not seen through the mount in 20 s: {:?}",
+        std::fs::metadata(t.m("log"))
+    );
+}
+
+/// Set-id bits killed in SRC by a write-only append cycle are not kept by the kernel, which
+/// held them and leaves killing them to the daemon (FUSE_HANDLE_KILLPRIV_V2): the release
+/// of such a handle still invalidates when the kernel was told set-id bits. No change feed
+/// (which would report the mode change after its delay): the release is what tells.
+#[test]
+fn append_cycle_killing_setid_bits_is_not_kept_by_the_kernel() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::without_feed();
+    std::fs::write(t.m("log"), b"").unwrap();
+    // Set-id bits: u+s set through the mount (the kernel holds the mode), then a write-only
+    // append cycle: the daemon's write kills the bit in SRC (it writes without CAP_FSETID),
+    // while the kernel, whose caller has CAP_FSETID, keeps it and sends nothing.
+    std::fs::set_permissions(t.m("log"), std::fs::Permissions::from_mode(0o4766)).unwrap();
+    assert_eq!(
+        std::fs::metadata(t.m("log")).unwrap().mode() & 0o7777,
+        0o4766
+    );
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(t.m("log"))
+        .unwrap();
+    f.write_all(b"abc\n").unwrap();
+    drop(f);
+    assert_eq!(
+        std::fs::metadata(t.s("log")).unwrap().mode() & 0o7777,
+        0o766,
+        "SRC: the write through the mount kills u+s"
+    );
+    // The mode the kernel holds and decides access and exec with: a permission check
+    // (refreshes what was invalidated), then its cached mode (`AT_STATX_DONT_SYNC`; a plain
+    // `stat` would refresh it anyway, the write marked the times stale).
+    let kernels_mode = || {
+        rustix::fs::access(t.m("log"), rustix::fs::Access::READ_OK).unwrap();
+        rustix::fs::statx(
+            rustix::fs::CWD,
+            t.m("log"),
+            rustix::fs::AtFlags::STATX_DONT_SYNC,
+            rustix::fs::StatxFlags::MODE,
+        )
+        .unwrap()
+        .stx_mode as u32
+            & 0o7777
+    };
+    let fresh = wait_for(std::time::Duration::from_secs(10), || {
+        kernels_mode() == 0o766
+    });
+    assert!(
+        fresh.is_some(),
+        "the kernel keeps the killed u+s: {:o}",
+        kernels_mode()
+    );
+}

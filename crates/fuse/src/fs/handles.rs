@@ -21,6 +21,12 @@ pub(super) struct OpenFile {
     pub(super) node: NodeRef,
     pub(super) writable: bool,
     pub(super) backing: bool,
+    /// A passthrough handle opened write-only: no mapping can write through it (mmap needs
+    /// read access), and after every write through it (write(2), splice, copy_file_range,
+    /// fallocate) the kernel marks its own size and times stale (`fuse_write_update_attr`),
+    /// so the kernel's attributes need no invalidation at its open or release
+    /// ([`CacheFs::writes_seen_by_kernel`]).
+    pub(super) write_only: bool,
     /// The opener, for data the kernel sends on nobody's behalf (page cache writeback).
     pub(super) cred: Cred,
 }
@@ -42,8 +48,15 @@ impl OpenFile {
             node,
             writable,
             backing,
+            write_only: false,
             cred,
         }
+    }
+
+    /// This handle as opened with open(2) `flags`: see [`OpenFile::write_only`].
+    pub(super) fn opened_with(mut self, flags: i32) -> OpenFile {
+        self.write_only = self.backing && flags & libc::O_ACCMODE == libc::O_WRONLY;
+        self
     }
 }
 
@@ -192,7 +205,7 @@ impl CacheFs {
         if let Some(h) = self.inodes.held(of.nodeid) {
             self.cache.note_open(&h, of.writable);
         }
-        if of.writable && known {
+        if of.writable && known && !of.write_only {
             // Writes through a shared mapping of a passthrough file never reach the FUSE
             // inode: drop the kernel's attributes now, and give them no lifetime while the
             // file is open for writing (`attr_ttl_of`), so `stat` asks the backend.
@@ -456,8 +469,10 @@ impl CacheFs {
                         m.passthrough += 1;
                         drop(modes);
                         let own = self.own_writes_file(writable, &node, &fd);
-                        let fh =
-                            self.add_open(OpenFile::new(fd, ino.0, node, writable, true, cred));
+                        let fh = self.add_open(
+                            OpenFile::new(fd, ino.0, node, writable, true, cred)
+                                .opened_with(flags.0),
+                        );
                         self.own_writes_begin(req, fh, own);
                         self.counters
                             .passthrough_opens
@@ -573,7 +588,7 @@ impl CacheFs {
                 self.cache.note_close(&h, of.writable);
             }
             self.cache.forget_attr(&of.node);
-            if of.writable && !self.kernel_told_current(&of) {
+            if of.writable && !self.writes_seen_by_kernel(&of) && !self.kernel_told_current(&of) {
                 self.queue_inval_inode(of.nodeid);
             }
             if of.backing {
@@ -597,6 +612,21 @@ impl CacheFs {
         of.fd
             .attr()
             .is_ok_and(|a| self.inodes.told_is(of.nodeid, &a))
+    }
+
+    /// Whether the kernel's attributes of `of`'s inode are right after `of`'s writes
+    /// without an invalidation: a write-only passthrough handle (the kernel marked its size
+    /// and times stale itself, and nothing was mapped), unless set-id bits are involved —
+    /// the kernel was last told some, or the file has some: a write as a user without
+    /// CAP_FSETID kills them in the backing file system, and the kernel (which leaves that
+    /// to the daemon: FUSE_HANDLE_KILLPRIV_V2) would keep showing and honouring them.
+    fn writes_seen_by_kernel(&self, of: &OpenFile) -> bool {
+        of.write_only
+            && !self.inodes.told_setid(of.nodeid)
+            && of
+                .fd
+                .attr()
+                .is_ok_and(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) == 0)
     }
 
     /// FLUSH (close(2)) of handle `fh`: the backend's file stores what it keeps locally.
@@ -685,7 +715,7 @@ impl CacheFs {
                         drop(modes);
                         let own = self.own_writes_file(writable, &node, &fd);
                         let fh = self.add_open_known(
-                            OpenFile::new(fd, id, node, writable, true, cred),
+                            OpenFile::new(fd, id, node, writable, true, cred).opened_with(flags),
                             known,
                         );
                         self.own_writes_begin(req, fh, own);
