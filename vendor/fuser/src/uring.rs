@@ -39,8 +39,8 @@
 //! exit loses a request the kernel has just given it), so a queue starts with one server
 //! and its spare comes only once the session has seen a slow request: one that took at
 //! least [`slow_request`] (250 µs unless set) from its completion to its reply, blocked
-//! (announced or not) or preempted on a busy machine. The server that served it then starts
-//! a spare if its queue has no idle one, and from then on, before a backend call that may
+//! (announced or not) or preempted on a busy machine. A server that served one starts its
+//! queue's first spare if the queue has none, and from then on, before a backend call that may
 //! block (`crate::may_block`), a server whose queue has no idle spare left starts one more,
 //! up to `n_threads` per queue. Until the first slow request of a session, a blocked request
 //! holds up the later ones of its CPU (as with `n_threads` = 1, which never adds one).
@@ -403,7 +403,8 @@ pub(crate) struct Queue {
 
 impl Queue {
     /// A server of this queue took `took` for its request: from the session's first slow
-    /// one on, spares are added, the first one now if no other server of the queue is idle.
+    /// one on, spares are added; a queue of one server gets its first spare now. (More only
+    /// before backend calls, as before: a request slowed by a busy machine adds no third.)
     fn served_in(self: &Arc<Self>, took: Duration) {
         if took < slow_request() {
             return;
@@ -414,7 +415,9 @@ impl Queue {
                 self.qid
             );
         }
-        self.spare_before_blocking();
+        if self.servers.load(Ordering::Acquire) == 1 {
+            self.spare_before_blocking();
+        }
     }
 
     /// Called by a server of this queue before it may block: once the session has seen a
