@@ -6,7 +6,8 @@
 //! of names starting with `slow` sleep `--delay-ms` (a remote round trip, a slow disk), once
 //! per system: `dev` (`-o noio_uring`: four `/dev/fuse` readers), `ring1` (`io_uring` with
 //! `threads=1`: one server per queue, no spare, as the ring was before the spares) and `ring`
-//! (`io_uring`, the default `threads=4`: two servers per queue, up to four). Every caller
+//! (`io_uring`, the default `threads=4`: one server per queue, a spare once a request was slow
+//! — here the first slow LOOKUP —, up to four). Every caller
 //! thread is pinned to one CPU, so that on the ring all requests go to one queue. Per round,
 //! in rotating order:
 //!

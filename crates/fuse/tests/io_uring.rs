@@ -6,9 +6,13 @@
 //!   (`fuser::uring_requests_served`).
 //! * With it N, a mount asking for io_uring is served over `/dev/fuse` (no request from a ring
 //!   entry) and gives the same results.
-//! * A LOOKUP held in the backend does not hold up another request from the same CPU (both
-//!   callers pinned to it, so both requests go to that CPU's queue): the queue's spare thread
-//!   serves it. With one thread per queue (`threads=1`) it waits: the check can fail.
+//! * Once the mount has seen a slow request (`fuser::uring_slow_request`), a LOOKUP held in
+//!   the backend does not hold up another request from the same CPU (both callers pinned to
+//!   it, so both requests go to that CPU's queue): the queue's spare thread serves it. With
+//!   one thread per queue (`threads=1`) it waits: the check can fail.
+//! * Before a slow request, a queue has no spare (a spare's entry would take the OPEN that
+//!   follows a RELEASE, a wake-up of a second thread per open+close): a held LOOKUP holds
+//!   up the next request of its CPU.
 //!
 //! `enable_uring` is one switch for the whole machine: the tests of this file take turns
 //! (`SERIAL`) and put back the value they found, also when they fail. Each mount's FUSE
@@ -195,21 +199,46 @@ fn falls_back_to_dev_fuse_when_enable_uring_is_off() {
     );
 }
 
-/// A mount of the gated backend (`common/gated.rs`) over the ring, with `threads` request
-/// threads: a forced `stat` of a cached file, by a caller on the same CPU as a `stat` whose
-/// LOOKUP is held in the backend. Returns how long it took (None: not within `within`).
-fn stat_beside_a_blocked_lookup_on_one_cpu(threads: usize, within: Duration) -> Option<Duration> {
-    stat_beside_blocked_lookups_on_one_cpu(threads, 1, within)
+/// Sets `fuser::uring_slow_request` (process-wide); puts the old value back when dropped.
+struct SlowRequest(Duration);
+
+impl SlowRequest {
+    fn set(d: Duration) -> SlowRequest {
+        let old = fuser::uring_slow_request();
+        fuser::set_uring_slow_request(d);
+        SlowRequest(old)
+    }
 }
 
-/// The same with `held` LOOKUPs held at once.
+impl Drop for SlowRequest {
+    fn drop(&mut self) {
+        fuser::set_uring_slow_request(self.0);
+    }
+}
+
+/// What a mount of the gated backend saw.
+struct Blocked {
+    /// How long the forced stat beside the held LOOKUPs took (None: not within `within`).
+    took: Option<Duration>,
+    /// Ring servers started while the LOOKUPs were held (after the slow LOOKUP, if any).
+    added_while_held: u64,
+}
+
+/// A mount of the gated backend (`common/gated.rs`) over the ring, with `threads` request
+/// threads; with `teach`, first one LOOKUP held for 5 ms (a slow request: spares from then
+/// on; the test waits for the spare it adds to register). Then `held` LOOKUPs held at once
+/// and a forced `stat` of a cached file by another caller, all on one CPU.
 fn stat_beside_blocked_lookups_on_one_cpu(
     threads: usize,
+    teach: bool,
     held: usize,
     within: Duration,
-) -> Option<Duration> {
+) -> Blocked {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let _on = EnableUring::set("Y");
+    // Only the LOOKUP held on purpose is slow: a request slowed by a busy machine must not
+    // teach the mount (the checks without `teach` see a queue of one server).
+    let _slow = SlowRequest::set(Duration::from_secs(3));
     let before = fuser::uring_requests_served();
     let g = GatedMount::new(CachePolicy {
         threads,
@@ -219,62 +248,98 @@ fn stat_beside_blocked_lookups_on_one_cpu(
     });
     let _abort = AbortGuard::new(&g.t.mnt);
     let cpu = gated::some_cpu();
+    if teach {
+        let registered = fuser::uring_servers_registered();
+        fuser::set_uring_slow_request(Duration::from_millis(1));
+        g.one_slow_lookup(Duration::from_millis(5), Some(cpu));
+        fuser::set_uring_slow_request(Duration::from_secs(3));
+        if threads > 1 {
+            assert!(
+                wait_for(Duration::from_secs(30), || {
+                    fuser::uring_servers_registered() > registered
+                })
+                .is_some(),
+                "no spare server registered after a LOOKUP held for 5 ms"
+            );
+        }
+    }
+    let added = fuser::uring_servers_added();
     let took = g.cached_stat_while_lookups_block(held, within, Some(cpu));
+    let added_while_held = fuser::uring_servers_added() - added;
     let served = fuser::uring_requests_served() - before;
     // Two forced stats of d/a and the held LOOKUPs at least, all from ring entries.
     assert!(
         served >= 2 + held as u64,
         "only {served} requests came from ring entries: not served over the ring"
     );
-    took
+    Blocked {
+        took,
+        added_while_held,
+    }
 }
 
-/// The kernel puts a request on the ring queue of the CPU its caller runs on; each queue has a
-/// spare thread with its own entry, which serves the next request while the first waits in the
-/// backend. Before the spare, one thread per queue served it inline and the stat waited for the
-/// gate (20 s).
+/// The kernel puts a request on the ring queue of the CPU its caller runs on; once a slow
+/// request was seen, each queue has a spare thread with its own entry, which serves the next
+/// request while the first waits in the backend. Before the spare, one thread per queue
+/// served it inline and the stat waited for the gate (20 s).
 #[test]
 fn blocked_backend_call_does_not_hold_up_its_cpus_queue() {
     if !can_mount() {
         return;
     }
-    let took = stat_beside_a_blocked_lookup_on_one_cpu(4, Duration::from_secs(20));
+    let b = stat_beside_blocked_lookups_on_one_cpu(4, true, 1, Duration::from_secs(20));
     assert!(
-        took.is_some(),
+        b.took.is_some(),
         "a stat waited for a LOOKUP blocked in the backend on the same CPU's ring queue"
     );
 }
 
+/// Before the mount has seen a slow request its queues have one server each: the first
+/// blocked call holds up the next request of its CPU (not answered within 2 s while the gate
+/// is closed). A spare from the start would take the OPEN that follows a RELEASE.
+#[test]
+fn no_spare_before_a_slow_request() {
+    if !can_mount() {
+        return;
+    }
+    let b = stat_beside_blocked_lookups_on_one_cpu(4, false, 1, Duration::from_secs(2));
+    assert_eq!(
+        b.took, None,
+        "a stat was served beside the first blocked LOOKUP: a spare was there before any slow request"
+    );
+}
+
 /// The check above can fail: with one thread per queue (`threads=1`) the stat waits for the
-/// blocked LOOKUP (not answered within 2 s while the gate is closed).
+/// blocked LOOKUP (not answered within 2 s while the gate is closed), also after a slow
+/// request.
 #[test]
 fn one_thread_per_queue_serialises_behind_a_blocked_lookup() {
     if !can_mount() {
         return;
     }
-    let took = stat_beside_a_blocked_lookup_on_one_cpu(1, Duration::from_secs(2));
+    let b = stat_beside_blocked_lookups_on_one_cpu(1, true, 1, Duration::from_secs(2));
     assert_eq!(
-        took, None,
+        b.took, None,
         "one thread per queue served a stat while blocked in the backend"
     );
 }
 
-/// With two LOOKUPs held on one CPU, the queue's first two servers are both blocked: the
-/// second, before its backend call (`fuser::may_block`), found no idle spare and started a
-/// third server (`threads=4` allows up to four per queue), which serves the stat.
+/// With two LOOKUPs held on one CPU, the queue's first two servers (the first and the spare
+/// the slow LOOKUP added) are both blocked: the second, before its backend call
+/// (`fuser::may_block`), found no idle spare and started a third server (`threads=4` allows
+/// up to four per queue), which serves the stat.
 #[test]
 fn a_second_blocked_call_adds_a_spare() {
     if !can_mount() {
         return;
     }
-    let added = fuser::uring_servers_added();
-    let took = stat_beside_blocked_lookups_on_one_cpu(4, 2, Duration::from_secs(20));
+    let b = stat_beside_blocked_lookups_on_one_cpu(4, true, 2, Duration::from_secs(20));
     assert!(
-        fuser::uring_servers_added() > added,
+        b.added_while_held > 0,
         "no server was added while two were blocked"
     );
     assert!(
-        took.is_some(),
+        b.took.is_some(),
         "a stat waited for two LOOKUPs blocked in the backend on the same CPU's ring queue"
     );
 }

@@ -109,6 +109,10 @@ mod uring;
 pub use uring::requests_served as uring_requests_served;
 /// dircache: ring server threads started after a mount's first ones (src/uring.rs).
 pub use uring::servers_added as uring_servers_added;
+/// dircache: ring server threads that registered their entry (src/uring.rs).
+pub use uring::servers_registered as uring_servers_registered;
+/// dircache: the request time after which a session's ring queues add spares (src/uring.rs).
+pub use uring::{set_slow_request as set_uring_slow_request, slow_request as uring_slow_request};
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

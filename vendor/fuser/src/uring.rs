@@ -20,9 +20,8 @@
 //! request to the queue's most recently made available entry (`ent_avail_queue` is LIFO:
 //! `fuse_uring_ent_avail` does `list_move` to its head, `fuse_uring_queue_fuse_req` takes
 //! `list_first_entry`), so the thread that just committed an answer gets the next request
-//! too, and the other servers sleep in `io_uring_enter` with their entries at the tail,
-//! never woken: the common path is one thread per CPU, as with a single server. When that
-//! thread is busy (blocked in the backend, or simply still working), its entry is not
+//! too, and the other servers sleep in `io_uring_enter` with their entries at the tail. When
+//! that thread is busy (blocked in the backend, or simply still working), its entry is not
 //! available and the next request from that CPU goes to a spare's entry: the spare takes
 //! over without any hand-off on the path of a request. The request's copy into the entry
 //! runs as task work in the thread that submitted the entry's last command
@@ -30,12 +29,24 @@
 //! an entry last committed by a thread now blocked (uninterruptibly, on a disk) would
 //! otherwise wait for that thread.
 //!
-//! A queue starts with two servers (one spare; one with `n_threads` = 1). Before a backend
-//! call that may block (`crate::may_block`), a server whose queue has no idle spare left
-//! starts one more, up to `n_threads` per queue. Servers never exit before the connection
-//! ends: a thread's exit cancels its entry's command, and one the kernel had just handed a
-//! request to would leave that request unanswered (`fuse_uring_send_in_task` with
-//! `IO_URING_F_TASK_DEAD`).
+//! **A spare once blocking was seen.** A spare's entry is available whenever the first
+//! server is busy, also for a few microseconds: a RELEASE is sent without waiting for its
+//! answer (close(2) returns at once), so the OPEN of an open+close loop arrives while the
+//! first server still answers the RELEASE and goes to the spare, a wake-up of a second thread
+//! per open (45.8 vs 25.7 µs on a quiet machine, docs/opens.md). With no other entry, the
+//! OPEN waits in the queue and the first server's `COMMIT_AND_FETCH` of the RELEASE takes it
+//! at once. A registered entry cannot be taken back safely (cancelling it by the thread's
+//! exit loses a request the kernel has just given it), so a queue starts with one server
+//! and its spare comes only once the session has seen a slow request: one that took at
+//! least [`slow_request`] (250 µs unless set) from its completion to its reply, blocked
+//! (announced or not) or preempted on a busy machine. A server that served one starts its
+//! queue's first spare if the queue has none, and from then on, before a backend call that may
+//! block (`crate::may_block`), a server whose queue has no idle spare left starts one more,
+//! up to `n_threads` per queue. Until the first slow request of a session, a blocked request
+//! holds up the later ones of its CPU (as with `n_threads` = 1, which never adds one).
+//! Servers never exit before the connection ends: a thread's exit cancels its entry's
+//! command, and one the kernel had just handed a request to would leave that request
+//! unanswered (`fuse_uring_send_in_task` with `IO_URING_F_TASK_DEAD`).
 
 use std::io;
 use std::io::IoSlice;
@@ -49,6 +60,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
+use std::time::Duration;
+use std::time::Instant;
 
 use io_uring::IoUring;
 use io_uring::cqueue;
@@ -84,13 +97,18 @@ const IN_HEADER: usize = 40;
 const OUT_HEADER: usize = 16;
 /// `io_uring_enter` flag: wait for completions.
 const IORING_ENTER_GETEVENTS: u32 = 1;
-/// Server threads a queue starts with (the first and one spare).
-const START_SERVERS: usize = 2;
+/// Server threads a queue starts with: no spare until a slow request was seen.
+const START_SERVERS: usize = 1;
+/// A request served in at least this long (nanoseconds) makes the session add spares
+/// ([`set_slow_request`]).
+static SLOW_REQUEST_NS: AtomicU64 = AtomicU64::new(250_000);
 
 /// Requests taken from ring entries by this process, all sessions together.
 static SERVED: AtomicU64 = AtomicU64::new(0);
 /// Server threads started after the mount (spares added before a backend call), all sessions.
 static ADDED: AtomicU64 = AtomicU64::new(0);
+/// Server threads whose entry was registered, all sessions.
+static REGISTERED: AtomicU64 = AtomicU64::new(0);
 
 /// dircache: how many requests this process has taken from FUSE-over-io_uring entries (all
 /// sessions together): tests tell by it that requests came over the ring.
@@ -102,6 +120,24 @@ pub fn requests_served() -> u64 {
 /// (a spare added because every server of a queue was busy when one was about to block).
 pub fn servers_added() -> u64 {
     ADDED.load(Ordering::Relaxed)
+}
+
+/// dircache: how many ring server threads of this process have registered their entry (all
+/// sessions together, the first servers of each queue and the ones added).
+pub fn servers_registered() -> u64 {
+    REGISTERED.load(Ordering::Relaxed)
+}
+
+/// dircache: the time a request taken from a ring entry must take from its completion to its
+/// reply for its session to start adding spare servers (250 µs unless set). Process-wide.
+pub fn slow_request() -> Duration {
+    Duration::from_nanos(SLOW_REQUEST_NS.load(Ordering::Relaxed))
+}
+
+/// dircache: sets [`slow_request`] for all sessions of this process.
+pub fn set_slow_request(d: Duration) {
+    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    SLOW_REQUEST_NS.store(ns, Ordering::Relaxed);
 }
 
 /// One ring entry's buffers (heap memory whose addresses the kernel keeps).
@@ -339,6 +375,8 @@ pub(crate) struct Pool {
     threads: Mutex<(Vec<JoinHandle<()>>, bool)>,
     /// The kernel refused the ring (logged once).
     refused: AtomicBool,
+    /// A request took at least `slow_request()`: queues add spares from now on.
+    slow_seen: AtomicBool,
 }
 
 impl Pool {
@@ -364,9 +402,31 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    /// Called by a server of this queue before it may block: if no other server is idle (its
-    /// entry available for the next request), start one more, within the bound.
+    /// A server of this queue took `took` for its request: from the session's first slow
+    /// one on, spares are added; a queue of one server gets its first spare now. (More only
+    /// before backend calls, as before: a request slowed by a busy machine adds no third.)
+    fn served_in(self: &Arc<Self>, took: Duration) {
+        if took < slow_request() {
+            return;
+        }
+        if !self.pool.slow_seen.swap(true, Ordering::AcqRel) {
+            debug!(
+                "FUSE over io_uring: queue {}: a request took {took:?}: spare servers from now on",
+                self.qid
+            );
+        }
+        if self.servers.load(Ordering::Acquire) == 1 {
+            self.spare_before_blocking();
+        }
+    }
+
+    /// Called by a server of this queue before it may block: once the session has seen a
+    /// slow request, if no other server is idle (its entry available for the next request),
+    /// start one more, within the bound.
     fn spare_before_blocking(self: &Arc<Self>) {
+        if !self.pool.slow_seen.load(Ordering::Acquire) {
+            return;
+        }
         let servers = self.servers.load(Ordering::Acquire);
         if servers >= self.pool.max_per_queue || self.busy.load(Ordering::Acquire) < servers {
             return;
@@ -473,6 +533,7 @@ pub(crate) fn start<FS: Filesystem>(
         spawn: Box::new(spawn),
         threads: Mutex::new((Vec::new(), false)),
         refused: AtomicBool::new(false),
+        slow_seen: AtomicBool::new(false),
     });
     for (qid, servers) in prepared.queues.into_iter().enumerate() {
         let queue = Arc::new(Queue {
@@ -546,6 +607,7 @@ fn serve<FS: Filesystem>(server: Arc<Server>, queue: Arc<Queue>, se: SessionEven
         );
         return;
     }
+    REGISTERED.fetch_add(1, Ordering::Relaxed);
     let mut buf = FuseReadBuf::new();
     let buf = buf.as_mut();
     let mut served = false;
@@ -586,6 +648,7 @@ fn serve<FS: Filesystem>(server: Arc<Server>, queue: Arc<Queue>, se: SessionEven
         }
         served = true;
         SERVED.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
         let _busy = Busy::new(&queue);
         let Some(len) = reassemble(&server, buf) else {
             warn!("FUSE over io_uring: queue {qid}: malformed request");
@@ -610,6 +673,8 @@ fn serve<FS: Filesystem>(server: Arc<Server>, queue: Arc<Queue>, se: SessionEven
             warn!("FUSE over io_uring: queue {qid}: a reply was not committed: server ends");
             return;
         }
+        // Still counted busy: a first slow request adds a spare to a queue of one.
+        queue.served_in(started.elapsed());
     }
 }
 

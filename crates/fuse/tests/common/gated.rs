@@ -130,7 +130,7 @@ impl Drop for OpenOnDrop {
     }
 }
 
-/// A mount of the gated backend holding `d/a`, `d/slow` and `e/slow`.
+/// A mount of the gated backend holding `d/a`, `d/slow`, `e/slow` and `f/slow`.
 pub struct GatedMount {
     pub gate: Arc<Gate>,
     // Whatever happens, the gate opens before the mount goes (fields drop in order).
@@ -147,6 +147,8 @@ impl GatedMount {
         inner.mknod(&Cred::root(), b"d/slow", 0o100644, 0).unwrap();
         inner.mkdir(&Cred::root(), b"e", 0o755).unwrap();
         inner.mknod(&Cred::root(), b"e/slow", 0o100644, 0).unwrap();
+        inner.mkdir(&Cred::root(), b"f", 0o755).unwrap();
+        inner.mknod(&Cred::root(), b"f/slow", 0o100644, 0).unwrap();
         let t = TestMount::over_backend(
             Arc::new(Gated {
                 inner,
@@ -159,6 +161,28 @@ impl GatedMount {
             gate,
             t,
         }
+    }
+
+    /// A `stat f/slow` (on `cpu` only, if given) whose LOOKUP is held at the gate for at
+    /// least `hold`: one slow request, after which a ring session adds spare servers
+    /// (`fuser::uring_slow_request`).
+    pub fn one_slow_lookup(&self, hold: Duration, cpu: Option<usize>) {
+        let gate = &self.gate;
+        gate.close();
+        let slow = self.t.m("f/slow");
+        let h = std::thread::spawn(move || {
+            if let Some(c) = cpu {
+                pin_to(c);
+            }
+            forced_stat(&slow)
+        });
+        assert!(
+            wait_for(Duration::from_secs(30), || gate.waiting() == 1).is_some(),
+            "the LOOKUP of f/slow never reached the backend"
+        );
+        std::thread::sleep(hold);
+        gate.open();
+        h.join().unwrap().expect("stat f/slow");
     }
 
     /// Stat `d/a` (cached), then close the gate and start a `stat d/slow` that waits in the
