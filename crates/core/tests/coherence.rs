@@ -434,3 +434,53 @@ fn fast_path_hits_racing_chmod_rename_and_eviction_are_never_stale() {
         }
     });
 }
+
+/// Names changed in the backend behind the cache's back (no change feed): a creation over a
+/// cached positive that the backend no longer has creates (mknod, mkdir, O_CREAT with and
+/// without O_EXCL); over a cached negative that the backend now has, mknod says EEXIST and
+/// the name is found afterwards, and an open(O_CREAT) without O_EXCL opens the existing file
+/// (never EEXIST or ENOENT, as natively), with O_EXCL EEXIST.
+#[test]
+fn creations_over_names_changed_behind_the_cache() {
+    let gone = ["d/a", "d/b", "d/c", "d/e"];
+    let (m, c) = cache_with(&gone, Config::default());
+    let r = root(&c);
+    let made = ["d/x", "d/y", "d/z"];
+    for p in gone {
+        assert_eq!(resolve(&c, &r, At::Root, p, F), Ok(p.into()));
+    }
+    for p in made {
+        assert_eq!(resolve(&c, &r, At::Root, p, F), Err(libc::ENOENT));
+    }
+    let dir = c.lookup(&r, At::Root, b"d", F).unwrap();
+    for p in gone {
+        m.unlink(&Cred::root(), p.as_bytes()).unwrap();
+    }
+    for p in made {
+        m.mknod(&Cred::root(), p.as_bytes(), libc::S_IFREG | 0o644, 0)
+            .unwrap();
+    }
+    let reg = libc::S_IFREG | 0o644;
+    let wr = libc::O_CREAT | libc::O_WRONLY;
+    let errno = |e: dircache_core::Error| e.errno();
+    assert_eq!(c.mknod(&r, At::Root, b"d/a", reg, 0).map(|_| ()), Ok(()));
+    assert_eq!(c.mkdir(&r, At::Root, b"d/b", 0o755).map(|_| ()), Ok(()));
+    let created = c.create_at(&r, &dir, b"c", 0o644, wr);
+    assert_eq!(created.map(|_| ()).map_err(errno), Ok(()));
+    let created = c.create_at(&r, &dir, b"e", 0o644, wr | libc::O_EXCL);
+    assert_eq!(created.map(|_| ()).map_err(errno), Ok(()));
+    for p in gone {
+        assert!(m.getattr(p.as_bytes()).is_ok(), "{p} not created");
+    }
+    assert_eq!(
+        c.mknod(&r, At::Root, b"d/x", reg, 0).map_err(errno),
+        Err(libc::EEXIST)
+    );
+    assert_eq!(resolve(&c, &r, At::Root, "d/x", F), Ok("d/x".into()));
+    let (node, _fd) = c.create_at(&r, &dir, b"y", 0o644, wr).unwrap();
+    let ino = m.getattr(b"d/y").unwrap().ino;
+    assert_eq!(c.getattr(&node).unwrap().ino, ino, "not the existing file");
+    let excl = c.create_at(&r, &dir, b"z", 0o644, wr | libc::O_EXCL);
+    assert_eq!(excl.map(|_| ()).map_err(errno), Err(libc::EEXIST));
+    assert_eq!(resolve(&c, &r, At::Root, "d/z", F), Ok("d/z".into()));
+}

@@ -7,9 +7,13 @@
 //! first the cold runs then the warm runs; within each phase, `runs` rounds, every round running
 //! the workload once per system (order rotated each round). Cold: the FUSE mount is unmounted and
 //! mounted again and `echo 3 > /proc/sys/vm/drop_caches` empties the page, inode and dentry caches
-//! (for native too). Warm: one untimed run first. Timing is the wall time of the program (fork,
-//! exec and exit included) except for the stat/open/readdir/mkstemp/read loops, which run in a
-//! hidden subcommand of this binary that times its own loop. Requests: `perf stat -e
+//! (for native too). Warm: one untimed run first; a warm run with a drop_caches by another
+//! program on the machine since the system's previous run (or during it: /proc/vmstat's drop
+//! counters) is done again after an untimed run, up to 5 times (`outside_drops::warm_run`,
+//! shared with `bench remote`; a note and JSON `rewarmed` say how often). Timing is the wall
+//! time of the program (fork, exec and exit included) except for the
+//! stat/open/readdir/mkstemp/read loops, which run in a hidden subcommand of this binary that
+//! times its own loop. Requests: `perf stat -e
 //! fuse:fuse_request_send --filter 'connection == <dev of the mount>' -a`, enabled through a
 //! control fifo just around the timed part; null for native. For dircache mounts the
 //! daemon's own counters (`dircache stats`) also give the requests by kind, read before and
@@ -39,7 +43,7 @@ use super::plot::{self, PlotFile};
 use super::progress::{interleaved_rounds, Progress};
 use super::stats::median_u64;
 use super::tree::{self, TempDir};
-use super::{ablation, drop_caches, stats};
+use super::{ablation, drop_caches, outside_drops, stats};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -1077,6 +1081,9 @@ pub(super) struct Row {
     pub(super) error: Option<String>,
     /// The core's backend calls of each run (dircache only).
     pub(super) backend: Vec<u64>,
+    /// Untimed runs added to warm the caches again after a drop by another program
+    /// (`outside_drops::warm_run`).
+    pub(super) rewarmed: usize,
 }
 
 /// `--base-binary`: the binary of system `dircache-base`.
@@ -1219,8 +1226,11 @@ pub fn run(a: Args) -> Result<i32> {
                     ops: w.ops,
                     error: None,
                     backend: vec![],
+                    rewarmed: 0,
                 });
             }
+            // Per system, the drop count before its last warm run (`outside_drops::warm_run`).
+            let mut drops = vec![outside_drops::count(); systems.len()];
             if state != State::Cold {
                 // An untimed run first: fills the kernel's caches (warm) or the daemon's
                 // (kcold: the timed runs drop the kernel's).
@@ -1241,7 +1251,16 @@ pub fn run(a: Args) -> Result<i32> {
                 if rows[first + i].error.is_some() {
                     return Ok(());
                 }
-                match run_once(&ctx, &mut systems[i], w, state) {
+                let res = if state == State::Warm {
+                    let row = &mut rows[first + i];
+                    let s = &mut systems[i];
+                    outside_drops::warm_run(&mut drops[i], &mut row.rewarmed, || {
+                        run_once(&ctx, s, w, state)
+                    })
+                } else {
+                    run_once(&ctx, &mut systems[i], w, state)
+                };
+                match res {
                     Ok((t, req, kinds, be)) => {
                         rows[first + i].backend.extend(be);
                         rows[first + i].kinds.push(kinds);
@@ -1258,6 +1277,14 @@ pub fn run(a: Args) -> Result<i32> {
                 Ok(())
             })?;
         }
+    }
+    for r in rows.iter().filter(|r| r.rewarmed > 0) {
+        note(&outside_drops::rewarmed_note(
+            &r.workload,
+            r.system,
+            r.cache,
+            r.rewarmed,
+        ));
     }
     // Unmount before printing (and before `base` goes).
     drop(systems);
@@ -1279,6 +1306,9 @@ pub fn run(a: Args) -> Result<i32> {
                     "backend_calls": if r.backend.is_empty() { json!(null) } else { json!(median_u64(&r.backend)) },
                     "requests_by_kind": if r.kinds.iter().all(|k| k.is_empty()) { json!(null) } else { json!(median_kinds(&r.kinds).into_iter().collect::<BTreeMap<_, _>>()) },
                 });
+                if let (true, Some(m)) = (r.rewarmed > 0, o.as_object_mut()) {
+                    m.insert("rewarmed".into(), json!(r.rewarmed));
+                }
                 if let (Some(e), Some(m)) = (&r.error, o.as_object_mut()) {
                     m.insert("error".into(), json!(e));
                 }

@@ -4,6 +4,52 @@
 //! again). A warm run with such a drop since the previous run is not warm; the kernel
 //! counts every drop in /proc/vmstat (`drop_pagecache`, `drop_slab`).
 
+/// Times a warm run is done again after a drop by another program before it is kept anyway.
+pub const WARM_REDOS: usize = 5;
+
+/// A warm run that no other program's `drop_caches` disturbed (`bench apps` and `bench
+/// remote`; the machine is shared, and a drop empties the kernel's dentries of every file
+/// system: on a FUSE mount each name is looked up again). `run` runs the workload once on one
+/// system. `last` is the drop count before that system's previous (warming or timed) run: a
+/// drop since then makes an untimed run warm the caches again first (counted in
+/// `rewarmed`); a drop during the timed run makes it done again, up to [`WARM_REDOS`] times
+/// (then the last one is kept).
+pub fn warm_run<T, E>(
+    last: &mut Option<u64>,
+    rewarmed: &mut usize,
+    run: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    warm_run_counted(count, last, rewarmed, run)
+}
+
+/// [`warm_run`] with the drop counter `count`.
+fn warm_run_counted<T, E>(
+    count: impl Fn() -> Option<u64>,
+    last: &mut Option<u64>,
+    rewarmed: &mut usize,
+    mut run: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let mut redos = 0;
+    loop {
+        let now = count();
+        if now != *last {
+            *last = now;
+            *rewarmed += 1;
+            run()?;
+        }
+        let res = run()?;
+        if count() == *last || redos == WARM_REDOS {
+            return Ok(res);
+        }
+        redos += 1;
+    }
+}
+
+/// The note for a row whose warm runs were warmed again `n` times.
+pub fn rewarmed_note(workload: &str, system: &str, cache: &str, n: usize) -> String {
+    format!("{workload} ({system}, {cache}): warmed again {n} times after a drop_caches by another program")
+}
+
 /// Drops so far (both kinds), or None where /proc/vmstat has no drop counters.
 pub fn count() -> Option<u64> {
     parse(&std::fs::read_to_string("/proc/vmstat").ok()?)
@@ -23,7 +69,83 @@ fn parse(vmstat: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{parse, warm_run_counted, WARM_REDOS};
+    use std::cell::Cell;
+
+    /// Runs `warm_run_counted` from drop count `last` = 7 with a counter that `drops(i)`
+    /// moves by that much during run `i` (0-based), and one moved by `before` before the
+    /// call: (runs made, rewarmed, the run kept).
+    fn scenario(before: u64, drops: impl Fn(usize) -> u64) -> (usize, usize, usize) {
+        let counter = Cell::new(7 + before);
+        let runs = Cell::new(0);
+        let (mut last, mut rewarmed) = (Some(7), 0);
+        let kept = warm_run_counted(
+            || Some(counter.get()),
+            &mut last,
+            &mut rewarmed,
+            || -> Result<usize, ()> {
+                let i = runs.get();
+                counter.set(counter.get() + drops(i));
+                runs.set(i + 1);
+                Ok(i)
+            },
+        )
+        .unwrap();
+        (runs.get(), rewarmed, kept)
+    }
+
+    #[test]
+    fn a_quiet_run_is_kept() {
+        assert_eq!(scenario(0, |_| 0), (1, 0, 0));
+    }
+
+    #[test]
+    fn a_drop_since_the_last_run_warms_again_first() {
+        assert_eq!(scenario(1, |_| 0), (2, 1, 1));
+    }
+
+    #[test]
+    fn a_drop_during_the_timed_run_redoes_it_after_warming() {
+        // Run 0 (timed) sees a drop: run 1 warms, run 2 is timed and kept.
+        assert_eq!(scenario(0, |i| u64::from(i == 0)), (3, 1, 2));
+        // A drop during the warming run (after `last` was taken): the timed run after it is
+        // not warm either, and is done again after warming again.
+        assert_eq!(scenario(1, |i| u64::from(i == 0)), (4, 2, 3));
+    }
+
+    #[test]
+    fn drops_during_every_run_stop_after_the_redos() {
+        let (runs, rewarmed, kept) = scenario(0, |_| 1);
+        assert_eq!(rewarmed, WARM_REDOS);
+        assert_eq!(runs, 1 + 2 * WARM_REDOS);
+        assert_eq!(kept, runs - 1);
+    }
+
+    #[test]
+    fn without_counters_the_first_run_is_kept() {
+        let mut last = None;
+        let mut rewarmed = 0;
+        let mut runs = 0;
+        let r: Result<(), ()> = warm_run_counted(
+            || None,
+            &mut last,
+            &mut rewarmed,
+            || {
+                runs += 1;
+                Ok(())
+            },
+        );
+        assert_eq!((r, runs, rewarmed), (Ok(()), 1, 0));
+    }
+
+    #[test]
+    fn an_error_ends_the_run() {
+        let mut last = Some(1);
+        let mut rewarmed = 0;
+        let r: Result<(), &str> =
+            warm_run_counted(|| Some(2), &mut last, &mut rewarmed, || Err("x"));
+        assert_eq!((r, rewarmed), (Err("x"), 1));
+    }
 
     #[test]
     fn sums_both_drop_counters() {

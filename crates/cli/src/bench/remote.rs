@@ -18,7 +18,7 @@
 //! every system alike) is counted in the cold run's bytes and round trips. Native is cold
 //! after drop_caches. Warm: one untimed run first; a warm run with a drop_caches by another
 //! program on the machine since the system's previous run (or during it: /proc/vmstat's drop
-//! counters) is done again after an untimed run, up to 5 times (`warm_run`).
+//! counters) is done again after an untimed run, up to 5 times (`outside_drops::warm_run`).
 //! Programs are timed by wall time (fork and exec included); the stat/open loops run in a
 //! hidden subcommand of this binary that times its own loop over a list of paths.
 //!
@@ -39,11 +39,11 @@ use dircache_tests::delay_proxy::{DelayProxy, Traffic};
 use dircache_tests::sshd::{sshd_available, which, Sshd};
 use serde_json::json;
 
-use super::drop_caches;
 use super::plot::{self, PlotFile};
 use super::progress::{interleaved_rounds, Progress};
 use super::stats::{self, median_u64};
 use super::tree::{self, TempDir};
+use super::{drop_caches, outside_drops};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -902,37 +902,6 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
     })
 }
 
-/// Times a warm run is done again after a drop by another program before it is kept anyway.
-const WARM_REDOS: usize = 5;
-
-/// A warm run that no other program's `drop_caches` disturbed (`outside_drops`; the machine
-/// is shared, and a drop empties the kernel's dentries of every file system: on a FUSE mount
-/// each name is looked up again). `last` is the drop count before the system's previous
-/// (warming or timed) run: a drop since then makes an untimed run warm the caches again
-/// first; a drop during the timed run makes it done again, up to WARM_REDOS times.
-fn warm_run(
-    env: &Env,
-    s: &mut System,
-    w: &Workload,
-    last: &mut Option<u64>,
-    rewarmed: &mut usize,
-) -> Result<RunResult> {
-    let mut redos = 0;
-    loop {
-        let now = super::outside_drops::count();
-        if now != *last {
-            *last = now;
-            *rewarmed += 1;
-            run_once(env, s, w, false)?;
-        }
-        let res = run_once(env, s, w, false)?;
-        if super::outside_drops::count() == *last || redos == WARM_REDOS {
-            return Ok(res);
-        }
-        redos += 1;
-    }
-}
-
 struct Row {
     workload: String,
     system: &'static str,
@@ -949,7 +918,7 @@ struct Row {
     lines: Option<usize>,
     error: Option<String>,
     /// Untimed runs added to warm the caches again after a drop by another program
-    /// (`outside_drops`, `warm_run`).
+    /// (`outside_drops::warm_run`).
     rewarmed: usize,
 }
 
@@ -1205,8 +1174,8 @@ fn bench(
                         rewarmed: 0,
                     });
                 }
-                // Per system, the drop count before its last warm run (`warm_run`).
-                let mut drops = vec![super::outside_drops::count(); systems.len()];
+                // Per system, the drop count before its last warm run (`outside_drops::warm_run`).
+                let mut drops = vec![outside_drops::count(); systems.len()];
                 if !cold {
                     for (i, s) in systems.iter_mut().enumerate() {
                         if rows[first + i].error.is_some() {
@@ -1241,7 +1210,10 @@ fn bench(
                         run_once(env, &mut systems[i], w, cold)
                     } else {
                         let row = &mut rows[first + i];
-                        warm_run(env, &mut systems[i], w, &mut drops[i], &mut row.rewarmed)
+                        let s = &mut systems[i];
+                        outside_drops::warm_run(&mut drops[i], &mut row.rewarmed, || {
+                            run_once(env, s, w, false)
+                        })
                     };
                     match res {
                         Ok(res) => {
@@ -1271,9 +1243,11 @@ fn bench(
         }
     }
     for r in rows.iter().filter(|r| r.rewarmed > 0) {
-        note(&format!(
-            "{} ({}, {}): warmed again {} times after a drop_caches by another program",
-            r.workload, r.system, r.cache, r.rewarmed
+        note(&outside_drops::rewarmed_note(
+            &r.workload,
+            r.system,
+            r.cache,
+            r.rewarmed,
         ));
     }
     // Unmount and stop the proxies before printing.

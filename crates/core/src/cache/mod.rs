@@ -76,6 +76,7 @@ mod outside;
 mod path;
 mod pcc;
 mod persist;
+mod stale;
 mod walk;
 
 #[cfg(test)]

@@ -66,11 +66,26 @@ impl Cache {
         if name == b"." || name == b".." {
             return Err(Error::Exists);
         }
-        let existing = self.child_checked(c, parent, name)?;
-        if let NodeKind::Positive(_) = existing.kind() {
-            return Err(Error::Exists);
-        }
+        self.check_absent(c, parent, name)?;
         self.check(c, parent, W_OK | X_OK)
+    }
+
+    /// EEXIST if `parent/name` exists. A positive the cache answered alone is confirmed by
+    /// the backend first; if the backend no longer has it, the backend is asked again
+    /// (stale.rs).
+    fn check_absent(&self, c: &Creds, parent: &NodeRef, name: &[u8]) -> Result<()> {
+        for _ in 0..2 {
+            let mut missed = false;
+            let existing = self.child_checked_counted(c, parent, name, &mut missed)?;
+            if !matches!(existing.kind(), NodeKind::Positive(_)) {
+                return Ok(());
+            }
+            if self.still_exists(parent, name, &existing, missed) {
+                return Err(Error::Exists);
+            }
+        }
+        // Contradicted twice: the backend's own create decides.
+        Ok(())
     }
 
     /// Put a new positive dentry at `parent/name`, replacing whatever negative was there.
@@ -108,7 +123,14 @@ impl Cache {
         let _t = self.tree_lock.read();
         self.prepare_create(c, parent, name)?;
         let path = join(&self.path_of(parent)?, name);
-        let attr = self.stats.backend.mutation.time(|| op(&path))?;
+        let attr = match self.stats.backend.mutation.time(|| op(&path)) {
+            // The cache held the name as missing: no longer (stale.rs).
+            Err(Error::Exists) => {
+                self.drop_stale_child(parent, name, None);
+                return Err(Error::Exists);
+            }
+            r => r?,
+        };
         Ok(self.install(parent, name, attr, attr.is_dir()))
     }
 
@@ -176,10 +198,7 @@ impl Cache {
         let _t = self.tree_lock.read();
         // Order as Linux's do_linkat: the new name must not exist, same mount, the
         // protected_hardlinks rule (may_linkat), write permission (may_create), no directories.
-        let existing = self.child_checked(c, newparent, newname)?;
-        if let NodeKind::Positive(_) = existing.kind() {
-            return Err(Error::Exists);
-        }
+        self.check_absent(c, newparent, newname)?;
         if !Arc::ptr_eq(&node.sb, &newparent.sb) {
             return Err(Error::CrossDevice);
         }
@@ -200,11 +219,18 @@ impl Cache {
         }
         let old = self.path_of(node)?;
         let new = join(&self.path_of(newparent)?, newname);
-        let attr = self
+        let attr = match self
             .stats
             .backend
             .mutation
-            .time(|| newparent.sb.backend.link(&c.0.cred, &old, &new))?;
+            .time(|| newparent.sb.backend.link(&c.0.cred, &old, &new))
+        {
+            Err(Error::Exists) => {
+                self.drop_stale_child(newparent, newname, None);
+                return Err(Error::Exists);
+            }
+            r => r?,
+        };
         let n = self.install(newparent, newname, attr, false);
         let t = node.inner.read().target().map(<[u8]>::to_vec);
         if let Some(t) = t {
@@ -611,6 +637,9 @@ impl Cache {
     }
 
     /// Create and open regular file `parent/name` (O_CREAT; O_EXCL in `flags` honoured).
+    /// Without O_EXCL, as natively, an existing file is opened and a missing one created,
+    /// whatever the cache believed: a name the backend sees otherwise (changed there before
+    /// its change feed said so) is asked again, up to [`CREATE_TRIES`] times (stale.rs).
     pub fn create_at(
         &self,
         c: &Creds,
@@ -621,29 +650,58 @@ impl Cache {
     ) -> Result<(NodeRef, Box<dyn BackendFile>)> {
         want_dir(parent)?;
         check_name(name)?;
-        let _t = self.tree_lock.read();
-        let existing = self.child_checked(c, parent, name)?;
-        if let NodeKind::Positive(_) = existing.kind() {
-            if flags & libc::O_EXCL != 0 {
-                return Err(Error::Exists);
+        let excl = flags & libc::O_EXCL != 0;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let last = tries >= CREATE_TRIES;
+            let t = self.tree_lock.read();
+            let mut missed = false;
+            let existing = self.child_checked_counted(c, parent, name, &mut missed)?;
+            if let NodeKind::Positive(_) = existing.kind() {
+                if excl {
+                    if last || self.still_exists(parent, name, &existing, missed) {
+                        return Err(Error::Exists);
+                    }
+                    continue;
+                }
+                // Not under the lock: opening a FIFO waits for its other end.
+                drop(t);
+                match self.open_node(c, &existing, flags) {
+                    Err(Error::NotFound) if !last => {
+                        self.drop_stale_child(parent, name, Some(&existing));
+                        continue;
+                    }
+                    r => return r.map(|fd| (existing, fd)),
+                }
             }
-            drop(_t);
-            let fd = self.open_node(c, &existing, flags)?;
-            return Ok((existing, fd));
+            self.check(c, parent, W_OK | X_OK)?;
+            let path = join(&self.path_of(parent)?, name);
+            let b = &parent.sb.backend;
+            let fd = match self.stats.backend.mutation.time(|| {
+                b.open(
+                    &c.0.cred,
+                    &path,
+                    flags | libc::O_CREAT | libc::O_EXCL,
+                    mode & 0o7777,
+                )
+            }) {
+                Err(Error::Exists) => {
+                    self.drop_stale_child(parent, name, None);
+                    if excl || last {
+                        return Err(Error::Exists);
+                    }
+                    continue;
+                }
+                r => r?,
+            };
+            let attr = self.stats.backend.getattr.time(|| b.getattr(&path))?;
+            let node = self.install(parent, name, attr, false);
+            return Ok((node, fd));
         }
-        self.check(c, parent, W_OK | X_OK)?;
-        let path = join(&self.path_of(parent)?, name);
-        let b = &parent.sb.backend;
-        let fd = self.stats.backend.mutation.time(|| {
-            b.open(
-                &c.0.cred,
-                &path,
-                flags | libc::O_CREAT | libc::O_EXCL,
-                mode & 0o7777,
-            )
-        })?;
-        let attr = self.stats.backend.getattr.time(|| b.getattr(&path))?;
-        let node = self.install(parent, name, attr, false);
-        Ok((node, fd))
     }
 }
+
+/// How often [`Cache::create_at`] asks again when the backend contradicts the cache (a name
+/// removed or created behind its back, perhaps again and again).
+const CREATE_TRIES: u32 = 3;

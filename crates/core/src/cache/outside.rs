@@ -182,20 +182,7 @@ impl Cache {
         parent.clear(COMPLETE);
         parent.set_attr(None);
         if let Some(r) = &removed {
-            self.forget_links_unknown(r);
-            let dirs = self.cached_dirs(r);
-            self.kill(r);
-            let mut d = self.detached.lock();
-            for n in dirs {
-                // An older entry for the same inode is a directory that lost that inode
-                // before `n` had it (removed, its number reused): never revive it instead.
-                let (dev, ino) = (n.attr.dev(), n.attr.ino());
-                d.retain(|(_, _, o)| !same_inode(o, &n.sb, dev, ino));
-                if d.len() >= 256 {
-                    d.pop_front();
-                }
-                d.push_back((dev, ino, n));
-            }
+            self.retire(r);
         }
         drop(_w);
         if !self.detached.lock().is_empty() {
@@ -209,6 +196,26 @@ impl Cache {
             node: removed,
             attr_only: false,
         }]
+    }
+
+    /// Take `r`, just taken out of its parent's map because it is gone from the backend
+    /// (inside an invalidation window), out of service; the directories cached at and below
+    /// it are remembered for revival (they may turn up elsewhere: an outside rename).
+    pub(crate) fn retire(&self, r: &NodeRef) {
+        self.forget_links_unknown(r);
+        let dirs = self.cached_dirs(r);
+        self.kill(r);
+        let mut d = self.detached.lock();
+        for n in dirs {
+            // An older entry for the same inode is a directory that lost that inode
+            // before `n` had it (removed, its number reused): never revive it instead.
+            let (dev, ino) = (n.attr.dev(), n.attr.ino());
+            d.retain(|(_, _, o)| !same_inode(o, &n.sb, dev, ino));
+            if d.len() >= 256 {
+                d.pop_front();
+            }
+            d.push_back((dev, ino, n));
+        }
     }
 
     /// A directory with inode `(dev, ino)` of `sb`'s file system was just created through the

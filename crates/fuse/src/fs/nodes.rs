@@ -397,7 +397,23 @@ impl CacheFs {
             self.cache
                 .mknod_at(&c, &dir, name.as_bytes(), mode, u64::from(rdev))
         })
-        .map_err(errno)?;
+        .map_err(|e| match e {
+            // The kernel sends MKNOD only for a name it holds as missing (fs/namei.c
+            // `lookup_open`, `filename_create`), and the backend has it: the kernel's entry
+            // is stale (made in SRC before the change feed said so; the core dropped its own
+            // copy). ESTALE makes the kernel look the path up again (LOOKUP_REVAL) and
+            // decide on what it finds, as natively: mknod(2) and open(O_CREAT|O_EXCL) say
+            // EEXIST, an open(O_CREAT) (`open=noopen` creates with MKNOD) opens the file as
+            // its caller. (A MKNOD does not say whether the open had O_EXCL: replying with
+            // the existing file's entry would let O_EXCL open it.)
+            CoreError::Exists => {
+                let _ = self
+                    .notify
+                    .send(NotifyMsg::InvalEntry(parent.0, name.as_bytes().to_vec()));
+                Errno::ESTALE
+            }
+            e => errno(e),
+        })?;
         self.dir_changed(&dir);
         self.entry(parent, &n)
     }
