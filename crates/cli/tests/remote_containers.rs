@@ -697,3 +697,105 @@ fn statfs_answers_are_reused_for_statfs_timeout() {
         "statfs_timeout=0: every statfs asks"
     );
 }
+
+/// The attributes of a file open for writing come from its container: the kernel keeps
+/// none while a writer has the file open (every fstat is a GETATTR) and the core asks the
+/// backend for an open file's attributes; each was a `Getattr` round trip, or a bulk call for
+/// the directory whose listing the create dropped (an assembler writing an object). They show what was written so far (the container's size), and the
+/// server's after the close.
+#[test]
+fn fstat_of_a_file_open_for_writing_makes_no_round_trip() {
+    use std::io::Write;
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("");
+    std::fs::create_dir(t.s("obj")).unwrap();
+    eventually("obj shows", || t.m("obj").is_dir());
+    let mut f = std::fs::File::create(t.m("obj/a.o")).unwrap();
+    quiet(&t);
+    let before = t.calls("");
+    for i in 1..=8u64 {
+        f.write_all(&[i as u8; 1000]).unwrap();
+        let m = f.metadata().unwrap();
+        assert_eq!(m.len(), i * 1000, "fstat after {i} writes");
+    }
+    let made = t.calls("") - before;
+    drop(f);
+    assert_eq!(
+        made,
+        0,
+        "calls for 8 writes and fstats of a file open for writing:\n{}",
+        t.log_text()
+    );
+    assert_eq!(std::fs::metadata(t.s("obj/a.o")).unwrap().len(), 8000);
+    let want: Vec<u8> = (1..=8u8).flat_map(|i| [i; 1000]).collect();
+    assert!(
+        std::fs::read(t.s("obj/a.o")).unwrap() == want,
+        "the server's bytes"
+    );
+}
+
+/// Files made through the mount one after another in a directory, each followed by a `stat`
+/// (the kernel asks for the directory's attributes again after each create: a build writing
+/// its objects): no call brings more than the directory's own listing. A getattr of the
+/// directory counted as a lookup miss in its parent: every second one fetched the root's
+/// whole subtree.
+#[test]
+fn creates_in_a_directory_fetch_no_subtree() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("");
+    sh_ok(
+        &t.src,
+        "mkdir obj && for d in a b c d; do mkdir $d && for f in 1 2 3 4 5 6 7 8; do echo $f > $d/$f; done; done",
+    );
+    eventually("the tree shows", || {
+        t.m("d/8").exists() && t.m("obj").is_dir()
+    });
+    // Listed first, as `make` lists its directory (`$(wildcard *.c)`): a directory never
+    // listed whose listing a miss needs still brings its parent's subtree (one call per
+    // parent for a cold walk: "Bulk metadata").
+    assert_eq!(std::fs::read_dir(t.m("obj")).unwrap().count(), 0);
+    quiet(&t);
+    let before = t.calls("Subtree");
+    for i in 0..12 {
+        let p = t.m(&format!("obj/o{i}"));
+        std::fs::write(&p, format!("object {i}")).unwrap();
+        assert!(std::fs::metadata(t.m("obj")).unwrap().is_dir());
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().len(),
+            format!("object {i}").len() as u64
+        );
+    }
+    for i in 0..12 {
+        assert_eq!(
+            std::fs::read_to_string(t.s(&format!("obj/o{i}"))).unwrap(),
+            format!("object {i}")
+        );
+    }
+    // At most `obj`'s own listing again (a miss in it after a change), never a subtree.
+    let log = t.log_text();
+    let wide: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("remote call") && l.contains("Subtree"))
+        .skip(before)
+        .filter(|l| !l.contains("budget: 0 "))
+        .collect();
+    assert!(
+        wide.is_empty(),
+        "bulk subtree calls for 12 creates:\n{}\nlog:\n{log}",
+        wide.join("\n")
+    );
+}
+
+/// Wait until the daemon's log shows no new call for 300 ms: the calls the setup caused (the
+/// server's changes chased through callbacks) are all logged (the log is written behind).
+fn quiet(t: &Mount) {
+    eventually("no more calls from the setup", || {
+        let n = t.calls("");
+        std::thread::sleep(Duration::from_millis(300));
+        t.calls("") == n
+    });
+}

@@ -1026,6 +1026,19 @@ impl Backend for RemoteBackend {
     }
 
     fn getattr(&self, path: &[u8]) -> Result<Attr> {
+        // A valid container holds the server's attributes of the version it holds, under
+        // the same callback promise as the cache's (any change to the file, its path or an
+        // ancestor invalidates it): no round trip. The kernel asks again whenever a file is
+        // open (the core's fresh attributes for an open file: a compiler's fstat of each
+        // source and header). Not while a disconnection is being installed (calls wait for
+        // the new connection then: client/disconnected.rs).
+        if let Some(cc) = &self.cfg.containers {
+            if self.cfg.disconnected.as_ref().is_none_or(|d| d.connected()) {
+                if let Some(a) = cc.cached_attr(path) {
+                    return Ok(a);
+                }
+            }
+        }
         if !path.is_empty() {
             let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
                 Some(i) => (&path[..i], &path[i + 1..]),
@@ -1039,7 +1052,14 @@ impl Backend for RemoteBackend {
                     return r.map(|a| self.handed_out(path, a));
                 }
             }
-            if self.wait_for_listing(dir, false) || self.bulk_after_misses(dir) {
+            // No bulk call for a getattr (only a listing in flight is waited for): the core
+            // asks for the attributes of a name it holds, typically a directory whose
+            // attributes this client's own create or unlink in it made it forget (a build
+            // writing objects: the kernel checks the directory's permission again after each
+            // one). Counted as a miss, every second such getattr fetched the parent's whole
+            // subtree (the root's: the whole tree, for `cproj`'s attributes), 32 whole-tree
+            // calls in a `make -j2` of 26 objects; one `Getattr` answers it.
+            if self.wait_for_listing(dir, false) {
                 if let Some(r) = self.prefetch.lock().lookup(dir, name) {
                     return r.map(|a| self.handed_out(path, a));
                 }

@@ -353,6 +353,17 @@ impl Prefetch {
     /// every bulk call in flight, and in every call that starts before it ends
     /// ([`Prefetch::mutation_end`]). Its id.
     pub fn mutation_begin(&mut self, stale: Vec<Stale>) -> u64 {
+        // A listing held whole that this client's own change (a create, an unlink in it)
+        // makes stale is fetched alone when it is needed again, as one the cache dropped
+        // (`was_listed`), not with its parent's subtree (creates in a directory known from
+        // a bulk reply fetched the whole tree again with growing budgets).
+        for s in &stale {
+            if let Stale::Dir(d) = s {
+                if self.listings.contains_key(d) {
+                    self.mark_listed(d);
+                }
+            }
+        }
         self.drop_stale(&stale);
         let id = self.next_mutation;
         self.next_mutation += 1;

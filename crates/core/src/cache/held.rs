@@ -398,6 +398,29 @@ impl Cache {
         }
     }
 
+    /// The live dentry of `held` and its attributes for a reply ([`Cache::held_node`] then
+    /// [`Cache::attr_for_reply`]), as one answer. A dentry that was live when it was found
+    /// and dies before its attributes are read (a change applied in between: the `Overflow`
+    /// of a reconnection kills every dentry) is no answer about the name: the inode is found
+    /// again and asked again (at most [`RACE_RETRIES`] times). Two separate calls answered
+    /// ENOENT for a file that exists in that window (a held directory: "removed", nlink 0).
+    /// On error the dentry is returned too (the holder may answer from it).
+    pub fn held_attr(&self, held: &Held) -> (NodeRef, Result<Attr>) {
+        let mut tries = 0;
+        loop {
+            let node = self.held_node(held).unwrap_or_else(|_| held.node());
+            let live = !node.is_dead();
+            #[cfg(test)]
+            between_hook::run();
+            let r = self.attr_for_reply(held, &node);
+            if r.is_err() && live && node.is_dead() && tries < RACE_RETRIES {
+                tries += 1;
+                continue;
+            }
+            return (node, r);
+        }
+    }
+
     /// One resolution of [`Cache::held_node`]; `raced` is set when a dentry it looked in or
     /// found died meanwhile (the dead `n` is returned: the caller resolves again).
     fn held_node_depth(&self, held: &Held, depth: u32, raced: &Cell<bool>) -> Result<NodeRef> {
@@ -635,5 +658,29 @@ impl Cache {
     /// see as an attribute change).
     pub fn forget_xattr_memo(&self) {
         self.xattr_memo.clear();
+    }
+}
+
+/// Test-only: a function [`Cache::held_attr`] runs between finding the dentry and reading its
+/// attributes, on the calling thread (race_tests.rs puts a change there).
+#[cfg(test)]
+pub(crate) mod between_hook {
+    use std::cell::RefCell;
+
+    type Hook = Box<dyn FnOnce()>;
+
+    thread_local! {
+        static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    /// Run `f` once, at the next [`super::Cache::held_attr`] of this thread.
+    pub(crate) fn set(f: impl FnOnce() + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    pub(super) fn run() {
+        if let Some(f) = HOOK.with(|h| h.borrow_mut().take()) {
+            f();
+        }
     }
 }

@@ -767,3 +767,38 @@ fn held_node_found_again_while_an_overflow_kills_it_is_live() {
         "attributes of the held file"
     );
 }
+
+/// A held file whose dentry is found live (`Cache::held_node`) and killed before its
+/// attributes are read (the `Overflow` of a reconnection, or of a change feed, applied in
+/// between): the GETATTR still answers with the file's attributes, not ENOENT. The front end
+/// made the two steps as two calls; `Cache::held_attr` finds the inode again.
+#[test]
+fn held_attr_answers_for_a_dentry_killed_between_finding_and_reading() {
+    let (be, cache) = setup_with(&["d/f"]);
+    let root = cache.credentials(Cred::root());
+    let d = cache
+        .lookup(&root, At::Root, b"d", LookupFlags::FOLLOW)
+        .expect("d");
+    let f = cache.lookup_child(&root, &d, b"f").expect("d/f");
+    let (ad, af) = (cache.getattr(&d).expect("d"), cache.getattr(&f).expect("f"));
+    let held_root = cache.hold_root();
+    let held_d = cache.hold(&d, &ad, Some(&held_root));
+    let held_f = cache.hold(&f, &af, Some(&held_d));
+    for (what, held, want) in [
+        ("file", &held_f, b"d/f" as &[u8]),
+        ("directory", &held_d, b"d"),
+    ] {
+        let c = cache.clone();
+        super::held::between_hook::set(move || {
+            c.apply_change(&Change::Overflow);
+        });
+        let (n, r) = cache.held_attr(held);
+        let a = r.unwrap_or_else(|e| panic!("{what}: GETATTR across an Overflow: {e:?}"));
+        assert_eq!(
+            (a.ino, a.nlink),
+            (truth(&be, want).ino, truth(&be, want).nlink),
+            "{what}"
+        );
+        assert!(!n.is_dead(), "{what}: a dead dentry handed back");
+    }
+}

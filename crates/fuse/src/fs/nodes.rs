@@ -269,9 +269,10 @@ impl CacheFs {
             ttl,
         };
         // The core finds a dropped dentry again by the name the kernel knows, and asks the
-        // backend when its copy of the attributes may be behind (the held-node contract).
-        let node = self.cache.held_node(&held).unwrap_or_else(|_| held.node());
-        let r = match self.cache.attr_for_reply(&held, &node) {
+        // backend when its copy of the attributes may be behind (the held-node contract),
+        // in one call: a dentry killed between the two steps is found again.
+        let (node, r) = self.cache.held_attr(&held);
+        let r = match r {
             // The name the core has not seen go names another file by now (removed or
             // replaced in SRC, not yet reported): not this inode's attributes (another
             // type would make the kernel mark its inode bad: EIO). Neither the number nor

@@ -249,6 +249,12 @@ impl Disconnected {
         st.offline && !st.installing
     }
 
+    /// Whether the client is connected, with nothing of a disconnection left to install
+    /// (what it answers from its caches is under the server's callback promises).
+    pub(super) fn connected(&self) -> bool {
+        !self.st.lock().offline
+    }
+
     /// The mount ends: the reconnector stops.
     pub(super) fn stop(&self) {
         let mut st = self.st.lock();
@@ -625,6 +631,15 @@ impl RemoteBackend {
     pub(super) fn offline_attr(&self, path: &[u8]) -> Option<Attr> {
         let d = self.offline_now()?;
         let known = d.known.lock().attrs.get(path).copied();
+        self.known_attr(path, known)
+    }
+
+    /// [`RemoteBackend::offline_attr`] once the caller has decided it is disconnected
+    /// (`known`: what `Known` says about `path`): one decision per call. Checking
+    /// `offline()` again here let a reintegration ending between two checks answer a
+    /// lookup in a directory made while cut off with ENOENT, and a listing of one with
+    /// names missing.
+    fn known_attr(&self, path: &[u8], known: Option<Attr>) -> Option<Attr> {
         let held = self
             .cfg
             .containers
@@ -645,33 +660,33 @@ impl RemoteBackend {
     pub(super) fn offline_lookup(&self, dir: &[u8], name: &[u8]) -> Option<Result<Attr>> {
         let d = self.offline_now()?;
         let path = super::join(dir, name);
-        if let Some(a) = self.offline_attr(&path) {
+        let (known, new_dir) = {
+            let k = d.known.lock();
+            (k.attrs.get(&path).copied(), k.new_dirs.contains(dir))
+        };
+        if let Some(a) = self.known_attr(&path, known) {
             return Some(Ok(a));
         }
-        d.known
-            .lock()
-            .new_dirs
-            .contains(dir)
-            .then_some(Err(Error::NotFound))
+        new_dir.then_some(Err(Error::NotFound))
     }
 
     /// While disconnected: the listing of a directory made while disconnected.
     pub(super) fn offline_readdir(&self, path: &[u8]) -> Option<Result<Vec<DirEntry>>> {
         let d = self.offline_now()?;
-        let names: Vec<Vec<u8>> = {
+        let names: Vec<(Vec<u8>, Attr)> = {
             let k = d.known.lock();
             if !k.new_dirs.contains(path) {
                 return None;
             }
             k.attrs
-                .keys()
-                .filter(|p| p.as_slice() != path && parent(p) == path)
-                .cloned()
+                .iter()
+                .filter(|(p, _)| p.as_slice() != path && parent(p) == path)
+                .map(|(p, a)| (p.clone(), *a))
                 .collect()
         };
         let mut out = Vec::new();
-        for p in names {
-            if let Some(a) = self.offline_attr(&p) {
+        for (p, known) in names {
+            if let Some(a) = self.known_attr(&p, Some(known)) {
                 out.push(DirEntry {
                     name: if path.is_empty() {
                         p.clone()
@@ -853,7 +868,8 @@ impl RemoteBackend {
             return Some(Err(timedout()));
         }
         let conn = self.conn.lock().clone();
-        let exists = self.offline_attr(path);
+        let known = d.known.lock().attrs.get(path).copied();
+        let exists = self.known_attr(path, known);
         let umask = super::thread_umask();
         let r = (|| {
             let (cf, created, base) = match exists {
