@@ -37,9 +37,10 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   fsname=NAME, source=NAME   source shown in /proc/mounts [SRC]
   context=, fscontext=, defcontext=, rootcontext=  SELinux labels (kernel options)
   threads=N                  FUSE request threads (and at most N per io_uring queue), 1..=1024 [4]
-  readers=all|leader         all: every request thread reads /dev/fuse; leader: one reads
+  readers=all|leader|lazy    all: every request thread reads /dev/fuse; leader: one reads
                              and serves what does not block itself, handing reading on
-                             before what may block (docs/opens.md) [all]
+                             before what may block; lazy: as leader, but hands on only
+                             when a request is waiting then (docs/opens.md) [all]
   spin=US                    with readers=leader: poll US microseconds for the next request
                              after a reply while requests come back to back, 0..=1000 [0]
   prefetch=N / noprefetch    threads listing subdirectories one level ahead of a tree
@@ -458,10 +459,11 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
             "threads" => p.threads = num(v.unwrap_or(""), &k, MAX_THREADS)?,
             "prefetch" => p.prefetch_threads = num(v.unwrap_or(""), &k, 64)?,
             "readers" => {
-                p.leader_follower = match v {
-                    Some("leader") => true,
-                    Some("all") => false,
-                    _ => return Err(Usage("-o readers takes leader or all".into())),
+                (p.leader_follower, p.lazy_handoff) = match v {
+                    Some("leader") => (true, false),
+                    Some("lazy") => (true, true),
+                    Some("all") => (false, false),
+                    _ => return Err(Usage("-o readers takes leader, lazy or all".into())),
                 }
             }
             "spin" => {
@@ -1158,7 +1160,9 @@ mod tests {
             "every thread reads, no polling"
         );
         let o = p("readers=leader,spin=30").unwrap().policy;
-        assert!(o.leader_follower && o.spin_us == 30);
+        assert!(o.leader_follower && o.spin_us == 30 && !o.lazy_handoff);
+        let o = p("readers=lazy").unwrap().policy;
+        assert!(o.leader_follower && o.lazy_handoff);
         assert!(
             !p("readers=leader,readers=all")
                 .unwrap()

@@ -214,6 +214,7 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     dircache_core::set_before_backend_call(fuser::may_block);
     fc.leader_follower = cfg.policy.leader_follower.then_some(fuser::LfConfig {
         spin: std::time::Duration::from_micros(cfg.policy.spin_us.into()),
+        lazy: cfg.policy.lazy_handoff,
     });
     let (session, abi, _served_below) = mount_session(fs, cfg, fc)?;
     // Until `Mounted` exists, a failure leaves no dead mount behind.

@@ -125,6 +125,9 @@ pub struct CachePolicy {
     /// Microseconds the reading thread polls for the next request after a reply while
     /// requests come back to back (`-o spin=US`, with `readers=leader`); 0: never.
     pub spin_us: u32,
+    /// With `leader_follower`: hand reading on before a call that may block only if a
+    /// request is waiting right then (`-o readers=lazy`; vendored fuser's `LfConfig::lazy`).
+    pub lazy_handoff: bool,
 }
 
 impl Default for CachePolicy {
@@ -155,6 +158,7 @@ impl Default for CachePolicy {
             io_uring: true,
             leader_follower: false,
             spin_us: 0,
+            lazy_handoff: false,
         }
     }
 }
@@ -212,6 +216,7 @@ impl CachePolicy {
             io_uring: false,
             leader_follower: false,
             spin_us: 0,
+            lazy_handoff: false,
         }
     }
 }

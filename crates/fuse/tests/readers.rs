@@ -1,7 +1,8 @@
 //! Request threads and `/dev/fuse` (issue 9). By default every request thread reads; with
 //! `-o readers=leader` one thread reads at a time (leader/follower, vendored fuser's
 //! `src/lf.rs`) and keeps serving requests answered from the cache; before a backend call it
-//! hands reading to another thread. These tests hold a backend LOOKUP and check what else the
+//! hands reading to another thread; with `-o readers=lazy` it does so only if a request is
+//! waiting then (else a standby follower steps in after 10 ms). These tests hold a backend LOOKUP and check what else the
 //! mount still serves meanwhile.
 
 mod common;
@@ -52,6 +53,37 @@ fn leader_hands_reading_on_before_a_blocking_lookup() {
     );
 }
 
+/// Lazy hand-off (`-o readers=lazy`): the leader keeps leading into the blocked LOOKUP (no
+/// request waited when it went in), so the cached stat that comes after it is served only
+/// once the standby follower finds the leader in that call for 10 ms (it looks every 20 ms)
+/// and lets every follower read (a burst). With two LOOKUPs held, the second one is read
+/// that way and the stat by another follower of the burst. Without the standby (its
+/// takeover time set to an hour) the stat waited for the gate, as with one thread (below):
+/// "round 0: a cached stat waited for 1 LOOKUP(s) blocked in the backend".
+#[test]
+fn lazy_leader_lets_followers_read_while_it_blocks() {
+    if !can_mount() {
+        return;
+    }
+    let policy = dircache_fuse::CachePolicy {
+        leader_follower: true,
+        lazy_handoff: true,
+        ..no_lookahead(Default::default())
+    };
+    for round in 0..4 {
+        let held = 1 + round % 2;
+        let took = GatedMount::new(policy.clone()).cached_stat_while_lookups_block(
+            held,
+            Duration::from_secs(20),
+            None,
+        );
+        assert!(
+            took.is_some(),
+            "round {round}: a cached stat waited for {held} LOOKUP(s) blocked in the backend"
+        );
+    }
+}
+
 /// The same with the default: every thread reads (`-o readers=all`).
 #[test]
 fn blocked_backend_lookup_does_not_stop_cached_stat() {
@@ -83,15 +115,17 @@ fn one_thread_serialises_behind_a_blocked_lookup() {
 }
 
 /// `posix.rs`'s checks (as root and as uid 1000) give the native results with
-/// `-o readers=leader`, also polling for the next request (`-o spin=50`).
+/// `-o readers=leader`, also polling for the next request (`-o spin=50`), and with
+/// `-o readers=lazy`.
 #[test]
 fn posix_checks_match_native_with_one_reader_at_a_time() {
     if !can_mount() {
         return;
     }
-    for spin_us in [0, 50] {
+    for (spin_us, lazy_handoff) in [(0, false), (50, false), (0, true)] {
         let policy = dircache_fuse::CachePolicy {
             leader_follower: true,
+            lazy_handoff,
             spin_us,
             io_uring: false,
             ..Default::default()

@@ -40,7 +40,24 @@ use crate::session::SessionEventLoop;
 pub struct LfConfig {
     /// Poll for the next request this long after a reply before sleeping (zero: never).
     pub spin: Duration,
+    /// Lazy hand-off: before a call that may block, the leader keeps leading through the
+    /// call; only if a request is waiting in the kernel's queue right then (a zero-timeout
+    /// poll(2) of its descriptor) does it let the followers read too (a burst: every thread
+    /// reads, as with fuser's own loop, until the leader finds the queue empty after a
+    /// request). A program that sends one request at a time (`ls -lR`, `find`) is so served
+    /// by one thread throughout, with no follower woken per cache miss, and concurrent
+    /// requests (`git status`'s parallel lstat calls) by all. A request that arrives during
+    /// a call the leader went into with an empty queue waits for it, at most until the
+    /// standby follower (the one that sleeps with a timeout, every 20 ms) finds the leader in
+    /// one call for longer than 10 ms and starts a burst (so a backend call that itself waits
+    /// for this mount, SRC holding a bind mount of it, still gets served).
+    pub lazy: bool,
 }
+
+/// How often the standby follower looks at a leader that kept leading into a blocking call.
+pub(crate) const STANDBY_TICK: Duration = Duration::from_millis(20);
+/// How long a leader may be in one blocking call before the standby follower starts a burst.
+pub(crate) const TAKEOVER_AFTER: Duration = Duration::from_millis(10);
 
 #[derive(Default)]
 struct State {
@@ -48,6 +65,20 @@ struct State {
     led: bool,
     /// The connection ended: every thread returns.
     done: bool,
+    /// Lazy hand-off: followers read too (requests waited while the leader blocked).
+    burst: bool,
+    /// Lazy hand-off: when the leader went into a blocking call with an empty queue.
+    blocked_since: Option<Instant>,
+    /// A follower waits with a timeout (the standby; lazy hand-off only).
+    standby: bool,
+}
+
+/// What `lead` made of the calling thread.
+#[derive(Clone, Copy, Eq, PartialEq)]
+enum Role {
+    Leader,
+    /// A follower reading one request during a burst (lazy hand-off).
+    Extra,
 }
 
 /// What the request threads of one session share.
@@ -64,24 +95,81 @@ impl Shared {
         })
     }
 
-    /// Wait until no thread leads, then lead; false when the session ended.
-    fn lead(&self) -> bool {
+    /// Wait until no thread leads (then lead) or, with `lazy`, a burst lets this thread read
+    /// one request; None when the session ended.
+    fn lead(&self, lazy: bool) -> Option<Role> {
         let mut s = self.state.lock();
-        while s.led && !s.done {
-            self.cv.wait(&mut s);
+        loop {
+            if s.done {
+                return None;
+            }
+            if !s.led {
+                s.led = true;
+                s.blocked_since = None;
+                return Some(Role::Leader);
+            }
+            if !lazy {
+                self.cv.wait(&mut s);
+                continue;
+            }
+            if s.burst {
+                return Some(Role::Extra);
+            }
+            if s.standby {
+                self.cv.wait(&mut s);
+                continue;
+            }
+            s.standby = true;
+            self.cv.wait_for(&mut s, STANDBY_TICK);
+            s.standby = false;
+            if s.led
+                && !s.burst
+                && s.blocked_since.is_some_and(|t| t.elapsed() >= TAKEOVER_AFTER)
+            {
+                // The leader is stuck in a call: every follower reads until it is back.
+                s.burst = true;
+                drop(s);
+                self.cv.notify_all();
+                return Some(Role::Extra);
+            }
         }
-        if s.done {
-            return false;
-        }
-        s.led = true;
-        true
     }
 
+    /// Stop leading and wake a follower to lead.
     fn hand_off(&self) {
         let mut s = self.state.lock();
         s.led = false;
+        s.blocked_since = None;
         drop(s);
         self.cv.notify_one();
+    }
+
+    /// Lazy hand-off: the leader goes into a blocking call (keeping the lead); with requests
+    /// `waiting`, the followers read meanwhile.
+    fn blocking(&self, waiting: bool) {
+        let mut s = self.state.lock();
+        if waiting {
+            s.blocked_since = None;
+            if !s.burst {
+                s.burst = true;
+                drop(s);
+                self.cv.notify_all();
+            }
+        } else if s.blocked_since.is_none() {
+            s.blocked_since = Some(Instant::now());
+        }
+    }
+
+    /// Lazy hand-off: the leader finished a request; a burst ends when no request waits.
+    fn served(&self, fd: std::os::fd::RawFd) {
+        let mut s = self.state.lock();
+        s.blocked_since = None;
+        if s.burst {
+            drop(s);
+            if !request_waiting(fd) {
+                self.state.lock().burst = false;
+            }
+        }
     }
 
     fn end(&self) {
@@ -93,9 +181,37 @@ impl Shared {
     }
 }
 
+/// What a leading thread knows of its leadership.
+struct Leading {
+    shared: Arc<Shared>,
+    /// Lazy hand-off: the descriptor polled for a waiting request.
+    lazy_fd: Option<std::os::fd::RawFd>,
+}
+
 thread_local! {
     /// The session of which this thread is the leader right now.
-    static LEADING: RefCell<Option<Arc<Shared>>> = const { RefCell::new(None) };
+    static LEADING: RefCell<Option<Leading>> = const { RefCell::new(None) };
+}
+
+/// A request is waiting in the kernel's queue of the connection `fd` reads (or polling
+/// failed: then hand off, the safe side).
+fn request_waiting(fd: std::os::fd::RawFd) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    // SAFETY: `fd` is the leader's own descriptor of the session, open for as long as the
+    // thread's loop (which set LEADING and clears it before returning) runs.
+    let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mut fds = [PollFd::new(bfd, PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(n) => n > 0,
+        Err(_) => true,
+    }
+}
+
+/// Stop leading, whatever is waiting.
+fn stop_leading() {
+    if let Some(l) = LEADING.with(|l| l.borrow_mut().take()) {
+        l.shared.hand_off();
+    }
 }
 
 /// dircache: the calling request handler is about to do something that may block (a backend
@@ -104,8 +220,21 @@ thread_local! {
 /// queue whose other servers are all busy, one more is started (src/uring.rs). Cheap (a
 /// thread-local check, then two atomic loads on a ring server) and a no-op on any other thread.
 pub fn may_block() {
-    if let Some(shared) = LEADING.with(|l| l.borrow_mut().take()) {
-        shared.hand_off();
+    let hand = LEADING.with(|l| {
+        let mut l = l.borrow_mut();
+        if let Some(Leading {
+            shared,
+            lazy_fd: Some(fd),
+        }) = l.as_ref()
+        {
+            // Lazy: keep leading; the followers read too if requests wait now.
+            shared.blocking(request_waiting(*fd));
+            return None;
+        }
+        l.take()
+    });
+    if let Some(l) = hand {
+        l.shared.hand_off();
     }
     crate::uring::may_block();
 }
@@ -150,7 +279,7 @@ fn may_block_opcode(opcode: u32) -> bool {
 struct NotLeading;
 impl Drop for NotLeading {
     fn drop(&mut self) {
-        may_block();
+        stop_leading();
     }
 }
 
@@ -174,11 +303,32 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         let _clear = NotLeading;
         // When the last reply went out, and whether to poll after the next one.
         let mut replied: Option<Instant> = None;
+        let lazy_fd = cfg.lazy.then(|| {
+            use std::os::fd::AsRawFd;
+            self.ch.as_fd().as_raw_fd()
+        });
         loop {
-            if !shared.lead() {
+            let Some(role) = shared.lead(cfg.lazy) else {
                 return Ok(());
+            };
+            if role == Role::Extra {
+                // A burst: serve one request as fuser's own loop would, then look again.
+                let got = if spin {
+                    self.read_spinning(buf, None)
+                } else {
+                    self.ch.receive_retrying(buf)
+                };
+                if !self.serve(&shared, got, buf)? {
+                    return Ok(());
+                }
+                continue;
             }
-            LEADING.with(|l| *l.borrow_mut() = Some(shared.clone()));
+            LEADING.with(|l| {
+                *l.borrow_mut() = Some(Leading {
+                    shared: shared.clone(),
+                    lazy_fd,
+                })
+            });
             // Lead until a request may block (then a follower leads) or the session ends.
             loop {
                 let got = if spin {
@@ -186,38 +336,14 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 } else {
                     self.ch.receive_retrying(buf)
                 };
-                let size = match got {
-                    Ok(size) => size,
-                    Err(Errno::ENODEV) => {
-                        shared.end();
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        shared.end();
-                        return Err(e.into());
-                    }
-                };
                 if spin {
                     // Back to back if it came within `spin` of the last reply.
                     let now = Instant::now();
                     replied = replied.filter(|t| now.duration_since(*t) <= cfg.spin);
                 }
-                let Some(req) = RequestWithSender::new(self.ch.sender(), &buf[..size]) else {
-                    shared.end();
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "Invalid request",
-                    ));
-                };
-                if let Ok(Operation::Destroy(_)) = req.request.operation() {
-                    req.reply::<ReplyEmpty>().ok();
-                    shared.end();
+                if !self.serve(&shared, got, buf)? {
                     return Ok(());
                 }
-                if may_block_opcode(req.request.header().opcode) {
-                    may_block();
-                }
-                req.dispatch(self);
                 if spin {
                     replied = Some(Instant::now());
                 }
@@ -225,8 +351,48 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                     // Handed off: back among the followers.
                     break;
                 }
+                if let Some(fd) = lazy_fd {
+                    shared.served(fd);
+                }
             }
         }
+    }
+
+    /// Serve the request `got` read into `buf`: false when the session ended.
+    fn serve(
+        &self,
+        shared: &Shared,
+        got: nix::Result<usize>,
+        buf: &mut [u8],
+    ) -> io::Result<bool> {
+        let size = match got {
+            Ok(size) => size,
+            Err(Errno::ENODEV) => {
+                shared.end();
+                return Ok(false);
+            }
+            Err(e) => {
+                shared.end();
+                return Err(e.into());
+            }
+        };
+        let Some(req) = RequestWithSender::new(self.ch.sender(), &buf[..size]) else {
+            shared.end();
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "Invalid request",
+            ));
+        };
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            req.reply::<ReplyEmpty>().ok();
+            shared.end();
+            return Ok(false);
+        }
+        if may_block_opcode(req.request.header().opcode) {
+            may_block();
+        }
+        req.dispatch(self);
+        Ok(true)
     }
 
     /// Read one request from the non-blocking descriptor: polling until `until` (if given
