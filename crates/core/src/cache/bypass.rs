@@ -111,7 +111,7 @@ impl Cache {
             return Ok(());
         }
         if let Some(p) = node.parent_ref() {
-            let name = node.link.load().name.clone();
+            let name = node.link().name.clone();
             let gen = p.inner.read().gen();
             self.drop_cached_name(&p, &name, node, gen);
         }

@@ -10,7 +10,7 @@
 //! - `attr` is stored inline under a sequence lock ([`AttrCell`]): readers copy the words out
 //!   and retry if a writer was active; writers spin on the sequence (never across a call).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use arc_swap::ArcSwapOption;
@@ -24,18 +24,18 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use super::{NodeKind, NodeRef, Super};
 use crate::{Attr, Error, FileType};
 
-pub(crate) const DEAD: u32 = 1;
+pub(crate) const DEAD: u16 = 1;
 /// Taken out of the tree to reclaim memory. Unlike `DEAD`, the name still refers to it (its
 /// backend path is still right for whoever holds it), but it is no longer kept coherent, so no
 /// fast-path entry may use it.
-pub(crate) const EVICTED: u32 = 32;
-pub(crate) const COMPLETE: u32 = 2;
-pub(crate) const REFERENCED: u32 = 4;
-pub(crate) const MOUNTED: u32 = 8;
-pub(crate) const HAS_CHILDREN: u32 = 16;
+pub(crate) const EVICTED: u16 = 32;
+pub(crate) const COMPLETE: u16 = 2;
+pub(crate) const REFERENCED: u16 = 4;
+pub(crate) const MOUNTED: u16 = 8;
+pub(crate) const HAS_CHILDREN: u16 = 16;
 /// A warm-restart snapshot's validated contents wait for this directory in `Cache::pending`
 /// (persist.rs): installed at its first miss or plain listing.
-pub(crate) const PENDING: u32 = 64;
+pub(crate) const PENDING: u16 = 64;
 
 pub(crate) struct Link {
     /// Weak, so the tree has no reference cycles; a dentry in the tree always has a live
@@ -82,48 +82,25 @@ impl std::ops::Deref for Name {
     }
 }
 
-/// A dentry's (parent, name). The link it was created with is stored inline in the dentry;
-/// a rename (or a revival elsewhere) stores a new one in `moved`, which from then on is the
-/// link (it is never unset). Readers load `moved` lock-free (arc-swap) and fall back to the
-/// first link, so each reader sees one whole link, the old or the new, as with one arc-swap
-/// of a boxed link, without an allocation per dentry. (The first link's weak parent keeps a
-/// renamed dentry's first parent's allocation, not the parent, until the dentry goes.)
-pub(crate) struct LinkCell {
-    first: Link,
-    moved: ArcSwapOption<Link>,
-}
-
-/// A loaded link (see [`LinkCell`]).
+/// A loaded link: the dentry's first link, or the one a rename (or a revival elsewhere)
+/// stored in its [`Slow`] box, which from then on is the link (it is never unset). Readers
+/// load it lock-free (arc-swap) and fall back to the first link, so each reader sees one whole
+/// link, the old or the new, as with one arc-swap of a boxed link, without an allocation per
+/// dentry. (The first link's weak parent keeps a renamed dentry's first parent's allocation,
+/// not the parent, until the dentry goes.)
 pub(crate) struct LinkRef<'a> {
     first: &'a Link,
-    moved: arc_swap::Guard<Option<Arc<Link>>>,
+    moved: Option<arc_swap::Guard<Option<Arc<Link>>>>,
 }
 
 impl std::ops::Deref for LinkRef<'_> {
     type Target = Link;
     #[inline]
     fn deref(&self) -> &Link {
-        self.moved.as_deref().unwrap_or(self.first)
-    }
-}
-
-impl LinkCell {
-    fn new(first: Link) -> LinkCell {
-        LinkCell {
-            first,
-            moved: ArcSwapOption::empty(),
-        }
-    }
-    #[inline]
-    pub(crate) fn load(&self) -> LinkRef<'_> {
-        LinkRef {
-            first: &self.first,
-            moved: self.moved.load(),
-        }
-    }
-    /// Replace the link (renames and revivals, under the locks `Dentry::link` names).
-    pub(crate) fn store(&self, link: Arc<Link>) {
-        self.moved.store(Some(link));
+        self.moved
+            .as_ref()
+            .and_then(|m| m.as_deref())
+            .unwrap_or(self.first)
     }
 }
 
@@ -158,8 +135,7 @@ pub(crate) struct ChildMap {
 
 impl ChildMap {
     pub(crate) fn get(&self, name: &[u8]) -> Option<&NodeRef> {
-        self.t
-            .find(name_hash(name), |n| *n.link.load().name == *name)
+        self.t.find(name_hash(name), |n| *n.link().name == *name)
     }
 
     /// Insert `node` under its current name; returns the child it displaced.
@@ -167,9 +143,9 @@ impl ChildMap {
         if node.is_dir() || node.has(HAS_CHILDREN) {
             self.add_interior(&node);
         }
-        let name = node.link.load().name.clone();
+        let name = node.link().name.clone();
         let h = name_hash(&name);
-        match self.t.find_entry(h, |n| *n.link.load().name == *name) {
+        match self.t.find_entry(h, |n| *n.link().name == *name) {
             Ok(mut e) => {
                 let old = std::mem::replace(e.get_mut(), node);
                 if !Arc::ptr_eq(&old, e.get()) {
@@ -178,8 +154,7 @@ impl ChildMap {
                 Some(old)
             }
             Err(_) => {
-                self.t
-                    .insert_unique(h, node, |n| name_hash(&n.link.load().name));
+                self.t.insert_unique(h, node, |n| name_hash(&n.link().name));
                 None
             }
         }
@@ -188,7 +163,7 @@ impl ChildMap {
     pub(crate) fn remove(&mut self, name: &[u8]) -> Option<NodeRef> {
         match self
             .t
-            .find_entry(name_hash(name), |n| *n.link.load().name == *name)
+            .find_entry(name_hash(name), |n| *n.link().name == *name)
         {
             Ok(e) => {
                 let n = e.remove().0;
@@ -258,21 +233,35 @@ pub(crate) struct Inner {
     pub(crate) children: Option<Box<ChildMap>>,
 }
 
-/// A dentry's [`Inner`] under its lock, both made with a directory and for other dentries at
-/// the first `read` or `write` (8 bytes in the dentry: a leaf nobody asked about children or a
-/// target has none; it was a 16-byte `RwLock<Inner>` in every dentry). The box is installed once by compare-and-swap
-/// (`once_cell`'s `OnceBox`) and never replaced or dropped before the dentry, so every caller
-/// locks the same lock: locking works exactly as with the lock inline. Only
-/// [`InnerCell::has_children`] and the teardown look without making it, and a cell without a
-/// box has never held anything.
+/// The parts of a dentry that most dentries never need, in one box: the children's lock
+/// ([`Inner`]) and a link stored by a rename (see [`LinkRef`]).
 #[derive(Default)]
-pub(crate) struct InnerCell(OnceBox<RwLock<Inner>>);
+pub(crate) struct Slow {
+    lock: RwLock<Inner>,
+    /// The link a rename or revival stored; from then on the dentry's link (never unset).
+    moved: ArcSwapOption<Link>,
+}
+
+/// A dentry's [`Slow`] box (its [`Inner`] under its lock, and a moved link), made with a
+/// directory and for other dentries at the first `read` or `write` or rename (8 bytes in the
+/// dentry: a leaf nobody asked about children or a target, and never renamed, has none; it was
+/// a 16-byte `RwLock<Inner>` and an 8-byte `ArcSwapOption<Link>` in every dentry). The box is
+/// installed once by compare-and-swap (`once_cell`'s `OnceBox`) and never replaced or dropped
+/// before the dentry, so every caller locks the same lock and sees the same moved link:
+/// locking and link loads work exactly as with both inline. Only [`InnerCell::has_children`],
+/// link loads and the teardown look without making it, and a cell without a box has never
+/// held anything.
+#[derive(Default)]
+pub(crate) struct InnerCell(OnceBox<Slow>);
 
 impl InnerCell {
     #[inline]
+    fn slow(&self) -> &Slow {
+        self.0.get_or_init(Box::default)
+    }
+    #[inline]
     fn lock(&self) -> &RwLock<Inner> {
-        self.0
-            .get_or_init(|| Box::new(RwLock::new(Inner::default())))
+        &self.slow().lock
     }
     #[inline]
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, Inner> {
@@ -285,15 +274,19 @@ impl InnerCell {
     /// Whether any child is cached, without making the box (a momentary look, as
     /// `read()` then dropping the guard).
     pub(crate) fn has_children(&self) -> bool {
-        self.0
-            .get()
-            .is_some_and(|l| l.read().children.as_ref().is_some_and(|c| !c.is_empty()))
+        self.0.get().is_some_and(|s| {
+            s.lock
+                .read()
+                .children
+                .as_ref()
+                .is_some_and(|c| !c.is_empty())
+        })
     }
     /// Teardown: the children, if the box was ever made.
     fn take_children(&self) -> Vec<NodeRef> {
         self.0
             .get()
-            .map_or_else(Vec::new, |l| l.write().take_children())
+            .map_or_else(Vec::new, |s| s.lock.write().take_children())
     }
 }
 
@@ -335,11 +328,16 @@ pub struct Dentry {
     pub(crate) id: u64,
     pub(crate) sb: Arc<Super>,
     kind: Kind,
-    pub(crate) flags: AtomicU32,
-    pub(crate) link: LinkCell,
+    pub(crate) flags: AtomicU16,
+    /// The front-end pins (e.g. inodes the kernel holds; pinned dentries are never evicted).
+    pub(crate) pins: AtomicU32,
+    /// The link (parent + name) the dentry was created with; a rename stores a new one in
+    /// the `inner` box (read both through [`Dentry::link`]).
+    first: Link,
     pub(crate) version: AtomicU64,
-    /// Attributes, and the front-end pins (`attr.pins`, in the cell's padding).
+    /// Attributes (packed, under their own sequence lock).
     pub(crate) attr: AttrCell,
+    /// Children, symlink target and a moved link (made when first needed).
     pub(crate) inner: InnerCell,
 }
 
@@ -357,11 +355,12 @@ impl Dentry {
             id,
             sb,
             kind: Kind::pack(kind),
-            flags: AtomicU32::new(0),
-            link: LinkCell::new(Link {
+            flags: AtomicU16::new(0),
+            pins: AtomicU32::new(0),
+            first: Link {
                 parent: parent.as_ref().map(Arc::downgrade),
                 name: name.into(),
-            }),
+            },
             version: AtomicU64::new(version),
             attr: AttrCell::new(attr, attr.map_or(0, |a| a.ino)),
             // A directory's lock is made with it (it will hold children; the box then lies
@@ -374,16 +373,30 @@ impl Dentry {
         }
     }
 
+    /// The current link (parent + name): the first one, or the last a rename stored; lock-free
+    /// (see [`LinkRef`]).
     #[inline]
-    pub(crate) fn has(&self, flag: u32) -> bool {
+    pub(crate) fn link(&self) -> LinkRef<'_> {
+        LinkRef {
+            first: &self.first,
+            moved: self.inner.0.get().map(|s| s.moved.load()),
+        }
+    }
+    /// Replace the link (renames and revivals, under the locks the module's notes name).
+    pub(crate) fn set_link(&self, link: Arc<Link>) {
+        self.inner.slow().moved.store(Some(link));
+    }
+
+    #[inline]
+    pub(crate) fn has(&self, flag: u16) -> bool {
         self.flags.load(Ordering::Acquire) & flag != 0
     }
     #[inline]
-    pub(crate) fn set(&self, flag: u32) {
+    pub(crate) fn set(&self, flag: u16) {
         self.flags.fetch_or(flag, Ordering::AcqRel);
     }
     #[inline]
-    pub(crate) fn clear(&self, flag: u32) {
+    pub(crate) fn clear(&self, flag: u16) {
         self.flags.fetch_and(!flag, Ordering::AcqRel);
     }
     /// Lazy LRU: mark used without writing when already marked.
@@ -394,7 +407,7 @@ impl Dentry {
         }
     }
     pub(crate) fn is_dir(&self) -> bool {
-        self.kind.0 == Kind::POSITIVE | libc::S_IFDIR
+        self.kind.0 == Kind::DIR
     }
     /// What this dentry stands for (unpacked from 4 bytes, see [`Kind`]).
     #[inline(always)]
@@ -409,31 +422,33 @@ impl Dentry {
         self.attr.store(a);
     }
     pub(crate) fn parent_ref(&self) -> Option<NodeRef> {
-        self.link.load().parent.as_ref().and_then(Weak::upgrade)
+        self.link().parent.as_ref().and_then(Weak::upgrade)
     }
 }
 
-/// A [`NodeKind`] in 4 bytes (`NodeKind` takes 8: `Error::Os` carries an `i32`): a positive
-/// entry is [`Kind::POSITIVE`] with the type's `S_IFMT` bits; a negative one holds its error as
-/// the errno of a named [`Error`] variant, or [`Kind::OS`] with the number of an `Error::Os`
-/// (kept exactly, also for a number a named variant has). `Error::Os` numbers outside
-/// `0..2^30` (no errno is) are kept as `Error::Os(EIO)`.
+/// A [`NodeKind`] in 2 bytes (`NodeKind` takes 8: `Error::Os` carries an `i32`): a positive
+/// entry is [`Kind::POSITIVE`] with the type's `S_IFMT` bits shifted down by 12; a negative one
+/// holds its error as the errno of a named [`Error`] variant, or [`Kind::OS`] with the number of
+/// an `Error::Os` (kept exactly, also for a number a named variant has). `Error::Os` numbers
+/// outside `0..2^14` (Linux's errno values are below 4096) are kept as `Error::Os(EIO)`.
 #[derive(Clone, Copy)]
-struct Kind(u32);
+struct Kind(u16);
 
 impl Kind {
-    const POSITIVE: u32 = 1 << 31;
-    const OS: u32 = 1 << 30;
+    const POSITIVE: u16 = 1 << 15;
+    const OS: u16 = 1 << 14;
+    const DIR: u16 = Kind::POSITIVE | (libc::S_IFDIR >> 12) as u16;
 
     fn pack(k: NodeKind) -> Kind {
         Kind(match k {
-            NodeKind::Positive(t) => Kind::POSITIVE | t.mode_bits(),
-            NodeKind::Negative(Error::Os(e)) => match u32::try_from(e) {
+            NodeKind::Positive(t) => Kind::POSITIVE | (t.mode_bits() >> 12) as u16,
+            NodeKind::Negative(Error::Os(e)) => match u16::try_from(e) {
                 Ok(e) if e < Kind::OS => Kind::OS | e,
-                _ => Kind::OS | libc::EIO as u32,
+                _ => Kind::OS | libc::EIO as u16,
             },
-            // Named variants: their errno, which `Error::from_errno` maps back to them.
-            NodeKind::Negative(e) => e.errno() as u32,
+            // Named variants: their errno (all below 128), which `Error::from_errno` maps
+            // back to them.
+            NodeKind::Negative(e) => e.errno() as u16,
         })
     }
 
@@ -442,7 +457,7 @@ impl Kind {
     #[inline(always)]
     fn unpack(self) -> NodeKind {
         if self.0 & Kind::POSITIVE != 0 {
-            NodeKind::Positive(FileType::from_mode(self.0 & !Kind::POSITIVE))
+            NodeKind::Positive(FileType::from_mode(u32::from(self.0 & 0xf) << 12))
         } else {
             self.unpack_negative()
         }
@@ -452,9 +467,9 @@ impl Kind {
     #[inline(never)]
     fn unpack_negative(self) -> NodeKind {
         if self.0 & Kind::OS != 0 {
-            NodeKind::Negative(Error::Os((self.0 & !Kind::OS) as i32))
+            NodeKind::Negative(Error::Os(i32::from(self.0 & !Kind::OS)))
         } else {
-            NodeKind::Negative(Error::from_errno(self.0 as i32))
+            NodeKind::Negative(Error::from_errno(i32::from(self.0)))
         }
     }
 }
@@ -482,23 +497,24 @@ impl Drop for Dentry {
 /// `seqcount_t`: a reader (or a [`AttrCell::store_if_unchanged`] stamp) would need 2^31
 /// writes of this one dentry during one read to be fooled.
 ///
-/// **Packed** into 8 words (72 bytes with the sequence and the pins; it was 104): what real
-/// files have fits exactly — the device number in 32 bits (Linux's `new_encode_dev` of a
-/// 12-bit major and 20-bit minor), `st_blksize` as a power of two (or 0), `st_blocks` below
+/// **Packed** into 8 words with the sequence (64 bytes; it was 104, then 72): what real files
+/// have fits exactly — the link count below 2^22 and the device number as its index in a
+/// process-wide table of the device numbers seen ([`dev_index`], at most [`DEV_SLOTS`]) in one
+/// 32-bit word beside the sequence, `st_blksize` as a power of two (or 0), `st_blocks` below
 /// 2^40, times as 34-bit signed seconds (years 1698–2242) and 30-bit nanoseconds, `st_rdev` in
 /// the size word of a device file (whose size is 0). Attributes that do not fit ([`pack`]
 /// says `None`) are not cached: the cell then holds none (the inode number stays), so every
 /// use asks the backend, as for any attribute miss. Nothing is ever rounded.
 pub(crate) struct AttrCell {
     seq: AtomicU32,
-    /// Not an attribute: the dentry's front-end pins (e.g. inodes the kernel holds; pinned
-    /// dentries are never evicted), kept here because the cell has 4 bytes of padding after
-    /// `seq` (8 bytes less per dentry than a field of its own). The seqlock does not cover it.
-    pub(crate) pins: AtomicU32,
+    /// The link count (bits 0..22) and the device's index in [`DEVS`] (bits 22..32).
+    nd: AtomicU32,
     w: [AtomicU64; WORDS],
 }
 
-const WORDS: usize = 8;
+/// Words besides the sequence and `nd`: 0 inode number, 1 size (or rdev), 2 meta, 3 uid and
+/// gid, 4..7 atime, mtime, ctime.
+const WORDS: usize = 7;
 
 /// Word 2 ("meta"): mode in bits 0..16, [`FORGOTTEN`] bit 16, the block-size code in bits
 /// 17..23 (0: 0, k: 2^(k-1)), [`BIRTH`] bit 23, blocks in bits 24..64.
@@ -513,6 +529,74 @@ const BLKSIZE_SHIFT: u32 = 17;
 const BIRTH: u64 = 1 << 23;
 const BLOCKS_SHIFT: u32 = 24;
 const TIME_SEC_BITS: u32 = 34;
+/// Bits of the link count in `nd` (4,194,303 links at most: ext4 and btrfs stop at 65,535).
+const NLINK_BITS: u32 = 22;
+const NLINK_MASK: u32 = (1 << NLINK_BITS) - 1;
+
+/// Slots of [`DEVS`]: a process holding files of more file systems than this caches the
+/// attributes of the first ones only (the others' are asked for at every use).
+pub(crate) const DEV_SLOTS: usize = 1 << (32 - NLINK_BITS);
+
+/// Device numbers by index, append-only: a slot, once set, never changes; slot 0 is device 0.
+struct DevTable {
+    slots: [AtomicU64; DEV_SLOTS],
+    /// Slots in use (at least 1).
+    len: AtomicUsize,
+    /// Serializes additions.
+    add: parking_lot::Mutex<()>,
+}
+
+impl DevTable {
+    const fn new() -> DevTable {
+        DevTable {
+            slots: [const { AtomicU64::new(0) }; DEV_SLOTS],
+            len: AtomicUsize::new(1),
+            add: parking_lot::const_mutex(()),
+        }
+    }
+
+    /// The index of device number `dev`, added if new; `None` if the table is full.
+    fn index(&self, dev: u64) -> Option<u32> {
+        if dev == 0 {
+            return Some(0);
+        }
+        let find = |n: usize| (1..n).find(|&i| self.slots[i].load(Ordering::Relaxed) == dev);
+        // Acquire: the slots below the length were set before it was published.
+        if let Some(i) = find(self.len.load(Ordering::Acquire)) {
+            return u32::try_from(i).ok();
+        }
+        let _g = self.add.lock();
+        let n = self.len.load(Ordering::Acquire);
+        if let Some(i) = find(n) {
+            return u32::try_from(i).ok();
+        }
+        if n == DEV_SLOTS {
+            return None;
+        }
+        self.slots[n].store(dev, Ordering::Relaxed);
+        self.len.store(n + 1, Ordering::Release);
+        u32::try_from(n).ok()
+    }
+}
+
+/// The device numbers attributes were stored with (process-wide: 8 KiB of static memory, no
+/// heap).
+static DEVS: DevTable = DevTable::new();
+
+/// The index of device number `dev` in [`DEVS`], added if new; `None` if the table is full.
+#[inline]
+fn dev_index(dev: u64) -> Option<u32> {
+    DEVS.index(dev)
+}
+
+/// The device number at `nd`'s index. The slot was set before the index was stored (its
+/// writer found it through the table's length, an acquire of the release that published it,
+/// then stored the index under the sequence lock whose release the reader acquired), and it
+/// never changes.
+#[inline(always)]
+fn dev_of(nd: u32) -> u64 {
+    DEVS.slots[(nd >> NLINK_BITS) as usize].load(Ordering::Relaxed)
+}
 
 /// One timestamp in a word: seconds (34 bits, signed) above nanoseconds (30 bits).
 fn pack_time(t: crate::Timespec) -> Option<u64> {
@@ -523,6 +607,7 @@ fn pack_time(t: crate::Timespec) -> Option<u64> {
     Some(((t.sec as u64) << 30) | u64::from(t.nsec))
 }
 
+#[inline(always)]
 fn unpack_time(w: u64) -> crate::Timespec {
     crate::Timespec {
         // Arithmetic shift: the sign of the 34-bit seconds comes back.
@@ -535,12 +620,15 @@ fn is_device(mode: u32) -> bool {
     matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK)
 }
 
-/// The packed words of `a`, or `None` if some field does not fit exactly.
-fn pack(a: &Attr) -> Option<[u64; WORDS]> {
-    if a.mode == 0 || u64::from(a.mode) > MODE_MASK || a.blocks >= 1 << (64 - BLOCKS_SHIFT) {
+/// The packed `nd` word and words of `a`, or `None` if some field does not fit exactly.
+fn pack(a: &Attr) -> Option<(u32, [u64; WORDS])> {
+    if a.mode == 0
+        || u64::from(a.mode) > MODE_MASK
+        || a.blocks >= 1 << (64 - BLOCKS_SHIFT)
+        || a.nlink > NLINK_MASK
+    {
         return None;
     }
-    let dev = u32::try_from(a.dev).ok()?;
     let bs = match a.blksize {
         0 => 0,
         b if b.is_power_of_two() => u64::from(b.trailing_zeros()) + 1,
@@ -563,16 +651,18 @@ fn pack(a: &Attr) -> Option<[u64; WORDS]> {
     } else {
         (a.ino, 0)
     };
-    Some([
+    let words = [
         w0,
         size,
         u64::from(a.mode) | (bs << BLKSIZE_SHIFT) | birth | (a.blocks << BLOCKS_SHIFT),
         u64::from(a.uid) | (u64::from(a.gid) << 32),
-        u64::from(a.nlink) | (u64::from(dev) << 32),
         pack_time(a.atime)?,
         pack_time(a.mtime)?,
         pack_time(a.ctime)?,
-    ])
+    ];
+    // Last: a misfit takes no slot of the table here.
+    let nd = a.nlink | (dev_index(a.dev)? << NLINK_BITS);
+    Some((nd, words))
 }
 
 /// The inode number and [`Attr::birth`] held in words 0 and 2 ([`BIRTH`]).
@@ -588,7 +678,7 @@ impl AttrCell {
     pub(crate) fn new(a: Option<Attr>, ino: u64) -> AttrCell {
         let c = AttrCell {
             seq: AtomicU32::new(0),
-            pins: AtomicU32::new(0),
+            nd: AtomicU32::new(0),
             w: std::array::from_fn(|_| AtomicU64::new(0)),
         };
         c.w[0].store(ino, Ordering::Relaxed);
@@ -598,10 +688,12 @@ impl AttrCell {
         c
     }
 
-    /// Store `a` (or, if it does not pack, no attributes: its inode number only).
+    /// Store `a` (or, if it does not pack, no attributes: its inode number, and its device
+    /// if the table has room).
     fn store_words(&self, a: &Attr) {
         match pack(a) {
-            Some(w) => {
+            Some((nd, w)) => {
+                self.nd.store(nd, Ordering::Relaxed);
                 for (slot, v) in self.w.iter().zip(w) {
                     slot.store(v, Ordering::Relaxed);
                 }
@@ -609,8 +701,8 @@ impl AttrCell {
             None => {
                 self.w[0].store(a.ino, Ordering::Relaxed);
                 self.w[2].store(0, Ordering::Relaxed);
-                let dev = u32::try_from(a.dev).map_or(0, u64::from);
-                self.w[4].store(dev << 32, Ordering::Relaxed);
+                let nd = dev_index(a.dev).map_or(0, |i| i << NLINK_BITS);
+                self.nd.store(nd, Ordering::Relaxed);
             }
         }
     }
@@ -638,6 +730,7 @@ impl AttrCell {
                 std::hint::spin_loop();
                 continue;
             }
+            let nd = self.nd.load(Ordering::Relaxed);
             let w: [u64; WORDS] = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
             std::sync::atomic::fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) != s1 {
@@ -652,18 +745,18 @@ impl AttrCell {
             let (ino, birth) = split_ino(w[0], w[2]);
             return Some(Attr {
                 ino,
-                dev: w[4] >> 32,
+                dev: dev_of(nd),
                 mode,
-                nlink: w[4] as u32,
+                nlink: nd & NLINK_MASK,
                 uid: w[3] as u32,
                 gid: (w[3] >> 32) as u32,
                 rdev: if dev { w[1] } else { 0 },
                 size: if dev { 0 } else { w[1] },
                 blocks: w[2] >> BLOCKS_SHIFT,
                 blksize: if bs == 0 { 0 } else { 1 << (bs - 1) },
-                atime: unpack_time(w[5]),
-                mtime: unpack_time(w[6]),
-                ctime: unpack_time(w[7]),
+                atime: unpack_time(w[4]),
+                mtime: unpack_time(w[5]),
+                ctime: unpack_time(w[6]),
                 birth,
             });
         }
@@ -758,10 +851,10 @@ impl AttrCell {
         }
     }
 
-    /// The device number, if attributes were ever stored (0 otherwise, also after attributes
-    /// that did not pack: callers treat 0 as "unknown").
+    /// The device number, if attributes were ever stored (0 otherwise, also when the table
+    /// of device numbers was full: callers treat 0 as "unknown").
     pub(crate) fn dev(&self) -> u64 {
-        self.w[4].load(Ordering::Relaxed) >> 32
+        dev_of(self.nd.load(Ordering::Relaxed))
     }
 }
 
@@ -813,13 +906,28 @@ mod tests {
         for e in 1..140 {
             kinds.push(NodeKind::Negative(Error::from_errno(e)));
         }
-        for k in kinds {
-            assert_eq!(Kind::pack(k).unpack(), k);
+        kinds.push(NodeKind::Negative(Error::Os((1 << 14) - 1)));
+        for k in &kinds {
+            assert_eq!(Kind::pack(*k).unpack(), *k);
         }
-        assert_eq!(
-            Kind::pack(NodeKind::Negative(Error::Os(-1))).unpack(),
-            NodeKind::Negative(Error::Os(libc::EIO))
-        );
+        for e in [-1, 1 << 14, i32::MAX] {
+            assert_eq!(
+                Kind::pack(NodeKind::Negative(Error::Os(e))).unpack(),
+                NodeKind::Negative(Error::Os(libc::EIO))
+            );
+        }
+        assert!(Dentry::new(
+            2,
+            Arc::new(Super {
+                backend: Arc::new(crate::memory::MemoryBackend::new())
+            }),
+            NodeKind::Positive(FileType::Directory),
+            None,
+            b"d",
+            1,
+            None
+        )
+        .is_dir());
         for len in [0, 1, 13, 14, 15, 255] {
             let n: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
             let name = Name::from(&n[..]);
@@ -906,8 +1014,17 @@ mod tests {
                 ..a
             },
             Attr {
+                dev: 1 << 32 | 7,
+                ..a
+            },
+            Attr {
+                dev: u64::MAX,
+                nlink: 0,
+                ..a
+            },
+            Attr {
                 blksize: 0,
-                nlink: u32::MAX,
+                nlink: NLINK_MASK,
                 uid: u32::MAX,
                 gid: u32::MAX,
                 size: u64::MAX,
@@ -949,7 +1066,10 @@ mod tests {
             assert_eq!((c.ino(), c.dev()), (f.ino, f.dev), "case {i}");
         }
         let misfits = [
-            Attr { dev: 1 << 32, ..a },
+            Attr {
+                nlink: NLINK_MASK + 1,
+                ..a
+            },
             Attr {
                 blocks: 1 << 40,
                 ..a
@@ -996,26 +1116,59 @@ mod tests {
                 "misfit {i}"
             );
             let fresh = AttrCell::new(Some(m), m.ino);
-            assert_eq!((fresh.load(), fresh.ino()), (None, 99), "misfit {i}");
+            assert_eq!(
+                (fresh.load(), fresh.ino(), fresh.dev()),
+                (None, 99, m.dev),
+                "misfit {i}"
+            );
         }
+    }
+
+    /// The device table gives each device one index for good, and refuses a new device once
+    /// full (its attributes are then not cached) while still finding the ones it holds.
+    #[test]
+    fn device_table_is_stable_and_bounded() {
+        let t = DevTable::new();
+        assert_eq!(t.index(0), Some(0));
+        let idx: Vec<_> = (1..DEV_SLOTS as u64)
+            .map(|d| t.index(d << 40 | d))
+            .collect();
+        for (i, x) in idx.iter().enumerate() {
+            assert_eq!(*x, u32::try_from(i + 1).ok());
+        }
+        assert_eq!(t.index(u64::MAX), None, "a full table took one more");
+        assert_eq!(t.index(5 << 40 | 5), Some(5));
+        // Racing adders of the same new devices agree on their indexes.
+        let t = DevTable::new();
+        let seen: Vec<Vec<Option<u32>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (1..200u64).map(|d| t.index(d * 3)).collect()))
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        assert!(seen.iter().all(|v| *v == seen[0]));
+        assert_eq!(t.len.load(Ordering::Relaxed), 200);
     }
 
     /// Where a dentry's bytes go (docs/benchmarks.md): the allocation is this plus the
     /// `Arc` header (16). Fails if a field grows it back.
     #[test]
     fn dentry_size() {
-        // 72 (was 104): the 4-byte sequence, the pins in its padding, 8 packed words.
-        assert_eq!(std::mem::size_of::<AttrCell>(), 72);
-        // 152: 136 before the link moved in (its 24 bytes, with the name inline when short,
-        // and 8 for a moved link replace an 8-byte pointer to a 40-byte `Arc<Link>` and the
-        // name's own allocation), and `NodeKind` packed in 4 bytes next to `flags` (8 less).
+        // 64 (was 104, then 72 with the sequence and the pins): 7 packed words, the sequence
+        // and the link count with the device's index in one word.
+        assert_eq!(std::mem::size_of::<AttrCell>(), 64);
+        // The first link inline: a name of up to 14 bytes in it, and the weak parent.
         assert_eq!(std::mem::size_of::<Name>(), 16);
         assert_eq!(std::mem::size_of::<Link>(), 24);
-        // 144 (was 152): the children's lock and box made at first use (`InnerCell`, 8 bytes
-        // where `RwLock<Inner>` took 16).
+        // The children's lock and a moved link in one box made at first use (8 bytes where an
+        // `RwLock<Inner>` took 16 and an `ArcSwapOption<Link>` 8).
         assert_eq!(std::mem::size_of::<InnerCell>(), 8);
+        // `NodeKind` in 2 bytes, the flags in 2, the pins in 4: one word.
+        assert_eq!(std::mem::size_of::<Kind>(), 2);
+        // 128 (was 144): id 8, sb 8, kind + flags + pins 8, link 24, version 8, attributes
+        // 64, inner 8.
         assert!(
-            std::mem::size_of::<Dentry>() <= 144,
+            std::mem::size_of::<Dentry>() <= 128,
             "Dentry is {} bytes",
             std::mem::size_of::<Dentry>()
         );

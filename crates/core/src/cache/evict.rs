@@ -55,7 +55,7 @@ impl Cache {
                 continue;
             }
             let leaf = !n.inner.has_children();
-            if !leaf || f & MOUNTED != 0 || n.attr.pins.load(Ordering::Acquire) > 0 {
+            if !leaf || f & MOUNTED != 0 || n.pins.load(Ordering::Acquire) > 0 {
                 q.push_back(w);
                 continue;
             }
@@ -64,7 +64,7 @@ impl Cache {
             };
             {
                 let mut pi = parent.inner.write();
-                let name = n.link.load().name.clone();
+                let name = n.link().name.clone();
                 if !pi
                     .children
                     .as_mut()

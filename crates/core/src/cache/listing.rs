@@ -65,7 +65,7 @@ impl Cache {
             let NodeKind::Positive(kind) = d.kind() else {
                 continue;
             };
-            let name = d.link.load().name.clone();
+            let name = d.link().name.clone();
             let attr = d.attr_copy();
             if want_attrs && attr.is_none() {
                 return None;
@@ -129,13 +129,13 @@ impl Cache {
             }
             if let Some(ch) = inner.children.as_mut() {
                 for d in ch.values() {
-                    let keep = seen.contains(&d.link.load().name[..]);
+                    let keep = seen.contains(&d.link().name[..]);
                     if matches!(d.kind(), NodeKind::Positive(_)) && !keep {
                         stale.push(d.clone());
                     }
                 }
                 for d in &stale {
-                    let name = d.link.load().name.clone();
+                    let name = d.link().name.clone();
                     ch.remove_node(&name, d);
                 }
             }

@@ -495,9 +495,9 @@ impl Cache {
                     if exchange {
                         ni.children_mut().remove_node(newname, &dst);
                     }
-                    src.link.store(new_link(newparent, newname));
+                    src.set_link(new_link(newparent, newname));
                     if exchange {
-                        dst.link.store(new_link(parent, name));
+                        dst.set_link(new_link(parent, name));
                         pi.children_mut().insert(dst.clone());
                     }
                     ni.children_mut().insert(src.clone());
@@ -506,9 +506,9 @@ impl Cache {
                     if exchange {
                         pi.children_mut().remove_node(newname, &dst);
                     }
-                    src.link.store(new_link(newparent, newname));
+                    src.set_link(new_link(newparent, newname));
                     if exchange {
-                        dst.link.store(new_link(parent, name));
+                        dst.set_link(new_link(parent, name));
                         pi.children_mut().insert(dst.clone());
                     }
                     pi.children_mut().insert(src.clone());

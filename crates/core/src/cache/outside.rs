@@ -325,7 +325,7 @@ impl Cache {
         if !node.has(DEAD) || !Arc::ptr_eq(&node.sb, &dir.sb) {
             return None;
         }
-        node.link.store(Arc::new(super::dentry::Link {
+        node.set_link(Arc::new(super::dentry::Link {
             parent: Some(Arc::downgrade(dir)),
             name: name.into(),
         }));
@@ -346,8 +346,7 @@ impl Cache {
                 .map(|(_, _, n)| n.clone())
                 .filter(|n| {
                     n.has(DEAD)
-                        && n.link
-                            .load()
+                        && n.link()
                             .parent
                             .as_ref()
                             .is_some_and(|p| std::ptr::eq(p.as_ptr(), Arc::as_ptr(dir)))

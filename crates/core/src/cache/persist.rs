@@ -280,7 +280,7 @@ impl Cache {
             let mut subdirs: Vec<NodeRef> = Vec::new();
             if let Some(ch) = &node.inner.read().children {
                 for d in ch.values() {
-                    let name = d.link.load().name.to_vec();
+                    let name = d.link().name.to_vec();
                     match d.kind() {
                         NodeKind::Positive(t) => {
                             if t == FileType::Directory {
@@ -348,12 +348,12 @@ impl Cache {
             let idx = dirs.len() as u32;
             dirs.push(SavedDir {
                 parent,
-                name: node.link.load().name.to_vec(),
+                name: node.link().name.to_vec(),
                 key: Key::of(&a1),
                 contents,
             });
             for d in subdirs {
-                let child = join(&path, &d.link.load().name);
+                let child = join(&path, &d.link().name);
                 stack.push((d, Some(idx), child));
             }
         }

@@ -974,7 +974,7 @@ impl Cache {
         if node.has(DEAD) {
             return Err(Error::NotFound);
         }
-        let first = node.link.load();
+        let first = node.link();
         let mut parent = first.parent.as_ref().map(|w| w.upgrade());
         if parent.is_some() {
             names.push(first.name.clone());
@@ -984,7 +984,7 @@ impl Cache {
             if p.has(DEAD) {
                 return Err(Error::NotFound);
             }
-            let l = p.link.load();
+            let l = p.link();
             match &l.parent {
                 Some(pp) => {
                     names.push(l.name.clone());
