@@ -1332,6 +1332,10 @@ impl Backend for RemoteBackend {
             .is_some_and(|d| d.provisional(ino))
     }
 
+    fn known_bare(&self, path: &[u8]) -> bool {
+        self.prefetch.lock().knows_bare(path)
+    }
+
     fn acls_listed(&self) -> bool {
         // `getxattr` answers an ACL of an entry a bulk listing flagged bare (no round trip);
         // a front end fetching ACLs ahead would re-check each entry's attributes after the
