@@ -578,6 +578,26 @@ impl Prefetch {
         Some(l)
     }
 
+    /// A listing for a `readdir` without attributes: the full listing when it is held
+    /// (handed over and kept, as names handed over are: for the lookups and the listing
+    /// with attributes that follow), else the names-only one ([`Prefetch::take_names`]).
+    /// Before, a full listing that came before such a `readdir` was taken away, and what
+    /// followed it asked the server again, depending on which came first: a directory of
+    /// subdirectories only (whose full listing the server answers from the statx its names
+    /// made) cost one `Readdir` call in a later walk with attributes, and a lookup of a
+    /// subdirectory one `Lookup` (tests/names_first.rs).
+    pub fn take_plain(&mut self, dir: &[u8]) -> Option<Vec<DirEntry>> {
+        let Some(l) = self.listings.get(dir) else {
+            return self.take_names(dir);
+        };
+        let l = l.clone();
+        self.hits += 1;
+        if self.in_flight() {
+            self.waits.early += 1;
+        }
+        Some(l)
+    }
+
     fn put(&mut self, root: &[u8], dirs: Vec<SubtreeDir>, with_root: bool) {
         for d in dirs {
             let key = join(root, &d.dir);

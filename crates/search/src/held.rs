@@ -39,7 +39,7 @@ use dircache_core::{
     XattrTarget, R_OK, X_OK,
 };
 
-use crate::proto::{answer_batches, ProtoError};
+use crate::proto::{answer_batches, ProtoError, RESULTS_PER_FRAME};
 use crate::source::{RawEntry, Source};
 use crate::{Batch, Flags, SearchOptions, SearchRequest, SearchResult};
 
@@ -262,9 +262,8 @@ impl Source for HeldSource {
         if self.missed.load(Ordering::Acquire) {
             return Err(self.miss(Gap::NotCached));
         }
-        let mut kids = dir.node.cached_children();
-        kids.sort_by_key(|k| k.name());
-        for k in kids {
+        let start = out.len();
+        for k in dir.node.cached_children() {
             if k.is_dead() {
                 continue;
             }
@@ -282,6 +281,8 @@ impl Source for HeldSource {
                 attr,
             });
         }
+        // In name order (the cache's children are in no order): stable answers.
+        out[start..].sort_unstable_by(|a, b| a.name.cmp(&b.name));
         Ok(())
     }
 
@@ -326,8 +327,11 @@ pub fn search_held(
     req.flags = Flags(req.flags.0 & !Flags::INCLUDEROOT.0);
     let source = Arc::new(HeldSource::new(cache.clone(), cred.clone()));
     let opts = SearchOptions {
-        // In memory: more threads only contend.
+        // In memory: more threads only contend; and the one worker never waits for this
+        // thread to take its batches (one batch per directory: a hand-over each, which costs
+        // a wake-up each on a loaded machine, ~0.5 ms at load 20).
         threads: 1,
+        channel_batches: 4096,
         ..Default::default()
     };
     let mut stream =
@@ -369,11 +373,14 @@ pub fn answer_held(
         Ok(r) => r,
         Err(_) => return None,
     };
-    let mut results = Some(results);
+    // A frame's worth at a time (answer_batches splits a big batch by moving the rest).
+    let mut results = results.into_iter();
     Some(answer_batches(sock, move |_| {
-        Ok(match results.take() {
-            Some(r) => Batch::Results(r),
-            None => Batch::End,
+        let frame: Vec<SearchResult> = results.by_ref().take(RESULTS_PER_FRAME).collect();
+        Ok(if frame.is_empty() {
+            Batch::End
+        } else {
+            Batch::Results(frame)
         })
     }))
 }
