@@ -228,3 +228,99 @@ fn a_non_root_server_searches_only_for_its_own_uid() {
     assert!(!err.contains("delegated to"), "delegated: {err}");
     t.expect_search_lines("complete", 1);
 }
+
+/// Walk the whole mount as root (`find`: every directory listed through the mount, so the
+/// client's cache holds every listing, the caller's denied ones too).
+fn walk_as_root(mnt: &Path) {
+    let (out, err) = run_as(None, &["find", &mnt.display().to_string()]);
+    assert!(out.lines().count() > 10 && err.is_empty(), "{err}");
+}
+
+/// A search over a tree the client holds whole (every directory listed through the mount,
+/// callbacks held) is answered by the mount's daemon from its cache: no call to the server
+/// at all (the server's log names no search, the daemon's counts no call), the same results
+/// as `find` on SRC as the caller, with the caller's permissions as the client's kernel
+/// applies them (a directory it may not read or not enter is an error, not searched). A
+/// change made on the server shows in the next search once its callback came. Before, every
+/// such search was one `Search` call that the server answered by walking its tree.
+#[test]
+fn a_search_over_a_tree_the_client_holds_makes_no_call() {
+    if !can_mount() {
+        return;
+    }
+    let t = start(|src| {
+        make_tree(src);
+        sh_ok(src, "chmod 700 a/x2 && chmod 711 b && chmod 600 c/x3/deep");
+    });
+    walk_as_root(&t.mnt);
+    // The kernel asks once for the root's ACL when a user who does not own it first comes
+    // (root, its owner, did not need it): that call is not the search's.
+    run_as(Some(1000), &["ls", &t.mnt.display().to_string()]);
+    let want = find_names(Some(1000), &t.src, "*.c");
+    assert!(!want
+        .iter()
+        .any(|p| p.starts_with("a/x2/") || p.starts_with("b/")));
+    let calls = t.calls("");
+    let (got, err) = search(Some(1000), &t.mnt, "*.c");
+    assert_eq!(got, want, "uid 1000: search vs find\n{err}");
+    assert!(
+        err.contains("delegated to"),
+        "not sent to the daemon: {err}"
+    );
+    assert_eq!(
+        t.calls(""),
+        calls,
+        "calls made by the search:\n{}",
+        t.log_text()
+    );
+    assert_eq!(t.search_lines(""), 0, "{}", t.server_log());
+    // A new file and a removal on the server: shown once their callbacks came.
+    std::fs::write(t.s("a/x1/deep/new.c"), b"n").unwrap();
+    std::fs::remove_file(t.s("c/x1/f2.c")).unwrap();
+    let want = find_names(Some(1000), &t.src, "*.c");
+    assert!(want.iter().any(|p| p == "a/x1/deep/new.c"));
+    dircache_tests::remote::eventually_or("the search shows the server's changes", || {
+        let (got, err) = search(Some(1000), &t.mnt, "*.c");
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{got:?}\n{err}"))
+        }
+    });
+    // Listed again through the mount: held whole again, answered from the cache again. The
+    // changes' callbacks cleared what was known of the root's ACL (the kernel, which keeps
+    // it, does not ask again): at most one small call, the root's `getxattr`, no search.
+    walk_as_root(&t.mnt);
+    let (calls, acl) = (t.calls(""), t.calls("Getxattr"));
+    let searched = t.search_lines("");
+    let (got, err) = search(Some(1000), &t.mnt, "*.c");
+    assert_eq!(got, want, "{err}");
+    let made = t.calls("") - calls;
+    assert!(
+        made <= 1 && t.calls("Getxattr") - acl == made,
+        "{made} calls:\n{}",
+        t.log_text()
+    );
+    assert_eq!(t.search_lines(""), searched, "{}", t.server_log());
+}
+
+/// A directory with a POSIX ACL (which the client's kernel applies, and the mode bits do not
+/// show) makes a search over a held tree go to the server, which applies it: a caller the
+/// ACL denies sees nothing below it, although the mode bits would let it read.
+#[test]
+fn a_held_tree_with_an_acl_is_searched_by_the_server() {
+    if !can_mount() {
+        return;
+    }
+    let t = start(|src| {
+        make_tree(src);
+        sh_ok(src, "setfacl -m u:1000:--- a/x3");
+    });
+    walk_as_root(&t.mnt);
+    let want = find_names(Some(1000), &t.src, "*.c");
+    assert!(!want.iter().any(|p| p.starts_with("a/x3/")), "{want:?}");
+    assert!(want.iter().any(|p| p.starts_with("a/x4/")), "{want:?}");
+    let (got, err) = search(Some(1000), &t.mnt, "*.c");
+    assert_eq!(got, want, "uid 1000: search vs find\n{err}");
+    t.expect_search_lines("complete", 1);
+}

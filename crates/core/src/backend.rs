@@ -272,6 +272,14 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Whether backend path `path` is known, without a call, to have no extended attributes
+    /// at all (so no POSIX ACL): the remote backend's listings say so per entry. A search
+    /// answered from the cache ([`crate::Cache`] holding the whole subtree) needs it for every
+    /// directory it reads that the caller does not own. Default: never known.
+    fn known_bare(&self, _path: &[u8]) -> bool {
+        false
+    }
+
     /// Whether it answers a listed entry's missing POSIX ACLs by itself, without a call
     /// (the remote backend: its listings say which entries have no extended attributes), so
     /// that a front end gains nothing by fetching ACLs ahead of the kernel. Default: no.

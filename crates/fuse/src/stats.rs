@@ -483,6 +483,13 @@ fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
                     // No SRC: a backend that searches itself (remote) answers in one call.
                     (None, Some(_slot)) => {
                         let _ = s.set_read_timeout(None);
+                        // A subtree the cache holds whole (kept fresh by the backend's
+                        // callbacks) is searched here, without a call (search/src/held.rs).
+                        match dircache_search::held::answer_held(&s, &sr, &srv.stats.cache, &cred) {
+                            Some(Ok(())) => continue,
+                            Some(Err(_)) => return,
+                            None => {}
+                        }
                         match dircache_search::delegated::answer_backend(
                             &s,
                             &sr,

@@ -806,10 +806,16 @@ impl RemoteBackend {
     /// [`Backend::readdir`] from the prefetch buffer or the server.
     fn readdir_online(&self, path: &[u8], plus: bool) -> Result<Vec<DirEntry>> {
         // Without attributes, the names of a bulk call (names first) answer.
+        // Names first: a full listing handed to a listing without attributes stays, as
+        // names handed over do (Prefetch::take_plain).
+        let names = self.conn.lock().features & features::NAMES != 0;
         let take = |p: &mut Prefetch| {
-            let l = p
-                .take(path)
-                .or_else(|| (!plus).then(|| p.take_names(path)).flatten());
+            let l = if plus || !names {
+                p.take(path)
+                    .or_else(|| (!plus).then(|| p.take_names(path)).flatten())
+            } else {
+                p.take_plain(path)
+            };
             if l.is_some() {
                 p.mark_listed(path);
             }
@@ -1350,6 +1356,10 @@ impl Backend for RemoteBackend {
             .disconnected
             .as_ref()
             .is_some_and(|d| d.provisional(ino))
+    }
+
+    fn known_bare(&self, path: &[u8]) -> bool {
+        self.prefetch.lock().knows_bare(path)
     }
 
     fn acls_listed(&self) -> bool {

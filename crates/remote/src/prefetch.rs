@@ -50,6 +50,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+mod bare;
+
 use dircache_core::{Attr, DirEntry, Error};
 
 use crate::proto::SubtreeDir;
@@ -147,7 +149,7 @@ pub struct Prefetch {
     pub waits: WaitStats,
     /// Paths known to have no extended attributes (from bulk replies; at most `max`), under
     /// the same invariant as the listings. Never a name of an inode with other links.
-    bare: BTreeSet<Vec<u8>>,
+    bare: bare::BareSet,
     /// Listings held that hold a non-directory with more than one link ([`Stale::Linked`]).
     linked: BTreeSet<Vec<u8>>,
     /// Entries held per inode number ([`Stale::Ino`] looks only when there are some).
@@ -281,7 +283,7 @@ impl Prefetch {
             inflight: Vec::new(),
             next_token: 1,
             waits: WaitStats::default(),
-            bare: BTreeSet::new(),
+            bare: bare::BareSet::default(),
             linked: BTreeSet::new(),
             inos: HashMap::new(),
             mutations: Vec::new(),
@@ -343,10 +345,10 @@ impl Prefetch {
 
     /// A callback about inode `ino` (its attributes changed, no path known: a link count,
     /// or a change through a name outside the served tree): the listings naming it, held or
-    /// to come; and what is known about extended attributes (by path only).
+    /// to come; and the names of that inode known to have no extended attributes.
     pub fn touched_inode(&mut self, ino: u64) {
         self.drop_stale(&[Stale::Ino(ino)]);
-        self.bare.clear();
+        self.bare.remove_ino(ino);
     }
 
     /// A mutation by this client is about to be sent: drop what it makes stale, here and in
@@ -412,11 +414,7 @@ impl Prefetch {
                     for k in names_below {
                         self.remove_names(&k);
                     }
-                    let bare_below: Vec<Vec<u8>> =
-                        self.bare.range(lo.clone()..hi.clone()).cloned().collect();
-                    for k in bare_below {
-                        self.bare.remove(&k);
-                    }
+                    self.bare.remove_below(t);
                     let keys: Vec<Vec<u8>> = self
                         .listings
                         .range(lo..hi)
@@ -591,6 +589,26 @@ impl Prefetch {
         Some(l)
     }
 
+    /// A listing for a `readdir` without attributes: the full listing when it is held
+    /// (handed over and kept, as names handed over are: for the lookups and the listing
+    /// with attributes that follow), else the names-only one ([`Prefetch::take_names`]).
+    /// Before, a full listing that came before such a `readdir` was taken away, and what
+    /// followed it asked the server again, depending on which came first: a directory of
+    /// subdirectories only (whose full listing the server answers from the statx its names
+    /// made) cost one `Readdir` call in a later walk with attributes, and a lookup of a
+    /// subdirectory one `Lookup` (tests/names_first.rs).
+    pub fn take_plain(&mut self, dir: &[u8]) -> Option<Vec<DirEntry>> {
+        let Some(l) = self.listings.get(dir) else {
+            return self.take_names(dir);
+        };
+        let l = l.clone();
+        self.hits += 1;
+        if self.in_flight() {
+            self.waits.early += 1;
+        }
+        Some(l)
+    }
+
     fn put(&mut self, root: &[u8], dirs: Vec<SubtreeDir>, with_root: bool) {
         for d in dirs {
             let key = join(root, &d.dir);
@@ -598,8 +616,9 @@ impl Prefetch {
             self.remove_names(&key);
             if d.bare.len() == d.entries.len() {
                 for (e, bare) in d.entries.iter().zip(&d.bare) {
+                    let ino = e.attr.map_or(e.ino, |a| a.ino);
                     if *bare && !linked(e) && self.bare.len() < self.max {
-                        self.bare.insert(join(&key, &e.name));
+                        self.bare.insert(join(&key, &e.name), ino);
                     }
                 }
             }
@@ -620,6 +639,11 @@ impl Prefetch {
             }
             self.listings.insert(key, d.entries);
         }
+    }
+
+    /// [`Prefetch::is_bare`] without counting a hit (a search answered from the cache asks).
+    pub fn knows_bare(&self, path: &[u8]) -> bool {
+        self.bare.contains(path)
     }
 
     /// Whether `path` is known to have no extended attributes.

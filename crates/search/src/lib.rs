@@ -44,6 +44,7 @@
 #![forbid(unsafe_code)]
 
 pub mod delegated;
+pub mod held;
 pub mod pattern;
 pub mod proto;
 pub mod source;

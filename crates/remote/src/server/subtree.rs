@@ -82,6 +82,8 @@ pub(super) struct Walk {
     /// Directories whose attributes a client waited for: the full listings of directories
     /// named below them later go to `stat_urgent` (at most [`MAX_WANTED`]).
     stat_hot: Vec<Vec<u8>>,
+    /// Names first: walkers reading a full listing now.
+    full_busy: usize,
 }
 
 /// A walker's next job.
@@ -110,15 +112,32 @@ impl Walk {
                 return Some(Job::List(r, hot));
             }
         }
-        if let Some(d) = self.stat_urgent.pop_front() {
-            return Some(Job::Full(d));
+        // A full listing (a statx per entry) can take long on a cold disk: while names are
+        // still to be read, one walker is kept for them. Before, a walker that found the
+        // queue empty for a moment (its directories being read by others) took a full
+        // listing, and in the end every walker could be waiting on statx while names
+        // waited in the queue (tests/names_first.rs, the statx held back: ~10 s in a third
+        // of the runs on a loaded machine).
+        let names_left = !self.reading.is_empty()
+            || (!self.cut && (!self.queue.is_empty() || !self.urgent.is_empty()));
+        let may_full = !names_left || self.full_busy + 1 < WALKERS;
+        if may_full {
+            if let Some(d) = self.stat_urgent.pop_front() {
+                self.full_busy += 1;
+                return Some(Job::Full(d));
+            }
         }
         if !self.cut {
             if let Some(d) = self.queue.pop_front() {
                 return Some(Job::List(d, false));
             }
         }
-        self.named.pop_front().map(Job::Full)
+        if !may_full {
+            return None;
+        }
+        let d = self.named.pop_front()?;
+        self.full_busy += 1;
+        Some(Job::Full(d))
     }
 
     /// Names first: `rel`'s names were sent; its full listing is a job now.
@@ -477,11 +496,15 @@ fn walker(
                         drop(w);
                         full_listing(s, root, r, &tx);
                         w = walk.lock();
+                        w.full_busy -= 1;
+                        // A walker kept for names may take full listings now.
+                        changed.notify_all();
                         continue;
                     }
                     None => {}
                 }
-                // No job, and none can come: no directory is being listed.
+                // No job, and none can come: no directory is being listed (full listings
+                // wait only while one is).
                 if w.reading.is_empty() {
                     return;
                 }
