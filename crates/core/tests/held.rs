@@ -199,36 +199,41 @@ fn held_changed_makes_the_next_reply_fresh() {
 }
 
 /// The xattr-absence memo is dropped when the file's attributes change, through the front
-/// end (`held_changed`/`forget_attr`) or from outside (`apply_change`), and an absence learned
-/// across a change is not remembered.
+/// end (`held_changed`/`forget_attr`) or from outside (`apply_change`), an absence learned
+/// across a change is not remembered, and one learnt of a file is not another's that reused
+/// its inode number (another birth time).
 #[test]
 fn xattr_absence_memo_is_dropped_on_attribute_changes() {
     let (_b, cache) = setup(&["f"], Config::default());
     let root = cache.hold_root();
     let (_, f) = hold(&cache, &root, "f");
     let key = f.key();
+    // The birth of the file the absence was learnt of.
+    let b = 7;
 
     let g = cache.xattr_memo_gen();
-    cache.note_xattr_absent(key, 1, g);
-    assert!(cache.xattr_known_absent(key, 1));
-    assert!(!cache.xattr_known_absent(key, 2));
+    cache.note_xattr_absent(key, b, 1, g);
+    assert!(cache.xattr_known_absent(key, b, 1));
+    assert!(!cache.xattr_known_absent(key, b, 2));
+    // Another file that reused the inode number: not answered for.
+    assert!(!cache.xattr_known_absent(key, b + 1, 1));
     cache.held_changed(&f);
     assert!(
-        !cache.xattr_known_absent(key, 1),
+        !cache.xattr_known_absent(key, b, 1),
         "changed through the front end"
     );
 
     let g = cache.xattr_memo_gen();
-    cache.note_xattr_absent(key, 1, g);
-    assert!(cache.xattr_known_absent(key, 1));
+    cache.note_xattr_absent(key, b, 1, g);
+    assert!(cache.xattr_known_absent(key, b, 1));
     change(&cache, attr("f"));
-    assert!(!cache.xattr_known_absent(key, 1), "changed from outside");
+    assert!(!cache.xattr_known_absent(key, b, 1), "changed from outside");
 
     // Learned before a change, noted after it: not remembered.
     let g = cache.xattr_memo_gen();
     change(&cache, attr("f"));
-    cache.note_xattr_absent(key, 1, g);
-    assert!(!cache.xattr_known_absent(key, 1));
+    cache.note_xattr_absent(key, b, 1, g);
+    assert!(!cache.xattr_known_absent(key, b, 1));
 }
 
 /// Held names are pinned: cache pressure never evicts them (an evicted name is updated by

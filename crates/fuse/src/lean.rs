@@ -253,7 +253,7 @@ pub(crate) fn fill_acls(
         };
         if names
             .iter()
-            .all(|n| cache.xattr_known_absent((a.dev, a.ino), acl_bit(n)))
+            .all(|n| cache.xattr_known_absent((a.dev, a.ino), a.birth, acl_bit(n)))
         {
             // Fetched already (e.g. by a prefetch thread before this listing).
             continue;
@@ -270,8 +270,11 @@ pub(crate) fn fill_acls(
             continue;
         }
         match backend.getattr(&path) {
-            Ok(now) if (now.dev, now.ino) == (a.dev, a.ino) && now.ctime == a.ctime => {
-                cache.note_xattr_absent((a.dev, a.ino), absent, gen)
+            Ok(now)
+                if (now.dev, now.ino, now.birth) == (a.dev, a.ino, a.birth)
+                    && now.ctime == a.ctime =>
+            {
+                cache.note_xattr_absent((a.dev, a.ino), a.birth, absent, gen)
             }
             _ => {}
         }

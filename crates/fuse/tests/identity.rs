@@ -745,6 +745,27 @@ except OSError as e:
     String::from_utf8_lossy(&o.stdout).trim_end().to_string()
 }
 
+/// Whether user `uid` (its own group, no others) may read `name` in `dir` (access(2)):
+/// `True` or `False`.
+fn access_as(uid: u32, dir: &Path, name: &str) -> String {
+    let o = std::process::Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .args([
+            PY,
+            "-c",
+            "import os, sys; print(os.access(sys.argv[1], os.R_OK))",
+            name,
+        ])
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("setpriv");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim_end().to_string()
+}
+
 /// Whether this process (the daemon serves the test mounts in it) has a descriptor of `p`.
 fn holds_descriptor_of(p: &Path) -> bool {
     std::fs::read_dir("/proc/self/fd")
@@ -753,6 +774,63 @@ fn holds_descriptor_of(p: &Path) -> bool {
                 .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == p))
         })
         .unwrap_or(false)
+}
+
+/// How many pages of `f`'s file the kernel's page cache holds (cachestat(2), Linux 6.5;
+/// `None` where the call is missing).
+fn cached_pages(f: &std::fs::File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    // The number of cachestat in the kernel's common system call table (not in `libc`).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    // len 0: to the end of the file.
+    let range = Range { off: 0, len: 0 };
+    let mut st = Stat::default();
+    // SAFETY: cachestat on a descriptor this test owns, with pointers to live structs laid
+    // out as the kernel's `cachestat_range` and `cachestat`.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            f.as_raw_fd(),
+            &range as *const Range,
+            &mut st as *mut Stat,
+            0u32,
+        )
+    };
+    (rc == 0).then_some(st.nr_cache)
+}
+
+/// Drop the kernel's pages of the file the mount has at `m` (`open=noopen`: the kernel opens
+/// by itself, so only a page-cache miss makes a read reach the daemon).
+/// POSIX_FADV_DONTNEED skips a page that someone else holds locked or referenced at that
+/// moment (reclaim, another engineer's drop_caches): a user's read would then be served the
+/// old file's page without a request (no secret, and nothing tested). Until none is left.
+fn drop_kernel_pages(m: &Path, label: &str) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(m).unwrap();
+    let dropped = wait_for(Duration::from_secs(20), || {
+        // SAFETY: fadvise on a descriptor this test owns.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0);
+        cached_pages(&f).is_none_or(|n| n == 0)
+    });
+    assert!(
+        dropped.is_some(),
+        "{label}: the kernel keeps the old file's pages"
+    );
 }
 
 /// A world-readable file read by a user through the mount, then replaced in SRC by root's
@@ -766,7 +844,6 @@ fn holds_descriptor_of(p: &Path) -> bool {
 /// attributes).
 #[test]
 fn file_replaced_with_its_inode_number_is_served_as_the_new_file() {
-    use std::os::fd::AsRawFd;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     if !can_mount() {
         return;
@@ -821,13 +898,9 @@ fn file_replaced_with_its_inode_number_is_served_as_the_new_file() {
                 continue;
             }
             if no_open {
-                // The kernel opens by itself (no request); drop its pages of the old file so
-                // that the user's next read reaches the daemon.
-                let f = std::fs::File::open(&m).unwrap();
-                // SAFETY: fadvise on a descriptor this test owns.
-                let rc =
-                    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-                assert_eq!(rc, 0);
+                // The kernel opens by itself (no request): the user's next read must reach
+                // the daemon.
+                drop_kernel_pages(&m, label);
             }
             break name;
         };
@@ -852,8 +925,13 @@ fn file_replaced_with_its_inode_number_is_served_as_the_new_file() {
         // natively (the kernel looked the name up again and found the new file).
         let first = read_as(user, &t.mnt, &name);
         assert!(
-            first.starts_with("open ") || first == "read Stale file handle",
+            !first.contains("secret"),
             "{label}: user {user} read the new 0600 file of root through the old one's inode: {first}"
+        );
+        assert!(
+            first.starts_with("open ") || first == "read Stale file handle",
+            "{label}: user {user}'s first try through the old file's inode (old data: served \
+             from the kernel's pages without a request): {first}"
         );
         assert_eq!(
             read_as(user, &t.mnt, &name),
@@ -861,5 +939,59 @@ fn file_replaced_with_its_inode_number_is_served_as_the_new_file() {
             "{label}: the second try"
         );
         root_reads();
+    }
+}
+
+/// A file whose ACL the kernel fetched through the mount for a user (none: world-readable
+/// by its mode), removed in SRC, and a new file at another name that ext4 gives the same
+/// inode number, world-readable by its mode but denying the user by a POSIX ACL
+/// (`user:1001:---`), on a mount without a change feed. The kernel looks the new name up
+/// (a new inode for it) and fetches its ACL: the daemon's memo of ACL absences (for
+/// `ls -l`) must not answer for the new file what it learnt of the old one by its
+/// `(dev, ino)` (`open=noopen`: the kernel then opens by the mode alone and the daemon
+/// serves the READ as root). The user must be refused as natively.
+#[test]
+fn acl_of_a_new_file_with_a_removed_ones_inode_number_is_its_own() {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    if !can_mount() {
+        return;
+    }
+    const SECRET: &str = "root's secret\n";
+    let user = 1001;
+    for (label, no_open) in [("noopen", true), ("rpc", false)] {
+        let t = TestMount::with_policy_without_feed(dircache_fuse::CachePolicy {
+            no_open,
+            ..Default::default()
+        });
+        let mut tries = 0;
+        let name = loop {
+            tries += 1;
+            assert!(tries <= 50, "{label}: ext4 never gave a number back");
+            let (old_name, name) = (format!("a{tries}"), format!("b{tries}"));
+            let a = t.s(&old_name);
+            std::fs::write(&a, "old\n").unwrap();
+            chmod(&a, 0o644);
+            // The user's access check (as `ls -l` makes the kernel fetch ACLs).
+            assert_eq!(access_as(user, &t.mnt, &old_name), "True", "{label}");
+            let old = std::fs::metadata(&a).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            std::fs::remove_file(&a).unwrap();
+            let b = t.s(&name);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&b)
+                .and_then(|mut w| std::io::Write::write_all(&mut w, SECRET.as_bytes()))
+                .unwrap();
+            if std::fs::metadata(&b).unwrap().ino() != old.ino() {
+                continue;
+            }
+            sh_ok(&t.src, &format!("setfacl -m u:{user}:--- {name}"));
+            break name;
+        };
+        let refused = read_as(user, &t.src, &name);
+        assert_eq!(refused, "open Permission denied", "native");
+        assert_eq!(read_as(user, &t.mnt, &name), refused, "{label}");
     }
 }

@@ -244,8 +244,8 @@ mod tests {
     fn no_xattr_absence_is_remembered() {
         let (_b, c) = setup();
         let g = c.xattr_memo_gen();
-        c.note_xattr_absent((1, 2), 1, g);
-        assert!(!c.xattr_known_absent((1, 2), 1));
+        c.note_xattr_absent((1, 2), 3, 1, g);
+        assert!(!c.xattr_known_absent((1, 2), 3, 1));
     }
 
     /// Changes made behind the cache's back, with nobody reporting them, are seen by the

@@ -282,7 +282,9 @@ impl Held {
 /// The xattr-absence memo: `(dev, ino)` -> (memo generation when learned, bits).
 pub(crate) struct XattrMemo {
     gen: AtomicU64,
-    map: papaya::HashMap<(u64, u64), (u64, u8)>,
+    /// Per `(dev, ino)`: the generation, the bits known absent, and the [`Attr::birth`] of
+    /// the file they were learnt of (a file that reused the number is another).
+    map: papaya::HashMap<(u64, u64), (u64, u8, u32)>,
 }
 
 impl Default for XattrMemo {
@@ -622,22 +624,25 @@ impl Cache {
         self.xattr_memo.gen.load(Ordering::Acquire)
     }
 
-    /// Whether inode `key` is known to have no value for the attribute(s) `bit` (the caller
-    /// numbers the names it memoizes: one bit each). Never in bypass mode (nothing is
-    /// remembered there).
-    pub fn xattr_known_absent(&self, key: (u64, u64), bit: u8) -> bool {
+    /// Whether inode `key`, the file of birth `birth` ([`Attr::birth`]), is known to have no
+    /// value for the attribute(s) `bit` (the caller numbers the names it memoizes: one bit
+    /// each). A file that reused a removed one's inode number is not answered for by what
+    /// was learnt of that one (its ACL may deny what the old file's absence allowed). Never
+    /// in bypass mode (nothing is remembered there).
+    pub fn xattr_known_absent(&self, key: (u64, u64), birth: u32, bit: u8) -> bool {
         if !self.trusts_cache() {
             return false;
         }
         let g = self.xattr_memo_gen();
         let m = self.xattr_memo.map.pin();
-        m.get(&key).is_some_and(|(eg, b)| *eg == g && b & bit != 0)
+        m.get(&key)
+            .is_some_and(|(eg, b, eb)| *eg == g && *eb == birth && b & bit != 0)
     }
 
-    /// Remember that inode `key` has no value for `bit`, learned from a backend call made
-    /// after generation `gen` was read; ignored if anything changed since (the answer may
-    /// be outdated).
-    pub fn note_xattr_absent(&self, key: (u64, u64), bit: u8, gen: u64) {
+    /// Remember that inode `key`, the file of birth `birth`, has no value for `bit`, learned
+    /// from a backend call made after generation `gen` was read; ignored if anything changed
+    /// since (the answer may be outdated).
+    pub fn note_xattr_absent(&self, key: (u64, u64), birth: u32, bit: u8, gen: u64) {
         if self.xattr_memo_gen() != gen {
             return;
         }
@@ -646,10 +651,10 @@ impl Cache {
             m.clear();
         }
         let bits = match m.get(&key) {
-            Some((eg, b)) if *eg == gen => b | bit,
+            Some((eg, b, eb)) if *eg == gen && *eb == birth => b | bit,
             _ => bit,
         };
-        m.insert(key, (gen, bits));
+        m.insert(key, (gen, bits, birth));
         // A change between the check and the insert bumped the generation: the entry is
         // already invalid (it carries `gen`).
     }

@@ -181,8 +181,10 @@ impl CacheFs {
         } else {
             None
         };
+        // The file the nodeid was given out for (its birth): not another that reused the number.
+        let birth = self.inodes.birth(ino.0);
         if let Some(k) = acl_key {
-            if self.cache.xattr_known_absent(k, acl_bit) {
+            if self.cache.xattr_known_absent(k, birth, acl_bit) {
                 self.counters.acl_memo_hits.fetch_add(1, Ordering::Relaxed);
                 return Err(Errno::from_i32(libc::ENODATA));
             }
@@ -201,7 +203,7 @@ impl CacheFs {
             Err(e) => {
                 if e.errno() == libc::ENODATA {
                     if let Some(k) = acl_key {
-                        self.cache.note_xattr_absent(k, acl_bit, acl_gen);
+                        self.cache.note_xattr_absent(k, birth, acl_bit, acl_gen);
                     }
                 }
                 return Err(self.xattr_error(ino, &x, e));
