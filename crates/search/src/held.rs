@@ -133,7 +133,7 @@ impl HeldSource {
     fn acl_absent(&self, path: &[u8], a: &Attr) -> Result<(), Error> {
         let backend: &Arc<dyn Backend> = self.cache.backend();
         let key = (a.dev, a.ino);
-        if backend.known_bare(path) || self.cache.xattr_known_absent(key, ACL_ACCESS_BIT) {
+        if backend.known_bare(path) || self.cache.xattr_known_absent(key, a.birth, ACL_ACCESS_BIT) {
             return Ok(());
         }
         if self.acl_calls.fetch_add(1, Ordering::AcqRel) >= ACL_CALLS {
@@ -148,7 +148,8 @@ impl HeldSource {
         };
         match backend.getxattr(&self.cred, target, ACL_ACCESS) {
             Err(e) if e.errno() == libc::ENODATA => {
-                self.cache.note_xattr_absent(key, ACL_ACCESS_BIT, gen);
+                self.cache
+                    .note_xattr_absent(key, a.birth, ACL_ACCESS_BIT, gen);
                 Ok(())
             }
             Err(e) if e.errno() == libc::EOPNOTSUPP => Ok(()),
