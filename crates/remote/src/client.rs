@@ -1141,13 +1141,20 @@ impl Backend for RemoteBackend {
     }
 
     fn link(&self, cred: &Cred, old: &[u8], new: &[u8]) -> Result<Attr> {
-        want_attr(self.conn()?.call_as(
+        let r = want_attr(self.conn()?.call_as(
             &cred.into(),
             Request::Link {
                 old: old.to_vec(),
                 new: new.to_vec(),
             },
-        )?)
+        )?);
+        // The file gained a link and a new ctime: a container of it (under `old` or another
+        // name) must not answer its attributes.
+        if let (Ok(a), Some(cc)) = (&r, &self.cfg.containers) {
+            cc.touched_inode((a.dev, a.ino));
+        }
+        self.mutated(new);
+        r
     }
 
     fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
@@ -1160,7 +1167,7 @@ impl Backend for RemoteBackend {
                 path: path.to_vec(),
             },
         )?);
-        self.mutated(path);
+        self.unlinked(path);
         r
     }
 
@@ -1191,7 +1198,7 @@ impl Backend for RemoteBackend {
             },
         )?);
         self.mutated(old);
-        self.mutated(new);
+        self.unlinked(new);
         r?;
         // Open files below follow, for reopening after a reconnection.
         self.link.renamed(old, new, mode);
@@ -1556,6 +1563,15 @@ impl RemoteBackend {
     fn mutated(&self, path: &[u8]) {
         if let Some(cc) = &self.cfg.containers {
             cc.touched(path);
+        }
+    }
+
+    /// A name removed or replaced by this client (unlink, rename over a name): besides
+    /// [`Self::mutated`], the containers of hard-linked files, whose other names lost a link.
+    fn unlinked(&self, path: &[u8]) {
+        self.mutated(path);
+        if let Some(cc) = &self.cfg.containers {
+            cc.touched_linked();
         }
     }
 

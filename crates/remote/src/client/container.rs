@@ -557,6 +557,20 @@ impl Containers {
         }
     }
 
+    /// This client removed or replaced a name of some non-directory: a hard-linked file's
+    /// other names lost a link and got a new ctime, which the containers holding them must
+    /// not answer from (the server's inode callback comes later, if at all for our own
+    /// change). Every container of a file with more than one link is no longer valid.
+    pub(super) fn touched_linked(&self) {
+        let mut st = self.st.lock();
+        st.gen += 1;
+        for e in st.by_key.values_mut() {
+            if e.attr.is_some_and(|a| a.nlink > 1) {
+                Self::invalidate(e);
+            }
+        }
+    }
+
     /// Every promise broken (Overflow, a lost connection).
     pub(super) fn invalidate_all(&self) {
         let mut st = self.st.lock();
