@@ -627,8 +627,10 @@ impl Cache {
     /// Whether inode `key`, the file of birth `birth` ([`Attr::birth`]), is known to have no
     /// value for the attribute(s) `bit` (the caller numbers the names it memoizes: one bit
     /// each). A file that reused a removed one's inode number is not answered for by what
-    /// was learnt of that one (its ACL may deny what the old file's absence allowed). Never
-    /// in bypass mode (nothing is remembered there).
+    /// was learnt of that one (its ACL may deny what the old file's absence allowed). A birth
+    /// of 0 is unknown and matches any ([`Attr::same_birth`]: a backend or a nodeid without
+    /// birth times, where the inode number is all there is). Never in bypass mode (nothing
+    /// is remembered there).
     pub fn xattr_known_absent(&self, key: (u64, u64), birth: u32, bit: u8) -> bool {
         if !self.trusts_cache() {
             return false;
@@ -636,7 +638,7 @@ impl Cache {
         let g = self.xattr_memo_gen();
         let m = self.xattr_memo.map.pin();
         m.get(&key)
-            .is_some_and(|(eg, b, eb)| *eg == g && *eb == birth && b & bit != 0)
+            .is_some_and(|(eg, b, eb)| *eg == g && Attr::same_birth(*eb, birth) && b & bit != 0)
     }
 
     /// Remember that inode `key`, the file of birth `birth`, has no value for `bit`, learned
@@ -651,7 +653,7 @@ impl Cache {
             m.clear();
         }
         let bits = match m.get(&key) {
-            Some((eg, b, eb)) if *eg == gen && *eb == birth => b | bit,
+            Some((eg, b, eb)) if *eg == gen && Attr::same_birth(*eb, birth) => b | bit,
             _ => bit,
         };
         m.insert(key, (gen, bits, birth));
