@@ -260,12 +260,7 @@ impl Cache {
             return false;
         }
         let dev = node.attr.dev();
-        let r = self.by_path(parent, |dir| {
-            self.stats
-                .backend
-                .lookup
-                .time(|| parent.sb.backend.lookup(dir, name))
-        });
+        let r = self.backend_lookup(parent, name);
         match r {
             // Same inode number on another device: a file system was mounted over the name.
             Ok(Ok(a)) if a.ino == ino && a.kind() == kind && (dev == 0 || a.dev == dev) => {
@@ -277,14 +272,24 @@ impl Cache {
         }
     }
 
-    /// Whether `parent/name` is still missing in the backend.
-    fn still_missing(&self, parent: &NodeRef, name: &[u8]) -> bool {
-        let r = self.by_path(parent, |dir| {
+    /// The backend's answer for `parent/name` now (timed as a backend lookup), asked by
+    /// `parent`'s current path; `Err` when that path cannot be had.
+    pub(super) fn backend_lookup(
+        &self,
+        parent: &NodeRef,
+        name: &[u8],
+    ) -> crate::Result<crate::Result<Attr>> {
+        self.by_path(parent, |dir| {
             self.stats
                 .backend
                 .lookup
                 .time(|| parent.sb.backend.lookup(dir, name))
-        });
+        })
+    }
+
+    /// Whether `parent/name` is still missing in the backend.
+    fn still_missing(&self, parent: &NodeRef, name: &[u8]) -> bool {
+        let r = self.backend_lookup(parent, name);
         matches!(r, Ok(Err(Error::NotFound)))
     }
 

@@ -34,12 +34,7 @@ impl Cache {
         if missed {
             return true;
         }
-        let r = self.by_path(parent, |dir| {
-            self.stats
-                .backend
-                .lookup
-                .time(|| parent.sb.backend.lookup(dir, name))
-        });
+        let r = self.backend_lookup(parent, name);
         match r {
             Ok(Err(Error::NotFound)) => {
                 self.drop_stale_child(parent, name, Some(node));
