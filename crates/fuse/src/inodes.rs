@@ -62,7 +62,7 @@
 //! know by this dentry, a FORGET of the last reference); lock order: `structure`, then an
 //! entry's mutex, then the core's held-inode lock.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dircache_core::{Attr, Cache, Held, NodeRef};
@@ -94,6 +94,11 @@ struct Inode {
     /// set-id bits ([`told_hash`]; 0: not known, or invalidated since): the kernel sizes
     /// page-cache reads by them.
     told: AtomicU64,
+    /// Open handles whose writes may change the file's size or times without the kernel's
+    /// inode seeing them: a writable page-cache handle, or a passthrough one that can be
+    /// mapped (opened for reading too). Not a write-only passthrough handle: the kernel
+    /// marks its own size and times stale after each write through it.
+    unseen_writers: AtomicU32,
     m: Mutex<InodeMut>,
 }
 
@@ -218,6 +223,7 @@ impl Inodes {
                 birth: 0,
                 parent: AtomicU64::new(0),
                 told: AtomicU64::new(0),
+                unseen_writers: AtomicU32::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
                     removed: false,
@@ -483,6 +489,7 @@ impl Inodes {
                 birth: attr.birth,
                 parent: AtomicU64::new(parent),
                 told: AtomicU64::new(0),
+                unseen_writers: AtomicU32::new(0),
                 m: Mutex::new(InodeMut {
                     lookups: 1,
                     removed: false,
@@ -519,6 +526,31 @@ impl Inodes {
     pub fn told_is(&self, nodeid: u64, a: &Attr) -> bool {
         self.with_entry(nodeid, |i| i.told.load(Ordering::Relaxed) == told_hash(a))
             .unwrap_or(false)
+    }
+
+    /// A handle of `nodeid` whose writes the kernel may not see was opened (`+1`) or released
+    /// (`-1`): see [`Inode::unseen_writers`].
+    pub fn unseen_writer(&self, nodeid: u64, opened: bool) {
+        self.with_entry(nodeid, |i| {
+            if opened {
+                i.unseen_writers.fetch_add(1, Ordering::AcqRel);
+            } else {
+                let _ = i
+                    .unseen_writers
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            }
+        });
+    }
+
+    /// Whether attributes of `nodeid` with set-id bits or not (`setid`) may go stale in the
+    /// kernel without its knowing while they are kept: a handle whose writes it does not see
+    /// is open, or a writer is open and the attributes have set-id bits (a write kills them
+    /// in the backing file system; the kernel would keep honouring them).
+    pub fn attrs_may_go_stale(&self, nodeid: u64, setid: bool) -> bool {
+        self.with_entry(nodeid, |i| {
+            i.unseen_writers.load(Ordering::Acquire) > 0 || (setid && i.held.has_writers())
+        })
+        .unwrap_or(false)
     }
 
     /// Whether the kernel may hold set-id bits for `nodeid`: the attributes it was last told

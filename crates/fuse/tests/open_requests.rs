@@ -680,6 +680,46 @@ fn append_cycles_cost_open_and_release() {
     );
 }
 
+/// A file held open write-only by one process (a logger) while others append to it in
+/// open + write + close cycles: a write-only passthrough handle cannot be mapped and the
+/// kernel marks its own size and times stale after each write through it, so the
+/// attributes the kernel is given keep their lifetime. Before, any writer open made every
+/// attribute reply expire at once: each cycle's open asked GETATTR again, and the next
+/// write GETXATTR `security.capability` (the same chain made `append_cycles_cost_open_and_release`
+/// flaky: a cycle's RELEASE still on its way when the next open asked).
+#[test]
+fn appends_beside_a_write_only_holder_keep_the_attributes() {
+    use std::os::unix::fs::MetadataExt;
+    if !can_mount() {
+        return;
+    }
+    const CYCLES: u64 = 50;
+    let t = TestMount::new();
+    std::fs::write(t.m("log"), b"").unwrap();
+    let mut holder = std::fs::OpenOptions::new()
+        .append(true)
+        .open(t.m("log"))
+        .unwrap();
+    holder.write_all(b"held\n").unwrap();
+    // The write marked the kernel's size stale: this stat asks, and its reply's lifetime
+    // decides whether the cycles' opens ask again.
+    assert_eq!(std::fs::metadata(t.m("log")).unwrap().size(), 5);
+    let _ = append_cycles(&t, "log", 2);
+    let d = append_cycles(&t, "log", CYCLES);
+    eprintln!("{CYCLES} append cycles beside a holder: {d:?}");
+    assert_eq!(d.get("open"), Some(&CYCLES), "{d:?}");
+    assert!(
+        d.get("getattr").copied().unwrap_or(0) <= 2,
+        "a GETATTR per append cycle: {d:?}"
+    );
+    assert!(d["total"] <= 2 * CYCLES + 4, "{d:?}");
+    // Nothing stale: the holder's and the cycles' writes are all seen.
+    holder.write_all(b"held\n").unwrap();
+    let want = 2 * 5 + (CYCLES + 2) * 4;
+    assert_eq!(std::fs::metadata(t.m("log")).unwrap().size(), want);
+    assert_eq!(std::fs::metadata(t.s("log")).unwrap().size(), want);
+}
+
 /// With no invalidation at a write-only open and its release, nothing goes stale: right
 /// after each append cycle `stat` through the mount shows SRC's size, mtime and ctime (the
 /// kernel marked its own copy stale at the write), and changes made in SRC after the

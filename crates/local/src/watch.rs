@@ -151,6 +151,14 @@ impl Source {
             Source::Ino(i) => i.read(out),
         }
     }
+    /// Whether the queue must be read now even if poll reports nothing: a released
+    /// passthrough handle waits for it (`own.rs`, [`crate::own::OwnWrites::ending`]).
+    fn must_drain(&self) -> bool {
+        match self {
+            Source::Fan(f) => f.own.as_ref().is_some_and(|o| o.ending()),
+            Source::Ino(_) => false,
+        }
+    }
     /// The hard-linked files' watches (`links.rs`), read with the rest (inotify only).
     fn links_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         match self {
@@ -207,8 +215,9 @@ fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache
                 revents: 0,
             },
         ];
+        let drain = source.must_drain();
         // SAFETY: pfd is a live array of four pollfd structures.
-        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 4, -1) };
+        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 4, if drain { 0 } else { -1 }) };
         if r < 0 {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
@@ -220,7 +229,7 @@ fn run_loop(mut source: Source, stop: OwnedFd, tx: Sender<Change>, fds: &FdCache
         if pfd[1].revents != 0 {
             return;
         }
-        if pfd[0].revents == 0 && pfd[2].revents == 0 && pfd[3].revents == 0 {
+        if pfd[0].revents == 0 && pfd[2].revents == 0 && pfd[3].revents == 0 && !drain {
             continue;
         }
         out.clear();
@@ -299,7 +308,7 @@ struct Fan {
     served: Arc<crate::served::Served>,
     /// Passthrough writes a front end registered (`own.rs`): their reports are marked.
     /// `None` with `report_own_changes`.
-    own: Option<Arc<crate::own::OwnWrites>>,
+    own: Option<crate::own::Reader>,
 }
 
 const FAN_MASK: u64 = libc::FAN_CREATE
@@ -467,7 +476,7 @@ impl Fan {
             own: (!b
                 .report_own_changes
                 .load(std::sync::atomic::Ordering::Relaxed))
-            .then(|| b.own.clone()),
+            .then(|| crate::own::Reader::new(b.own.clone())),
         };
         Fan::mark(&me.fd, &mut me.marked, me.mount.as_fd(), root_fsid)?;
         me.mounts.push(MountRef {
@@ -797,6 +806,9 @@ impl Fan {
             // SAFETY: reads at most `cap` bytes into our live buffer.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), self.buf.as_mut_ptr().cast(), cap) };
             if n <= 0 {
+                if let Some(own) = &self.own {
+                    own.drained();
+                }
                 return structural;
             }
             let n = n as usize;

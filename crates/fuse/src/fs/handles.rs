@@ -161,8 +161,8 @@ impl IoctlFile {
 /// The attributes' TTL in the reply to a CREATE open for writing: 1 ns, which the kernel
 /// rounds up to one jiffy (fs/fuse `fuse_time_to_jiffies`). The open that follows at once
 /// (`may_open` checks the new inode's permissions) uses them; a `stat` a jiffy later asks the
-/// daemon, as for any file open for writing (`attr_ttl_of`). A TTL of 0 would make that
-/// open send a GETATTR for every created file.
+/// daemon, as for any file open for writing whose writes the kernel may not see
+/// (`attr_ttl_for`). A TTL of 0 would make that open send a GETATTR for every created file.
 const CREATED_WRITABLE_ATTR_TTL: Duration = Duration::from_nanos(1);
 
 impl CacheFs {
@@ -205,10 +205,13 @@ impl CacheFs {
         if let Some(h) = self.inodes.held(of.nodeid) {
             self.cache.note_open(&h, of.writable);
         }
+        if of.writable && !of.write_only {
+            self.inodes.unseen_writer(of.nodeid, true);
+        }
         if of.writable && known && !of.write_only {
             // Writes through a shared mapping of a passthrough file never reach the FUSE
             // inode: drop the kernel's attributes now, and give them no lifetime while the
-            // file is open for writing (`attr_ttl_of`), so `stat` asks the backend.
+            // file is open for writing (`attr_ttl_for`), so `stat` asks the backend.
             self.queue_inval_inode(of.nodeid);
         }
         self.files.insert(fh, Arc::new(of));
@@ -587,6 +590,9 @@ impl CacheFs {
             if let Some(h) = self.inodes.held(of.nodeid) {
                 self.cache.note_close(&h, of.writable);
             }
+            if of.writable && !of.write_only {
+                self.inodes.unseen_writer(of.nodeid, false);
+            }
             self.cache.forget_attr(&of.node);
             if of.writable && !self.writes_seen_by_kernel(&of) && !self.kernel_told_current(&of) {
                 self.queue_inval_inode(of.nodeid);
@@ -696,10 +702,11 @@ impl CacheFs {
         let created = |opened| Created {
             nodeid: INodeNo(id),
             ttl: self.policy.entry_ttl,
-            attr_ttl: if writable {
-                CREATED_WRITABLE_ATTR_TTL
-            } else {
-                self.policy.entry_ttl
+            // Called once the handle is counted: a write-only passthrough handle keeps the
+            // policy's TTL (`attr_ttl_for`).
+            attr_ttl: match self.attr_ttl_for(id, &a) {
+                Duration::ZERO => CREATED_WRITABLE_ATTR_TTL,
+                ttl => ttl,
             },
             attr,
             generation: Generation(self.inodes.generation(id)),

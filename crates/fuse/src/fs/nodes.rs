@@ -30,11 +30,16 @@ impl CacheFs {
         self.cache.on_held(&self.held(id)?, f).map_err(errno)
     }
 
-    /// How long the kernel may keep attributes of an inode: not at all while a writer has it
-    /// open (a shared mapping of a passthrough file changes mtime/ctime without the FUSE
-    /// inode seeing it), else the policy's TTL.
-    pub(super) fn attr_ttl_of(&self, writers: bool) -> Duration {
-        if writers {
+    /// How long the kernel may keep attributes `a` of `nodeid`: not at all while they may go
+    /// stale without its knowing ([`Inodes::attrs_may_go_stale`]: a writer it does not see
+    /// is open — a shared mapping of a passthrough file changes mtime/ctime without the FUSE
+    /// inode seeing it — or any writer and `a` has set-id bits), else the policy's TTL. A
+    /// write-only passthrough handle alone keeps the TTL: with none, every open of a file
+    /// being appended to asked GETATTR (and then GETXATTR `security.capability`) again
+    /// while the last cycle's RELEASE was on its way.
+    pub(super) fn attr_ttl_for(&self, nodeid: u64, a: &Attr) -> Duration {
+        let setid = a.mode & (libc::S_ISUID | libc::S_ISGID) != 0;
+        if self.inodes.attrs_may_go_stale(nodeid, setid) {
             Duration::ZERO
         } else {
             self.policy.attr_ttl
@@ -48,11 +53,11 @@ impl CacheFs {
         fuse_attr(self.inodes.st_ino(nodeid), a)
     }
 
-    /// `a` with the policy's attribute TTL, as a reply for `nodeid`.
+    /// `a` with its attribute TTL ([`CacheFs::attr_ttl_for`]), as a reply for `nodeid`.
     fn attr_out(&self, nodeid: u64, a: &Attr) -> AttrOut {
         AttrOut {
             attr: self.attr_for(nodeid, a),
-            ttl: self.policy.attr_ttl,
+            ttl: self.attr_ttl_for(nodeid, a),
         }
     }
 
@@ -72,7 +77,7 @@ impl CacheFs {
         Ok(EntryOut {
             nodeid: INodeNo(id),
             attr: self.attr_for(id, &a),
-            attr_ttl: self.attr_ttl_of(self.inodes.has_writers(id)),
+            attr_ttl: self.attr_ttl_for(id, &a),
             entry_ttl: self.policy.entry_ttl,
             generation: Generation(self.inodes.generation(id)),
         })
@@ -249,10 +254,9 @@ impl CacheFs {
             if let Ok(of) = self.open_file(fh) {
                 match of.fd.attr() {
                     Ok(a) => {
-                        let ttl = self.attr_ttl_of(self.inodes.has_writers(ino.0));
                         return Ok(AttrOut {
                             attr: self.attr_for(ino.0, &a),
-                            ttl,
+                            ttl: self.attr_ttl_for(ino.0, &a),
                         });
                     }
                     // The open file is lost (a remote file that could not be reopened after
@@ -263,10 +267,9 @@ impl CacheFs {
             }
         }
         let held = self.held(ino)?;
-        let ttl = self.attr_ttl_of(held.has_writers());
         let out = |a: &Attr| AttrOut {
             attr: self.attr_for(ino.0, a),
-            ttl,
+            ttl: self.attr_ttl_for(ino.0, a),
         };
         // The core finds a dropped dentry again by the name the kernel knows, and asks the
         // backend when its copy of the attributes may be behind (the held-node contract),
@@ -579,7 +582,7 @@ impl CacheFs {
         Ok(EntryOut {
             nodeid: INodeNo(id),
             attr: self.attr_for(id, &a),
-            attr_ttl: self.policy.attr_ttl,
+            attr_ttl: self.attr_ttl_for(id, &a),
             entry_ttl: self.policy.entry_ttl,
             generation: Generation(self.inodes.generation(id)),
         })
