@@ -27,6 +27,9 @@
 //! off by default: see `CachePolicy::lookahead_levels`). Lookups of names a complete
 //! directory holds with attributes (listed ahead of a walker, into the core only) count the
 //! same way: the [`MISSES`]th reads it through the mount (and queues what comes after it).
+//! Lookups that go on in a directory queued for such a read and not read yet ask for it
+//! again, which makes it the next one read (`prefetch.rs` `ReadQueue`): a program still
+//! looking names up in it gains from the read; one that moved on may not.
 //!
 //! Only directories of at most [`MAX_DIR_BYTES`] (`st_size`; about a thousand entries on ext4)
 //! are listed: a single `stat` in a huge directory stays one statx. A LOOKUP that arrives while
