@@ -891,3 +891,123 @@ fn a_server_side_unlink_or_rename_over_one_name_reaches_the_other_names() {
         .chain(UNCACHED)
         .for_each(unlink_and_rename_over_one_name);
 }
+
+/// Every FUSE request kind a mount counted so far (`dircache stats --json`).
+fn requests_by_kind(mnt: &Path) -> std::collections::BTreeMap<String, u64> {
+    let out = std::process::Command::new(BIN)
+        .arg("stats")
+        .arg("--json")
+        .arg(mnt)
+        .output()
+        .expect("dircache stats");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stats: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    v["kernel_requests"]["by_kind"]
+        .as_object()
+        .expect("kernel_requests.by_kind")
+        .iter()
+        .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+        .collect()
+}
+
+/// The requests `cmd` (run in `sh`, `{}` replaced by the mount) sends to `mnt`'s daemon once
+/// the kernel holds what it walks: the third run of three in a row, done again (up to 8
+/// times) while a drop_caches by another program falls into the last two. Less the stats
+/// query's own GETXATTR. With them, the remote calls (`calls`: so far) of that run.
+fn warm_requests(
+    mnt: &Path,
+    cmd: &str,
+    calls: &dyn Fn() -> usize,
+) -> (std::collections::BTreeMap<String, u64>, usize) {
+    let run = || sh_ok(mnt, &cmd.replace("{}", &mnt.display().to_string()));
+    for _ in 0..8 {
+        run();
+        let d0 = drops();
+        run();
+        let before = requests_by_kind(mnt);
+        let calls0 = calls();
+        run();
+        let after = requests_by_kind(mnt);
+        let calls = calls() - calls0;
+        if drops() != d0 {
+            continue;
+        }
+        let mut d: std::collections::BTreeMap<String, u64> = after
+            .iter()
+            .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+            .collect();
+        if let Some(g) = d.get_mut("getxattr") {
+            *g = g.saturating_sub(1);
+        }
+        d.retain(|_, n| *n > 0);
+        return (d, calls);
+    }
+    panic!("{cmd}: a drop_caches by another program during each of 8 tries");
+}
+
+/// Issue 10's warm target (no round trip, the client's own time only): a warm walk of a
+/// remote mount sends the kernel's daemon no request a local dircache mount of the same tree
+/// does not get for the same walk (same kernel TTLs, the same ACL answers and listings
+/// cached in the kernel), and makes no round trip.
+#[test]
+fn warm_walks_send_no_request_a_local_mount_does_not() {
+    if !can_mount() {
+        return;
+    }
+    let remote = Remote::new();
+    for d in 0..6 {
+        for e in 0..4 {
+            let dir = remote.s(&format!("d{d}/e{e}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..12 {
+                let ext = ["c", "h", "txt"][f % 3];
+                std::fs::write(dir.join(format!("f{f}.{ext}")), vec![b'x'; f * 7]).unwrap();
+            }
+        }
+    }
+    std::os::unix::fs::symlink("d0/e0/f0.c", remote.s("link")).unwrap();
+    let t = RemoteMount::over(remote, "");
+    let local_mnt = t.dir.path().join("local-mnt");
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.arg("mount").arg(&t.src).arg(&local_mnt).arg("-f");
+    let log = t.dir.path().join("local.log");
+    let _local = dircache_tests::child_mount::ChildMount::start(
+        cmd,
+        &local_mnt,
+        &log,
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("local mount: {e}"));
+    eventually("the tree seen through the remote mount", || {
+        t.m("d5/e3/f11.txt").exists()
+    });
+    let walks = [
+        "ls -lR {} >/dev/null",
+        "du -s {} >/dev/null",
+        "find {} >/dev/null",
+        "find {} -name '*.c' >/dev/null",
+        "stat {}/d3/e2/f4.h {}/d1/no-such.c >/dev/null 2>&1; true",
+    ];
+    let mut report = Vec::new();
+    for w in walks {
+        let (r, calls) = warm_requests(&t.mnt, w, &|| t.calls(""));
+        let (l, _) = warm_requests(&local_mnt, w, &|| 0);
+        eprintln!("{w}: remote {r:?} ({calls} calls), local {l:?}");
+        let extra: Vec<String> = r
+            .iter()
+            .filter(|(k, n)| **n > l.get(*k).copied().unwrap_or(0))
+            .map(|(k, n)| format!("{k} {n} (local {})", l.get(k).copied().unwrap_or(0)))
+            .collect();
+        if !extra.is_empty() {
+            report.push(format!("{w}: remote {r:?}, local {l:?}: {extra:?}"));
+        }
+        if calls != 0 {
+            report.push(format!("{w}: {calls} remote calls in a warm run"));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "warm remote walks sent more than a local mount's:\n{}",
+        report.join("\n")
+    );
+}

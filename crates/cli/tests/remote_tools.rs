@@ -104,7 +104,7 @@ fn bench_remote_smoke_json() {
             "0,1ms",
             "--json",
             "--systems",
-            "native,sshfs,dircache",
+            "native,sshfs,dircache,dircache-local",
             "--base",
         ])
         .arg(base.path())
@@ -117,9 +117,9 @@ fn bench_remote_smoke_json() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    // 13 workloads x 3 systems x 2 RTTs x cold/warm, and disconnected reads, cached and
-    // uncached (warm; native and dircache only) x 2 RTTs.
-    assert_eq!(rows.len(), 13 * 3 * 2 * 2 + 2 * 2 * 2, "{rows:#?}");
+    // 13 workloads x 4 systems (a local dircache mount among them) x 2 RTTs x cold/warm, and
+    // disconnected reads, cached and uncached (warm; native and dircache only) x 2 RTTs.
+    assert_eq!(rows.len(), 13 * 4 * 2 * 2 + 2 * 2 * 2, "{rows:#?}");
     for r in &rows {
         for k in ["workload", "system", "rtt_ms", "cache", "median_s"] {
             assert!(r.get(k).is_some(), "{k} missing in {r}");
@@ -137,8 +137,9 @@ fn bench_remote_smoke_json() {
         let cut_off = r["workload"]
             .as_str()
             .is_some_and(|w| w.starts_with("disconnected"));
-        if sys == "native" || cut_off {
-            // Native has no proxy; disconnected reads run with the proxy stopped.
+        if sys == "native" || sys == "dircache-local" || cut_off {
+            // Native and the local mount have no proxy; disconnected reads run with the
+            // proxy stopped.
             assert!(r["round_trips"].is_null(), "{r}");
         } else {
             // Traffic through the proxy was counted; cold runs always reach the server.

@@ -2,6 +2,8 @@
 //! local native, sshfs (defaults), sshfs `-o kernel_cache,dir_cache=yes`, and a dircache
 //! remote mount (`dircache mount user@host:path MNT -o port=..,IdentityFile=..,serve_command=..`,
 //! reported as unavailable while this binary does not serve remote sources) (issue 10).
+//! On request (`--systems ...,dircache-local`), a local dircache mount of the served tree
+//! too: a remote warm run's FUSE requests side by side with a local mount's.
 //!
 //! Method. A throwaway sshd on loopback (`dircache_tests::sshd`, generated keys) serves the
 //! tree; every ssh connection goes through a TCP delay proxy (`dircache_tests::delay_proxy`)
@@ -77,7 +79,9 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only these systems (comma-separated: native, sshfs, sshfs-cache, dircache,
-    /// dircache-base).
+    /// dircache-base, dircache-local). `dircache-local` (a local dircache mount of the served
+    /// tree, no ssh: what the remote mount's warm FUSE requests are compared with) runs only
+    /// when named here.
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
     /// Directory for the temporary tree and mount points (default: $TMPDIR or /tmp).
@@ -211,19 +215,32 @@ enum Sys {
     /// dircache from `--base-binary` (client and server), beside this binary's: a change
     /// measured against its base in the same interleaved rounds.
     DircacheBase,
+    /// A local dircache mount of the served tree (`dircache mount SRC MNT`, no ssh, no
+    /// proxy): the remote mount's warm requests side by side with the local mount's.
+    DircacheLocal,
 }
 
 impl Sys {
-    const ALL: [Sys; 5] = [
+    const ALL: [Sys; 6] = [
         Sys::Native,
         Sys::Sshfs,
         Sys::SshfsCache,
         Sys::Dircache,
         Sys::DircacheBase,
+        Sys::DircacheLocal,
     ];
 
     fn is_dircache(self) -> bool {
-        matches!(self, Sys::Dircache | Sys::DircacheBase)
+        matches!(self, Sys::Dircache | Sys::DircacheBase | Sys::DircacheLocal)
+    }
+
+    /// Whether `--systems` (`wanted`) asks for this system: every system but
+    /// `dircache-local` when none are named.
+    fn wanted(self, wanted: &[String]) -> bool {
+        match wanted.is_empty() {
+            true => self != Sys::DircacheLocal,
+            false => wanted.iter().any(|x| x == self.name()),
+        }
     }
 
     fn name(self) -> &'static str {
@@ -233,6 +250,7 @@ impl Sys {
             Sys::SshfsCache => "sshfs-cache",
             Sys::Dircache => "dircache",
             Sys::DircacheBase => "dircache-base",
+            Sys::DircacheLocal => "dircache-local",
         }
     }
 }
@@ -267,6 +285,11 @@ impl Env {
 
     /// The mount command of `sys` through `port`.
     fn mount_cmd(&self, sys: Sys, port: u16, mnt: &Path) -> Result<Command> {
+        if sys == Sys::DircacheLocal {
+            let mut c = Command::new(&self.exe);
+            c.arg("mount").arg(&self.src).arg(mnt).arg("-f");
+            return Ok(c);
+        }
         let sshd = self.sshd.as_ref().ok_or_else(|| anyhow!("no sshd"))?;
         Ok(match sys {
             Sys::Sshfs => sshd.sshfs(port, &self.src, mnt, &[]),
@@ -297,18 +320,23 @@ impl Env {
                 }
                 c
             }
-            Sys::Native => bail!("native is not a mount"),
+            Sys::Native | Sys::DircacheLocal => bail!("{} is not a remote mount", sys.name()),
         })
     }
 
     fn mount(&self, s: &mut System) -> Result<()> {
-        let (Some(mnt), Some(proxy)) = (&s.mnt, &s.proxy) else {
+        let Some(mnt) = &s.mnt else {
             return Ok(());
+        };
+        let port = match (&s.proxy, s.sys) {
+            (Some(proxy), _) => proxy.port(),
+            (None, Sys::DircacheLocal) => 0,
+            (None, _) => return Ok(()),
         };
         if let Some(mut m) = s.mount.take() {
             m.stop();
         }
-        let cmd = self.mount_cmd(s.sys, proxy.port(), mnt)?;
+        let cmd = self.mount_cmd(s.sys, port, mnt)?;
         let log = self.log(s.sys);
         let m = ChildMount::start(cmd, mnt, &log, Duration::from_secs(60))
             .map_err(|e| anyhow!("{}: {e}", s.sys.name()))?;
@@ -1000,8 +1028,15 @@ pub fn run(a: Args) -> Result<i32> {
         if has_git { ", git work tree" } else { "" }
     ));
     let exe = std::env::current_exe()?;
-    let want = |s: Sys| a.systems.is_empty() || a.systems.iter().any(|x| x == s.name());
-    let remote_wanted = Sys::ALL[1..].iter().any(|s| want(*s));
+    let want = |s: Sys| s.wanted(&a.systems);
+    let remote_wanted = [
+        Sys::Sshfs,
+        Sys::SshfsCache,
+        Sys::Dircache,
+        Sys::DircacheBase,
+    ]
+    .iter()
+    .any(|s| want(*s));
     let sshd = if remote_wanted {
         if !sshd_available() {
             bail!("openssh-server is not installed (apt-get install openssh-server sshfs)");
@@ -1084,7 +1119,7 @@ fn bench(
 ) -> Result<Vec<Row>> {
     let progress = Progress::new("bench remote", 0);
     let note = |s: &str| progress.note(&format!("bench remote: {s}"));
-    let want = |s: Sys| a.systems.is_empty() || a.systems.iter().any(|x| x == s.name());
+    let want = |s: Sys| s.wanted(&a.systems);
     let mut systems: Vec<System> = Vec::new();
     for sys in Sys::ALL {
         if !want(sys) || (sys == Sys::DircacheBase && env.base_bin.is_none()) {
@@ -1105,14 +1140,22 @@ fn bench(
             note("sshfs not installed (apt-get install sshfs): no sshfs rows");
             continue;
         }
-        let sshd = env.sshd.as_ref().ok_or_else(|| anyhow!("no sshd"))?;
         let mnt = env.work.join(format!("mnt-{}", sys.name()));
-        let proxy = DelayProxy::start(("127.0.0.1", sshd.port()), Duration::ZERO)?;
+        let proxy = match sys {
+            Sys::DircacheLocal => None,
+            _ => {
+                let sshd = env.sshd.as_ref().ok_or_else(|| anyhow!("no sshd"))?;
+                Some(DelayProxy::start(
+                    ("127.0.0.1", sshd.port()),
+                    Duration::ZERO,
+                )?)
+            }
+        };
         let mut s = System {
             sys,
             dir: mnt.clone(),
             mnt: Some(mnt),
-            proxy: Some(proxy),
+            proxy,
             mount: None,
             unavailable: None,
         };
@@ -1629,5 +1672,16 @@ mod tests {
         assert_eq!(spread(&v, 5), vec![0, 2, 4, 6, 8]);
         assert_eq!(spread(&v, 20), v);
         assert!(spread::<usize>(&[], 3).is_empty());
+    }
+
+    #[test]
+    fn local_mount_runs_only_when_named() {
+        let none: Vec<String> = Vec::new();
+        assert!(Sys::Dircache.wanted(&none) && Sys::Native.wanted(&none));
+        assert!(!Sys::DircacheLocal.wanted(&none));
+        let named = vec!["native".to_string(), "dircache-local".to_string()];
+        assert!(Sys::DircacheLocal.wanted(&named) && Sys::Native.wanted(&named));
+        assert!(!Sys::Dircache.wanted(&named));
+        assert!(Sys::DircacheLocal.is_dircache());
     }
 }
