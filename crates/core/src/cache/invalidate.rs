@@ -139,9 +139,11 @@ impl Cache {
                 continue;
             };
             // Touch every child first (independent loads: their misses overlap), then bump.
-            let mut warm = 0u16;
+            // Both words: the version and the flags may lie on different cache lines.
+            let mut warm = 0u64;
             for c in &ch.interior {
-                warm |= c.flags.load(Ordering::Relaxed);
+                warm ^=
+                    c.version.load(Ordering::Relaxed) ^ u64::from(c.flags.load(Ordering::Relaxed));
             }
             std::hint::black_box(warm);
             for c in &ch.interior {
