@@ -89,7 +89,7 @@ impl Cache {
     /// everything after it); only a dentry that has interior children (`HAS_INTERIOR`) or
     /// mounts goes on the stack to have its own list read, so a directory of files costs one
     /// version store and no lock. (Each dentry used to be cloned onto the stack, bumped when
-    /// popped, and read-locked: four dependent misses and three locked instructions each,
+    /// popped, and read-locked: up to four cache misses and three locked instructions each,
     /// ~90 ns per directory, 9 of the 24 us of a rename of 100 directories of 99 files.)
     pub(crate) fn bump_subtree(&self, root: &NodeRef) {
         let v = self.seq.fetch_add(1, Ordering::SeqCst);
