@@ -36,6 +36,11 @@ pub(crate) const HAS_CHILDREN: u16 = 16;
 /// A warm-restart snapshot's validated contents wait for this directory in `Cache::pending`
 /// (persist.rs): installed at its first miss or plain listing.
 pub(crate) const PENDING: u16 = 64;
+/// Something was put on this dentry's interior list ([`ChildMap::interior`]) at some time: set
+/// in the same critical section (under its `inner` write lock) and never cleared, so an
+/// invalidation skips the lock and the children map of a dentry without it (a directory of
+/// files only), as it skips one without `HAS_CHILDREN`.
+pub(crate) const HAS_INTERIOR: u16 = 128;
 
 pub(crate) struct Link {
     /// Weak, so the tree has no reference cycles; a dentry in the tree always has a live
@@ -124,8 +129,10 @@ pub(crate) struct ChildMap {
     /// visits only children filed here (without loading their links) and a directory that
     /// dirs pass through (`mkdir tmp/x; mv tmp/x dst`) does not collect them. It may still
     /// hold dead or displaced children (dropped when the list is compacted); visiting those
-    /// only over-invalidates.
-    pub(crate) interior: Vec<Weak<Dentry>>,
+    /// only over-invalidates. Strong references (as the map's own), so that an invalidation
+    /// reads the children under this map's read lock without touching their reference
+    /// counts; the owner has [`HAS_INTERIOR`] once anything was listed here.
+    pub(crate) interior: Vec<NodeRef>,
     /// Target of a symbolic link (symlinks have no children; they share this box).
     pub(crate) target: Option<Box<[u8]>>,
     /// See [`Inner::gen`]. Kept here rather than in every dentry: only directories whose
@@ -138,10 +145,11 @@ impl ChildMap {
         self.t.find(name_hash(name), |n| *n.link().name == *name)
     }
 
-    /// Insert `node` under its current name; returns the child it displaced.
-    pub(crate) fn insert(&mut self, node: NodeRef) -> Option<NodeRef> {
+    /// Insert `node` under its current name in the map of `owner` (whose `inner` is
+    /// write-locked by the caller); returns the child it displaced.
+    pub(crate) fn insert(&mut self, owner: &Dentry, node: NodeRef) -> Option<NodeRef> {
         if node.is_dir() || node.has(HAS_CHILDREN) {
-            self.add_interior(&node);
+            self.add_interior(owner, &node);
         }
         let name = node.link().name.clone();
         let h = name_hash(&name);
@@ -194,18 +202,20 @@ impl ChildMap {
         if let Some(i) = self
             .interior
             .iter()
-            .position(|w| std::ptr::eq(w.as_ptr(), node))
+            .position(|w| std::ptr::eq(Arc::as_ptr(w), node))
         {
             self.interior.swap_remove(i);
         }
     }
 
-    pub(crate) fn add_interior(&mut self, node: &NodeRef) {
+    /// List `node` as an interior child of `owner` (whose map this is, write-locked by the
+    /// caller).
+    pub(crate) fn add_interior(&mut self, owner: &Dentry, node: &NodeRef) {
         if self.interior.len() >= 16 && self.interior.len() > 2 * self.t.len() {
-            self.interior
-                .retain(|w| w.upgrade().is_some_and(|d| !d.has(DEAD)));
+            self.interior.retain(|d| !d.has(DEAD | EVICTED));
         }
-        self.interior.push(Arc::downgrade(node));
+        owner.set(HAS_INTERIOR);
+        self.interior.push(node.clone());
     }
 
     pub(crate) fn values(&self) -> impl Iterator<Item = &NodeRef> {
@@ -282,8 +292,9 @@ impl InnerCell {
                 .is_some_and(|c| !c.is_empty())
         })
     }
-    /// Teardown: the children, if the box was ever made.
-    fn take_children(&self) -> Vec<NodeRef> {
+    /// The children, taken out (teardown, kill), if the box was ever made: a leaf that never
+    /// had one does not get one.
+    pub(crate) fn take_children(&self) -> Vec<NodeRef> {
         self.0
             .get()
             .map_or_else(Vec::new, |s| s.lock.write().take_children())

@@ -8,6 +8,11 @@
 //!   through its new parent: a user who lost search permission on `d` is refused).
 //! * `removed_and_evicted_children_leave_the_interior_list`: rmdir and unlink through the
 //!   cache take the child off the list.
+//! * `renamed_and_chmoded_subtrees_are_never_served_stale`: `bump_subtree` reads a dentry's
+//!   interior list only if it has `HAS_INTERIOR`; every way a subtree gets cached (a walk, a
+//!   listing, mkdir, a move into a directory of files, deep negatives below a file and below
+//!   a negative) must set it, or a fast-path hit (DLHT + prefix-check cache) serves a path
+//!   under a renamed directory at its old name, or below a chmod'ed one to a user refused now.
 
 use std::sync::Arc;
 
@@ -125,4 +130,101 @@ fn removed_and_evicted_children_leave_the_interior_list() {
         c.rmdir(&r, At::Root, format!("p/d{i}").as_bytes()).unwrap();
     }
     assert_eq!(interior_len(&p), 0);
+}
+
+#[test]
+fn renamed_and_chmoded_subtrees_are_never_served_stale() {
+    let b = MemoryBackend::new();
+    b.populate(&[
+        "top/a/b/c/f",
+        "top/l/s0/f",
+        "top/l/s1/g",
+        "top/file",
+        "other/x/y/z",
+        "files/f1",
+        "files/f2",
+    ]);
+    let c = Cache::new(Arc::new(b), Config::default()).expect("cache");
+    let r = c.credentials(Cred::root());
+    let user = c.credentials(Cred::new(1000, 1000, []));
+    // Cached in every way a subtree can be: walks, a listing (top/l), mkdir (top/m/n), deep
+    // negatives below a file (top/file/x/y: ENOTDIR) and below a negative (top/none/x/y), a
+    // directory moved into a directory of files (`files` had no interior child before).
+    c.readdir(&user, At::Root, b"top/l").unwrap();
+    c.mkdir(&r, At::Root, b"top/m", 0o755).unwrap();
+    c.mkdir(&r, At::Root, b"top/m/n", 0o755).unwrap();
+    c.mknod(&r, At::Root, b"top/m/n/f", 0o100644, 0).unwrap();
+    for p in ["files/f1", "other/x/y/z"] {
+        c.stat(&user, At::Root, p.as_bytes(), LookupFlags::NOFOLLOW)
+            .unwrap();
+    }
+    c.rename(&r, At::Root, b"other/x", b"files/x", RenameMode::Replace)
+        .unwrap();
+    let cases: [(&str, Result<(), Error>); 7] = [
+        ("a/b/c/f", Ok(())),
+        ("l/s0/f", Ok(())),
+        ("l/s1/g", Ok(())),
+        ("m/n/f", Ok(())),
+        ("x/y/z", Ok(())),
+        ("file/x/y", Err(Error::NotDir)),
+        ("none/x/y", Err(Error::NotFound)),
+    ];
+    let top = |p: &str| {
+        if p.starts_with("x/") {
+            format!("files/{p}")
+        } else {
+            format!("top/{p}")
+        }
+    };
+    let stat = |p: &str| {
+        c.stat(&user, At::Root, p.as_bytes(), LookupFlags::NOFOLLOW)
+            .map(|_| ())
+    };
+    // Warm: each path answered twice, the second time by the fast path.
+    for (p, want) in &cases {
+        assert_eq!(stat(&top(p)), *want, "{p} before");
+        let hits = c.stats().fastpath_hits;
+        assert_eq!(stat(&top(p)), *want, "{p} before (warm)");
+        assert_eq!(
+            c.stats().fastpath_hits,
+            hits + 1,
+            "{p} is not a fast-path hit"
+        );
+    }
+    c.rename(&r, At::Root, b"top", b"top2", RenameMode::Replace)
+        .unwrap();
+    c.rename(&r, At::Root, b"files", b"files2", RenameMode::Replace)
+        .unwrap();
+    let moved = |p: &str| {
+        top(p)
+            .replacen("top/", "top2/", 1)
+            .replacen("files/", "files2/", 1)
+    };
+    for (p, want) in &cases {
+        assert_eq!(
+            stat(&top(p)),
+            Err(Error::NotFound),
+            "{} served at its old name after the rename",
+            top(p)
+        );
+        assert_eq!(stat(&moved(p)), *want, "{} after the rename", moved(p));
+        assert_eq!(
+            stat(&moved(p)),
+            *want,
+            "{} after the rename (warm)",
+            moved(p)
+        );
+    }
+    // The moved subtrees are warm again at their new names; a chmod of their tops must
+    // reach every cached interior dentry below them.
+    chmod(&c, &r, "top2", 0o700);
+    chmod(&c, &r, "files2", 0o700);
+    for (p, _) in &cases {
+        assert_eq!(
+            stat(&moved(p)),
+            Err(Error::Access),
+            "{} served after its ancestor's chmod 700",
+            moved(p)
+        );
+    }
 }

@@ -32,7 +32,7 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 
-use super::dentry::{Dentry, DEAD, EVICTED, HAS_CHILDREN, MOUNTED};
+use super::dentry::{Dentry, DEAD, EVICTED, HAS_CHILDREN, HAS_INTERIOR, MOUNTED};
 use super::{Cache, NodeRef};
 use crate::Result;
 
@@ -80,39 +80,76 @@ impl Cache {
     /// Give `root` and every cached descendant (following mounts in every namespace) a new
     /// version, which invalidates their DLHT entries and every PCC slot confirming them.
     /// Must be called inside an invalidation window.
+    ///
+    /// The cost is memory latency: a bump runs right after a change, when the subtree's
+    /// dentries are usually not in the CPU caches. So each dentry is bumped where it is first
+    /// reached, under its parent's read lock, without touching its reference count (the
+    /// interior list holds strong references), after one pass of plain loads over the
+    /// siblings that lets their cache misses overlap (a locked `swap` on a missing line stalls
+    /// everything after it); only a dentry that has interior children (`HAS_INTERIOR`) or
+    /// mounts goes on the stack to have its own list read, so a directory of files costs one
+    /// version store and no lock. (Each dentry used to be cloned onto the stack, bumped when
+    /// popped, and read-locked: up to four cache misses and three locked instructions each,
+    /// ~90 ns per directory, 9 of the 24 us of a rename of 100 directories of 99 files.)
     pub(crate) fn bump_subtree(&self, root: &NodeRef) {
         let v = self.seq.fetch_add(1, Ordering::SeqCst);
         let mut n = 0u64;
-        // The walk's stack is kept per thread and reused: no allocation while invalidating
-        // (a growing `Vec` made glibc consolidate its free lists inside the timed window after
-        // a burst of frees, the main source of run-to-run variation).
-        let mut stack = BUMP_STACK.take();
-        stack.push(root.clone());
-        while let Some(d) = stack.pop() {
-            // `v` is fresh, so a dentry already holding it was visited in this walk: stale
-            // interior references (children moved elsewhere) and bind mounts of a directory
-            // inside itself cannot make the walk go round in circles.
+        // `v` is fresh, so a dentry already holding it was visited in this walk: stale
+        // interior references (children moved elsewhere) and bind mounts of a directory
+        // inside itself cannot make the walk go round in circles. The flags are read after
+        // the store, as before: whoever lists an interior child under a dentry sets
+        // `HAS_INTERIOR` and `HAS_CHILDREN` under its write lock, as for `HAS_CHILDREN` alone.
+        let visit = |d: &Dentry, n: &mut u64| -> Option<u16> {
             if d.version.swap(v, Ordering::AcqRel) == v {
-                continue;
+                return None;
             }
-            n += 1;
+            *n += 1;
+            Some(d.flags.load(Ordering::Acquire))
+        };
+        // Whether a bumped dentry's own interior list or mounts must be read.
+        let expand = |f: u16| {
+            f & MOUNTED != 0 || f & (HAS_CHILDREN | HAS_INTERIOR) == HAS_CHILDREN | HAS_INTERIOR
+        };
+        // The stack (dentries bumped, whose lists or mounts are still to be read) is kept per
+        // thread and reused: no allocation while invalidating (a growing `Vec` made glibc
+        // consolidate its free lists inside the timed window after a burst of frees).
+        let mut stack = BUMP_STACK.take();
+        if visit(root, &mut n).is_some_and(expand) {
+            stack.push(root.clone());
+        }
+        while let Some(d) = stack.pop() {
             let f = d.flags.load(Ordering::Acquire);
             if f & MOUNTED != 0 {
                 for ns in self.namespaces.lock().iter().filter_map(Weak::upgrade) {
                     if let Some(m) = ns.mounts.read().get(&d.id) {
-                        stack.push(m.root.clone());
+                        if visit(&m.root, &mut n).is_some_and(expand) {
+                            stack.push(m.root.clone());
+                        }
                     }
                 }
             }
-            if f & HAS_CHILDREN == 0 {
+            if f & (HAS_CHILDREN | HAS_INTERIOR) != HAS_CHILDREN | HAS_INTERIOR {
                 continue;
             }
             // Leaves are not visited: their entries check this (their parent's) version.
             // Children moved away were taken off `interior` by the move (and bumped by it), so
             // their links need not be loaded here.
             let inner = d.inner.read();
-            if let Some(ch) = &inner.children {
-                stack.extend(ch.interior.iter().filter_map(Weak::upgrade));
+            let Some(ch) = &inner.children else {
+                continue;
+            };
+            // Touch every child first (independent loads: their misses overlap), then bump.
+            // Both words: the version and the flags may lie on different cache lines.
+            let mut warm = 0u64;
+            for c in &ch.interior {
+                warm ^=
+                    c.version.load(Ordering::Relaxed) ^ u64::from(c.flags.load(Ordering::Relaxed));
+            }
+            std::hint::black_box(warm);
+            for c in &ch.interior {
+                if visit(c, &mut n).is_some_and(expand) {
+                    stack.push(c.clone());
+                }
             }
         }
         self.stats.invalidated_entries.add(n);
@@ -129,8 +166,9 @@ impl Cache {
             self.entries.fetch_sub(1, Ordering::Relaxed);
         }
         self.bump_subtree(node);
-        // Its cached children can no longer be reached; free them now.
-        let children = node.inner.write().take_children();
+        // Its cached children can no longer be reached; free them now (a leaf that never had
+        // children gets no lock box for this).
+        let children = node.inner.take_children();
         for c in &children {
             self.kill(c);
         }

@@ -124,7 +124,7 @@ impl Cache {
                 let d = self.new_dentry(node, &e.name, NodeKind::Positive(e.kind), e.attr);
                 // A plain readdir gives no attributes: remember the inode number only.
                 d.attr.set_ino(e.ino);
-                inner.children_mut().insert(d.clone());
+                inner.children_mut().insert(node, d.clone());
                 added.push(d);
             }
             if let Some(ch) = inner.children.as_mut() {

@@ -102,7 +102,7 @@ impl Cache {
             let mut inner = parent.inner.write();
             inner.bump_gen();
             parent.set(HAS_CHILDREN);
-            inner.children_mut().insert(node.clone())
+            inner.children_mut().insert(parent, node.clone())
         };
         self.account_new(&node);
         if let Some(old) = old {
@@ -256,7 +256,7 @@ impl Cache {
             let ch = inner.children_mut();
             match &neg {
                 Some(n) => {
-                    ch.insert(n.clone());
+                    ch.insert(parent, n.clone());
                 }
                 None => {
                     ch.remove(name);
@@ -498,9 +498,9 @@ impl Cache {
                     src.set_link(new_link(newparent, newname));
                     if exchange {
                         dst.set_link(new_link(parent, name));
-                        pi.children_mut().insert(dst.clone());
+                        pi.children_mut().insert(parent, dst.clone());
                     }
-                    ni.children_mut().insert(src.clone());
+                    ni.children_mut().insert(newparent, src.clone());
                 }
                 None => {
                     if exchange {
@@ -509,13 +509,13 @@ impl Cache {
                     src.set_link(new_link(newparent, newname));
                     if exchange {
                         dst.set_link(new_link(parent, name));
-                        pi.children_mut().insert(dst.clone());
+                        pi.children_mut().insert(parent, dst.clone());
                     }
-                    pi.children_mut().insert(src.clone());
+                    pi.children_mut().insert(parent, src.clone());
                 }
             }
             if let Some(n) = &neg {
-                pi.children_mut().insert(n.clone());
+                pi.children_mut().insert(parent, n.clone());
             }
             parent.set(HAS_CHILDREN);
             newparent.set(HAS_CHILDREN);

@@ -879,14 +879,14 @@ impl Cache {
             if !was_revived {
                 created = Some(node.version());
             }
-            inner.children_mut().insert(node.clone());
+            inner.children_mut().insert(dir, node.clone());
             let first = dir.flags.fetch_or(HAS_CHILDREN, Ordering::AcqRel) & HAS_CHILDREN == 0;
             drop(inner);
             if first && !dir.is_dir() {
                 // A file or negative with deep negatives below it is now interior: its parent's
                 // invalidations must reach it (directories were listed when inserted).
                 if let Some(p) = dir.parent_ref() {
-                    p.inner.write().children_mut().add_interior(dir);
+                    p.inner.write().children_mut().add_interior(&p, dir);
                 }
             }
             self.account_new(&node);
