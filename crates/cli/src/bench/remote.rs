@@ -77,7 +77,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only these systems (comma-separated: native, sshfs, sshfs-cache, dircache,
-    /// dircache-base).
+    /// dircache-base, dircache-local: a local dircache mount of the served tree, no ssh).
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
     /// Directory for the temporary tree and mount points (default: $TMPDIR or /tmp).
@@ -120,13 +120,14 @@ pub struct LoopArgs {
 }
 
 /// `dircache bench remote-loop`: stat (lstat) or open+read+close each listed path once;
-/// prints the seconds the loop took.
+/// prints the seconds the loop took and the CPU seconds this process spent in it.
 pub fn run_loop(a: LoopArgs) -> Result<i32> {
     let list = fs::read_to_string(&a.list).with_context(|| format!("{}", a.list.display()))?;
     let paths: Vec<&str> = list.lines().filter(|l| !l.is_empty()).collect();
     std::env::set_current_dir(&a.dir).with_context(|| format!("chdir {}", a.dir.display()))?;
     let mut buf = vec![0u8; 1 << 16];
     let mut wrong = 0usize;
+    let cpu0 = own_cpu();
     let t = Instant::now();
     match a.mode.as_str() {
         "stat" => {
@@ -159,6 +160,7 @@ pub fn run_loop(a: LoopArgs) -> Result<i32> {
         m => bail!("unknown mode {m}"),
     }
     let secs = t.elapsed().as_secs_f64();
+    let cpu = own_cpu().saturating_sub(cpu0);
     if wrong > 0 {
         bail!(
             "{wrong} of {} paths were {}",
@@ -166,8 +168,32 @@ pub fn run_loop(a: LoopArgs) -> Result<i32> {
             if a.missing { "present" } else { "missing" }
         );
     }
-    println!("{secs}");
+    println!("{secs} {}", cpu.as_secs_f64());
     Ok(0)
+}
+
+/// CPU time this process has used so far (up to date for its running thread too, unlike
+/// `/proc/self/schedstat`, which moves at ticks and context switches).
+fn own_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Nanoseconds the threads of process `pid` have run on a CPU so far (the first field of each
+/// `/proc/PID/task/TID/schedstat`, summed; up to date for threads that are not running, as
+/// a mount's daemon is before and after a run): a run's cost in CPU time, apart from how
+/// long it waited for a CPU on a loaded machine.
+fn task_cpu(pid: &str) -> Option<u64> {
+    let mut sum = 0u64;
+    for t in fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(t) = t else { continue };
+        // A thread that exited meanwhile: its time is in no file any more.
+        let Ok(st) = fs::read_to_string(t.path().join("schedstat")) else {
+            continue;
+        };
+        sum += st.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(sum)
 }
 
 // ---------------------------------------------------------------------------------- signals
@@ -211,19 +237,28 @@ enum Sys {
     /// dircache from `--base-binary` (client and server), beside this binary's: a change
     /// measured against its base in the same interleaved rounds.
     DircacheBase,
+    /// A local dircache mount of the served tree (no ssh, no network): the same FUSE front
+    /// end over the local backend, to tell the remote client's costs from FUSE's own.
+    DircacheLocal,
 }
 
 impl Sys {
-    const ALL: [Sys; 5] = [
+    const ALL: [Sys; 6] = [
         Sys::Native,
         Sys::Sshfs,
         Sys::SshfsCache,
         Sys::Dircache,
         Sys::DircacheBase,
+        Sys::DircacheLocal,
     ];
 
     fn is_dircache(self) -> bool {
-        matches!(self, Sys::Dircache | Sys::DircacheBase)
+        matches!(self, Sys::Dircache | Sys::DircacheBase | Sys::DircacheLocal)
+    }
+
+    /// Whether the system reaches the served tree over ssh (a mount behind a delay proxy).
+    fn is_remote(self) -> bool {
+        !matches!(self, Sys::Native | Sys::DircacheLocal)
     }
 
     fn name(self) -> &'static str {
@@ -233,6 +268,7 @@ impl Sys {
             Sys::SshfsCache => "sshfs-cache",
             Sys::Dircache => "dircache",
             Sys::DircacheBase => "dircache-base",
+            Sys::DircacheLocal => "dircache-local",
         }
     }
 }
@@ -267,6 +303,11 @@ impl Env {
 
     /// The mount command of `sys` through `port`.
     fn mount_cmd(&self, sys: Sys, port: u16, mnt: &Path) -> Result<Command> {
+        if sys == Sys::DircacheLocal {
+            let mut c = Command::new(&self.exe);
+            c.arg("mount").arg(&self.src).arg(mnt).arg("-f");
+            return Ok(c);
+        }
         let sshd = self.sshd.as_ref().ok_or_else(|| anyhow!("no sshd"))?;
         Ok(match sys {
             Sys::Sshfs => sshd.sshfs(port, &self.src, mnt, &[]),
@@ -297,18 +338,23 @@ impl Env {
                 }
                 c
             }
-            Sys::Native => bail!("native is not a mount"),
+            Sys::Native | Sys::DircacheLocal => bail!("native is not a mount"),
         })
     }
 
     fn mount(&self, s: &mut System) -> Result<()> {
-        let (Some(mnt), Some(proxy)) = (&s.mnt, &s.proxy) else {
+        let Some(mnt) = &s.mnt else {
             return Ok(());
+        };
+        let port = match (&s.proxy, s.sys) {
+            (Some(proxy), _) => proxy.port(),
+            (None, Sys::DircacheLocal) => 0,
+            (None, _) => return Ok(()),
         };
         if let Some(mut m) = s.mount.take() {
             m.stop();
         }
-        let cmd = self.mount_cmd(s.sys, proxy.port(), mnt)?;
+        let cmd = self.mount_cmd(s.sys, port, mnt)?;
         let log = self.log(s.sys);
         let m = ChildMount::start(cmd, mnt, &log, Duration::from_secs(60))
             .map_err(|e| anyhow!("{}: {e}", s.sys.name()))?;
@@ -640,6 +686,8 @@ struct RunResult {
     /// The client's calls and `Hurry` messages during the run (dircache only; cold: since
     /// the mount). The proxy's round trips count bursts, a `Hurry` among them.
     calls: Option<(u64, u64)>,
+    /// CPU seconds of a loop workload: the loop's own, plus its mount daemon's (dircache).
+    cpu: Option<f64>,
 }
 
 /// A dircache mount's remote calls and hurries so far (`dircache stats`: `backend`).
@@ -850,11 +898,23 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
     }
     let before = before.or_else(|| s.proxy.as_ref().map(DelayProxy::traffic));
     let req_before = dircache_mnt.as_deref().and_then(kernel_requests);
+    let daemon = s
+        .mount
+        .as_ref()
+        .and_then(ChildMount::pid)
+        .filter(|_| s.sys.is_dircache())
+        .map(|p| p.to_string());
+    let daemon_cpu0 = daemon.as_deref().and_then(task_cpu);
     let calls_before = match cold {
         true => Some((0, 0)),
         false => dircache_mnt.as_deref().and_then(backend_calls),
     };
     let res = timed(cmd, env.timeout);
+    let daemon_cpu = daemon
+        .as_deref()
+        .and_then(task_cpu)
+        .zip(daemon_cpu0)
+        .map(|(b, a)| b.saturating_sub(a) as f64 * 1e-9);
     let req_after = dircache_mnt.as_deref().and_then(kernel_requests);
     let calls = match (
         dircache_mnt.as_deref().and_then(backend_calls),
@@ -884,14 +944,23 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let secs = match w.action {
+    let (secs, cpu) = match w.action {
         Action::Loop(..) => {
             let so = String::from_utf8_lossy(&out.stdout);
-            so.trim()
-                .parse::<f64>()
-                .map_err(|_| anyhow!("remote-loop printed {so:?}"))?
+            let mut f = so.split_whitespace().map(str::parse::<f64>);
+            let secs = f
+                .next()
+                .and_then(Result::ok)
+                .ok_or_else(|| anyhow!("remote-loop printed {so:?}"))?;
+            let cpu = f.next().and_then(Result::ok);
+            let cpu = match (cpu, daemon_cpu, s.sys.is_dircache()) {
+                (Some(c), Some(d), true) => Some(c + d),
+                (Some(c), _, false) => Some(c),
+                _ => None,
+            };
+            (secs, cpu)
         }
-        Action::Cmd(_) => wall,
+        Action::Cmd(_) => (wall, None),
     };
     Ok(RunResult {
         secs,
@@ -899,6 +968,7 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         lines: out.stdout.as_slice().lines().count(),
         requests,
         calls,
+        cpu,
     })
 }
 
@@ -914,6 +984,8 @@ struct Row {
     requests: Vec<BTreeMap<String, u64>>,
     /// The client's calls and hurries, per run (dircache).
     calls: Vec<(u64, u64)>,
+    /// CPU seconds per run of a loop workload (the loop's, plus its mount daemon's).
+    cpu: Vec<f64>,
     ops: usize,
     lines: Option<usize>,
     error: Option<String>,
@@ -1001,7 +1073,7 @@ pub fn run(a: Args) -> Result<i32> {
     ));
     let exe = std::env::current_exe()?;
     let want = |s: Sys| a.systems.is_empty() || a.systems.iter().any(|x| x == s.name());
-    let remote_wanted = Sys::ALL[1..].iter().any(|s| want(*s));
+    let remote_wanted = Sys::ALL.iter().any(|s| s.is_remote() && want(*s));
     let sshd = if remote_wanted {
         if !sshd_available() {
             bail!("openssh-server is not installed (apt-get install openssh-server sshfs)");
@@ -1105,14 +1177,22 @@ fn bench(
             note("sshfs not installed (apt-get install sshfs): no sshfs rows");
             continue;
         }
-        let sshd = env.sshd.as_ref().ok_or_else(|| anyhow!("no sshd"))?;
         let mnt = env.work.join(format!("mnt-{}", sys.name()));
-        let proxy = DelayProxy::start(("127.0.0.1", sshd.port()), Duration::ZERO)?;
+        let proxy = match sys.is_remote() {
+            true => {
+                let sshd = env.sshd.as_ref().ok_or_else(|| anyhow!("no sshd"))?;
+                Some(DelayProxy::start(
+                    ("127.0.0.1", sshd.port()),
+                    Duration::ZERO,
+                )?)
+            }
+            false => None,
+        };
         let mut s = System {
             sys,
             dir: mnt.clone(),
             mnt: Some(mnt),
-            proxy: Some(proxy),
+            proxy,
             mount: None,
             unavailable: None,
         };
@@ -1168,6 +1248,7 @@ fn bench(
                         bytes: vec![],
                         requests: vec![],
                         calls: vec![],
+                        cpu: vec![],
                         ops: w.ops,
                         lines: None,
                         error: s.unavailable.as_ref().map(|u| format!("unavailable: {u}")),
@@ -1229,6 +1310,9 @@ fn bench(
                             }
                             if let Some(c) = res.calls {
                                 row.calls.push(c);
+                            }
+                            if let Some(c) = res.cpu {
+                                row.cpu.push(c);
                             }
                         }
                         Err(e) => {
@@ -1303,6 +1387,7 @@ fn json_rows(rows: &[Row]) -> Vec<serde_json::Value> {
                 "round_trips": if r.round_trips.is_empty() { json!(null) } else { json!(median_u64(&r.round_trips)) },
                 "bytes": if r.bytes.is_empty() { json!(null) } else { json!(median_u64(&r.bytes)) },
                 "output_lines": r.lines,
+                "cpu_s": if r.cpu.is_empty() { json!(null) } else { json!(stats::median(&r.cpu)) },
             });
             if !r.requests.is_empty() {
                 if let Some(m) = o.as_object_mut() {
@@ -1344,7 +1429,9 @@ fn print_table(rows: &[Row], runs: usize, entries: usize) {
         "dircache bench remote: {entries}-entry tree over ssh on loopback through a delay \
          proxy; median of {runs} interleaved runs; x = ratio to native; rt = round trips \
          (client-to-server bursts, a Hurry among them), B = bytes both ways, calls = the dircache \
-         client's calls, hurries = its Hurry messages (medians); load average at end {}",
+         client's calls, hurries = its Hurry messages, cpu = CPU time per operation of a loop \
+         and its dircache mount's daemon, apart from waiting for a CPU (medians); load average \
+         at end {}",
         super::lookup::loadavg()
     );
     let mut by: BTreeMap<(u64, usize, &str), Vec<&Row>> = BTreeMap::new();
@@ -1397,6 +1484,10 @@ fn print_table(rows: &[Row], runs: usize, entries: usize) {
                 if r.system != "native" && n > 0.0 {
                     cell.push_str(&format!(" {:.1}x", med / n));
                 }
+            }
+            if !r.cpu.is_empty() && r.ops > 1 {
+                let c = stats::median(&r.cpu) / r.ops as f64 * 1e6;
+                cell.push_str(&format!(" cpu {c:.1}us/op"));
             }
             if !r.round_trips.is_empty() {
                 cell.push_str(&format!(
