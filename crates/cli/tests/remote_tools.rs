@@ -171,8 +171,9 @@ fn bench_remote_smoke_json() {
 
 /// `bench remote --systems native,dircache-local`: a local dircache mount of the served tree
 /// beside native, with no ssh; each loop row has its CPU time (the loop's, plus the mount
-/// daemon's for dircache), the local mount's rows count its FUSE requests and no round trip,
-/// the same output as native, and nothing is left mounted.
+/// daemon's for dircache), the local mount's rows count its FUSE requests (`--blob-opens`
+/// opens of the 1 MB file) and no round trip, the same output as native, and nothing is left
+/// mounted.
 #[test]
 fn bench_remote_local_mount_and_cpu() {
     // SAFETY: geteuid has no preconditions.
@@ -190,6 +191,8 @@ fn bench_remote_local_mount_and_cpu() {
             "300",
             "--loop-paths",
             "20",
+            "--blob-opens",
+            "7",
             "--runs",
             "1",
             "--rtt",
@@ -235,8 +238,15 @@ fn bench_remote_local_mount_and_cpu() {
     }
     for r in local {
         // Every open of the loop reached the local daemon (OPEN and RELEASE at least).
+        let opens = match r["workload"].as_str().unwrap() {
+            "open+read 1MB x7" => 7,
+            w => {
+                assert!(!w.contains("1MB"), "--blob-opens 7 not applied: {r}");
+                20
+            }
+        };
         assert!(
-            r["kernel_requests_by_kind"]["open"].as_u64() >= Some(20),
+            r["kernel_requests_by_kind"]["open"].as_u64() >= Some(opens),
             "{r}"
         );
     }

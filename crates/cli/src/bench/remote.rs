@@ -73,6 +73,10 @@ pub struct Args {
     /// Paths per stat/open loop (default 2,000, 300 with --quick).
     #[arg(long)]
     pub loop_paths: Option<usize>,
+    /// Opens of the 1 MB file per run of `open+read 1MB` (20 opens are a timed window of
+    /// 1-2 ms, which one preemption on a loaded machine can double).
+    #[arg(long, default_value_t = BLOB_OPENS)]
+    pub blob_opens: usize,
     /// Only workloads whose name contains one of these (comma-separated) strings.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -117,6 +121,10 @@ pub struct LoopArgs {
     pub missing: bool,
     /// File with one path (relative to --dir) per line.
     pub list: PathBuf,
+    /// Also count the CPU time this process's threads (a mount's daemon) spend during the
+    /// loop.
+    #[arg(long)]
+    pub cpu_of: Option<u32>,
 }
 
 /// `dircache bench remote-loop`: stat (lstat) or open+read+close each listed path once;
@@ -127,6 +135,8 @@ pub fn run_loop(a: LoopArgs) -> Result<i32> {
     std::env::set_current_dir(&a.dir).with_context(|| format!("chdir {}", a.dir.display()))?;
     let mut buf = vec![0u8; 1 << 16];
     let mut wrong = 0usize;
+    let of = a.cpu_of.map(|p| p.to_string());
+    let other0 = of.as_deref().and_then(task_cpu);
     let cpu0 = own_cpu();
     let t = Instant::now();
     match a.mode.as_str() {
@@ -161,6 +171,11 @@ pub fn run_loop(a: LoopArgs) -> Result<i32> {
     }
     let secs = t.elapsed().as_secs_f64();
     let cpu = own_cpu().saturating_sub(cpu0);
+    let other = of.as_deref().and_then(task_cpu).zip(other0);
+    let cpu = cpu
+        + other.map_or(Duration::ZERO, |(b, a)| {
+            Duration::from_nanos(b.saturating_sub(a))
+        });
     if wrong > 0 {
         bail!(
             "{wrong} of {} paths were {}",
@@ -181,8 +196,8 @@ fn own_cpu() -> Duration {
 
 /// Nanoseconds the threads of process `pid` have run on a CPU so far (the first field of each
 /// `/proc/PID/task/TID/schedstat`, summed; up to date for threads that are not running, as
-/// a mount's daemon is before and after a run): a run's cost in CPU time, apart from how
-/// long it waited for a CPU on a loaded machine.
+/// a mount's daemon mostly is between the loop's requests): a loop's cost in CPU time, apart
+/// from how long it waited for a CPU on a loaded machine.
 fn task_cpu(pid: &str) -> Option<u64> {
     let mut sum = 0u64;
     for t in fs::read_dir(format!("/proc/{pid}/task")).ok()? {
@@ -388,7 +403,7 @@ struct Workload {
     disconnected: bool,
 }
 
-fn workloads(loop_n: usize) -> Vec<Workload> {
+fn workloads(loop_n: usize, blob_n: usize) -> Vec<Workload> {
     let w = |name: &str, args: Vec<&'static str>| Workload {
         name: name.to_string(),
         action: Action::Cmd(args),
@@ -427,9 +442,9 @@ fn workloads(loop_n: usize) -> Vec<Workload> {
     );
     make_build.project = true;
     let blob = Workload {
-        name: format!("open+read 1MB x{BLOB_OPENS}"),
+        name: format!("open+read 1MB x{blob_n}"),
         action: Action::Loop("open-read", "blob.list", false),
-        ops: BLOB_OPENS,
+        ops: blob_n,
         git: false,
         project: true,
         disconnected: false,
@@ -820,6 +835,12 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
     }
     let d = s.dir.to_string_lossy().into_owned();
     let exe = env.exe.to_string_lossy().into_owned();
+    // The mount's daemon, whose CPU time a loop counts with its own.
+    let daemon = s
+        .mount
+        .as_ref()
+        .and_then(ChildMount::pid)
+        .filter(|_| s.sys.is_dircache());
     let make_cmd = || match &w.action {
         Action::Cmd(args) => {
             let prog = args[0].replace("{X}", &exe);
@@ -842,6 +863,9 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
             c.args(["bench", "remote-loop", "--mode", mode, "--dir", &d]);
             if *missing {
                 c.arg("--missing");
+            }
+            if let Some(p) = daemon {
+                c.arg("--cpu-of").arg(p.to_string());
             }
             c.arg(env.work.join(list));
             c
@@ -898,23 +922,11 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
     }
     let before = before.or_else(|| s.proxy.as_ref().map(DelayProxy::traffic));
     let req_before = dircache_mnt.as_deref().and_then(kernel_requests);
-    let daemon = s
-        .mount
-        .as_ref()
-        .and_then(ChildMount::pid)
-        .filter(|_| s.sys.is_dircache())
-        .map(|p| p.to_string());
-    let daemon_cpu0 = daemon.as_deref().and_then(task_cpu);
     let calls_before = match cold {
         true => Some((0, 0)),
         false => dircache_mnt.as_deref().and_then(backend_calls),
     };
     let res = timed(cmd, env.timeout);
-    let daemon_cpu = daemon
-        .as_deref()
-        .and_then(task_cpu)
-        .zip(daemon_cpu0)
-        .map(|(b, a)| b.saturating_sub(a) as f64 * 1e-9);
     let req_after = dircache_mnt.as_deref().and_then(kernel_requests);
     let calls = match (
         dircache_mnt.as_deref().and_then(backend_calls),
@@ -952,13 +964,7 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
                 .next()
                 .and_then(Result::ok)
                 .ok_or_else(|| anyhow!("remote-loop printed {so:?}"))?;
-            let cpu = f.next().and_then(Result::ok);
-            let cpu = match (cpu, daemon_cpu, s.sys.is_dircache()) {
-                (Some(c), Some(d), true) => Some(c + d),
-                (Some(c), _, false) => Some(c),
-                _ => None,
-            };
-            (secs, cpu)
+            (secs, f.next().and_then(Result::ok))
         }
         Action::Cmd(_) => (wall, None),
     };
@@ -1061,7 +1067,7 @@ pub fn run(a: Args) -> Result<i32> {
     fs::write(base.path().join("miss.list"), miss.join("\n") + "\n")?;
     fs::write(
         base.path().join("blob.list"),
-        format!("{BLOB}\n").repeat(BLOB_OPENS),
+        format!("{BLOB}\n").repeat(a.blob_opens.max(1)),
     )?;
     let has_git = src.join(".git").exists();
     note(&format!(
@@ -1206,7 +1212,7 @@ fn bench(
     if systems.is_empty() {
         bail!("no system to run on");
     }
-    let wls: Vec<Workload> = workloads(loop_n)
+    let wls: Vec<Workload> = workloads(loop_n, a.blob_opens.max(1))
         .into_iter()
         .filter(|w| has_git || !w.git)
         .filter(|w| has_project || !w.project)
