@@ -374,6 +374,14 @@ impl Env {
         let m = ChildMount::start(cmd, mnt, &log, Duration::from_secs(60))
             .map_err(|e| anyhow!("{}: {e}", s.sys.name()))?;
         s.mount = Some(m);
+        // The mount answers a stat before its control socket answers `dircache stats`: a
+        // cold run's request counts would be missing (seen on a local mount).
+        if s.sys.is_dircache() {
+            let end = Instant::now() + Duration::from_secs(10);
+            while mount_stats(mnt).is_none() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         Ok(())
     }
 }
