@@ -170,6 +170,92 @@ fn bench_remote_smoke_json() {
     assert_eq!(std::fs::read_dir(base.path()).unwrap().count(), 0);
 }
 
+/// `bench remote --systems native,dircache-local`: a local dircache mount of the served tree
+/// beside native, with no ssh; each loop row has its CPU time (the loop's, plus the mount
+/// daemon's for dircache), the local mount's rows count its FUSE requests (`--blob-opens`
+/// opens of the 1 MB file) and no round trip, the same output as native, and nothing is left
+/// mounted.
+#[test]
+fn bench_remote_local_mount_and_cpu() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/fuse").exists() {
+        cannot_run("needs root and /dev/fuse");
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let out = Command::new(EXE)
+        .args([
+            "bench",
+            "remote",
+            "--quick",
+            "--entries",
+            "300",
+            "--loop-paths",
+            "20",
+            "--blob-opens",
+            "7",
+            "--runs",
+            "1",
+            "--rtt",
+            "0",
+            "--json",
+            "--only",
+            "open+read",
+            "--systems",
+            "native,dircache-local",
+            "--base",
+        ])
+        .arg(base.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench remote failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let local: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["system"] == "dircache-local")
+        .collect();
+    // open+read, its 1 MB and uncached variants, cold and warm (disconnected reads are not
+    // a local mount's).
+    assert_eq!(local.len(), 6, "{rows:#?}");
+    for r in &rows {
+        assert!(r.get("error").is_none(), "{r}");
+        assert!(r["median_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["cpu_s"].as_f64().is_some_and(|c| c > 0.0), "{r}");
+        assert!(r["round_trips"].is_null(), "{r}");
+        let native = rows
+            .iter()
+            .find(|n| {
+                n["system"] == "native"
+                    && n["workload"] == r["workload"]
+                    && n["cache"] == r["cache"]
+            })
+            .unwrap();
+        assert_eq!(r["output_lines"], native["output_lines"], "{r} vs {native}");
+    }
+    for r in local {
+        // Every open of the loop reached the local daemon (OPEN and RELEASE at least).
+        let opens = match r["workload"].as_str().unwrap() {
+            "open+read 1MB x7" => 7,
+            w => {
+                assert!(!w.contains("1MB"), "--blob-opens 7 not applied: {r}");
+                20
+            }
+        };
+        assert!(
+            r["kernel_requests_by_kind"]["open"].as_u64() >= Some(opens),
+            "{r}"
+        );
+    }
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mi.contains(base.path().to_str().unwrap()), "{mi}");
+    assert_eq!(std::fs::read_dir(base.path()).unwrap().count(), 0);
+}
+
 /// Processes whose command line mentions `needle`.
 fn processes_mentioning(needle: &str) -> Vec<String> {
     let mut out = Vec::new();

@@ -75,6 +75,10 @@ pub struct Args {
     /// Paths per stat/open loop (default 2,000, 300 with --quick).
     #[arg(long)]
     pub loop_paths: Option<usize>,
+    /// Opens of the 1 MB file per run of `open+read 1MB` (20 opens are a timed window of
+    /// 1-2 ms, which one preemption on a loaded machine can double).
+    #[arg(long, default_value_t = BLOB_OPENS)]
+    pub blob_opens: usize,
     /// Only workloads whose name contains one of these (comma-separated) strings.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -121,16 +125,23 @@ pub struct LoopArgs {
     pub missing: bool,
     /// File with one path (relative to --dir) per line.
     pub list: PathBuf,
+    /// Also count the CPU time this process's threads (a mount's daemon) spend during the
+    /// loop.
+    #[arg(long)]
+    pub cpu_of: Option<u32>,
 }
 
 /// `dircache bench remote-loop`: stat (lstat) or open+read+close each listed path once;
-/// prints the seconds the loop took.
+/// prints the seconds the loop took and the CPU seconds this process spent in it.
 pub fn run_loop(a: LoopArgs) -> Result<i32> {
     let list = fs::read_to_string(&a.list).with_context(|| format!("{}", a.list.display()))?;
     let paths: Vec<&str> = list.lines().filter(|l| !l.is_empty()).collect();
     std::env::set_current_dir(&a.dir).with_context(|| format!("chdir {}", a.dir.display()))?;
     let mut buf = vec![0u8; 1 << 16];
     let mut wrong = 0usize;
+    let of = a.cpu_of.map(|p| p.to_string());
+    let other0 = of.as_deref().and_then(task_cpu);
+    let cpu0 = own_cpu();
     let t = Instant::now();
     match a.mode.as_str() {
         "stat" => {
@@ -163,6 +174,12 @@ pub fn run_loop(a: LoopArgs) -> Result<i32> {
         m => bail!("unknown mode {m}"),
     }
     let secs = t.elapsed().as_secs_f64();
+    let cpu = own_cpu().saturating_sub(cpu0);
+    let other = of.as_deref().and_then(task_cpu).zip(other0);
+    let cpu = cpu
+        + other.map_or(Duration::ZERO, |(b, a)| {
+            Duration::from_nanos(b.saturating_sub(a))
+        });
     if wrong > 0 {
         bail!(
             "{wrong} of {} paths were {}",
@@ -170,8 +187,32 @@ pub fn run_loop(a: LoopArgs) -> Result<i32> {
             if a.missing { "present" } else { "missing" }
         );
     }
-    println!("{secs}");
+    println!("{secs} {}", cpu.as_secs_f64());
     Ok(0)
+}
+
+/// CPU time this process has used so far (up to date for its running thread too, unlike
+/// `/proc/self/schedstat`, which moves at ticks and context switches).
+fn own_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Nanoseconds the threads of process `pid` have run on a CPU so far (the first field of each
+/// `/proc/PID/task/TID/schedstat`, summed; up to date for threads that are not running, as
+/// a mount's daemon mostly is between the loop's requests): a loop's cost in CPU time, apart
+/// from how long it waited for a CPU on a loaded machine.
+fn task_cpu(pid: &str) -> Option<u64> {
+    let mut sum = 0u64;
+    for t in fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(t) = t else { continue };
+        // A thread that exited meanwhile: its time is in no file any more.
+        let Ok(st) = fs::read_to_string(t.path().join("schedstat")) else {
+            continue;
+        };
+        sum += st.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(sum)
 }
 
 // ---------------------------------------------------------------------------------- signals
@@ -216,7 +257,8 @@ enum Sys {
     /// measured against its base in the same interleaved rounds.
     DircacheBase,
     /// A local dircache mount of the served tree (`dircache mount SRC MNT`, no ssh, no
-    /// proxy): the remote mount's warm requests side by side with the local mount's.
+    /// proxy): the same FUSE front end over the local backend, to tell the remote client's
+    /// costs (and warm requests) from FUSE's own. Runs only when named in `--systems`.
     DircacheLocal,
 }
 
@@ -241,6 +283,11 @@ impl Sys {
             true => self != Sys::DircacheLocal,
             false => wanted.iter().any(|x| x == self.name()),
         }
+    }
+
+    /// Whether the system reaches the served tree over ssh (a mount behind a delay proxy).
+    fn is_remote(self) -> bool {
+        !matches!(self, Sys::Native | Sys::DircacheLocal)
     }
 
     fn name(self) -> &'static str {
@@ -341,6 +388,14 @@ impl Env {
         let m = ChildMount::start(cmd, mnt, &log, Duration::from_secs(60))
             .map_err(|e| anyhow!("{}: {e}", s.sys.name()))?;
         s.mount = Some(m);
+        // The mount answers a stat before its control socket answers `dircache stats`: a
+        // cold run's request counts would be missing (seen on a local mount).
+        if s.sys.is_dircache() {
+            let end = Instant::now() + Duration::from_secs(10);
+            while mount_stats(mnt).is_none() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         Ok(())
     }
 }
@@ -370,7 +425,7 @@ struct Workload {
     disconnected: bool,
 }
 
-fn workloads(loop_n: usize) -> Vec<Workload> {
+fn workloads(loop_n: usize, blob_n: usize) -> Vec<Workload> {
     let w = |name: &str, args: Vec<&'static str>| Workload {
         name: name.to_string(),
         action: Action::Cmd(args),
@@ -409,9 +464,9 @@ fn workloads(loop_n: usize) -> Vec<Workload> {
     );
     make_build.project = true;
     let blob = Workload {
-        name: format!("open+read 1MB x{BLOB_OPENS}"),
+        name: format!("open+read 1MB x{blob_n}"),
         action: Action::Loop("open-read", "blob.list", false),
-        ops: BLOB_OPENS,
+        ops: blob_n,
         git: false,
         project: true,
         disconnected: false,
@@ -668,6 +723,8 @@ struct RunResult {
     /// The client's calls and `Hurry` messages during the run (dircache only; cold: since
     /// the mount). The proxy's round trips count bursts, a `Hurry` among them.
     calls: Option<(u64, u64)>,
+    /// CPU seconds of a loop workload: the loop's own, plus its mount daemon's (dircache).
+    cpu: Option<f64>,
 }
 
 /// A dircache mount's remote calls and hurries so far (`dircache stats`: `backend`).
@@ -800,6 +857,12 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
     }
     let d = s.dir.to_string_lossy().into_owned();
     let exe = env.exe.to_string_lossy().into_owned();
+    // The mount's daemon, whose CPU time a loop counts with its own.
+    let daemon = s
+        .mount
+        .as_ref()
+        .and_then(ChildMount::pid)
+        .filter(|_| s.sys.is_dircache());
     let make_cmd = || match &w.action {
         Action::Cmd(args) => {
             let prog = args[0].replace("{X}", &exe);
@@ -822,6 +885,9 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
             c.args(["bench", "remote-loop", "--mode", mode, "--dir", &d]);
             if *missing {
                 c.arg("--missing");
+            }
+            if let Some(p) = daemon {
+                c.arg("--cpu-of").arg(p.to_string());
             }
             c.arg(env.work.join(list));
             c
@@ -912,14 +978,17 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let secs = match w.action {
+    let (secs, cpu) = match w.action {
         Action::Loop(..) => {
             let so = String::from_utf8_lossy(&out.stdout);
-            so.trim()
-                .parse::<f64>()
-                .map_err(|_| anyhow!("remote-loop printed {so:?}"))?
+            let mut f = so.split_whitespace().map(str::parse::<f64>);
+            let secs = f
+                .next()
+                .and_then(Result::ok)
+                .ok_or_else(|| anyhow!("remote-loop printed {so:?}"))?;
+            (secs, f.next().and_then(Result::ok))
         }
-        Action::Cmd(_) => wall,
+        Action::Cmd(_) => (wall, None),
     };
     Ok(RunResult {
         secs,
@@ -927,6 +996,7 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         lines: out.stdout.as_slice().lines().count(),
         requests,
         calls,
+        cpu,
     })
 }
 
@@ -942,6 +1012,8 @@ struct Row {
     requests: Vec<BTreeMap<String, u64>>,
     /// The client's calls and hurries, per run (dircache).
     calls: Vec<(u64, u64)>,
+    /// CPU seconds per run of a loop workload (the loop's, plus its mount daemon's).
+    cpu: Vec<f64>,
     ops: usize,
     lines: Option<usize>,
     error: Option<String>,
@@ -1017,7 +1089,7 @@ pub fn run(a: Args) -> Result<i32> {
     fs::write(base.path().join("miss.list"), miss.join("\n") + "\n")?;
     fs::write(
         base.path().join("blob.list"),
-        format!("{BLOB}\n").repeat(BLOB_OPENS),
+        format!("{BLOB}\n").repeat(a.blob_opens.max(1)),
     )?;
     let has_git = src.join(".git").exists();
     note(&format!(
@@ -1029,14 +1101,7 @@ pub fn run(a: Args) -> Result<i32> {
     ));
     let exe = std::env::current_exe()?;
     let want = |s: Sys| s.wanted(&a.systems);
-    let remote_wanted = [
-        Sys::Sshfs,
-        Sys::SshfsCache,
-        Sys::Dircache,
-        Sys::DircacheBase,
-    ]
-    .iter()
-    .any(|s| want(*s));
+    let remote_wanted = Sys::ALL.iter().any(|s| s.is_remote() && want(*s));
     let sshd = if remote_wanted {
         if !sshd_available() {
             bail!("openssh-server is not installed (apt-get install openssh-server sshfs)");
@@ -1141,15 +1206,15 @@ fn bench(
             continue;
         }
         let mnt = env.work.join(format!("mnt-{}", sys.name()));
-        let proxy = match sys {
-            Sys::DircacheLocal => None,
-            _ => {
+        let proxy = match sys.is_remote() {
+            true => {
                 let sshd = env.sshd.as_ref().ok_or_else(|| anyhow!("no sshd"))?;
                 Some(DelayProxy::start(
                     ("127.0.0.1", sshd.port()),
                     Duration::ZERO,
                 )?)
             }
+            false => None,
         };
         let mut s = System {
             sys,
@@ -1169,7 +1234,7 @@ fn bench(
     if systems.is_empty() {
         bail!("no system to run on");
     }
-    let wls: Vec<Workload> = workloads(loop_n)
+    let wls: Vec<Workload> = workloads(loop_n, a.blob_opens.max(1))
         .into_iter()
         .filter(|w| has_git || !w.git)
         .filter(|w| has_project || !w.project)
@@ -1211,6 +1276,7 @@ fn bench(
                         bytes: vec![],
                         requests: vec![],
                         calls: vec![],
+                        cpu: vec![],
                         ops: w.ops,
                         lines: None,
                         error: s.unavailable.as_ref().map(|u| format!("unavailable: {u}")),
@@ -1272,6 +1338,9 @@ fn bench(
                             }
                             if let Some(c) = res.calls {
                                 row.calls.push(c);
+                            }
+                            if let Some(c) = res.cpu {
+                                row.cpu.push(c);
                             }
                         }
                         Err(e) => {
@@ -1346,6 +1415,7 @@ fn json_rows(rows: &[Row]) -> Vec<serde_json::Value> {
                 "round_trips": if r.round_trips.is_empty() { json!(null) } else { json!(median_u64(&r.round_trips)) },
                 "bytes": if r.bytes.is_empty() { json!(null) } else { json!(median_u64(&r.bytes)) },
                 "output_lines": r.lines,
+                "cpu_s": if r.cpu.is_empty() { json!(null) } else { json!(stats::median(&r.cpu)) },
             });
             if !r.requests.is_empty() {
                 if let Some(m) = o.as_object_mut() {
@@ -1387,7 +1457,9 @@ fn print_table(rows: &[Row], runs: usize, entries: usize) {
         "dircache bench remote: {entries}-entry tree over ssh on loopback through a delay \
          proxy; median of {runs} interleaved runs; x = ratio to native; rt = round trips \
          (client-to-server bursts, a Hurry among them), B = bytes both ways, calls = the dircache \
-         client's calls, hurries = its Hurry messages (medians); load average at end {}",
+         client's calls, hurries = its Hurry messages, cpu = CPU time per operation of a loop \
+         and its dircache mount's daemon, apart from waiting for a CPU (medians); load average \
+         at end {}",
         super::lookup::loadavg()
     );
     let mut by: BTreeMap<(u64, usize, &str), Vec<&Row>> = BTreeMap::new();
@@ -1440,6 +1512,10 @@ fn print_table(rows: &[Row], runs: usize, entries: usize) {
                 if r.system != "native" && n > 0.0 {
                     cell.push_str(&format!(" {:.1}x", med / n));
                 }
+            }
+            if !r.cpu.is_empty() && r.ops > 1 {
+                let c = stats::median(&r.cpu) / r.ops as f64 * 1e6;
+                cell.push_str(&format!(" cpu {c:.1}us/op"));
             }
             if !r.round_trips.is_empty() {
                 cell.push_str(&format!(
