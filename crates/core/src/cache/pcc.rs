@@ -77,6 +77,11 @@ impl PccBudget {
         self.used.fetch_sub(n, Ordering::AcqRel);
     }
 
+    /// Whether `n` more bytes fit now (a hint: another thread may take them first).
+    fn has_room(&self, n: usize) -> bool {
+        self.used().saturating_add(n) <= self.limit
+    }
+
     /// Bytes held by tables now.
     pub(crate) fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)
@@ -170,12 +175,16 @@ impl Pcc {
         debug_assert!(stamp != EMPTY);
         let top = self.top.load(Ordering::Acquire);
         let Some(t) = top.checked_sub(1).and_then(|l| self.levels[l].get()) else {
-            // No table yet: ask at the first insert, then (if the budget had no room) at
-            // every `first`-th.
+            // No table yet: ask at the first insert, then (if the budget had no room) as
+            // soon as it has room, or at every `first`-th insert to make room by evicting
+            // idle credentials. Before, only every `first`-th: a credential refused a table
+            // while the budget was full stayed without one (no fast path) for `first` slow
+            // walks after room came back.
             return self
                 .fill
                 .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(self.first);
+                .is_multiple_of(self.first)
+                || self.next_bytes().is_some_and(|b| self.budget.has_room(b));
         };
         if !put(t, sig, stamp) {
             return false;
@@ -408,6 +417,31 @@ mod tests {
         assert!(!p.check(sig(3), 1003), "removed from every level");
         drop(p);
         assert_eq!(b.used(), 0, "given back");
+    }
+
+    /// A PCC refused its first table while the budget was full asks again as soon as the
+    /// budget has room, not only every `first`-th insert (`pcc_bound.rs`
+    /// `concurrent_churn_stays_within_the_bound` failed on this: a private user's credential
+    /// from the churn got no fast path in its next 12 lookups, with 70 KB of room).
+    #[test]
+    fn a_refused_pcc_asks_again_once_the_budget_has_room() {
+        let b = PccBudget::new(64 * 8);
+        let other = Pcc::new(1 << 16, b.clone());
+        assert!(other.grow(), "the other takes the whole budget");
+        let p = Pcc::new(1 << 16, b.clone());
+        assert!(p.insert(1, 1), "the first insert asks");
+        assert!(!p.grow(), "no room");
+        for i in 2..10u64 {
+            assert!(
+                !p.insert(u128::from(i), i),
+                "no room, not yet the 64th insert: insert {i} asked"
+            );
+        }
+        drop(other);
+        assert!(p.insert(10, 10), "room came back: the next insert asks");
+        assert!(p.grow());
+        p.insert(10, 10);
+        assert!(p.check(10, 10));
     }
 
     #[test]
