@@ -686,3 +686,90 @@ fn a_client_killed_in_the_middle_of_reintegration_applies_each_change_once() {
         "a record applied before a kill was met again:\n{text}"
     );
 }
+
+/// Run `script` with `sh -c` as `uid` (gid `uid`, no supplementary groups).
+fn sh_as(uid: u32, script: &str) -> std::process::Output {
+    Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args(["--clear-groups", "sh", "-c", script])
+        .output()
+        .expect("setpriv sh")
+}
+
+/// Audit (docs/security.md P10b): the copy a conflict keeps of a writer's local version is
+/// private to that writer. The file it was changed from may be private (0600) or have a
+/// POSIX ACL denying other users what its mode bits allow; the copy is a new file, which gets
+/// neither the ACL nor, before, those bits: it was created 0666 (a file opened while
+/// disconnected was logged with mode 0666 and umask 0), and user 1001 read (and could have
+/// written) user 1000's private edits from the copy on the server.
+#[test]
+fn a_conflict_copy_is_private_to_its_writer() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("reconnect_timeout=30");
+    sh_ok(
+        &t.src,
+        "mkdir d && printf base > d/acl && printf base > d/own && chown -R 1000:1000 d \
+         && chmod 755 d && chmod 644 d/acl && chmod 600 d/own && setfacl -m u:1001:--- d/acl",
+    );
+    let names = ["acl", "own"];
+    for n in names {
+        // The oracle: natively, 1001 may not read the file.
+        let native = t.s(&format!("d/{n}"));
+        assert!(!sh_as(1001, &format!("cat {}", native.display()))
+            .status
+            .success());
+        let f = t.m(&format!("d/{n}"));
+        eventually("the file shows", || f.exists());
+        // User 1000's opens granted by the server (read, then read-write) before the cut.
+        eventually("a container valid with no round trip", || {
+            let before = t.calls();
+            let o = sh_as(1000, &format!("cat {}", f.display()));
+            assert!(o.status.success(), "{o:?}");
+            t.calls() == before
+        });
+        let o = sh_as(1000, &format!("exec 3<>{}", f.display()));
+        assert!(o.status.success(), "{o:?}");
+    }
+    t.cut();
+    for n in names {
+        std::fs::write(t.s(&format!("d/{n}")), b"the server's version").unwrap();
+        let f = t.m(&format!("d/{n}"));
+        let o = sh_as(1000, &format!("printf 'my private edit' > {}", f.display()));
+        assert!(o.status.success(), "write while disconnected: {o:?}");
+    }
+    t.restore();
+    let mut leaks = Vec::new();
+    for n in names {
+        let copy = || {
+            std::fs::read_dir(t.s("d"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .find(|k| k.starts_with(&format!("{n}.dircache-conflict-")))
+        };
+        eventually("the conflict's copy on the server", || {
+            copy().is_some_and(|k| {
+                std::fs::read(t.s(&format!("d/{k}"))).is_ok_and(|d| d == b"my private edit")
+            })
+        });
+        let kept = t.s(&format!("d/{}", copy().unwrap()));
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(&kept).unwrap();
+        assert_eq!(md.uid(), 1000, "the copy is its writer's");
+        let read = sh_as(1001, &format!("cat {}", kept.display()));
+        if read.status.success() {
+            leaks.push(format!(
+                "user 1001, whom the original {n} denies, read its conflict copy (mode {:o}): {:?}",
+                md.mode() & 0o7777,
+                String::from_utf8_lossy(&read.stdout)
+            ));
+        }
+        // Its writer reads it.
+        assert!(sh_as(1000, &format!("cat {}", kept.display()))
+            .status
+            .success());
+    }
+    assert!(leaks.is_empty(), "{leaks:#?}");
+}

@@ -1341,7 +1341,16 @@ impl Disconnected {
                         target
                     }
                 };
-                self.store(log, conn, r, &target, *mode, *umask, *size, *mtime)?;
+                // A conflict copy is a new file, private to its writer: the file it was
+                // changed from may be private or have an ACL denying others what its mode
+                // bits allow, and the copy gets neither that ACL nor its group (and a file
+                // opened while disconnected is logged with 0666, umask 0).
+                let mode = if target == *path {
+                    *mode
+                } else {
+                    *mode & 0o700
+                };
+                self.store(log, conn, r, &target, mode, *umask, *size, *mtime)?;
                 if target == *path {
                     stored.insert(path.clone());
                 }
