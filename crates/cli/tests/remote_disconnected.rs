@@ -749,10 +749,21 @@ fn a_conflict_copy_is_private_to_its_writer() {
                 .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
                 .find(|k| k.starts_with(&format!("{n}.dircache-conflict-")))
         };
-        eventually("the conflict's copy on the server", || {
-            copy().is_some_and(|k| {
+        dircache_tests::remote::eventually_or("the conflict's copy on the server", || {
+            if copy().is_some_and(|k| {
                 std::fs::read(t.s(&format!("d/{k}"))).is_ok_and(|d| d == b"my private edit")
-            })
+            }) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{n}: {:?}\n{}",
+                    std::fs::read_dir(t.s("d"))
+                        .unwrap()
+                        .map(|e| e.unwrap().file_name())
+                        .collect::<Vec<_>>(),
+                    t.log_text()
+                ))
+            }
         });
         let kept = t.s(&format!("d/{}", copy().unwrap()));
         use std::os::unix::fs::MetadataExt;
@@ -772,4 +783,74 @@ fn a_conflict_copy_is_private_to_its_writer() {
             .success());
     }
     assert!(leaks.is_empty(), "{leaks:#?}");
+}
+
+/// Audit (docs/security.md P10b): a conflict copy's name can be guessed (the time), so
+/// another user with write access to the directory can put files there first. The writer's
+/// data must never go into such a file: before, the copy was opened with O_CREAT | O_TRUNC,
+/// and user 1000's private edits went into user 1001's own 0666 file.
+#[test]
+fn a_conflict_copy_never_goes_into_a_planted_file() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("reconnect_timeout=30");
+    sh_ok(
+        &t.src,
+        "mkdir d && printf base > d/own && chown -R 1000:1000 d && chmod 777 d \
+         && chmod 600 d/own",
+    );
+    let f = t.m("d/own");
+    eventually("the file shows", || f.exists());
+    eventually("a container valid with no round trip", || {
+        let before = t.calls();
+        assert!(sh_as(1000, &format!("cat {}", f.display()))
+            .status
+            .success());
+        t.calls() == before
+    });
+    assert!(sh_as(1000, &format!("exec 3<>{}", f.display()))
+        .status
+        .success());
+    t.cut();
+    // User 1001 plants the names of the next minutes, world-writable.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let o = sh_as(
+        1001,
+        &format!(
+            "umask 0; cd {} && t={} && while [ $t -lt {} ]; do : > own.dircache-conflict-$t; \
+             t=$((t+1)); done",
+            t.s("d").display(),
+            now - 5,
+            now + 600
+        ),
+    );
+    assert!(o.status.success(), "{o:?}");
+    std::fs::write(t.s("d/own"), b"the server's version").unwrap();
+    let o = sh_as(1000, &format!("printf 'my private edit' > {}", f.display()));
+    assert!(o.status.success(), "write while disconnected: {o:?}");
+    t.restore();
+    use std::os::unix::fs::MetadataExt;
+    let holders = || -> Vec<(String, u32)> {
+        std::fs::read_dir(t.s("d"))
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.unwrap().path();
+                let d = std::fs::read(&p).ok()?;
+                (d == b"my private edit").then(|| {
+                    let uid = std::fs::metadata(&p).unwrap().uid();
+                    (p.file_name().unwrap().to_string_lossy().into_owned(), uid)
+                })
+            })
+            .collect()
+    };
+    eventually("the local version on the server", || !holders().is_empty());
+    let h = holders();
+    assert!(
+        h.iter().all(|(_, uid)| *uid == 1000),
+        "the private edit went into another user's file: {h:?}"
+    );
 }
