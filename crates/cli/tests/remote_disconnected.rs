@@ -686,3 +686,171 @@ fn a_client_killed_in_the_middle_of_reintegration_applies_each_change_once() {
         "a record applied before a kill was met again:\n{text}"
     );
 }
+
+/// Run `script` with `sh -c` as `uid` (gid `uid`, no supplementary groups).
+fn sh_as(uid: u32, script: &str) -> std::process::Output {
+    Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args(["--clear-groups", "sh", "-c", script])
+        .output()
+        .expect("setpriv sh")
+}
+
+/// Audit (docs/security.md P10b): the copy a conflict keeps of a writer's local version is
+/// private to that writer. The file it was changed from may be private (0600) or have a
+/// POSIX ACL denying other users what its mode bits allow; the copy is a new file, which gets
+/// neither the ACL nor, before, those bits: it was created 0666 (a file opened while
+/// disconnected was logged with mode 0666 and umask 0), and user 1001 read (and could have
+/// written) user 1000's private edits from the copy on the server.
+#[test]
+fn a_conflict_copy_is_private_to_its_writer() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("reconnect_timeout=30");
+    sh_ok(
+        &t.src,
+        "mkdir d && printf base > d/acl && printf base > d/own && chown -R 1000:1000 d \
+         && chmod 755 d && chmod 644 d/acl && chmod 600 d/own && setfacl -m u:1001:--- d/acl",
+    );
+    let names = ["acl", "own"];
+    for n in names {
+        // The oracle: natively, 1001 may not read the file.
+        let native = t.s(&format!("d/{n}"));
+        assert!(!sh_as(1001, &format!("cat {}", native.display()))
+            .status
+            .success());
+        let f = t.m(&format!("d/{n}"));
+        eventually("the file shows", || f.exists());
+        // User 1000's opens granted by the server (read, then read-write) before the cut.
+        eventually("a container valid with no round trip", || {
+            let before = t.calls();
+            let o = sh_as(1000, &format!("cat {}", f.display()));
+            assert!(o.status.success(), "{o:?}");
+            t.calls() == before
+        });
+        let o = sh_as(1000, &format!("exec 3<>{}", f.display()));
+        assert!(o.status.success(), "{o:?}");
+    }
+    t.cut();
+    for n in names {
+        std::fs::write(t.s(&format!("d/{n}")), b"the server's version").unwrap();
+        let f = t.m(&format!("d/{n}"));
+        let o = sh_as(1000, &format!("printf 'my private edit' > {}", f.display()));
+        assert!(o.status.success(), "write while disconnected: {o:?}");
+    }
+    t.restore();
+    let mut leaks = Vec::new();
+    for n in names {
+        let copy = || {
+            std::fs::read_dir(t.s("d"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .find(|k| k.starts_with(&format!("{n}.dircache-conflict-")))
+        };
+        dircache_tests::remote::eventually_or("the conflict's copy on the server", || {
+            if copy().is_some_and(|k| {
+                std::fs::read(t.s(&format!("d/{k}"))).is_ok_and(|d| d == b"my private edit")
+            }) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{n}: {:?}\n{}",
+                    std::fs::read_dir(t.s("d"))
+                        .unwrap()
+                        .map(|e| e.unwrap().file_name())
+                        .collect::<Vec<_>>(),
+                    t.log_text()
+                ))
+            }
+        });
+        let kept = t.s(&format!("d/{}", copy().unwrap()));
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(&kept).unwrap();
+        assert_eq!(md.uid(), 1000, "the copy is its writer's");
+        let read = sh_as(1001, &format!("cat {}", kept.display()));
+        if read.status.success() {
+            leaks.push(format!(
+                "user 1001, whom the original {n} denies, read its conflict copy (mode {:o}): {:?}",
+                md.mode() & 0o7777,
+                String::from_utf8_lossy(&read.stdout)
+            ));
+        }
+        // Its writer reads it.
+        assert!(sh_as(1000, &format!("cat {}", kept.display()))
+            .status
+            .success());
+    }
+    assert!(leaks.is_empty(), "{leaks:#?}");
+}
+
+/// Audit (docs/security.md P10b): a conflict copy's name can be guessed (the time), so
+/// another user with write access to the directory can put files there first. The writer's
+/// data must never go into such a file: before, the copy was opened with O_CREAT | O_TRUNC,
+/// and user 1000's private edits went into user 1001's own 0666 file.
+#[test]
+fn a_conflict_copy_never_goes_into_a_planted_file() {
+    if !can_mount() {
+        return;
+    }
+    let t = Mount::start("reconnect_timeout=30");
+    sh_ok(
+        &t.src,
+        "mkdir d && printf base > d/own && chown -R 1000:1000 d && chmod 777 d \
+         && chmod 600 d/own",
+    );
+    let f = t.m("d/own");
+    eventually("the file shows", || f.exists());
+    eventually("a container valid with no round trip", || {
+        let before = t.calls();
+        assert!(sh_as(1000, &format!("cat {}", f.display()))
+            .status
+            .success());
+        t.calls() == before
+    });
+    assert!(sh_as(1000, &format!("exec 3<>{}", f.display()))
+        .status
+        .success());
+    t.cut();
+    // User 1001 plants the names of the next minutes, world-writable.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let o = sh_as(
+        1001,
+        &format!(
+            "umask 0; cd {} && t={} && while [ $t -lt {} ]; do : > own.dircache-conflict-$t; \
+             t=$((t+1)); done",
+            t.s("d").display(),
+            now - 5,
+            now + 600
+        ),
+    );
+    assert!(o.status.success(), "{o:?}");
+    std::fs::write(t.s("d/own"), b"the server's version").unwrap();
+    let o = sh_as(1000, &format!("printf 'my private edit' > {}", f.display()));
+    assert!(o.status.success(), "write while disconnected: {o:?}");
+    t.restore();
+    use std::os::unix::fs::MetadataExt;
+    let holders = || -> Vec<(String, u32)> {
+        std::fs::read_dir(t.s("d"))
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.unwrap().path();
+                let d = std::fs::read(&p).ok()?;
+                (d == b"my private edit").then(|| {
+                    let uid = std::fs::metadata(&p).unwrap().uid();
+                    (p.file_name().unwrap().to_string_lossy().into_owned(), uid)
+                })
+            })
+            .collect()
+    };
+    eventually("the local version on the server", || !holders().is_empty());
+    let h = holders();
+    assert!(
+        h.iter().all(|(_, uid)| *uid == 1000),
+        "the private edit went into another user's file: {h:?}"
+    );
+}

@@ -324,3 +324,90 @@ fn a_held_tree_with_an_acl_is_searched_by_the_server() {
     assert_eq!(got, want, "uid 1000: search vs find\n{err}");
     t.expect_search_lines("complete", 1);
 }
+
+/// Run `cmd` as `uid` (gid `uid`) with supplementary `groups`: stdout and stderr.
+fn run_with_groups(uid: u32, groups: &str, cmd: &[&str]) -> (String, String) {
+    let out = Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg(format!("--groups={groups}"))
+        .args(cmd)
+        .output()
+        .expect("setpriv");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Audit (docs/security.md P9, held trees): a search answered from the client's cache
+/// decides as `find` through the mount does for a caller with supplementary groups (a
+/// group-only directory), and follows a directory's mode changed on the server after it was
+/// cached (its callback): the group loses access, a directory loses its read bit. Compared
+/// with `find` over the mount as the same user, whose kernel checks every step.
+#[test]
+fn a_held_search_follows_groups_and_later_chmods() {
+    if !can_mount() {
+        return;
+    }
+    let t = start(|src| {
+        make_tree(src);
+        sh_ok(src, "chgrp 2000 a/x1 && chmod 750 a/x1 && chmod 700 b");
+    });
+    walk_as_root(&t.mnt);
+    let mnt_s = t.mnt.display().to_string();
+    let compare = |what: &str| {
+        dircache_tests::remote::eventually_or(what, || {
+            let mut want: Vec<String> = run_with_groups(
+                1000,
+                "2000",
+                &["find", &mnt_s, "-mindepth", "1", "-name", "*.c"],
+            )
+            .0
+            .lines()
+            .map(|l| {
+                l.strip_prefix(&format!("{mnt_s}/"))
+                    .unwrap_or(l)
+                    .to_string()
+            })
+            .collect();
+            want.sort();
+            let mut got: Vec<String> =
+                run_with_groups(1000, "2000", &[BIN, "search", &mnt_s, "*.c"])
+                    .0
+                    .lines()
+                    .map(str::to_string)
+                    .collect();
+            got.sort();
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!("search {got:?}\nfind {want:?}"))
+            }
+        });
+    };
+    compare("group 2000 reads a/x1");
+    let searched = t.search_lines("");
+    let (mine, err) = run_with_groups(1000, "2000", &[BIN, "search", "--verbose", &mnt_s, "*.c"]);
+    assert!(
+        err.contains("delegated to"),
+        "not sent to the daemon: {err}"
+    );
+    assert!(
+        mine.contains("a/x1/f1.c") && !mine.contains("b/x"),
+        "{mine}"
+    );
+    assert_eq!(t.search_lines(""), searched, "not answered from the cache");
+    // Changed on the server after the client cached it.
+    sh_ok(&t.src, "chmod 700 a/x1 && chmod 711 c/x2");
+    compare("a/x1 closed to its group, c/x2 not readable");
+    let (mine, err) = run_with_groups(1000, "2000", &[BIN, "search", "--verbose", &mnt_s, "*.c"]);
+    assert!(
+        err.contains("delegated to"),
+        "not sent to the daemon: {err}"
+    );
+    assert!(
+        !mine.contains("a/x1/f1.c") && !mine.contains("c/x2/f1.c"),
+        "{mine}"
+    );
+}

@@ -475,7 +475,19 @@ fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
                 return;
             }
         };
-        if req.get("op").and_then(Value::as_str) == Some("search") {
+        let op = req.get("op").and_then(Value::as_str);
+        if matches!(op, Some("search" | "cached"))
+            && !dircache_search::proto::caller_reaches_mount(&srv.stats.mnt, &cred)
+        {
+            // Not reachable through the kernel for this caller (P9): nothing of it is shown;
+            // a search client then walks the path it has, as the caller.
+            let resp = json!({"ok": false, "error": "the mount is not reachable for this caller"});
+            if write_frame(&mut w, &resp).is_err() {
+                return;
+            }
+            continue;
+        }
+        if op == Some("search") {
             let resp = match serde_json::from_value::<dircache_search::SearchRequest>(req) {
                 Err(e) => json!({"ok": false, "error": e.to_string()}),
                 Ok(sr) => match (&srv.base, srv.slots.take(cred.uid, true)) {

@@ -942,3 +942,144 @@ fn delegated_access_follows_the_mount_options() {
         );
     }
 }
+
+/// As `uid`, over a raw connection to `sock` (what any local user can do, without the
+/// client's checks): the names a search of the whole tree returns ("-": none), and the
+/// answer of a `cached` view of `/pub` (counts and negative names, never positive names).
+fn raw_search_as(sock: &Path, uid: u32) -> (String, String) {
+    let script = format!(
+        r#"
+import os, socket, struct, json
+def ask(req):
+    s = socket.socket(socket.AF_UNIX); s.connect({sock:?})
+    req = json.dumps(req).encode()
+    s.sendall(struct.pack(">I", len(req)) + req)
+    got = []
+    while True:
+        h = s.recv(4, socket.MSG_WAITALL)
+        if len(h) < 4: break
+        m = json.loads(s.recv(struct.unpack(">I", h)[0], socket.MSG_WAITALL))
+        for r in m.get("results", []):
+            if r.get("error") is None: got.append(str(r.get("path")))
+        if "results" not in m:
+            if not got: got.append(json.dumps(m))
+            break
+    return " ".join(got) or "-"
+print(ask({{"op":"search","paths":"/","pattern":"*","flags":0}}))
+print(ask({{"op":"cached","path":"/pub"}}))
+"#,
+        sock = sock.to_string_lossy()
+    );
+    let out = py(Path::new("/"), &script, Some(uid));
+    let mut l = out.lines();
+    let search = l.next().unwrap_or("").to_string();
+    let cached = l.next().unwrap_or("").to_string();
+    (search, cached)
+}
+
+/// Audit (security.md P9): a mount whose mount point lies behind a directory a user may not
+/// search is out of that user's reach through the kernel (`find MNT` fails with EACCES), so
+/// its control socket must not answer that user's searches or cache views either: the socket
+/// (in a public directory, as `/run/dircache` is) is reachable by everyone, and before, the
+/// daemon searched beneath SRC without asking whether the caller could reach MNT at all.
+#[test]
+fn a_mount_behind_a_closed_directory_is_not_searched_for_others() {
+    if !can_mount() {
+        return;
+    }
+    let public = tempfile::Builder::new()
+        .prefix("dcsock")
+        .tempdir()
+        .expect("tempdir");
+    chmod(public.path(), 0o755);
+    let sock_at = public.path().join("run").join("ctl.sock");
+    let d = Daemon::start_with_socket(
+        |src| {
+            files(&src.join("pub"), &["visible-only-to-root-reachers"]);
+            chmod(&src.join("pub"), 0o755);
+        },
+        |_| sock_at.clone(),
+    );
+    // The cache holds the listing (root walked it), as after any use of the mount.
+    assert_eq!(
+        std::fs::read_dir(d.m("pub")).map(Iterator::count).ok(),
+        Some(1)
+    );
+    let (search, cached) = raw_search_as(&d.sock, 1001);
+    assert!(
+        search.contains("visible-only") && cached.contains("\"cached\": true"),
+        "the control: 1001 searches an open mount: {search} / {cached}"
+    );
+    // The mount point's parent closes: only root may reach MNT from now on.
+    chmod(d.dir.path(), 0o700);
+    let find = Command::new("setpriv")
+        .args(["--reuid=1001", "--regid=1001", "--clear-groups", "find"])
+        .arg(d.m(""))
+        .output()
+        .expect("find");
+    assert!(
+        !find.status.success(),
+        "the oracle: 1001 reaches MNT natively"
+    );
+    let (search, cached) = raw_search_as(&d.sock, 1001);
+    assert!(
+        !search.contains("visible-only"),
+        "user 1001, who cannot reach MNT, searched it through the control socket: {search}"
+    );
+    assert!(
+        !cached.contains("\"cached\": true"),
+        "user 1001, who cannot reach MNT, was shown what the cache holds: {cached}"
+    );
+    // Root still searches it.
+    let o = dircache_as(0, &["search", &d.m(""), "*"], &[]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("visible-only-to-root-reachers"),
+        "{o:?}"
+    );
+}
+
+/// Audit (security.md P9): a mount made with `noallow_other` lets only its owner in (the
+/// kernel refuses every other user before any request); its control socket must not search
+/// it for them either.
+#[test]
+fn a_mount_without_allow_other_is_not_searched_for_others() {
+    if !can_mount() {
+        return;
+    }
+    let d = Daemon::start_full(
+        |src| {
+            files(&src.join("pub"), &["visible-only-to-root-reachers"]);
+            chmod(&src.join("pub"), 0o755);
+        },
+        |dir| dir.join("run").join("ctl.sock"),
+        ",noallow_other",
+    );
+    assert_eq!(
+        std::fs::read_dir(d.m("pub")).map(Iterator::count).ok(),
+        Some(1)
+    );
+    let ls = Command::new("setpriv")
+        .args(["--reuid=1001", "--regid=1001", "--clear-groups", "ls"])
+        .arg(d.m("pub"))
+        .output()
+        .expect("ls");
+    assert!(
+        !ls.status.success(),
+        "the oracle: 1001 lists a noallow_other mount"
+    );
+    let (search, cached) = raw_search_as(&d.sock, 1001);
+    assert!(
+        !search.contains("visible-only"),
+        "user 1001, kept out of a noallow_other mount, searched it through the control \
+         socket: {search}"
+    );
+    assert!(
+        !cached.contains("\"cached\": true"),
+        "user 1001, kept out of a noallow_other mount, was shown what the cache holds: {cached}"
+    );
+    let o = dircache_as(0, &["search", &d.m(""), "*"], &[]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("visible-only-to-root-reachers"),
+        "{o:?}"
+    );
+}

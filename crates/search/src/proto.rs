@@ -518,6 +518,9 @@ struct MountEntry {
     dev: u64,
     fstype: String,
     owner: Option<u32>,
+    /// The FUSE super block's `group_id=`, and whether it has `allow_other`.
+    group: Option<u32>,
+    allow_other: bool,
 }
 
 fn mount_table() -> Vec<MountEntry> {
@@ -551,6 +554,10 @@ fn mount_table() -> Vec<MountEntry> {
             .split(',')
             .find_map(|o| o.strip_prefix("user_id="))
             .and_then(|v| v.parse().ok());
+        let group = opts
+            .split(',')
+            .find_map(|o| o.strip_prefix("group_id="))
+            .and_then(|v| v.parse().ok());
         out.push(MountEntry {
             point: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(point))),
             fs_root: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(fs_root))),
@@ -558,6 +565,8 @@ fn mount_table() -> Vec<MountEntry> {
             dev: rustix::fs::makedev(ma, mi),
             fstype: fstype.to_string(),
             owner,
+            group,
+            allow_other: opts.split(',').any(|o| o == "allow_other"),
         });
     }
     out
@@ -637,6 +646,58 @@ pub fn mount_access(mnt: &Path) -> crate::MountAccess {
         read_only: has("ro"),
         noexec: has("noexec"),
     }
+}
+
+/// Whether `cred` can reach the mount at `mnt` through the kernel at all, as a walk to it
+/// would (docs/security.md P9): a daemon answers nothing outside a FUSE request that the
+/// caller could not reach through MNT. The mount must let the caller in (`allow_other`, or
+/// the caller is its owner: the `user_id=` and `group_id=` the kernel compares, as far as
+/// SO_PEERCRED shows them), and the caller needs search permission on every directory from
+/// `/` down to MNT's parent: `faccessat2(parent, X_OK, AT_EACCESS)` on a thread switched to
+/// the caller with no capabilities (the path walk checks the ancestors, the call the parent
+/// itself). The control socket lives in a directory everyone may search (`/run/dircache`),
+/// so without this a user kept out of MNT by a closed directory above it, or by a mount
+/// without `allow_other`, could search it through the socket. A daemon that cannot switch
+/// credentials answers this only for its own uid and gid. A MNT the caller reaches only by
+/// another path (a bind mount of it elsewhere) is refused: the client then searches through
+/// the path it has, checked by the kernel.
+pub fn caller_reaches_mount(mnt: &Path, cred: &Cred) -> bool {
+    let Ok(mnt) = std::path::absolute(mnt) else {
+        return false;
+    };
+    let mnt = mnt.as_path();
+    if let Some(m) = mount_table().iter().rev().find(|m| m.point == mnt) {
+        let owner = m.owner == Some(cred.uid) && m.group.is_none_or(|g| g == cred.gid);
+        if !m.allow_other && !owner {
+            return false;
+        }
+    }
+    let Some(parent) = mnt.parent() else {
+        return true;
+    };
+    use dircache_local::creds::{can_switch, ActAs, Caps};
+    let _as = if can_switch() {
+        match ActAs::switch(cred, Caps::Empty) {
+            Ok(g) => g,
+            Err(_) => return false,
+        }
+    } else {
+        let me = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        if me != (cred.uid, cred.gid) {
+            return false;
+        }
+        ActAs::none()
+    };
+    rustix::fs::accessat(
+        rustix::fs::CWD,
+        parent,
+        rustix::fs::Access::EXEC_OK,
+        rustix::fs::AtFlags::EACCESS,
+    )
+    .is_ok()
 }
 
 /// Whether `path` is itself the root of a mount of type `cfg.fstype`; its daemon if so.

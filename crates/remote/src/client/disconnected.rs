@@ -1155,6 +1155,23 @@ fn stored_before(log: &Log) -> HashSet<Vec<u8>> {
     stored
 }
 
+/// The conflict copy the latest earlier `Store` of `path` in the log went to, if it went to
+/// one and was made by `uid` (a later `Store` of the same file by the same writer goes there
+/// too, not to a copy of its own).
+fn earlier_copy(log: &Log, path: &[u8], uid: u32) -> Option<Vec<u8>> {
+    log.applied()
+        .iter()
+        .rev()
+        .find_map(|r| match &r.op {
+            Op::Store { path: p, .. } if p.as_slice() == path => Some(match log.begun(r.seq) {
+                Some(Some(t)) if t != path && r.cred.uid == uid => Some(t.to_vec()),
+                _ => None,
+            }),
+            _ => None,
+        })
+        .flatten()
+}
+
 /// `old` (a file, or a directory and what is below it) was renamed to `new`.
 fn stored_moved(stored: &mut HashSet<Vec<u8>>, old: &[u8], new: &[u8]) {
     let moved: Vec<Vec<u8>> = stored
@@ -1332,16 +1349,56 @@ impl Disconnected {
                         }
                         t
                     }
+                    // A later close of a file whose local version went to a conflict copy
+                    // in this log: that copy again (its writer made it).
+                    _ if earlier_copy(log, path, r.cred.uid).is_some() => {
+                        let t = earlier_copy(log, path, r.cred.uid).unwrap_or_default();
+                        mark(log, Some(&t))?;
+                        t
+                    }
                     _ => {
-                        let (target, why) = self.store_target(conn, path, base, stored)?;
+                        let (mut target, why) = self.store_target(conn, path, base, stored)?;
                         mark(log, Some(&target))?;
                         if let Some(why) = why {
+                            // A new name, made by this store alone (O_EXCL): a file another
+                            // user put there (they can guess the time) never receives the
+                            // writer's data. Taken: the next name, journaled before it is
+                            // tried.
+                            let first = target.clone();
+                            let mut n = 0;
+                            loop {
+                                let mode = *mode & 0o700;
+                                match self
+                                    .store(log, conn, r, &target, mode, *umask, *size, *mtime, true)
+                                {
+                                    Err(e) if e.errno() == libc::EEXIST && n < 64 => {
+                                        n += 1;
+                                        target =
+                                            [first.as_slice(), format!("-{n}").as_bytes()].concat();
+                                        log.begin(r.seq, Some(&target)).map_err(log_err)?;
+                                    }
+                                    res => {
+                                        res?;
+                                        break;
+                                    }
+                                }
+                            }
                             self.conflict_noted(log, path, &target, why);
+                            return Ok(());
                         }
                         target
                     }
                 };
-                self.store(log, conn, r, &target, *mode, *umask, *size, *mtime)?;
+                // A conflict copy is a new file, private to its writer: the file it was
+                // changed from may be private or have an ACL denying others what its mode
+                // bits allow, and the copy gets neither that ACL nor its group (and a file
+                // opened while disconnected is logged with 0666, umask 0).
+                let mode = if target == *path {
+                    *mode
+                } else {
+                    *mode & 0o700
+                };
+                self.store(log, conn, r, &target, mode, *umask, *size, *mtime, false)?;
                 if target == *path {
                     stored.insert(path.clone());
                 }
@@ -1407,7 +1464,8 @@ impl Disconnected {
         log.note_conflict(path, kept, why);
     }
 
-    /// A logged file's data (record `r`) into `target` on the server, as its writer.
+    /// A logged file's data (record `r`) into `target` on the server, as its writer (with
+    /// `excl`, only into a file this call creates).
     #[allow(clippy::too_many_arguments)]
     fn store(
         &self,
@@ -1419,13 +1477,15 @@ impl Disconnected {
         umask: u32,
         size: u64,
         mtime: Timespec,
+        excl: bool,
     ) -> Result<()> {
         let data = std::fs::File::open(log.data_path(r.seq))?;
+        let excl = if excl { libc::O_EXCL } else { 0 };
         let handle = match conn.call_as(
             &r.cred,
             Request::Open {
                 path: target.to_vec(),
-                flags: libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW,
+                flags: libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | excl,
                 mode,
                 umask,
             },
