@@ -187,7 +187,12 @@ fn native_changes_on_the_server_reach_the_client_fresh_with_a_callback() {
     assert_eq!(w.attrs[2].mode & 0o7777, 0o600, "fresh attributes");
     assert_eq!(r.getattr(b"a/b/f").unwrap().mode & 0o7777, 0o600);
 
-    std::fs::write(root.join("a/b/new"), b"hello").unwrap();
+    // Written whole outside the served tree and renamed in: the callback for the name is then
+    // about the file with its data. (Written in place, the create's callback could come before
+    // the write's, and a lookup between them rightly answered the size the server had seen: 0.)
+    let outside = tempfile::tempdir_in(dir.path().parent().unwrap()).unwrap();
+    std::fs::write(outside.path().join("new"), b"hello").unwrap();
+    std::fs::rename(outside.path().join("new"), root.join("a/b/new")).unwrap();
     wait_for(&feed, b"a/b/new");
     assert_eq!(
         r.lookup(b"a/b", b"new").unwrap().size,
