@@ -23,6 +23,12 @@ struct Sample {
 
 fn sample(mnt: &Path) -> Result<Sample, dircache_fuse::Error> {
     let resp = dircache_fuse::stats::query_mount(mnt, &serde_json::json!({"op": "stats"}))?;
+    if resp.get("ok").and_then(Value::as_bool) != Some(true) {
+        return Err(dircache_fuse::Error::Protocol(format!(
+            "daemon: {}",
+            resp.get("error").and_then(Value::as_str).unwrap_or("error")
+        )));
+    }
     let s = &resp["stats"];
     let core = &s["core"];
     let n = |v: &Value| v.as_u64().unwrap_or(0);

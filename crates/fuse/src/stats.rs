@@ -10,14 +10,18 @@
 //! `{"op":"search",...}` (dircache_search::proto: streamed results), `{"op":"cached",...}`
 //! (crate::cacheview: what the cache holds under a path, as far as the caller may list). Responses are
 //! `{"ok":true, ...}` or `{"ok":false,"error":"..."}`; unknown ops get an error response, so
-//! old daemons and new clients interoperate.
+//! old daemons and new clients interoperate. None of them changes the daemon's state. Every
+//! request but `ping` is answered only to a caller who can reach MNT through the kernel
+//! (`dircache_search::proto::caller_reaches_mount`); others get [`NOT_REACHABLE`].
 //!
 //! ## Who can reach it, and what it costs
 //! The socket lives in a directory only the daemon's user can write ([`secure_socket_dir`]:
 //! `/run/dircache` 0755 for root), so nobody else can replace it; the socket itself is 0666.
 //! The peer's uid, gid and groups are taken once, when it connects (SO_PEERCRED,
-//! SO_PEERGROUPS). Connections, searches, request size and time are capped ([`limits`]); a
-//! client that goes away cancels its search.
+//! SO_PEERGROUPS), and its real and saved ids once, when it is accepted
+//! (`dircache_search::peer`: through its pidfd, for the kernel's owner check). Connections,
+//! searches, request size and time are capped ([`limits`]); a client that goes away cancels
+//! its search.
 //!
 //! The daemon publishes the socket path as the extended attribute [`SOCKET_XATTR`] of the
 //! mount root; clients ([`query_mount`], `dircache search`) believe it only on a dircache
@@ -322,6 +326,11 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Value>, Error> {
     read_frame_max(r, MAX_FRAME)
 }
 
+/// The error a caller who cannot reach the mount through the kernel gets for every request
+/// but `ping` (docs/security.md P9).
+pub const NOT_REACHABLE: &str =
+    "refused: this user cannot reach the mount through the kernel (see docs/security.md P9)";
+
 /// Answer one request.
 pub fn handle_request(src: &StatsSource, req: &Value) -> Value {
     match req.get("op").and_then(Value::as_str) {
@@ -462,7 +471,12 @@ struct Served {
 /// recorded at connect (`cred`). `{"op":"search",...}` streams its results
 /// (dircache_search::proto), searched beneath SRC with the kernel deciding every access for
 /// `cred`.
-fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
+fn serve_conn(
+    srv: &Served,
+    s: UnixStream,
+    cred: dircache_core::Cred,
+    ids: Option<dircache_search::peer::PeerIds>,
+) {
     let _ = s.set_write_timeout(Some(limits::WRITE_TIMEOUT));
     let mut w = &s;
     loop {
@@ -476,12 +490,13 @@ fn serve_conn(srv: &Served, s: UnixStream, cred: dircache_core::Cred) {
             }
         };
         let op = req.get("op").and_then(Value::as_str);
-        if matches!(op, Some("search" | "cached"))
-            && !dircache_search::proto::caller_reaches_mount(&srv.stats.mnt, &cred)
+        if op != Some("ping")
+            && !dircache_search::proto::caller_reaches_mount(&srv.stats.mnt, &cred, ids.as_ref())
         {
-            // Not reachable through the kernel for this caller (P9): nothing of it is shown;
-            // a search client then walks the path it has, as the caller.
-            let resp = json!({"ok": false, "error": "the mount is not reachable for this caller"});
+            // Not reachable through the kernel for this caller (P9): nothing of the mount is
+            // shown (not its paths, counters, searches or cache); only `ping` is answered. A
+            // search client then walks the path it has, as the caller.
+            let resp = json!({"ok": false, "error": NOT_REACHABLE});
             if write_frame(&mut w, &resp).is_err() {
                 return;
             }
@@ -725,6 +740,8 @@ fn accept(srv: &Arc<Served>, s: UnixStream) {
             return;
         }
     };
+    // Real and saved ids too, for the owner check of a mount without allow_other (peer.rs).
+    let ids = dircache_search::peer::peer_ids(&s, cred.uid, cred.gid);
     let Some(slot) = srv.slots.take(cred.uid, false) else {
         tracing::debug!("control connection of uid {} refused: too many", cred.uid);
         return;
@@ -734,7 +751,7 @@ fn accept(srv: &Arc<Served>, s: UnixStream) {
         .name("dircache-ctl-conn".into())
         .spawn(move || {
             let _slot = slot;
-            serve_conn(&srv2, s, cred);
+            serve_conn(&srv2, s, cred, ids);
         });
     if let Err(e) = r {
         tracing::warn!("control connection thread: {e}");

@@ -1083,3 +1083,221 @@ fn a_mount_without_allow_other_is_not_searched_for_others() {
         "{o:?}"
     );
 }
+
+/// As a process with real, effective and saved uids `uids` and gids `gids` (no supplementary
+/// groups), over a raw connection to `sock`: the answer to each request of `reqs` (one line
+/// each), then whether the kernel let that process list `probe` ("listed" or the errno name).
+fn raw_ask_with_ids(
+    sock: &Path,
+    uids: [u32; 3],
+    gids: [u32; 3],
+    reqs: &[serde_json::Value],
+    probe: &str,
+) -> Vec<String> {
+    let reqs: Vec<String> = reqs.iter().map(|r| r.to_string()).collect();
+    let script = format!(
+        r#"
+import os, socket, struct, json, errno
+os.setgroups([])
+os.setresgid({g0}, {g1}, {g2})
+os.setresuid({u0}, {u1}, {u2})
+def ask(req):
+    s = socket.socket(socket.AF_UNIX); s.connect({sock:?})
+    req = req.encode()
+    s.sendall(struct.pack(">I", len(req)) + req)
+    got = []
+    while True:
+        h = s.recv(4, socket.MSG_WAITALL)
+        if len(h) < 4: break
+        m = json.loads(s.recv(struct.unpack(">I", h)[0], socket.MSG_WAITALL))
+        for r in m.get("results", []):
+            if r.get("error") is None: got.append(str(r.get("path")))
+        if "results" not in m:
+            if not got: got.append(json.dumps(m))
+            break
+    return " ".join(got) or "-"
+for r in {reqs:?}:
+    print(ask(r))
+try:
+    os.listdir({probe:?}); print("listed")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"#,
+        sock = sock.to_string_lossy(),
+        u0 = uids[0],
+        u1 = uids[1],
+        u2 = uids[2],
+        g0 = gids[0],
+        g1 = gids[1],
+        g2 = gids[2],
+    );
+    py(Path::new("/"), &script, None)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Leftover of the audit (security.md P9): `stats` (and every request but `ping`) answered
+/// every user who could connect, even one the kernel keeps out of MNT, showing SRC, MNT and
+/// the whole mount's counters. Now refused, as `search` and `cached` are; `ping` says only
+/// that the daemon is alive. Both ways out of reach: a closed parent, and `noallow_other`.
+#[test]
+fn stats_are_not_shown_to_a_user_who_cannot_reach_the_mount() {
+    if !can_mount() {
+        return;
+    }
+    let public = tempfile::Builder::new()
+        .prefix("dcsock")
+        .tempdir()
+        .expect("tempdir");
+    chmod(public.path(), 0o755);
+    let sock_at = public.path().join("run").join("ctl.sock");
+    let open =
+        Daemon::start_with_socket(|src| files(&src.join("pub"), &["x"]), |_| sock_at.clone());
+    let closed = Daemon::start_full(
+        |src| files(&src.join("pub"), &["x"]),
+        |dir| dir.join("run").join("ctl.sock"),
+        ",noallow_other",
+    );
+    let reqs = [
+        serde_json::json!({"op": "stats"}),
+        serde_json::json!({"op": "no-such-op"}),
+        serde_json::json!({"op": "ping"}),
+    ];
+    let user = ([1001; 3], [1001; 3]);
+    // The control: a user who reaches the open mount gets its stats.
+    let got = raw_ask_with_ids(&open.sock, user.0, user.1, &reqs, &open.m("pub"));
+    assert!(
+        got[0].contains("\"ok\": true") && got[0].contains(&*open.mnt.to_string_lossy()),
+        "1001 is not shown the stats of a mount it reaches: {got:?}"
+    );
+    assert_eq!(got[3], "listed", "the oracle: 1001 reaches the open mount");
+    chmod(open.dir.path(), 0o700);
+    for (d, why) in [
+        (&open, "behind a 0700 directory"),
+        (&closed, "noallow_other"),
+    ] {
+        let got = raw_ask_with_ids(&d.sock, user.0, user.1, &reqs, &d.m("pub"));
+        assert_ne!(got[3], "listed", "the oracle: 1001 lists a mount {why}");
+        for (i, what) in [(0, "stats"), (1, "an unknown op")] {
+            assert!(
+                !got[i].contains("\"ok\": true")
+                    && !got[i].contains(&*d.mnt.to_string_lossy())
+                    && !got[i].contains("kernel_requests")
+                    && got[i].contains("cannot reach the mount"),
+                "user 1001, kept out of a mount {why}, was answered {what} through the \
+                 control socket: {}",
+                got[i]
+            );
+        }
+        assert!(got[2].contains("\"ok\": true"), "ping: {}", got[2]);
+        // Root (the owner) still gets them, through the CLI.
+        let o = dircache_as(0, &["stats", "--json", &d.m("")], &[]);
+        assert!(
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("kernel_requests"),
+            "{why}: {o:?}"
+        );
+    }
+}
+
+/// Leftover of the audit (security.md P9): the owner check of a mount without `allow_other`
+/// took only SO_PEERCRED's effective uid and gid. The kernel (fs/fuse/dir.c,
+/// `fuse_permissible_uid`) lets a process in only if its real, effective and saved uids and
+/// gids all equal the owner's: a set-user-ID program of the owner run by another user (real
+/// uid 1001, effective and saved uid 0 here) is kept out, and so must it be by the socket.
+#[test]
+fn a_set_user_id_caller_is_not_the_owner_of_a_noallow_other_mount() {
+    if !can_mount() {
+        return;
+    }
+    let d = Daemon::start_full(
+        |src| {
+            files(&src.join("pub"), &["visible-only-to-the-owner"]);
+            chmod(&src.join("pub"), 0o755);
+        },
+        |dir| dir.join("run").join("ctl.sock"),
+        ",noallow_other",
+    );
+    assert_eq!(
+        std::fs::read_dir(d.m("pub")).map(Iterator::count).ok(),
+        Some(1)
+    );
+    let reqs = [
+        serde_json::json!({"op":"search","paths":"/","pattern":"*","flags":0}),
+        serde_json::json!({"op":"cached","path":"/pub"}),
+        serde_json::json!({"op":"stats"}),
+    ];
+    // The control: the owner, all six ids 0 (uid 0 is the mount's user_id and group_id).
+    let got = raw_ask_with_ids(&d.sock, [0; 3], [0; 3], &reqs, &d.m("pub"));
+    assert_eq!(got[3], "listed", "the oracle: the owner lists its mount");
+    assert!(got[0].contains("visible-only"), "the owner: {got:?}");
+    for (uids, gids) in [
+        ([1001, 0, 0], [0, 0, 0]),
+        ([0, 0, 1001], [0, 0, 0]),
+        ([0, 0, 0], [1001, 0, 0]),
+        ([0, 0, 0], [0, 0, 1001]),
+    ] {
+        let got = raw_ask_with_ids(&d.sock, uids, gids, &reqs, &d.m("pub"));
+        assert_eq!(
+            got[3], "EACCES",
+            "the oracle: the kernel lets uids {uids:?} gids {gids:?} into the mount"
+        );
+        assert!(
+            !got[0].contains("visible-only")
+                && !got[1].contains("\"cached\": true")
+                && !got[2].contains("\"ok\": true"),
+            "a process with uids {uids:?} gids {gids:?}, kept out of the noallow_other mount \
+             by the kernel, was answered as its owner: {got:?}"
+        );
+    }
+}
+
+/// Unmounts a bind mount made by a test, also when the test fails.
+struct BindGuard(PathBuf);
+
+impl Drop for BindGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The CLI's side of a refusal: `dircache stats` of a mount the daemon refuses to answer for
+/// (here reached by user 1001 only through a bind mount of it while MNT itself lies behind a
+/// 0700 directory: refused, the safe direction) says why and exits non-zero, printing nothing
+/// of the mount.
+#[test]
+fn dircache_stats_refused_says_so_and_fails() {
+    if !can_mount() {
+        return;
+    }
+    let public = tempfile::Builder::new()
+        .prefix("dcsock")
+        .tempdir()
+        .expect("tempdir");
+    chmod(public.path(), 0o755);
+    let sock_at = public.path().join("run").join("ctl.sock");
+    let d = Daemon::start_with_socket(|src| files(&src.join("pub"), &["x"]), |_| sock_at.clone());
+    let bind = public.path().join("bind");
+    std::fs::create_dir(&bind).expect("mkdir bind");
+    let ok = Command::new("mount")
+        .arg("--bind")
+        .arg(&d.mnt)
+        .arg(&bind)
+        .status()
+        .expect("mount --bind");
+    assert!(ok.success(), "mount --bind");
+    let _guard = BindGuard(bind.clone());
+    let b = bind.to_string_lossy().into_owned();
+    let o = dircache_as(1001, &["stats", "--json", &b], &[]);
+    assert!(
+        o.status.success(),
+        "the control: 1001 gets the stats through the bind while MNT is open: {o:?}"
+    );
+    chmod(d.dir.path(), 0o700);
+    let o = dircache_as(1001, &["stats", "--json", &b], &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("cannot reach the mount") && o.stdout.is_empty(),
+        "dircache stats, refused by the daemon: {o:?}"
+    );
+}

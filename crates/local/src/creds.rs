@@ -55,7 +55,7 @@
 //! the permitted fs capabilities, which is exact when the thread held them effective before
 //! (the daemon does).
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use dircache_core::{Cred, Error, Result};
 use rustix::thread::{CapabilitySet, CapabilitySets};
@@ -359,6 +359,35 @@ pub fn peer_groups(s: BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
         }
         return Err(e);
     }
+}
+
+/// `SO_PEERPIDFD` (include/uapi/asm-generic/socket.h, Linux 6.5; not in the libc crate).
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A pidfd of the process at the other end of unix socket `s`, the one the kernel recorded
+/// when it connected (`SO_PEERPIDFD`).
+pub fn peer_pidfd(s: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>())
+        .unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `fd` is valid for `len` bytes (one c_int); the kernel writes at most that.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&raw mut fd).cast(),
+            &raw mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if fd < 0 {
+        return Err(std::io::Error::other("SO_PEERPIDFD gave no descriptor"));
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@
 pub mod delegated;
 pub mod held;
 pub mod pattern;
+pub mod peer;
 pub mod proto;
 pub mod source;
 

@@ -651,23 +651,28 @@ pub fn mount_access(mnt: &Path) -> crate::MountAccess {
 /// Whether `cred` can reach the mount at `mnt` through the kernel at all, as a walk to it
 /// would (docs/security.md P9): a daemon answers nothing outside a FUSE request that the
 /// caller could not reach through MNT. The mount must let the caller in (`allow_other`, or
-/// the caller is its owner: the `user_id=` and `group_id=` the kernel compares, as far as
-/// SO_PEERCRED shows them), and the caller needs search permission on every directory from
-/// `/` down to MNT's parent: `faccessat2(parent, X_OK, AT_EACCESS)` on a thread switched to
-/// the caller with no capabilities (the path walk checks the ancestors, the call the parent
+/// the caller is its owner as the kernel's `fuse_permissible_uid` decides: real, effective
+/// and saved uid all `user_id=`, real, effective and saved gid all `group_id=`, from `ids`
+/// ([`crate::peer::peer_ids`]; `None`: not the owner)), and the caller needs search
+/// permission on every directory from `/` down to MNT's parent:
+/// `faccessat2(parent, X_OK, AT_EACCESS)` on a thread switched to the caller with no
+/// capabilities (the path walk checks the ancestors, the call the parent
 /// itself). The control socket lives in a directory everyone may search (`/run/dircache`),
 /// so without this a user kept out of MNT by a closed directory above it, or by a mount
 /// without `allow_other`, could search it through the socket. A daemon that cannot switch
 /// credentials answers this only for its own uid and gid. A MNT the caller reaches only by
 /// another path (a bind mount of it elsewhere) is refused: the client then searches through
 /// the path it has, checked by the kernel.
-pub fn caller_reaches_mount(mnt: &Path, cred: &Cred) -> bool {
+pub fn caller_reaches_mount(mnt: &Path, cred: &Cred, ids: Option<&crate::peer::PeerIds>) -> bool {
     let Ok(mnt) = std::path::absolute(mnt) else {
         return false;
     };
     let mnt = mnt.as_path();
     if let Some(m) = mount_table().iter().rev().find(|m| m.point == mnt) {
-        let owner = m.owner == Some(cred.uid) && m.group.is_none_or(|g| g == cred.gid);
+        let owner = m.owner == Some(cred.uid)
+            && m.group.is_none_or(|g| g == cred.gid)
+            && m.owner
+                .is_some_and(|o| ids.is_some_and(|i| i.is_owner(o, m.group)));
         if !m.allow_other && !owner {
             return false;
         }
