@@ -410,7 +410,14 @@ impl Cache {
     pub fn held_attr(&self, held: &Held) -> (NodeRef, Result<Attr>) {
         let mut tries = 0;
         loop {
-            let node = self.held_node(held).unwrap_or_else(|_| held.node());
+            let node = match self.held_node(held) {
+                Ok(n) => n,
+                // The backend's own failure (EIO), not the dead dentry's ENOENT.
+                Err(e) if !matches!(e, Error::NotFound | Error::Stale) => {
+                    return (held.node(), Err(e))
+                }
+                Err(_) => held.node(),
+            };
             let live = !node.is_dead();
             #[cfg(test)]
             between_hook::run();
@@ -478,6 +485,10 @@ impl Cache {
                 raced.set(true);
                 Ok(n)
             }
+            // The backend could not answer (a remote server unreachable: EIO): that is the
+            // answer, not the dead dentry (ENOENT) after retries that each wait for the
+            // backend again (issue 11: a cached file's read took 33 s and failed ENOENT).
+            Err(e) if !matches!(e, Error::NotFound | Error::Stale) => Err(e),
             _ => Ok(n),
         }
     }
