@@ -412,10 +412,8 @@ impl Cache {
         loop {
             let node = match self.held_node(held) {
                 Ok(n) => n,
-                // The backend's own failure (EIO), not the dead dentry's ENOENT.
-                Err(e) if !matches!(e, Error::NotFound | Error::Stale) => {
-                    return (held.node(), Err(e))
-                }
+                // The backend's own failure (EIO, ETIMEDOUT...), not the dead dentry's ENOENT.
+                Err(e @ Error::Os(_)) => return (held.node(), Err(e)),
                 Err(_) => held.node(),
             };
             let live = !node.is_dead();
@@ -488,7 +486,9 @@ impl Cache {
             // The backend could not answer (a remote server unreachable: EIO): that is the
             // answer, not the dead dentry (ENOENT) after retries that each wait for the
             // backend again (issue 11: a cached file's read took 33 s and failed ENOENT).
-            Err(e) if !matches!(e, Error::NotFound | Error::Stale) => Err(e),
+            // Only failures (`Os`: EIO, ETIMEDOUT, ENOMEM...): a semantic answer about the name
+            // (ENOTDIR: its directory replaced by a file) still leaves the dead dentry's answer.
+            Err(e @ Error::Os(_)) => Err(e),
             _ => Ok(n),
         }
     }
