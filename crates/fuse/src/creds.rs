@@ -228,7 +228,16 @@ mod tests {
         assert!(c.cred(tid, 1, 0).groups().is_empty());
         drop(ask);
         t.join().unwrap();
-        assert!(!c.cred(tid, 0, 0).groups().contains(&4343));
+        // `join` returns once the kernel cleared the thread's tid, which comes before the
+        // thread is reaped: until then its status (and groups) can still be read. Bounded.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while c.cred(tid, 0, 0).groups().contains(&4343) {
+            assert!(
+                std::time::Instant::now() < end,
+                "an exited thread's groups still given after 10 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     #[test]
