@@ -874,6 +874,16 @@ impl Fan {
             let entry_ev = m.mask
                 & (libc::FAN_CREATE | libc::FAN_DELETE | libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO)
                 != 0;
+            // With FAN_REPORT_TID, `pid` is the thread that caused the event. Decided before
+            // the records are copied out: most events during a creating workload on the
+            // mount are the daemon's own (a create, three attribute changes per file).
+            let own_thread = self
+                .mutators
+                .as_ref()
+                .is_some_and(|tids| tids.lock().contains(&m.pid));
+            if own_thread && !(is_dir && entry_ev) {
+                continue;
+            }
             // Find the directory handle and name, and the object's own handle.
             let mut rec = m.metadata_len as usize;
             let mut target: Option<(Fsid, Vec<u8>, Option<Vec<u8>>)> = None;
@@ -918,14 +928,6 @@ impl Fan {
                     libc::FAN_EVENT_INFO_TYPE_FID => object = Some((fsid, handle)),
                     _ => {}
                 }
-            }
-            // With FAN_REPORT_TID, `pid` is the thread that caused the event.
-            let own_thread = self
-                .mutators
-                .as_ref()
-                .is_some_and(|tids| tids.lock().contains(&m.pid));
-            if own_thread && !(is_dir && entry_ev) {
-                continue;
             }
             // The directory the event names, resolved once (memoised by handle: events in
             // directories elsewhere on the file system cost one resolution per directory).
