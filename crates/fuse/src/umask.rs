@@ -54,8 +54,8 @@ impl Drop for Restore {
 pub(crate) fn with_caller_umask<T>(mode: u32, umask: u32, f: impl FnOnce(u32) -> T) -> T {
     if own_fs() {
         let want = (umask & 0o777) as libc::mode_t;
-        // The caller's umask is usually the thread's already (the daemon's own, 022 or 0):
-        // then neither the set nor the restore is made (two syscalls per creation).
+        // When the caller's umask is the thread's already (0, the daemon's, which `tar`
+        // sets as root), neither the set nor the restore is made (two syscalls per creation).
         if BETWEEN.with(|b| b.get()) == Some(want) {
             return f(mode);
         }

@@ -817,9 +817,10 @@ impl Fan {
     /// back short because the kernel found the queue empty (fanotify_read copies events
     /// until none is left or the next one does not fit): that counts as a drain, and the
     /// reader returns to its coalescing pause instead of reading again at once. Reading
-    /// until EAGAIN made the reader chase a steady stream of events (other jobs' writes
-    /// anywhere on the file system, each one FAN_MODIFY): one event per `read`, tens of
-    /// thousands of reads during a `tar xf` on the mount, none of them coalesced.
+    /// until EAGAIN let a reader that parses about as fast as events come (other jobs'
+    /// writes anywhere on the file system, each one FAN_MODIFY) chase them one event per
+    /// `read`: 18,090 reads during one `tar xf` on the mount with the reader slowed by
+    /// strace, about two reads per pause without it (docs/opens.md).
     fn read(&mut self, out: &mut Vec<Change>) -> bool {
         let mut structural = false;
         let mut buf = std::mem::take(&mut self.buf);
