@@ -14,6 +14,9 @@ use std::cell::Cell;
 thread_local! {
     /// Whether this thread has a private fs context: None until tried.
     static OWN_FS: Cell<Option<bool>> = const { Cell::new(None) };
+    /// This thread's umask outside [`with_caller_umask`], once learnt (its private fs
+    /// context: only this thread changes it, and only here).
+    static BETWEEN: Cell<Option<libc::mode_t>> = const { Cell::new(None) };
 }
 
 fn own_fs() -> bool {
@@ -50,8 +53,18 @@ impl Drop for Restore {
 /// default ACL applies), else with the umask applied to the mode given to `f`.
 pub(crate) fn with_caller_umask<T>(mode: u32, umask: u32, f: impl FnOnce(u32) -> T) -> T {
     if own_fs() {
+        let want = (umask & 0o777) as libc::mode_t;
+        // When the caller's umask is the thread's already (0, the daemon's, which `tar`
+        // sets as root), neither the set nor the restore is made (two syscalls per creation).
+        if BETWEEN.with(|b| b.get()) == Some(want) {
+            return f(mode);
+        }
         // SAFETY: umask only changes this thread's private fs context (own_fs).
-        let old = unsafe { libc::umask((umask & 0o777) as libc::mode_t) };
+        let old = unsafe { libc::umask(want) };
+        BETWEEN.with(|b| b.set(Some(old)));
+        if old == want {
+            return f(mode);
+        }
         let _restore = Restore(old);
         f(mode)
     } else {
@@ -96,5 +109,22 @@ mod tests {
         assert_eq!(other_meanwhile, before);
         assert_eq!(after, before);
         assert_eq!(thread_umask(), before);
+    }
+
+    /// The thread's umask is remembered between creations (to skip the set and restore when
+    /// the caller's is the same): every creation still runs under its caller's umask, and
+    /// the thread's own comes back after each, whatever came before.
+    #[test]
+    fn remembered_umask_follows_every_caller() {
+        std::thread::spawn(|| {
+            let own = thread_umask();
+            for want in [own, 0o077, 0o077, own, 0o002, own, 0o000, 0o000] {
+                let inside = with_caller_umask(0o666, want, |_| thread_umask());
+                assert_eq!(inside, want);
+                assert_eq!(thread_umask(), own, "after a creation under {want:o}");
+            }
+        })
+        .join()
+        .unwrap();
     }
 }

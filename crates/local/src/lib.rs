@@ -68,7 +68,7 @@ use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags};
 
 use creds::{ActAs, Caps};
-pub use watch::WatchMode;
+pub use watch::{fanotify_reads, WatchMode};
 
 /// Default number of directory descriptors kept open.
 pub const DEFAULT_FD_CACHE: usize = 256;
@@ -610,7 +610,11 @@ impl LocalBackend {
     /// Remember that this thread mutates through the backend: the change feed skips its
     /// events (the cache applied those changes already), unless `set_report_own_changes`.
     fn note_mutator(&self) {
-        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        thread_local! {
+            /// This thread's id: asked once (one `gettid` per mutation before).
+            static TID: i32 = rustix::thread::gettid().as_raw_nonzero().get();
+        }
+        let tid = TID.with(|t| *t);
         let mut m = self.mutators.lock();
         if !m.contains(&tid) {
             m.insert(tid);
