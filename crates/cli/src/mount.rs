@@ -57,6 +57,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              [lookahead; never on remote mounts]
   ahead=N                    with lookahead: levels of subdirectories listed and read
                              ahead of lookups one by one (git status), 0..=8 [0]
+  kreaders=N                 with lookahead: threads reading directories through the mount
+                             ahead of lookups one by one, 0..=64, 0 = none [8]
   cache_dir / nocache_dir    listings cached in the kernel [cache_dir]
   opendir / noopendir        noopendir = no OPENDIR/RELEASEDIR round trips [noopendir]
   keep_cache / nokeep_cache  file data kept across opens [keep_cache]
@@ -419,7 +421,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
                 | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" | "open"
                 | "prefetch" | "noprefetch" | "io_uring" | "noio_uring" | "readers" | "spin"
-                | "ahead" => {
+                | "ahead" | "kreaders" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -458,6 +460,16 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
         match k.as_str() {
             "threads" => p.threads = num(v.unwrap_or(""), &k, MAX_THREADS)?,
             "prefetch" => p.prefetch_threads = num(v.unwrap_or(""), &k, 64)?,
+            "kreaders" => {
+                p.kernel_readers = v
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .filter(|n| *n <= 64)
+                    .ok_or_else(|| {
+                        Usage(format!(
+                            "bad value for -o kreaders: {v:?} (0 to 64 expected)"
+                        ))
+                    })?
+            }
             "readers" => {
                 (p.leader_follower, p.lazy_handoff) = match v {
                     Some("leader") => (true, false),
@@ -1190,6 +1202,9 @@ mod tests {
         assert_eq!(p("prefetch=3").unwrap().policy.prefetch_threads, 3);
         assert_eq!(p("noprefetch").unwrap().policy.prefetch_threads, 0);
         assert_eq!(parse_options(&[]).unwrap().policy.prefetch_threads, 2);
+        assert_eq!(p("kreaders=0").unwrap().policy.kernel_readers, 0);
+        assert_eq!(p("kreaders=3").unwrap().policy.kernel_readers, 3);
+        assert!(p("kreaders=65").is_err() && p("kreaders").is_err());
         assert!(p("prefetch=0").is_err());
         assert!(p("prefetch=65").is_err());
         assert!(p("noprefetch=1").is_err());

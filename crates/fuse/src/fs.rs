@@ -249,6 +249,7 @@ impl DircacheFs {
         let prefetch = Prefetcher::new(cache.clone(), policy.prefetch_threads, counters.clone());
         let lean = Arc::new(crate::lean::Lean::new(policy.lean && policy.readdirplus));
         prefetch.set_lean(lean.clone());
+        prefetch.set_kernel_readers(policy.kernel_readers);
         let lookahead = crate::lookahead::Lookahead::new(policy.lookahead, policy.lookahead_levels);
         let fs = CacheFs {
             cache,

@@ -20,7 +20,8 @@
 //! directory would be wasted).
 //!
 //! Then the directory is read through the mount (`Prefetcher::read_through_kernel`: the
-//! kernel instantiates every entry, the next lstat calls send no LOOKUP), and, since a
+//! kernel instantiates every entry, the next lstat calls send no LOOKUP; by up to
+//! `-o kreaders=N` threads at once, 8 by default, none with 0), and, since a
 //! program that looks names up one by one in path order (`git status`) goes on into its
 //! subdirectories and then the directories after it, those are listed with attributes and
 //! read through the mount ahead of it (`Prefetcher::ahead_of_lookups`, `-o ahead=N` levels;

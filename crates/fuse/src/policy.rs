@@ -103,6 +103,10 @@ pub struct CachePolicy {
     /// longer (0.67 / 0.72 s against 0.50 s, 5 interleaved runs; docs/benchmarks.md): the
     /// listings and reads ahead cost more CPU than the round trips they save on 2 cores.
     pub lookahead_levels: u8,
+    /// With `lookahead`: threads reading directories through the mount at once
+    /// (`Prefetcher::read_through_kernel`, `-o kreaders=N`); 0: no directory is read through
+    /// the mount (the program's lookups then reach the daemon one by one).
+    pub kernel_readers: usize,
     /// Descriptors of open files one uid may make the daemon hold (opens of the same file
     /// with the same access by the same caller share one). 0: half of what the process limit
     /// leaves after a reserve for the daemon itself. Past it the caller gets EMFILE.
@@ -153,6 +157,7 @@ impl Default for CachePolicy {
             prefetch_threads: 2,
             lookahead: true,
             lookahead_levels: 0,
+            kernel_readers: crate::prefetch::KERNEL_READERS,
             max_open_per_user: 0,
             bypass: false,
             io_uring: true,
@@ -211,6 +216,7 @@ impl CachePolicy {
             prefetch_threads: 0,
             lookahead: false,
             lookahead_levels: 0,
+            kernel_readers: crate::prefetch::KERNEL_READERS,
             max_open_per_user: 0,
             bypass: false,
             io_uring: false,

@@ -102,6 +102,8 @@ struct Shared {
     kread_wake: parking_lot::Condvar,
     /// Directories (dentry ids) queued ahead of lookups, with the levels below them queued.
     ahead_seen: parking_lot::Mutex<std::collections::HashMap<u64, u8>>,
+    /// Threads reading through the mount at most (`-o kreaders`; 0: none).
+    kernel_readers: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -183,7 +185,7 @@ impl<T> ReadQueue<T> {
 /// Threads reading directories through the mount at once ([`Prefetcher::read_through_kernel`]).
 /// Each mostly waits for its READDIRPLUS replies behind git's LOOKUPs in the `/dev/fuse`
 /// queue; 8 instead of 4 cut the LOOKUPs of a cold `git status` by a further ~1,000 (docs/benchmarks.md).
-const KERNEL_READERS: usize = 8;
+pub const KERNEL_READERS: usize = 8;
 
 /// The getdents buffer of a read through the mount: the kernel sizes its READDIRPLUS to it
 /// (up to the connection's `max_pages`), so a 2,874-file directory is 13 round trips instead
@@ -232,6 +234,7 @@ impl Prefetcher {
             kreads: parking_lot::Mutex::new(KernelReads::default()),
             kread_wake: parking_lot::Condvar::new(),
             ahead_seen: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            kernel_readers: std::sync::atomic::AtomicUsize::new(KERNEL_READERS),
         });
         let mut handles = Vec::new();
         for i in 0..threads {
@@ -249,6 +252,11 @@ impl Prefetcher {
             shared,
             threads: handles,
         }
+    }
+
+    /// Threads reading directories through the mount at most (`-o kreaders=N`); 0: none.
+    pub(crate) fn set_kernel_readers(&self, n: usize) {
+        self.shared.kernel_readers.store(n, Ordering::Relaxed);
     }
 
     /// The mount's (absolute) mount point, for [`Prefetcher::read_through_kernel`].
@@ -480,7 +488,8 @@ fn push_jobs(s: &Shared, jobs: Vec<Job>) {
 /// Queue a read of `dir` through the mount ([`Prefetcher::read_through_kernel`]), unless it
 /// is queued or being read already.
 fn queue_kernel_read(shared: &Arc<Shared>, dir: &NodeRef) {
-    if shared.mountpoint.get().is_none() {
+    let readers = shared.kernel_readers.load(Ordering::Relaxed);
+    if shared.mountpoint.get().is_none() || readers == 0 {
         return;
     }
     // Threads of their own, started now: the siblings are being looked up meanwhile, and
@@ -495,7 +504,7 @@ fn queue_kernel_read(shared: &Arc<Shared>, dir: &NodeRef) {
         if k.idle > 0 {
             shared.kread_wake.notify_one();
             false
-        } else if k.active < KERNEL_READERS {
+        } else if k.active < readers {
             k.active += 1;
             true
         } else {

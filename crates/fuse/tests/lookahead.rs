@@ -804,3 +804,36 @@ fn a_plain_umount_after_lookups_without_open_tree_is_not_busy() {
         "umount failed with EBUSY in {busy} of {rounds} rounds"
     );
 }
+
+/// `-o kreaders=0` (`CachePolicy::kernel_readers`): directories listed on lookups are not
+/// read through the mount (the bench's "does the read pay for itself" variant): every lstat
+/// that follows is a LOOKUP, answered from the core's listing (no backend lookup), and what
+/// it answers is native's.
+#[test]
+fn kreaders_0_reads_nothing_through_the_mount() {
+    if !can_mount() {
+        return cannot_run("no FUSE");
+    }
+    let t = TestMount::filled(
+        CachePolicy {
+            kernel_readers: 0,
+            ..on()
+        },
+        |s| files(&s.join("d"), 60),
+    );
+    std::fs::symlink_metadata(t.m("d")).expect("stat d");
+    let (b0, l0) = (backend_lookups(&t), lookahead(&t));
+    lstat(&t.m("d/f0"));
+    lstat(&t.m("d/f1"));
+    assert_eq!(lookahead(&t) - l0, 1, "listings on lookups");
+    // A read through the mount, if one were queued, starts within this.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(kernel_reads(&t), 0, "reads through the mount");
+    let k0 = kernel_lookups(&t);
+    for f in 2..60 {
+        let rel = format!("d/f{f}");
+        assert_eq!(lstat(&t.m(&rel)), lstat(&t.s(&rel)), "{rel}");
+    }
+    assert_eq!(kernel_lookups(&t) - k0, 58, "LOOKUPs for 58 lstats");
+    assert_eq!(backend_lookups(&t) - b0, 1, "backend lookups");
+}

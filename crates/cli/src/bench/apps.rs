@@ -17,7 +17,12 @@
 //! fuse:fuse_request_send --filter 'connection == <dev of the mount>' -a`, enabled through a
 //! control fifo just around the timed part; null for native. For dircache mounts the
 //! daemon's own counters (`dircache stats`) also give the requests by kind, read before and
-//! after each run.
+//! after each run. Daemon CPU: the FUSE daemon's user + system time (`/proc/PID/stat`, all its
+//! threads, those that ended included) from just before the program starts until the daemon
+//! is idle after it ended (its CPU time unchanged over [`SETTLE`]: the work a run left to
+//! background threads counts for that run), in milliseconds, median per row; null for
+//! native. Program CPU: the program's user + system time (its children's included), from
+//! this process's `cutime`/`cstime` around its run.
 //!
 //! Systems (`--systems`, run in the order given, rotated each round): native, bindfs,
 //! passthrough_hp (libfuse's example, when on PATH) and dircache, also as variants with extra
@@ -889,8 +894,79 @@ fn daemon_requests(s: &System) -> BTreeMap<String, u64> {
 }
 
 /// One measured run: seconds, requests (perf), and for dircache the requests by kind.
-/// ... and the core's backend calls (lookup + getattr + readdir) the daemon made.
-type RunResult = (f64, Option<u64>, BTreeMap<String, u64>, Option<u64>);
+/// ... and the core's backend calls (lookup + getattr + readdir) the daemon made, and the
+/// daemon's CPU time in seconds ([`daemon_cpu`]).
+type RunResult = (
+    f64,
+    Option<u64>,
+    BTreeMap<String, u64>,
+    Option<u64>,
+    Option<f64>,
+    f64,
+);
+
+/// How long a daemon's CPU time must stay the same to count as idle after a run.
+const SETTLE: Duration = Duration::from_millis(60);
+/// The longest wait for a daemon to go idle after a run.
+const MAX_SETTLE: Duration = Duration::from_secs(2);
+
+/// The sum of fields `a` and `b` (numbered as in proc(5), from 1) of a `/proc/PID/stat`
+/// line, in clock ticks.
+fn stat_ticks(stat: &str, a: usize, b: usize) -> Option<u64> {
+    // After the command name (in parentheses; it may hold spaces and parentheses): field 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let get = |n: usize| f.get(n.checked_sub(3)?)?.parse::<u64>().ok();
+    Some(get(a)? + get(b)?)
+}
+
+/// Clock ticks in seconds.
+fn ticks_secs(ticks: u64) -> Option<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks as f64 / hz as f64)
+}
+
+/// User + system CPU seconds of process `pid` and all its threads so far (`/proc/PID/stat`
+/// utime and stime, which include the threads that ended).
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    ticks_secs(stat_ticks(&s, 14, 15)?)
+}
+
+/// User + system CPU seconds of this process's waited-for children so far
+/// (`/proc/self/stat` cutime and cstime): around one program's run, that program's CPU.
+fn children_cpu_secs() -> f64 {
+    fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| stat_ticks(&s, 16, 17))
+        .and_then(ticks_secs)
+        .unwrap_or(0.0)
+}
+
+/// The PID of `s`'s FUSE daemon (none for native).
+fn daemon_pid(s: &System) -> Option<u32> {
+    s.mount.as_ref()?.child.as_ref().map(|c| c.id())
+}
+
+/// The daemon's CPU seconds once it is idle (unchanged for [`SETTLE`], at most
+/// [`MAX_SETTLE`] of waiting).
+fn daemon_cpu_settled(pid: u32) -> Option<f64> {
+    let t0 = Instant::now();
+    let mut last = cpu_secs(pid)?;
+    let mut since = Instant::now();
+    while t0.elapsed() < MAX_SETTLE {
+        std::thread::sleep(Duration::from_millis(10));
+        let now = cpu_secs(pid)?;
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= SETTLE {
+            break;
+        }
+    }
+    Some(last)
+}
 
 /// The core's backend lookup + getattr + readdir calls so far (`dircache stats`), for
 /// dircache mounts.
@@ -1009,18 +1085,26 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, state: State) -> Result<Run
         .stderr(Stdio::piped());
     let kinds0 = daemon_requests(s);
     let be0 = backend_calls(s);
+    let pid = daemon_pid(s);
+    let cpu0 = pid.and_then(cpu_secs);
     let perf = match (&s.mount, ctx.perf) {
         (Some(m), true) => Some(PerfCounter::start(&ctx.work, m.connection()?)?),
         _ => None,
     };
+    let pc0 = children_cpu_secs();
     let t0 = Instant::now();
     let out = cmd
         .output()
         .with_context(|| format!("running {}", w.name))?;
     let wall = t0.elapsed().as_secs_f64();
+    let prog_cpu = (children_cpu_secs() - pc0).max(0.0);
     let requests = match perf {
         Some(p) => Some(p.finish()?),
         None => None,
+    };
+    let cpu = match (pid, cpu0) {
+        (Some(p), Some(c0)) => daemon_cpu_settled(p).map(|c1| (c1 - c0).max(0.0)),
+        _ => None,
     };
     let be1 = backend_calls(s);
     let mut kinds = daemon_requests(s);
@@ -1066,7 +1150,7 @@ fn run_once(ctx: &Ctx, s: &mut System, w: &Workload, state: State) -> Result<Run
         }
         Action::Cmd(_) => wall,
     };
-    Ok((secs, requests, kinds, backend))
+    Ok((secs, requests, kinds, backend, cpu, prog_cpu))
 }
 
 pub(super) struct Row {
@@ -1081,6 +1165,10 @@ pub(super) struct Row {
     pub(super) error: Option<String>,
     /// The core's backend calls of each run (dircache only).
     pub(super) backend: Vec<u64>,
+    /// The daemon's CPU seconds of each run (FUSE mounts only; module doc).
+    pub(super) cpu: Vec<f64>,
+    /// The program's own CPU seconds of each run (user + system, its children included).
+    pub(super) prog_cpu: Vec<f64>,
     /// Untimed runs added to warm the caches again after a drop by another program
     /// (`outside_drops::warm_run`).
     pub(super) rewarmed: usize,
@@ -1226,6 +1314,8 @@ pub fn run(a: Args) -> Result<i32> {
                     ops: w.ops,
                     error: None,
                     backend: vec![],
+                    cpu: vec![],
+                    prog_cpu: vec![],
                     rewarmed: 0,
                 });
             }
@@ -1261,8 +1351,10 @@ pub fn run(a: Args) -> Result<i32> {
                     run_once(&ctx, &mut systems[i], w, state)
                 };
                 match res {
-                    Ok((t, req, kinds, be)) => {
+                    Ok((t, req, kinds, be, cpu, pcpu)) => {
                         rows[first + i].backend.extend(be);
+                        rows[first + i].cpu.extend(cpu);
+                        rows[first + i].prog_cpu.push(pcpu);
                         rows[first + i].kinds.push(kinds);
                         rows[first + i].times.push(t);
                         if let Some(q) = req {
@@ -1304,6 +1396,8 @@ pub fn run(a: Args) -> Result<i32> {
                     "max_s": if has { json!(stats::max(&r.times)) } else { json!(null) },
                     "requests": if r.requests.is_empty() { json!(null) } else { json!(median_u64(&r.requests)) },
                     "backend_calls": if r.backend.is_empty() { json!(null) } else { json!(median_u64(&r.backend)) },
+                    "daemon_cpu_ms": if r.cpu.is_empty() { json!(null) } else { json!((stats::median(&r.cpu) * 1e3).round()) },
+                    "program_cpu_ms": if r.prog_cpu.is_empty() { json!(null) } else { json!((stats::median(&r.prog_cpu) * 1e3).round()) },
                     "requests_by_kind": if r.kinds.iter().all(|k| k.is_empty()) { json!(null) } else { json!(median_kinds(&r.kinds).into_iter().collect::<BTreeMap<_, _>>()) },
                 });
                 if let (true, Some(m)) = (r.rewarmed > 0, o.as_object_mut()) {
@@ -1392,7 +1486,7 @@ fn median_kinds(runs: &[BTreeMap<String, u64>]) -> Vec<(String, u64)> {
 }
 
 fn print_table(rows: &[Row], runs: usize) {
-    println!("dircache bench apps: median of {runs} interleaved runs [min-max]; ratio to native; requests = FUSE requests reaching the daemon (median; for dircache, the most frequent kinds as its own counters saw them); load average at end {}", super::lookup::loadavg());
+    println!("dircache bench apps: median of {runs} interleaved runs [min-max]; ratio to native; requests = FUSE requests reaching the daemon (median; for dircache, the most frequent kinds as its own counters saw them); prog / daemon = CPU (user+system) of the program and of the FUSE daemon per run, the daemon's until it is idle after the program (median); load average at end {}", super::lookup::loadavg());
     let mut by: BTreeMap<(String, &str), Vec<&Row>> = BTreeMap::new();
     let mut order: Vec<(String, &str)> = Vec::new();
     for r in rows {
@@ -1434,6 +1528,12 @@ fn print_table(rows: &[Row], runs: usize) {
             }
             if !r.requests.is_empty() {
                 cell.push_str(&format!(" req {}", median_u64(&r.requests)));
+            }
+            if !r.prog_cpu.is_empty() && r.ops <= 1 {
+                cell.push_str(&format!(" prog {:.0}ms", stats::median(&r.prog_cpu) * 1e3));
+            }
+            if !r.cpu.is_empty() {
+                cell.push_str(&format!(" daemon {:.0}ms", stats::median(&r.cpu) * 1e3));
             }
             let kinds = median_kinds(&r.kinds);
             if !kinds.is_empty() {
@@ -1582,5 +1682,20 @@ fn print_targets(rows: &[Row]) {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::stat_ticks;
+
+    #[test]
+    fn stat_fields_are_counted_after_the_command_name() {
+        // A command name with a space and a parenthesis; utime 7, stime 5, cutime 3, cstime 2.
+        let line = "42 (a b) c) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 3 2 20 0 1 0 99 0 0";
+        assert_eq!(stat_ticks(line, 14, 15), Some(12));
+        assert_eq!(stat_ticks(line, 16, 17), Some(5));
+        assert_eq!(stat_ticks(line, 99, 15), None);
+        assert_eq!(stat_ticks("no parenthesis", 14, 15), None);
     }
 }
