@@ -518,6 +518,7 @@ impl Drop for RemoteBackend {
         if let Some(d) = &self.cfg.disconnected {
             d.stop();
         }
+        self.link.stop();
         self.conn.lock().shutdown();
     }
 }

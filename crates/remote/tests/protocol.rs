@@ -835,3 +835,134 @@ fn listing_a_directory_again_does_not_fetch_its_subtree_again() {
     drop(r);
     server.finish().expect("clean end");
 }
+
+/// A connector for `connect_again`: while `up` is set, a transport to a new server over
+/// `root`; otherwise one that fails its handshake after `fail_after` (as ssh does when the
+/// host refuses: the child starts, then exits). Every transport's client end is pushed to
+/// `socks` (so the test can cut it).
+fn flaky_connector(
+    root: std::path::PathBuf,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    fail_after: Duration,
+    socks: Arc<std::sync::Mutex<Vec<UnixStream>>>,
+    attempts: Arc<std::sync::atomic::AtomicUsize>,
+) -> dircache_remote::client::Connector {
+    use std::sync::atomic::Ordering;
+    Box::new(move || {
+        attempts.fetch_add(1, Ordering::SeqCst);
+        if up.load(Ordering::SeqCst) {
+            let (s, sock) = Server::start(&root);
+            // The server thread ends with its client: nothing to join.
+            drop(s);
+            socks.lock().unwrap().push(sock.try_clone()?);
+            return Ok(Box::new(sock) as Box<dyn dircache_remote::Transport>);
+        }
+        let (a, b) = UnixStream::pair()?;
+        std::thread::spawn(move || {
+            std::thread::sleep(fail_after);
+            drop(b);
+        });
+        Ok(Box::new(a) as Box<dyn dircache_remote::Transport>)
+    })
+}
+
+/// Calls queued behind one reconnection: every call waits at most `reconnect_timeout` from
+/// when it started, whatever the number of calls waiting (issue 11: before, each waiting
+/// call ran a whole attempt loop of its own after the previous one failed: with N calls the
+/// last waited N times the timeout). `revive`: the server comes back partway through, and
+/// every call is answered by the new connection.
+fn queued_calls_behind_a_reconnection(revive: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"x").unwrap();
+    let up = Arc::new(AtomicBool::new(true));
+    let socks = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let timeout = Duration::from_millis(1500);
+    let cfg = dircache_remote::ClientConfig {
+        reconnect_timeout: timeout,
+        prefetch: 0,
+        ..Default::default()
+    };
+    let r = Arc::new(
+        RemoteBackend::connect_again(
+            flaky_connector(
+                dir.path().to_path_buf(),
+                up.clone(),
+                Duration::from_millis(100),
+                socks.clone(),
+                attempts.clone(),
+            ),
+            &cfg,
+        )
+        .expect("connect"),
+    );
+    assert!(r.getattr(b"f").is_ok());
+    // The server goes away, and stays away (or comes back after 600 ms).
+    up.store(false, Ordering::SeqCst);
+    for s in socks.lock().unwrap().drain(..) {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    while !r.is_closed() {
+        assert!(Instant::now() < end, "the loss was not noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = attempts.load(Ordering::SeqCst);
+    let reviver = revive.then(|| {
+        let up = up.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            up.store(true, Ordering::SeqCst);
+        })
+    });
+    let callers: Vec<_> = (0..6)
+        .map(|i| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                // Staggered a little: later calls join the attempt under way.
+                std::thread::sleep(Duration::from_millis(20 * i));
+                let t = Instant::now();
+                let got = r.getattr(b"f").map(|_| ());
+                (got, t.elapsed())
+            })
+        })
+        .collect();
+    let slack = Duration::from_millis(700);
+    for (i, c) in callers.into_iter().enumerate() {
+        let (got, took) = c.join().unwrap();
+        assert!(
+            took <= timeout + slack,
+            "call {i} waited {took:?}, reconnect_timeout {timeout:?} (answer {got:?})"
+        );
+        if revive {
+            assert_eq!(
+                got,
+                Ok(()),
+                "call {i} after the server came back ({took:?})"
+            );
+        } else {
+            assert_eq!(got, Err(Error::Os(libc::EIO)), "call {i} ({took:?})");
+        }
+    }
+    if let Some(t) = reviver {
+        t.join().unwrap();
+    }
+    // One attempt loop served them all: attempts back off from 50 ms, so a loop of 1.5 s
+    // makes at most 6 attempts (each failing after 100 ms); a loop per call would make more.
+    let made = attempts.load(Ordering::SeqCst) - before;
+    assert!(made <= 8, "{made} connection attempts for one reconnection");
+    if revive {
+        assert!(r.getattr(b"f").is_ok());
+    }
+}
+
+#[test]
+fn calls_queued_behind_a_failing_reconnection_wait_at_most_the_timeout() {
+    queued_calls_behind_a_reconnection(false);
+}
+
+#[test]
+fn calls_queued_behind_a_reconnection_are_all_served_by_it() {
+    queued_calls_behind_a_reconnection(true);
+}
