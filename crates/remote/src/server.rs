@@ -330,6 +330,16 @@ fn answer(s: &Shared, job: Job) {
         );
     };
     let b = &*s.backend;
+    // The directories whose names the call changes (features::PARENTS), each once.
+    let mut dirs: Vec<Vec<u8>> = Vec::new();
+    if s.granted & features::PARENTS != 0 {
+        for p in req.names_changed() {
+            let d = crate::prefetch::parent(p).to_vec();
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
     let r: dircache_core::Result<Reply> = match req {
         Request::Readdir { path, plus } => {
             match b.readdir(&path, plus) {
@@ -473,6 +483,17 @@ fn answer(s: &Shared, job: Job) {
             .and_then(|f| f.setattr(&cred, &set))
             .map(Reply::Attr),
         Request::FileAttr { handle } => file(s, handle).and_then(|f| f.attr()).map(Reply::Attr),
+    };
+    let r = match r {
+        // Read after the call was done (the cache forgot them with its own change).
+        Ok(r) if !dirs.is_empty() => Ok(Reply::Parents {
+            parents: dirs
+                .into_iter()
+                .filter_map(|d| b.getattr(&d).ok().map(|a| (Bytes(d), a)))
+                .collect(),
+            reply: Box::new(r),
+        }),
+        r => r,
     };
     reply(r.map_err(errno));
 }
