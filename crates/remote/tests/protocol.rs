@@ -1177,3 +1177,141 @@ fn concurrent_creates_leave_their_directorys_latest_attributes() {
     drop(r);
     server.finish().expect("clean end");
 }
+
+/// A server over `root` whose change feed is recursive inotify (a server that is not root):
+/// it cannot tell its own changes from others'.
+fn inotify_server(root: &std::path::Path) -> (Server, UnixStream) {
+    let local: Arc<dyn Backend> = Arc::new(
+        LocalBackend::with_options(root, 0, dircache_local::WatchMode::Inotify).expect("backend"),
+    );
+    let backend = dircache_remote::CachedBackend::new(local, Default::default(), me())
+        .expect("cached backend");
+    Server::start_with(backend)
+}
+
+/// The paths the callbacks `feed` brings within `wait` name (an `Overflow` as "*").
+fn called_back(feed: &dircache_core::ChangeFeed, wait: Duration) -> Vec<String> {
+    let end = Instant::now() + wait;
+    let mut out = Vec::new();
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        match feed.recv_timeout(left) {
+            Ok(Change::Attr { path } | Change::Entry { path }) => {
+                out.push(String::from_utf8_lossy(&path).into_owned())
+            }
+            Ok(Change::Inode { .. }) => out.push("inode".into()),
+            Ok(Change::Overflow) => out.push("*".into()),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Wait (at most 5 s) for a callback naming `path` on `feed`.
+fn wait_for_callback(feed: &dircache_core::ChangeFeed, path: &str) -> Result<(), Vec<String>> {
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    while Instant::now() < end {
+        for p in called_back(feed, Duration::from_millis(100)) {
+            if p == path || p == "*" {
+                return Ok(());
+            }
+            seen.push(p);
+        }
+    }
+    Err(seen)
+}
+
+/// Coda: a client's own changes do not break its own callbacks. Two clients of one tree,
+/// each through its own server whose feed is inotify (which reports every change, the
+/// server's own too): client A's creates, mkdir, chmod, store (writes then the mtime, as a
+/// container's store-back), and unlink come back to A as no callback at all, and to B as
+/// callbacks; a change made on the server right after one of A's own (to the same path)
+/// still comes to A.
+#[test]
+fn own_changes_are_not_called_back_but_others_changes_are() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("w"), b"old").unwrap();
+    std::fs::write(d.join("gone"), b"x").unwrap();
+    let (sa, sock_a) = inotify_server(dir.path());
+    let (sb, sock_b) = inotify_server(dir.path());
+    let a = RemoteBackend::connect(Box::new(sock_a)).expect("connect a");
+    let b = RemoteBackend::connect(Box::new(sock_b)).expect("connect b");
+    let feed_a = a.watch().unwrap().expect("feed a");
+    let feed_b = b.watch().unwrap().expect("feed b");
+    // The watches are set up before the first change.
+    std::thread::sleep(Duration::from_millis(200));
+    let c = me();
+    a.mknod(&c, b"d/f", libc::S_IFREG | 0o644, 0).unwrap();
+    a.mkdir(&c, b"d/s", 0o755).unwrap();
+    a.setattr(
+        &c,
+        b"d/f",
+        &SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    {
+        let f = a.open(&c, b"d/w", libc::O_WRONLY, 0).unwrap();
+        assert_eq!(f.write_at(&c, b"new data", 0, false).unwrap(), 8);
+        f.set_size(&c, 8).unwrap();
+        f.setattr(
+            &c,
+            &SetAttr {
+                mtime: Some(dircache_core::TimeSet::At(dircache_core::Timespec {
+                    sec: 1_000_000_000,
+                    nsec: 5,
+                })),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    a.unlink(&c, b"d/gone").unwrap();
+    let own = called_back(&feed_a, Duration::from_millis(800));
+    assert!(
+        own.is_empty(),
+        "client A was called back for its own changes: {own:?}"
+    );
+    // The other client hears of each.
+    let others = called_back(&feed_b, Duration::from_millis(800));
+    for p in ["d/f", "d/s", "d/w", "d/gone"] {
+        assert!(
+            others.iter().any(|x| x == p || x == "*"),
+            "client B was not called back for {p}: {others:?}"
+        );
+    }
+    // Someone else's change right after A's own change of the same path: A hears of it.
+    for round in 0..5 {
+        let p = format!("d/r{round}");
+        a.mknod(&c, p.as_bytes(), libc::S_IFREG | 0o644, 0).unwrap();
+        std::fs::write(dir.path().join(&p), b"local").unwrap();
+        wait_for_callback(&feed_a, &p)
+            .unwrap_or_else(|seen| panic!("no callback for a local write to {p}: {seen:?}"));
+        a.setattr(
+            &c,
+            p.as_bytes(),
+            &SetAttr {
+                mode: Some(0o640),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        std::fs::set_permissions(dir.path().join(&p), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        wait_for_callback(&feed_a, &p)
+            .unwrap_or_else(|seen| panic!("no callback for a local chmod of {p}: {seen:?}"));
+        a.unlink(&c, p.as_bytes()).unwrap();
+        std::fs::write(dir.path().join(&p), b"again").unwrap();
+        wait_for_callback(&feed_a, &p)
+            .unwrap_or_else(|seen| panic!("no callback for {p} made again: {seen:?}"));
+    }
+    drop((feed_a, feed_b));
+    drop((a, b));
+    sa.finish().expect("clean end");
+    sb.finish().expect("clean end");
+}
