@@ -168,7 +168,7 @@ struct Conn {
     mutating: Mutex<HashMap<u64, u64>>,
     /// Mutations in flight changing names (features::PARENTS): call id -> their sequence
     /// number in `Prefetch::parents` and the directories they change.
-    parents_of: Mutex<HashMap<u64, (u64, Vec<Vec<u8>>)>>,
+    parents_of: Mutex<HashMap<u64, ParentsOf>>,
     close: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     round_trips: Arc<AtomicU64>,
     /// Container files, told about callbacks (client/container.rs).
@@ -180,6 +180,9 @@ struct Conn {
     /// subsumes them is sent (client/reopen.rs, `Link::install`).
     pub(super) muted: AtomicBool,
 }
+
+/// A mutation's sequence number in `Prefetch::parents` and the directories it changes.
+type ParentsOf = (u64, Vec<Vec<u8>>);
 
 /// Callbacks queued for the cache at most; past that they collapse into one Overflow.
 const FEED_CAPACITY: usize = 65536;

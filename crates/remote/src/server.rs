@@ -481,6 +481,9 @@ fn answer(s: &Shared, job: Job) {
         }),
         _ => None,
     };
+    if let Request::Close { handle } = &req {
+        s.handle_paths.lock().remove(handle);
+    }
     let r: dircache_core::Result<Reply> = match req {
         Request::Readdir { path, plus } => {
             match b.readdir(&path, plus) {
@@ -577,10 +580,7 @@ fn answer(s: &Shared, job: Job) {
             };
             f.and_then(|f| opened_plus(s, f, read, upto))
         }
-        Request::Close { handle } => match {
-            s.handle_paths.lock().remove(&handle);
-            s.handles.lock().remove(&handle)
-        } {
+        Request::Close { handle } => match s.handles.lock().remove(&handle) {
             Some(_) => Ok(Reply::Unit),
             None => Err(Error::Os(libc::EBADF)),
         },
