@@ -56,10 +56,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
         eprintln!("dircache serve: --max-entries must be at least 1024");
         return Ok(2);
     }
-    let local: Arc<dyn dircache_core::Backend> = Arc::new(
+    let local_backend = Arc::new(
         dircache_local::LocalBackend::new(&root)
             .map_err(|e| anyhow::anyhow!("{}: {e}", root.display()))?,
     );
+    let local: Arc<dyn dircache_core::Backend> = local_backend.clone();
     let mut cfg = dircache_remote::ServerConfig {
         workers: a.workers,
         ..Default::default()
@@ -83,6 +84,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
     };
     // The cache's feed follows changes to hard-linked files by their inodes itself.
     cfg.link_callbacks = cached.is_none();
+    // A feed that reports this server's own changes (inotify: not root) needs them told
+    // apart (crates/remote/src/server/echoes.rs). The cache started its feed; without it
+    // the server starts one later, fanotify (which leaves them out) when root.
+    cfg.own_echoes = match &cached {
+        Some(_) => local_backend.feed_reports_own_changes(),
+        None => !rustix::process::geteuid().is_root(),
+    };
     let backend: Arc<dyn dircache_core::Backend> = match &cached {
         Some(c) => c.clone(),
         None => local,

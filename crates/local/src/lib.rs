@@ -517,6 +517,13 @@ impl LocalBackend {
         self.served.contains(dev, ino)
     }
 
+    /// Whether a change feed of this backend runs that reports the changes made through
+    /// the backend itself (inotify cannot tell them from others'; fanotify leaves them out
+    /// by thread unless `set_report_own_changes`). False before any feed started.
+    pub fn feed_reports_own_changes(&self) -> bool {
+        self.watchers.lock().iter().any(|w| !w.skips_own)
+    }
+
     /// The canonical absolute path of the root.
     pub fn root_path(&self) -> &Path {
         &self.root_path

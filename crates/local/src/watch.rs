@@ -69,6 +69,8 @@ pub enum WatchMode {
 pub(crate) struct Watcher {
     stop: OwnedFd,
     thread: Option<JoinHandle<()>>,
+    /// It leaves out the changes made through the backend (fanotify, by thread).
+    pub(crate) skips_own: bool,
 }
 
 fn last_err() -> Error {
@@ -88,6 +90,10 @@ impl Watcher {
                     Source::Ino(Ino::new(b)?)
                 }
             },
+        };
+        let skips_own = match &source {
+            Source::Fan(f) => f.mutators.is_some(),
+            _ => false,
         };
         // SAFETY: eventfd takes two integers and returns a new descriptor or -1.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -117,6 +123,7 @@ impl Watcher {
             Watcher {
                 stop,
                 thread: Some(thread),
+                skips_own,
             },
             rx,
         ))

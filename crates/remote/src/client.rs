@@ -166,6 +166,9 @@ struct Conn {
     /// Mutations in flight: call id -> their id in the prefetch buffer, ended when their last
     /// reply frame arrives (crate::prefetch).
     mutating: Mutex<HashMap<u64, u64>>,
+    /// Mutations in flight changing names (features::PARENTS): call id -> their sequence
+    /// number in `Prefetch::parents` and the directories they change.
+    parents_of: Mutex<HashMap<u64, ParentsOf>>,
     close: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     round_trips: Arc<AtomicU64>,
     /// Container files, told about callbacks (client/container.rs).
@@ -177,6 +180,9 @@ struct Conn {
     /// subsumes them is sent (client/reopen.rs, `Link::install`).
     pub(super) muted: AtomicBool,
 }
+
+/// A mutation's sequence number in `Prefetch::parents` and the directories it changes.
+type ParentsOf = (u64, Vec<Vec<u8>>);
 
 /// Callbacks queued for the cache at most; past that they collapse into one Overflow.
 const FEED_CAPACITY: usize = 65536;
@@ -261,6 +267,19 @@ impl Conn {
             // Registered before the call is sent: its reply ends it (Conn::reader).
             let m = self.prefetch.lock().mutation_begin(stale);
             self.mutating.lock().insert(id, m);
+            if self.features & features::PARENTS != 0 {
+                let mut dirs: Vec<Vec<u8>> = Vec::new();
+                for p in req.names_changed() {
+                    let d = crate::prefetch::parent(p).to_vec();
+                    if !dirs.contains(&d) {
+                        dirs.push(d);
+                    }
+                }
+                if !dirs.is_empty() {
+                    let seq = self.prefetch.lock().parents.begin(&dirs);
+                    self.parents_of.lock().insert(id, (seq, dirs));
+                }
+            }
         }
         let (tx, rx) = unbounded();
         self.pending.lock().insert(id, tx);
@@ -323,8 +342,20 @@ impl Conn {
     /// Mutation call `id` is over (answered, or never sent): bulk calls that start from now
     /// on are read after it.
     fn mutation_over(&self, id: u64) {
+        self.parents_over(id, None);
         if let Some(m) = self.mutating.lock().remove(&id) {
             self.prefetch.lock().mutation_end(m);
+        }
+    }
+
+    /// Call `id` (if it changes names) is over, with `got`, its directories' attributes
+    /// after it (features::PARENTS): kept for `getattr` under the callback promise.
+    fn parents_over(&self, id: u64, got: Option<Vec<(Vec<u8>, Attr)>>) {
+        if let Some((seq, dirs)) = self.parents_of.lock().remove(&id) {
+            let keep = self.features & features::CALLBACKS != 0
+                && !self.muted.load(Ordering::SeqCst)
+                && !self.closed.load(Ordering::SeqCst);
+            self.prefetch.lock().parents.end(seq, &dirs, got, keep);
         }
     }
 
@@ -374,7 +405,17 @@ impl Conn {
             };
             match decode::<ServerMsg>(&frame) {
                 Ok(ServerMsg::Reply { id, last, body }) => {
+                    // The directories' attributes after a call that changed names: kept
+                    // here, the caller gets the reply.
+                    let (body, got) = match body {
+                        Ok(Reply::Parents { parents, reply }) => (
+                            Ok(*reply),
+                            Some(parents.into_iter().map(|(d, a)| (d.0, a)).collect()),
+                        ),
+                        b => (b, None),
+                    };
                     let slot = if last {
+                        self.parents_over(id, got);
                         // A mutation answered was applied on the server: a bulk call sent
                         // from now on reads after it.
                         self.mutation_over(id);
@@ -518,6 +559,7 @@ impl Drop for RemoteBackend {
         if let Some(d) = &self.cfg.disconnected {
             d.stop();
         }
+        self.link.stop();
         self.conn.lock().shutdown();
     }
 }
@@ -586,6 +628,7 @@ fn new_conn(
         disconnected: cfg.disconnected.clone(),
         muted: AtomicBool::new(muted),
         mutating: Mutex::new(HashMap::new()),
+        parents_of: Mutex::new(HashMap::new()),
     });
     let c = conn.clone();
     std::thread::Builder::new()
@@ -1045,6 +1088,11 @@ impl Backend for RemoteBackend {
                 }
             }
         }
+        // A directory's attributes from the reply to this client's own create or unlink in
+        // it (features::PARENTS).
+        if let Some(a) = self.prefetch.lock().parents.get(path) {
+            return Ok(self.handed_out(path, a));
+        }
         if !path.is_empty() {
             let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
                 Some(i) => (&path[..i], &path[i + 1..]),
@@ -1378,7 +1426,10 @@ impl Backend for RemoteBackend {
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        let mut v = vec![("round_trips", self.round_trips())];
+        let mut v = vec![
+            ("round_trips", self.round_trips()),
+            ("parent_attr_hits", self.prefetch.lock().parents.hits),
+        ];
         let w = self.bulk_waits();
         v.extend([
             ("bulk_waits", w.waits),

@@ -51,6 +51,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 mod bare;
+pub mod parents;
 
 use dircache_core::{Attr, DirEntry, Error};
 
@@ -171,6 +172,8 @@ pub struct Prefetch {
     names: BTreeMap<Vec<u8>, Vec<DirEntry>>,
     /// Entries in `names`.
     names_entries: usize,
+    /// Directory attributes from this client's own mutations (features::PARENTS).
+    pub parents: parents::Parents,
 }
 
 /// A streamed bulk call in flight.
@@ -292,6 +295,7 @@ impl Prefetch {
             listed: BTreeSet::new(),
             names: BTreeMap::new(),
             names_entries: 0,
+            parents: parents::Parents::default(),
         }
     }
 
@@ -327,6 +331,7 @@ impl Prefetch {
     /// Forget everything and end every bulk call in flight (`Overflow`, `Inode`, a lost
     /// connection). Mutations in flight stay in flight.
     pub fn clear(&mut self) {
+        self.parents.clear();
         self.gen += 1;
         self.inflight.clear();
         self.listings.clear();
@@ -386,6 +391,7 @@ impl Prefetch {
     /// Drop the listings held that `stale` hits, and mark them stale in every bulk call in
     /// flight (a call whose whole subtree it covers, or that collected too many, ends).
     pub fn drop_stale(&mut self, stale: &[Stale]) {
+        self.parents.drop_stale(stale);
         for s in stale {
             match s {
                 Stale::Dir(d) => {

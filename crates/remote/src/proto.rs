@@ -43,8 +43,14 @@ pub mod features {
     /// walk that needs names only (`find -name`) is answered before the server has statted
     /// every entry. Needs [`SUBTREE`].
     pub const NAMES: u64 = 1 << 6;
+    /// A reply to a call that adds or removes a name (a create, `mkdir`, `unlink`, `rename`,
+    /// an open with `O_CREAT`...) comes as [`Reply::Parents`](super::Reply::Parents): with the
+    /// attributes of the directories it changed, read after it, so the client does not ask
+    /// for them (the kernel does after each create). Needs [`CALLBACKS`] to be used.
+    pub const PARENTS: u64 = 1 << 7;
     /// Everything this build knows.
-    pub const ALL: u64 = CALLBACKS | SUBTREE | XATTRS | SEARCH | HURRY | OPEN_PLUS | NAMES;
+    pub const ALL: u64 =
+        CALLBACKS | SUBTREE | XATTRS | SEARCH | HURRY | OPEN_PLUS | NAMES | PARENTS;
 }
 
 /// Largest frame a client sends (a write's data chunk plus its header fits).
@@ -371,6 +377,26 @@ impl OpenHow {
 }
 
 impl Request {
+    /// The paths of the names the call may add or remove (their parents' listings and
+    /// attributes change), for [`features::PARENTS`]; empty for any other call.
+    pub fn names_changed(&self) -> Vec<&[u8]> {
+        match self {
+            Request::Mknod { path, .. }
+            | Request::Mkdir { path, .. }
+            | Request::Symlink { path, .. }
+            | Request::Unlink { path }
+            | Request::Rmdir { path } => vec![path],
+            Request::Link { new, .. } => vec![new],
+            Request::Rename { old, new, .. } => vec![old, new],
+            Request::Open { path, flags, .. } if flags & libc::O_CREAT != 0 => vec![path],
+            Request::OpenPlus {
+                how: OpenHow::Path { path, flags, .. },
+                ..
+            } if flags & libc::O_CREAT != 0 => vec![path],
+            _ => Vec::new(),
+        }
+    }
+
     /// Whether the call may change what a listing or attributes show (everything but the
     /// queries, reads and syncs).
     pub fn mutates(&self) -> bool {
@@ -452,6 +478,13 @@ pub enum Reply {
     /// attributes (`bare` empty). Each directory's full listing follows in a later
     /// [`Reply::Subtree`] frame of the same call (unless it cannot be read by then).
     Names(Vec<SubtreeDir>),
+    /// (With [`features::PARENTS`].) The reply to a call that adds or removes a name, with
+    /// the attributes of the directories holding those names (each once, by path), read
+    /// after the call was done; a directory that could not be read is left out.
+    Parents {
+        parents: Vec<(Bytes, Attr)>,
+        reply: Box<Reply>,
+    },
 }
 
 /// One result of a [`Request::Search`] ([`dircache_core::SearchHit`] on the wire).

@@ -29,8 +29,11 @@ use crossbeam_channel::{bounded, select, Receiver, Sender};
 use dircache_core::{Backend, BackendFile, Cred, DirEntry, Error, Whence, XattrTarget};
 use parking_lot::Mutex;
 
+mod echoes;
 mod search;
 mod subtree;
+
+use echoes::{Decision, Echoes, Post};
 
 use crate::frame::{encode_frame, read_frame};
 use crate::proto::{
@@ -63,6 +66,10 @@ pub struct ServerConfig {
     /// callback of its inode (`cached::linked_inode`), so every name of a hard-linked file
     /// drops its attributes. Off for a backend whose feed does it itself ([`crate::CachedBackend`]).
     pub link_callbacks: bool,
+    /// The backend's change feed reports this server's own changes too (inotify): hold
+    /// and drop those it made for its client (server/echoes.rs). Off when the feed leaves
+    /// them out itself (fanotify as root): every change it reports is someone else's.
+    pub own_echoes: bool,
 }
 
 impl Default for ServerConfig {
@@ -79,6 +86,7 @@ impl Default for ServerConfig {
             max_subtree: 1 << 20,
             search_root: None,
             link_callbacks: true,
+            own_echoes: true,
         }
     }
 }
@@ -94,6 +102,10 @@ struct Shared {
     walks: subtree::Walks,
     /// The features the handshake granted.
     granted: u64,
+    /// The paths of open handles (what their writes change), for `echoes`.
+    handle_paths: Mutex<HashMap<u64, Vec<u8>>>,
+    /// This client's own changes, not called back to it (server/echoes.rs).
+    echoes: Arc<Echoes>,
 }
 
 struct Job {
@@ -152,6 +164,8 @@ where
             searches: Arc::default(),
             walks: subtree::Walks::default(),
             granted,
+            handle_paths: Mutex::new(HashMap::new()),
+            echoes: Arc::default(),
         });
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut threads = Vec::new();
@@ -161,10 +175,14 @@ where
                     let out = out_tx.clone();
                     let stop = stop_rx.clone();
                     let links = shared.cfg.link_callbacks.then(|| shared.backend.clone());
+                    let own = shared
+                        .cfg
+                        .own_echoes
+                        .then(|| (shared.echoes.clone(), shared.backend.clone()));
                     threads.push(
                         std::thread::Builder::new()
                             .name("dircache-serve-callbacks".into())
-                            .spawn(move || callback_loop(feed, links, stop, out))
+                            .spawn(move || callback_loop(feed, links, stop, out, own))
                             .map_err(|e| ProtoError::Frame(e.into()))?,
                     );
                 }
@@ -272,21 +290,39 @@ fn write_loop<W: Write>(output: W, rx: Receiver<Vec<u8>>) {
 }
 
 /// Forward the feed's changes as callbacks, each change by path followed by its inode's when
-/// `links` (the backend, asked directly) says it names a hard-linked file.
+/// `links` (the backend, asked directly) says it names a hard-linked file. A change of a path
+/// this client's own calls changed is held and decided by `own` (server/echoes.rs): dropped
+/// when it is the client's own.
 fn callback_loop(
     feed: dircache_core::ChangeFeed,
     links: Option<Arc<dyn Backend>>,
     stop: Receiver<()>,
     out: Sender<Vec<u8>>,
+    own: Option<(Arc<Echoes>, Arc<dyn Backend>)>,
 ) {
+    let forward = |c: &dircache_core::Change| {
+        tracing::debug!("callback {c:?}");
+        send(&out, &ServerMsg::Callback(Callback::from(c)))
+    };
+    let mut held: Vec<echoes::Held> = Vec::new();
+    let mut pruned = std::time::Instant::now();
     loop {
+        let tick = if held.is_empty() {
+            crossbeam_channel::never()
+        } else {
+            crossbeam_channel::after(std::time::Duration::from_millis(5))
+        };
         select! {
             recv(feed) -> c => match c {
                 Ok(c) => {
                     let inode = links.as_ref().and_then(|b| crate::cached::linked_inode(&**b, &c));
-                    for c in std::iter::once(&c).chain(&inode) {
-                        tracing::debug!("callback {c:?}");
-                        if !send(&out, &ServerMsg::Callback(Callback::from(c))) {
+                    if own.as_ref().is_some_and(|(e, _)| e.concerns(&c)) {
+                        held.push(Echoes::hold(c));
+                    } else if !forward(&c) {
+                        return;
+                    }
+                    if let Some(i) = &inode {
+                        if !forward(i) {
                             return;
                         }
                     }
@@ -294,7 +330,97 @@ fn callback_loop(
                 Err(_) => return,
             },
             recv(stop) -> _ => return,
+            recv(tick) -> _ => {}
         }
+        let Some((echoes, backend)) = &own else {
+            continue;
+        };
+        let mut gone = false;
+        held.retain(|h| match echoes.decide(h, |p| backend.getattr(p)) {
+            Decision::Wait => true,
+            Decision::Drop => {
+                tracing::debug!("callback {:?}: this client's own change", h.change);
+                false
+            }
+            Decision::Forward => {
+                gone |= !forward(&h.change);
+                false
+            }
+        });
+        if gone {
+            return;
+        }
+        if pruned.elapsed() > std::time::Duration::from_secs(1) {
+            echoes.prune();
+            pruned = std::time::Instant::now();
+        }
+    }
+}
+
+/// How a call's reply tells the client what became of a path it changes.
+#[derive(Clone, Copy)]
+enum Told {
+    /// Its attributes (an `Attr` or `OpenedPlus` reply).
+    Attr,
+    /// That it is gone.
+    Absent,
+    Nothing,
+}
+
+/// The paths `req` changes, and what its reply tells of each (server/echoes.rs).
+fn own_paths(s: &Shared, req: &Request) -> Vec<(Vec<u8>, Told)> {
+    let on_handle = |h: &u64, t: Told| match s.handle_paths.lock().get(h) {
+        Some(p) => vec![(p.clone(), t)],
+        None => Vec::new(),
+    };
+    let creates = |flags: &i32| flags & (libc::O_CREAT | libc::O_TRUNC) != 0;
+    match req {
+        Request::Mknod { path, .. }
+        | Request::Mkdir { path, .. }
+        | Request::Symlink { path, .. } => {
+            vec![(path.clone(), Told::Attr)]
+        }
+        Request::Link { new, .. } => vec![(new.clone(), Told::Attr)],
+        Request::Unlink { path } | Request::Rmdir { path } => vec![(path.clone(), Told::Absent)],
+        Request::Rename { old, new, mode } => {
+            let o = if *mode == dircache_core::RenameMode::Exchange {
+                Told::Nothing
+            } else {
+                Told::Absent
+            };
+            vec![(old.clone(), o), (new.clone(), Told::Nothing)]
+        }
+        Request::Setattr { path, .. } => vec![(path.clone(), Told::Attr)],
+        Request::Setxattr { target, .. } | Request::Removexattr { target, .. } => {
+            vec![(target.path.clone(), Told::Nothing)]
+        }
+        Request::Open { path, flags, .. } if creates(flags) => vec![(path.clone(), Told::Nothing)],
+        Request::OpenVerified { target, flags } if creates(flags) => {
+            vec![(target.path.clone(), Told::Nothing)]
+        }
+        Request::OpenPlus { how, .. } => match how {
+            OpenHow::Path { path, flags, .. } if creates(flags) => vec![(path.clone(), Told::Attr)],
+            OpenHow::Verified { target, flags } if creates(flags) => {
+                vec![(target.path.clone(), Told::Attr)]
+            }
+            _ => Vec::new(),
+        },
+        Request::Write { handle, .. }
+        | Request::SetSize { handle, .. }
+        | Request::Allocate { handle, .. } => on_handle(handle, Told::Nothing),
+        Request::FileSetattr { handle, .. } => on_handle(handle, Told::Attr),
+        _ => Vec::new(),
+    }
+}
+
+/// What `r` told the client of a path, as `told` says.
+fn post_of(told: Told, r: &dircache_core::Result<Reply>) -> Post {
+    match (told, r) {
+        (Told::Attr, Ok(Reply::Attr(a))) | (Told::Attr, Ok(Reply::OpenedPlus { attr: a, .. })) => {
+            Post::Attr(*a)
+        }
+        (Told::Absent, Ok(_)) => Post::Absent,
+        _ => Post::Unknown,
     }
 }
 
@@ -330,6 +456,34 @@ fn answer(s: &Shared, job: Job) {
         );
     };
     let b = &*s.backend;
+    // The directories whose names the call changes (features::PARENTS), each once.
+    let mut dirs: Vec<Vec<u8>> = Vec::new();
+    if s.granted & features::PARENTS != 0 {
+        for p in req.names_changed() {
+            let d = crate::prefetch::parent(p).to_vec();
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    let own = own_paths(s, &req);
+    let own_list: Vec<Vec<u8>> = own.iter().map(|(p, _)| p.clone()).collect();
+    if !own.is_empty() {
+        s.echoes.begin(&own_list);
+    }
+    // The path an open's handle writes to.
+    let opens = match &req {
+        Request::Open { path, .. } => Some(path.clone()),
+        Request::OpenVerified { target, .. } => Some(target.path.clone()),
+        Request::OpenPlus { how, .. } => Some(match how {
+            OpenHow::Path { path, .. } => path.clone(),
+            OpenHow::Verified { target, .. } => target.path.clone(),
+        }),
+        _ => None,
+    };
+    if let Request::Close { handle } = &req {
+        s.handle_paths.lock().remove(handle);
+    }
     let r: dircache_core::Result<Reply> = match req {
         Request::Readdir { path, plus } => {
             match b.readdir(&path, plus) {
@@ -473,6 +627,26 @@ fn answer(s: &Shared, job: Job) {
             .and_then(|f| f.setattr(&cred, &set))
             .map(Reply::Attr),
         Request::FileAttr { handle } => file(s, handle).and_then(|f| f.attr()).map(Reply::Attr),
+    };
+    if !own.is_empty() {
+        let posts: Vec<Post> = own.iter().map(|(_, t)| post_of(*t, &r)).collect();
+        s.echoes.end(&own_list, &posts);
+    }
+    if let (Some(p), Ok(Reply::Opened { handle, .. } | Reply::OpenedPlus { handle, .. })) =
+        (opens, &r)
+    {
+        s.handle_paths.lock().insert(*handle, p);
+    }
+    let r = match r {
+        // Read after the call was done (the cache forgot them with its own change).
+        Ok(r) if !dirs.is_empty() => Ok(Reply::Parents {
+            parents: dirs
+                .into_iter()
+                .filter_map(|d| b.getattr(&d).ok().map(|a| (Bytes(d), a)))
+                .collect(),
+            reply: Box::new(r),
+        }),
+        r => r,
     };
     reply(r.map_err(errno));
 }

@@ -96,7 +96,13 @@ fn client(root: &Path) -> (Setup, Arc<Gate>, RemoteBackend, ChangeFeed) {
     let (cli, relay_c) = UnixStream::pair().expect("socketpair");
     let r = srv.try_clone().expect("clone");
     let server = std::thread::spawn(move || {
-        let _ = serve(backend, r, srv, ServerConfig::default());
+        // This client's own changes are called back to it (as before echoes.rs): the
+        // tests below need callbacks for changes outside a bulk call's subtree.
+        let cfg = ServerConfig {
+            own_echoes: false,
+            ..ServerConfig::default()
+        };
+        let _ = serve(backend, r, srv, cfg);
     });
     // Client to server: as it comes.
     let (mut from_c, mut to_s) = (

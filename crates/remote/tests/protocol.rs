@@ -835,3 +835,483 @@ fn listing_a_directory_again_does_not_fetch_its_subtree_again() {
     drop(r);
     server.finish().expect("clean end");
 }
+
+/// A connector for `connect_again`: while `up` is set, a transport to a new server over
+/// `root`; otherwise one that fails its handshake after `fail_after` (as ssh does when the
+/// host refuses: the child starts, then exits). Every transport's client end is pushed to
+/// `socks` (so the test can cut it).
+fn flaky_connector(
+    root: std::path::PathBuf,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    fail_after: Duration,
+    socks: Arc<std::sync::Mutex<Vec<UnixStream>>>,
+    attempts: Arc<std::sync::atomic::AtomicUsize>,
+) -> dircache_remote::client::Connector {
+    use std::sync::atomic::Ordering;
+    Box::new(move || {
+        attempts.fetch_add(1, Ordering::SeqCst);
+        if up.load(Ordering::SeqCst) {
+            let (s, sock) = Server::start(&root);
+            // The server thread ends with its client: nothing to join.
+            drop(s);
+            socks.lock().unwrap().push(sock.try_clone()?);
+            return Ok(Box::new(sock) as Box<dyn dircache_remote::Transport>);
+        }
+        let (a, b) = UnixStream::pair()?;
+        std::thread::spawn(move || {
+            std::thread::sleep(fail_after);
+            drop(b);
+        });
+        Ok(Box::new(a) as Box<dyn dircache_remote::Transport>)
+    })
+}
+
+/// Calls queued behind one reconnection: every call waits at most `reconnect_timeout` from
+/// when it started, whatever the number of calls waiting (issue 11: before, each waiting
+/// call ran a whole attempt loop of its own after the previous one failed: with N calls the
+/// last waited N times the timeout). `revive`: the server comes back partway through, and
+/// every call is answered by the new connection.
+fn queued_calls_behind_a_reconnection(revive: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"x").unwrap();
+    let up = Arc::new(AtomicBool::new(true));
+    let socks = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let timeout = Duration::from_millis(1500);
+    let cfg = dircache_remote::ClientConfig {
+        reconnect_timeout: timeout,
+        prefetch: 0,
+        ..Default::default()
+    };
+    let r = Arc::new(
+        RemoteBackend::connect_again(
+            flaky_connector(
+                dir.path().to_path_buf(),
+                up.clone(),
+                Duration::from_millis(100),
+                socks.clone(),
+                attempts.clone(),
+            ),
+            &cfg,
+        )
+        .expect("connect"),
+    );
+    assert!(r.getattr(b"f").is_ok());
+    // The server goes away, and stays away (or comes back after 600 ms).
+    up.store(false, Ordering::SeqCst);
+    for s in socks.lock().unwrap().drain(..) {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    while !r.is_closed() {
+        assert!(Instant::now() < end, "the loss was not noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = attempts.load(Ordering::SeqCst);
+    let reviver = revive.then(|| {
+        let up = up.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            up.store(true, Ordering::SeqCst);
+        })
+    });
+    let callers: Vec<_> = (0..6)
+        .map(|i| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                // Staggered a little: later calls join the attempt under way.
+                std::thread::sleep(Duration::from_millis(20 * i));
+                let t = Instant::now();
+                let got = r.getattr(b"f").map(|_| ());
+                (got, t.elapsed())
+            })
+        })
+        .collect();
+    let slack = Duration::from_millis(700);
+    for (i, c) in callers.into_iter().enumerate() {
+        let (got, took) = c.join().unwrap();
+        assert!(
+            took <= timeout + slack,
+            "call {i} waited {took:?}, reconnect_timeout {timeout:?} (answer {got:?})"
+        );
+        if revive {
+            assert_eq!(
+                got,
+                Ok(()),
+                "call {i} after the server came back ({took:?})"
+            );
+        } else {
+            assert_eq!(got, Err(Error::Os(libc::EIO)), "call {i} ({took:?})");
+        }
+    }
+    if let Some(t) = reviver {
+        t.join().unwrap();
+    }
+    // One attempt loop served them all: attempts back off from 50 ms, so a loop of 1.5 s
+    // makes at most 6 attempts (each failing after 100 ms); a loop per call would make more.
+    let made = attempts.load(Ordering::SeqCst) - before;
+    assert!(made <= 8, "{made} connection attempts for one reconnection");
+    if revive {
+        assert!(r.getattr(b"f").is_ok());
+    }
+}
+
+#[test]
+fn calls_queued_behind_a_failing_reconnection_wait_at_most_the_timeout() {
+    queued_calls_behind_a_reconnection(false);
+}
+
+#[test]
+fn calls_queued_behind_a_reconnection_are_all_served_by_it() {
+    queued_calls_behind_a_reconnection(true);
+}
+
+/// A server over `root` offering `features` (as `Server::start`).
+fn server_offering(root: &std::path::Path, features: u64) -> (Server, UnixStream) {
+    let local: Arc<dyn Backend> = Arc::new(LocalBackend::new(root).expect("backend"));
+    let backend = dircache_remote::CachedBackend::new(local, Default::default(), me())
+        .expect("cached backend");
+    let (a, b) = UnixStream::pair().expect("socketpair");
+    let r = b.try_clone().expect("clone");
+    let cfg = ServerConfig {
+        features,
+        ..Default::default()
+    };
+    let thread = std::thread::spawn(move || serve(backend, r, b, cfg));
+    (
+        Server {
+            thread: Some(thread),
+        },
+        a,
+    )
+}
+
+/// What `getattr` of a directory must show, as the kernel reads it now.
+fn dir_state(p: &std::path::Path) -> (u64, i64, i64, u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (m.nlink(), m.mtime(), m.mtime_nsec(), m.size(), m.ino())
+}
+
+fn shown(a: &dircache_core::Attr) -> (u64, i64, i64, u64, u64) {
+    (
+        u64::from(a.nlink),
+        a.mtime.sec,
+        i64::from(a.mtime.nsec),
+        a.size,
+        a.ino,
+    )
+}
+
+/// Creates, a mkdir, a rename between directories and an unlink in a directory, each
+/// followed by `getattr` of the directories it changed (what the kernel asks after a
+/// create): with `PARENTS` the mutation's reply brings their attributes and the `getattr`s
+/// cost no round trip; they always equal the directories' attributes on the server. Round
+/// trips per operation.
+fn own_mutations_then_getattr(server_features: u64) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    let (server, sock) = server_offering(dir.path(), server_features);
+    let r = RemoteBackend::connect(Box::new(sock)).expect("connect");
+    let feed = r.watch().unwrap().expect("feed");
+    let c = me();
+    let check = |what: &str| {
+        for (p, host) in [(&b"d"[..], d.clone()), (b"d/sub", d.join("sub"))] {
+            if !host.exists() {
+                continue;
+            }
+            let a = r.getattr(p).unwrap();
+            assert_eq!(
+                shown(&a),
+                dir_state(&host),
+                "{} after {what}",
+                String::from_utf8_lossy(p)
+            );
+        }
+    };
+    check("nothing");
+    let before = r.round_trips();
+    let n = 20;
+    for i in 0..n {
+        r.mknod(&c, format!("d/f{i}").as_bytes(), libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        check("a create");
+    }
+    r.mkdir(&c, b"d/sub", 0o755).unwrap();
+    check("a mkdir");
+    r.rename(&c, b"d/f0", b"d/sub/f0", RenameMode::Replace)
+        .unwrap();
+    check("a rename between directories");
+    r.unlink(&c, b"d/f1").unwrap();
+    check("an unlink");
+    let ops = n + 3;
+    let per_op = (r.round_trips() - before) as f64 / ops as f64;
+    // A change made on the server by someone else: its callback drops what the client held.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(d.join("ext"), b"x").unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = r.getattr(b"d").unwrap();
+        if shown(&a) == dir_state(&d) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "d's attributes after a change on the server: {:?}, the server's {:?}",
+            shown(&a),
+            dir_state(&d)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(feed);
+    drop(r);
+    server.finish().expect("clean end");
+    per_op
+}
+
+#[test]
+fn own_creates_bring_their_directorys_attributes() {
+    let per_op = own_mutations_then_getattr(features::ALL);
+    // One round trip per mutation (its reply answers the getattrs).
+    assert!(per_op <= 1.1, "{per_op} round trips per create + getattr");
+}
+
+#[test]
+fn a_server_without_parents_still_answers_getattr_by_a_call() {
+    let per_op = own_mutations_then_getattr(features::ALL & !features::PARENTS);
+    assert!(per_op >= 2.0, "{per_op} round trips per create + getattr");
+}
+
+/// An old client (no `PARENTS` in its hello) gets plain replies; a new one gets `Parents`.
+#[test]
+fn parents_come_only_to_a_client_that_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    for (offer, wrapped) in [
+        (features::ALL & !features::PARENTS, false),
+        (features::ALL, true),
+    ] {
+        let (server, mut s) = Server::start(dir.path());
+        let h = Hello::new(offer);
+        write_frame(
+            &mut s,
+            &encode(&ClientMsg::Hello(h)).unwrap(),
+            MAX_CLIENT_FRAME,
+        )
+        .unwrap();
+        let ServerMsg::Hello(got) =
+            decode(&read_frame(&mut s, MAX_SERVER_FRAME).unwrap().unwrap()).unwrap()
+        else {
+            panic!("no hello");
+        };
+        assert_eq!(got.features & features::PARENTS != 0, wrapped);
+        let call = ClientMsg::Call {
+            id: 1,
+            cred: WireCred::from(&me()),
+            req: Request::Mkdir {
+                path: format!("m{wrapped}").into_bytes(),
+                mode: 0o755,
+                umask: 0,
+            },
+        };
+        write_frame(&mut s, &encode(&call).unwrap(), MAX_CLIENT_FRAME).unwrap();
+        let body = loop {
+            match decode::<ServerMsg>(&read_frame(&mut s, MAX_SERVER_FRAME).unwrap().unwrap())
+                .unwrap()
+            {
+                ServerMsg::Reply { id: 1, body, .. } => break body,
+                ServerMsg::Callback(_) => continue,
+                other => panic!("{other:?}"),
+            }
+        };
+        match body {
+            Ok(dircache_remote::proto::Reply::Attr(a)) if !wrapped => assert!(a.is_dir()),
+            Ok(dircache_remote::proto::Reply::Parents { parents, reply }) if wrapped => {
+                assert!(matches!(*reply, dircache_remote::proto::Reply::Attr(_)));
+                assert_eq!(parents.len(), 1);
+                assert_eq!(parents[0].0 .0, b"");
+                let root = dir_state(dir.path());
+                assert_eq!(shown(&parents[0].1), root);
+            }
+            other => panic!("offered {offer:#x}: {other:?}"),
+        }
+        drop(s);
+        let _ = server.finish();
+    }
+}
+
+/// Creates in one directory from several threads at once, each followed by a `getattr` of
+/// the directory: when they are over, the directory's attributes are the server's (a reply
+/// read before another create's change is never kept after that create's reply).
+#[test]
+fn concurrent_creates_leave_their_directorys_latest_attributes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    let (server, sock) = server_offering(dir.path(), features::ALL);
+    let r = Arc::new(RemoteBackend::connect(Box::new(sock)).expect("connect"));
+    let feed = r.watch().unwrap().expect("feed");
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                for i in 0..25 {
+                    let p = format!("d/t{t}-{i}");
+                    if i % 5 == 4 {
+                        r.mkdir(&me(), p.as_bytes(), 0o755).unwrap();
+                    } else {
+                        r.mknod(&me(), p.as_bytes(), libc::S_IFREG | 0o644, 0)
+                            .unwrap();
+                    }
+                    r.getattr(b"d").unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(shown(&r.getattr(b"d").unwrap()), dir_state(&d));
+    drop(feed);
+    drop(r);
+    server.finish().expect("clean end");
+}
+
+/// A server over `root` whose change feed is recursive inotify (a server that is not root):
+/// it cannot tell its own changes from others'.
+fn inotify_server(root: &std::path::Path) -> (Server, UnixStream) {
+    let local: Arc<dyn Backend> = Arc::new(
+        LocalBackend::with_options(root, 0, dircache_local::WatchMode::Inotify).expect("backend"),
+    );
+    let backend = dircache_remote::CachedBackend::new(local, Default::default(), me())
+        .expect("cached backend");
+    Server::start_with(backend)
+}
+
+/// The paths the callbacks `feed` brings within `wait` name (an `Overflow` as "*").
+fn called_back(feed: &dircache_core::ChangeFeed, wait: Duration) -> Vec<String> {
+    let end = Instant::now() + wait;
+    let mut out = Vec::new();
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        match feed.recv_timeout(left) {
+            Ok(Change::Attr { path } | Change::Entry { path }) => {
+                out.push(String::from_utf8_lossy(&path).into_owned())
+            }
+            Ok(Change::Inode { .. }) => out.push("inode".into()),
+            Ok(Change::Overflow) => out.push("*".into()),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Wait (at most 5 s) for a callback naming `path` on `feed`.
+fn wait_for_callback(feed: &dircache_core::ChangeFeed, path: &str) -> Result<(), Vec<String>> {
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    while Instant::now() < end {
+        for p in called_back(feed, Duration::from_millis(100)) {
+            if p == path || p == "*" {
+                return Ok(());
+            }
+            seen.push(p);
+        }
+    }
+    Err(seen)
+}
+
+/// Coda: a client's own changes do not break its own callbacks. Two clients of one tree,
+/// each through its own server whose feed is inotify (which reports every change, the
+/// server's own too): client A's creates, mkdir, chmod, store (writes then the mtime, as a
+/// container's store-back), and unlink come back to A as no callback at all, and to B as
+/// callbacks; a change made on the server right after one of A's own (to the same path)
+/// still comes to A.
+#[test]
+fn own_changes_are_not_called_back_but_others_changes_are() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("w"), b"old").unwrap();
+    std::fs::write(d.join("gone"), b"x").unwrap();
+    let (sa, sock_a) = inotify_server(dir.path());
+    let (sb, sock_b) = inotify_server(dir.path());
+    let a = RemoteBackend::connect(Box::new(sock_a)).expect("connect a");
+    let b = RemoteBackend::connect(Box::new(sock_b)).expect("connect b");
+    let feed_a = a.watch().unwrap().expect("feed a");
+    let feed_b = b.watch().unwrap().expect("feed b");
+    // The watches are set up before the first change.
+    std::thread::sleep(Duration::from_millis(200));
+    let c = me();
+    a.mknod(&c, b"d/f", libc::S_IFREG | 0o644, 0).unwrap();
+    a.mkdir(&c, b"d/s", 0o755).unwrap();
+    a.setattr(
+        &c,
+        b"d/f",
+        &SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    {
+        let f = a.open(&c, b"d/w", libc::O_WRONLY, 0).unwrap();
+        assert_eq!(f.write_at(&c, b"new data", 0, false).unwrap(), 8);
+        f.set_size(&c, 8).unwrap();
+        f.setattr(
+            &c,
+            &SetAttr {
+                mtime: Some(dircache_core::TimeSet::At(dircache_core::Timespec {
+                    sec: 1_000_000_000,
+                    nsec: 5,
+                })),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    a.unlink(&c, b"d/gone").unwrap();
+    let own = called_back(&feed_a, Duration::from_millis(800));
+    assert!(
+        own.is_empty(),
+        "client A was called back for its own changes: {own:?}"
+    );
+    // The other client hears of each.
+    let others = called_back(&feed_b, Duration::from_millis(800));
+    for p in ["d/f", "d/s", "d/w", "d/gone"] {
+        assert!(
+            others.iter().any(|x| x == p || x == "*"),
+            "client B was not called back for {p}: {others:?}"
+        );
+    }
+    // Someone else's change right after A's own change of the same path: A hears of it.
+    for round in 0..5 {
+        let p = format!("d/r{round}");
+        a.mknod(&c, p.as_bytes(), libc::S_IFREG | 0o644, 0).unwrap();
+        std::fs::write(dir.path().join(&p), b"local").unwrap();
+        wait_for_callback(&feed_a, &p)
+            .unwrap_or_else(|seen| panic!("no callback for a local write to {p}: {seen:?}"));
+        a.setattr(
+            &c,
+            p.as_bytes(),
+            &SetAttr {
+                mode: Some(0o640),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        std::fs::set_permissions(dir.path().join(&p), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        wait_for_callback(&feed_a, &p)
+            .unwrap_or_else(|seen| panic!("no callback for a local chmod of {p}: {seen:?}"));
+        a.unlink(&c, p.as_bytes()).unwrap();
+        std::fs::write(dir.path().join(&p), b"again").unwrap();
+        wait_for_callback(&feed_a, &p)
+            .unwrap_or_else(|seen| panic!("no callback for {p} made again: {seen:?}"));
+    }
+    drop((feed_a, feed_b));
+    drop((a, b));
+    sa.finish().expect("clean end");
+    sb.finish().expect("clean end");
+}

@@ -16,7 +16,8 @@
 //!   data). A file whose identity was never asked (no `FileAttr` before the connection
 //!   ended: the FUSE front end asks right after every open) fails the same way.
 //!
-//! Every file is reopened by the call that reconnects, before it returns (so that the file
+//! Every file is reopened by the reconnection's attempt loop before the calls waiting for it
+//! go on (so that the file
 //! is pinned before anything else can replace it on the server); a file busy at that moment
 //! (its own thread is reopening it) is left to that thread. A call in flight when the
 //! connection ended still gets EIO (it may or may not have run: calls are never repeated).
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use dircache_core::{Change, Error, RenameMode, Result};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::disconnected::Disconnected;
 use super::{eio, new_conn, ClientConfig, Conn, Connector};
@@ -40,8 +41,14 @@ pub(super) struct Link {
     pub(super) conn: Arc<Mutex<Arc<Conn>>>,
     connector: Option<Connector>,
     cfg: ClientConfig,
-    /// Held while reconnecting: one attempt at a time, the others wait for its outcome.
+    /// Held while installing a new connection.
     reconnecting: Mutex<()>,
+    /// The reconnection under way, shared by the calls waiting for it.
+    retry: Mutex<Retry>,
+    /// Signalled when an attempt loop ends (connected or given up).
+    retried: Condvar,
+    /// The backend was dropped.
+    stopped: AtomicBool,
     callbacks: Arc<Mutex<Option<Sender<Change>>>>,
     lost: Arc<AtomicBool>,
     prefetch: Arc<Mutex<Prefetch>>,
@@ -49,6 +56,15 @@ pub(super) struct Link {
     /// The files open through this backend, to reopen after a reconnection.
     files: Mutex<HashMap<u64, Weak<OpenState>>>,
     next_file: AtomicU64,
+}
+
+/// The reconnection under way (at most one attempt loop at a time).
+#[derive(Default)]
+struct Retry {
+    /// An attempt loop runs, on a thread of its own.
+    running: bool,
+    /// It keeps trying until then: the latest deadline of the calls that waited for it.
+    until: Option<Instant>,
 }
 
 impl Link {
@@ -66,6 +82,9 @@ impl Link {
             connector,
             cfg,
             reconnecting: Mutex::new(()),
+            retry: Mutex::new(Retry::default()),
+            retried: Condvar::new(),
+            stopped: AtomicBool::new(false),
             callbacks,
             lost,
             prefetch,
@@ -78,7 +97,7 @@ impl Link {
     /// The live connection: the current one, or (after it was lost) a new one, waiting up to
     /// the reconnect timeout with backoff; EIO when there is none. A new connection gets the
     /// open files reopened on it before this returns.
-    pub(super) fn conn(&self) -> Result<Arc<Conn>> {
+    pub(super) fn conn(self: &Arc<Self>) -> Result<Arc<Conn>> {
         let c = self.conn.lock().clone();
         if !c.closed.load(Ordering::SeqCst) {
             return Ok(c);
@@ -86,24 +105,48 @@ impl Link {
         if let Some(d) = self.disconnected() {
             return self.wait_for_reconnector(d);
         }
-        let Some(connect) = &self.connector else {
-            return Err(eio());
-        };
-        if self.cfg.reconnect_timeout.is_zero() {
+        if self.connector.is_none() || self.cfg.reconnect_timeout.is_zero() {
             return Err(eio());
         }
-        let new = {
-            let _one = self.reconnecting.lock();
+        self.wait_for_reconnection(Instant::now() + self.cfg.reconnect_timeout)
+    }
+
+    /// Wait until `deadline` for a new connection, made by the one attempt loop that serves
+    /// every waiting call ([`Link::reconnect_loop`], started if none runs): EIO when there is
+    /// none by then. However many calls wait, none waits past its own deadline (before, each
+    /// call queued behind a failing loop ran a whole loop of its own after it: the last of N
+    /// calls waited N times `reconnect_timeout`).
+    fn wait_for_reconnection(self: &Arc<Self>, deadline: Instant) -> Result<Arc<Conn>> {
+        let mut r = self.retry.lock();
+        loop {
+            // Checked under `retry`: the loop publishes a connection before it takes `retry`
+            // to wake the waiters, so no wake-up is missed.
             let c = self.conn.lock().clone();
             if !c.closed.load(Ordering::SeqCst) {
                 return Ok(c);
             }
-            self.reconnect(connect)?
-        };
-        // Not under `reconnecting`: a file's own thread may be waiting for it while it holds
-        // the file (skipped here, it reopens itself).
-        self.reopen_all(&new);
-        Ok(new)
+            if Instant::now() >= deadline || self.stopped.load(Ordering::SeqCst) {
+                return Err(eio());
+            }
+            r.until = Some(r.until.map_or(deadline, |u| u.max(deadline)));
+            if !r.running {
+                let me = self.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("dircache-reconnect".into())
+                    .spawn(move || me.reconnect_loop());
+                if let Err(e) = spawned {
+                    tracing::error!("cannot start reconnecting: {e}");
+                    return Err(eio());
+                }
+                r.running = true;
+            }
+            self.retried.wait_until(&mut r, deadline);
+        }
+    }
+
+    /// The backend is gone: no new connection is made or kept from now on.
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
     }
 
     /// Disconnected operation, when it is on (client/disconnected.rs): a client with a
@@ -231,10 +274,13 @@ impl Link {
         self.reopen_all(&new);
     }
 
-    fn reconnect(&self, connect: &Connector) -> Result<Arc<Conn>> {
-        let deadline = Instant::now() + self.cfg.reconnect_timeout;
+    /// Try to connect again, with backoff, for as long as a call waits ([`Retry::until`]);
+    /// then wake every waiting call. A new connection is published and the open files are
+    /// reopened on it (those not busy: a file's own thread waiting for this reopens itself)
+    /// before the waiting calls go on.
+    fn reconnect_loop(self: Arc<Self>) {
         let mut delay = Duration::from_millis(50);
-        loop {
+        while let Some(connect) = self.connector.as_ref().filter(|_| !self.stopped()) {
             let attempt = connect()
                 .map_err(|e| ProtoError::Frame(e.into()))
                 .and_then(|t| {
@@ -250,8 +296,16 @@ impl Link {
                 });
             match attempt {
                 Ok(new) => {
+                    {
+                        let _one = self.reconnecting.lock();
+                        *self.conn.lock() = new.clone();
+                    }
+                    if self.stopped() {
+                        // The backend was dropped meanwhile (it shut down what it saw).
+                        new.shutdown();
+                        break;
+                    }
                     tracing::warn!("reconnected to the server");
-                    *self.conn.lock() = new.clone();
                     // An Overflow the full feed could not take when the connection ended
                     // goes now, not with the next callback.
                     if self.lost.load(Ordering::Relaxed) {
@@ -261,18 +315,28 @@ impl Link {
                             }
                         }
                     }
-                    return Ok(new);
+                    self.reopen_all(&new);
+                    break;
                 }
                 Err(e) => {
                     tracing::warn!("reconnecting: {e}");
-                    if Instant::now() + delay > deadline {
-                        return Err(eio());
+                    let until = self.retry.lock().until;
+                    if until.is_none_or(|u| Instant::now() + delay > u) {
+                        break;
                     }
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
             }
         }
+        let mut r = self.retry.lock();
+        r.running = false;
+        r.until = None;
+        self.retried.notify_all();
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
     }
 
     /// Reopen every open file not busy on `live`.
@@ -385,7 +449,7 @@ impl OpenState {
 
     /// The live connection and handle, reopening the file on a new connection (through
     /// `link`) after the old one was lost.
-    pub(super) fn live(&self, link: &Link) -> Result<(Arc<Conn>, u64)> {
+    pub(super) fn live(&self, link: &Arc<Link>) -> Result<(Arc<Conn>, u64)> {
         let mut at = self.at.lock();
         if at.broken {
             return Err(eio());
