@@ -451,6 +451,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
             )));
         }
     }
+    let open_given = overrides.iter().any(|(k, _)| k == "open");
     for (k, v) in overrides {
         let p = &mut o.policy;
         let v = v.as_deref();
@@ -524,6 +525,17 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 }
             }
         }
+    }
+    if !open_given
+        && !cache_off
+        && !bypass
+        && o.policy.posix_acl
+        && o.kernel().flags & libc::MS_RDONLY != 0
+    {
+        // Nothing is written through a read-only mount, so `noopen` costs it no write
+        // passthrough or write-back: its opens cost no request (docs/opens.md, "Read-only
+        // mounts open without requests"). `-o open=rpc` keeps OPEN and RELEASE.
+        o.policy.no_open = true;
     }
     if matches!(o.policy.request_sched, RequestSched::Fifo(_))
         && o.policy.spin_us > 0
@@ -1165,6 +1177,18 @@ mod tests {
         assert!(o.policy.readdirplus, "explicit options win");
         assert!(!p("").unwrap().policy.bypass);
         assert!(p("bypass=1").is_err());
+    }
+
+    #[test]
+    fn read_only_mounts_default_to_noopen() {
+        assert!(p("ro").unwrap().policy.no_open);
+        assert!(p("ro,nosuid").unwrap().policy.no_open);
+        assert!(!p("rw").unwrap().policy.no_open);
+        assert!(!p("ro,rw").unwrap().policy.no_open);
+        assert!(!p("ro,open=rpc").unwrap().policy.no_open, "asked for");
+        assert!(!p("ro,noacl").unwrap().policy.no_open, "noopen needs acl");
+        assert!(!p("ro,cache=off").unwrap().policy.no_open);
+        assert!(!p("ro,bypass").unwrap().policy.no_open);
     }
 
     #[test]
