@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use dircache_fuse::{kmount, CachePolicy, KernelOptions, MountConfig};
 use dircache_fuse::sched::RequestSched;
+use dircache_fuse::{kmount, CachePolicy, KernelOptions, MountConfig};
 
 const OPTIONS_HELP: &str = "\
 Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab name them:
@@ -68,7 +68,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   passthrough / nopassthrough  FUSE passthrough for file data (root, 6.9+) [passthrough]
   open=rpc|noopen            rpc: OPEN/RELEASE reach the daemon, which opens as the caller
                              (passthrough possible); noopen: the kernel opens files itself,
-                             no request per open+close, no passthrough (docs/opens.md) [rpc]
+                             no request per open+close, no passthrough (docs/opens.md)
+                             [rpc; noopen with ro, unless noacl, cache=off or bypass]
   acl / noacl                POSIX ACLs cached by the kernel [acl]
   security_xattrs / nosecurity_xattrs  pass security.* xattrs [nosecurity_xattrs]
   io_uring / noio_uring      FUSE over io_uring if the kernel offers it (enable_uring=Y),
@@ -1199,8 +1200,14 @@ mod tests {
             RequestSched::Inherit,
             "unchanged by default"
         );
-        assert_eq!(p("sched=fifo:2").unwrap().policy.request_sched, RequestSched::Fifo(2));
-        assert_eq!(p("sched=nice:-5").unwrap().policy.request_sched, RequestSched::Nice(-5));
+        assert_eq!(
+            p("sched=fifo:2").unwrap().policy.request_sched,
+            RequestSched::Fifo(2)
+        );
+        assert_eq!(
+            p("sched=nice:-5").unwrap().policy.request_sched,
+            RequestSched::Nice(-5)
+        );
         assert!(p("sched").is_err() && p("sched=fifo:0").is_err());
         assert!(p("sched=fifo:1,readers=leader,spin=30").is_err());
         assert!(p("sched=nice:-5,readers=leader,spin=30").is_ok());

@@ -191,14 +191,18 @@ fn read_only_mount_opens_without_requests() {
         });
         // Callbacks of the server's write may land after the first read: wait for an
         // open+read+close that sends nothing but OPEN and RELEASE.
-        eventually(&format!("{opts}: an open+read+close sending {per_open} OPEN and RELEASE and nothing else"), || {
-            let before = requests(&t.mnt);
-            let ok = std::fs::read(t.m("f")).unwrap() == data;
-            let after = requests(&t.mnt);
-            ok && total(&after) - total(&before)
-                == 2 * per_open
-                && count(&after, "read") == count(&before, "read")
-        });
+        eventually(
+            &format!(
+                "{opts}: an open+read+close sending {per_open} OPEN and RELEASE and nothing else"
+            ),
+            || {
+                let before = requests(&t.mnt);
+                let ok = std::fs::read(t.m("f")).unwrap() == data;
+                let after = requests(&t.mnt);
+                ok && total(&after) - total(&before) == 2 * per_open
+                    && count(&after, "read") == count(&before, "read")
+            },
+        );
         let before = requests(&t.mnt);
         for _ in 0..50 {
             assert_eq!(std::fs::read(t.m("f")).unwrap(), data);

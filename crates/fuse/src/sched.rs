@@ -103,7 +103,8 @@ impl std::str::FromStr for RequestSched {
 
     /// `other`, `nice:N` (-20..=19) or `fifo:N` (1..=99).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("-o sched takes other, nice:N (-20 to 19) or fifo:N (1 to 99), not {s:?}");
+        let bad =
+            || format!("-o sched takes other, nice:N (-20 to 19) or fifo:N (1 to 99), not {s:?}");
         match s.split_once(':') {
             None if s == "other" => Ok(RequestSched::Inherit),
             Some(("nice", n)) => n
@@ -132,7 +133,9 @@ mod tests {
         assert_eq!("other".parse(), Ok(RequestSched::Inherit));
         assert_eq!("nice:-10".parse(), Ok(RequestSched::Nice(-10)));
         assert_eq!("fifo:1".parse(), Ok(RequestSched::Fifo(1)));
-        for bad in ["", "fifo", "fifo:0", "fifo:100", "nice:-21", "nice:20", "rr:1", "nice:x"] {
+        for bad in [
+            "", "fifo", "fifo:0", "fifo:100", "nice:-21", "nice:20", "rr:1", "nice:x",
+        ] {
             assert!(bad.parse::<RequestSched>().is_err(), "{bad:?} accepted");
         }
     }

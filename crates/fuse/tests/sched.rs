@@ -21,7 +21,12 @@ fn threads() -> Vec<(String, i64, u64, u64)> {
             .trim()
             .to_string();
         // "tid (comm) S f4 ...": field N (1-based) is index N-3 after the last ')'.
-        let rest: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        let rest: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
         let nice = rest[19 - 3].parse().unwrap();
         let rt_priority = rest[40 - 3].parse().unwrap();
         let policy = rest[41 - 3].parse().unwrap();
