@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use dircache_fuse::sched::RequestSched;
 use dircache_fuse::{kmount, CachePolicy, KernelOptions, MountConfig};
 
 const OPTIONS_HELP: &str = "\
@@ -43,6 +44,10 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
                              when a request is waiting then (docs/opens.md) [all]
   spin=US                    with readers=leader: poll US microseconds for the next request
                              after a reply while requests come back to back, 0..=1000 [0]
+  sched=other|nice:N|fifo:N  scheduling of the request threads: nice value -20..=19, or
+                             SCHED_FIFO priority 1..=99 (needs CAP_SYS_NICE; any user of
+                             the mount then runs daemon work ahead of every normal task:
+                             docs/opens.md) [other]
   prefetch=N / noprefetch    threads listing subdirectories one level ahead of a tree
                              walk (cold find, du, ls -R), 1..=64 [2]
   entry_timeout=SECS         kernel entry TTL, 0..=31536000 [86400]
@@ -65,7 +70,8 @@ Mount options (-o opt[,opt...]; defaults in brackets), as mount(8) and fstab nam
   passthrough / nopassthrough  FUSE passthrough for file data (root, 6.9+) [passthrough]
   open=rpc|noopen            rpc: OPEN/RELEASE reach the daemon, which opens as the caller
                              (passthrough possible); noopen: the kernel opens files itself,
-                             no request per open+close, no passthrough (docs/opens.md) [rpc]
+                             no request per open+close, no passthrough (docs/opens.md)
+                             [rpc]
   acl / noacl                POSIX ACLs cached by the kernel [acl]
   security_xattrs / nosecurity_xattrs  pass security.* xattrs [nosecurity_xattrs]
   io_uring / noio_uring      FUSE over io_uring if the kernel offers it (enable_uring=Y),
@@ -421,7 +427,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 | "noopendir" | "keep_cache" | "nokeep_cache" | "passthrough" | "nopassthrough"
                 | "acl" | "noacl" | "security_xattrs" | "nosecurity_xattrs" | "open"
                 | "prefetch" | "noprefetch" | "io_uring" | "noio_uring" | "readers" | "spin"
-                | "ahead" | "kreaders" => {
+                | "ahead" | "kreaders" | "sched" => {
                     overrides.push((k.to_string(), v.map(str::to_string)));
                 }
                 _ => return Err(Usage(format!("unknown mount option -o {opt}"))),
@@ -448,6 +454,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
             )));
         }
     }
+    let open_given = overrides.iter().any(|(k, _)| k == "open");
     for (k, v) in overrides {
         let p = &mut o.policy;
         let v = v.as_deref();
@@ -484,6 +491,7 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                     .filter(|n| *n <= 1000)
                     .ok_or_else(|| Usage("-o spin takes microseconds from 0 to 1000".into()))?
             }
+            "sched" => p.request_sched = v.unwrap_or("").parse().map_err(Usage)?,
             "ahead" => {
                 p.lookahead_levels = v
                     .and_then(|v| v.parse::<u8>().ok())
@@ -530,6 +538,15 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
                 }
             }
         }
+    }
+    if matches!(o.policy.request_sched, RequestSched::Fifo(_))
+        && o.policy.spin_us > 0
+        && o.policy.leader_follower
+    {
+        // A real-time thread polling for requests holds its CPU from every normal task.
+        return Err(Usage(
+            "-o sched=fifo:N with -o spin: a real-time thread would poll its CPU away".into(),
+        ));
     }
     if o.policy.no_open && !o.policy.posix_acl {
         // The kernel alone decides access under noopen, and without ACLs it reads only the
@@ -1162,6 +1179,35 @@ mod tests {
         assert!(o.policy.readdirplus, "explicit options win");
         assert!(!p("").unwrap().policy.bypass);
         assert!(p("bypass=1").is_err());
+    }
+
+    #[test]
+    fn read_only_mounts_keep_rpc_unless_asked() {
+        // noopen reads ESTALE from a file replaced in SRC while open (docs/opens.md,
+        // "Read-only mounts and `open=noopen`"): a mount option asks for it, `ro` does not.
+        assert!(!p("ro").unwrap().policy.no_open);
+        assert!(p("ro,open=noopen").unwrap().policy.no_open);
+    }
+
+    #[test]
+    fn sched_option() {
+        let p = |s: &str| parse_options(&[s.to_string()]);
+        assert_eq!(
+            p("").unwrap().policy.request_sched,
+            RequestSched::Inherit,
+            "unchanged by default"
+        );
+        assert_eq!(
+            p("sched=fifo:2").unwrap().policy.request_sched,
+            RequestSched::Fifo(2)
+        );
+        assert_eq!(
+            p("sched=nice:-5").unwrap().policy.request_sched,
+            RequestSched::Nice(-5)
+        );
+        assert!(p("sched").is_err() && p("sched=fifo:0").is_err());
+        assert!(p("sched=fifo:1,readers=leader,spin=30").is_err());
+        assert!(p("sched=nice:-5,readers=leader,spin=30").is_ok());
     }
 
     #[test]

@@ -172,6 +172,66 @@ fn noopen_open_read_close_sends_nothing() {
     assert_eq!(count(&after, "release"), 0, "{after}");
 }
 
+/// A read-only remote mount with `open=noopen` opens without requests: an open+read+close of a
+/// cached file sends nothing, and reads the server's bytes, also after the server changed the
+/// file; a plain `ro` mount keeps an OPEN and a RELEASE per open (noopen is asked for, never
+/// implied: docs/opens.md, "Read-only mounts and `open=noopen`"). Before (when `ro` implied
+/// it, with the default off): "not within 20s: ro: an open+read+close sending 0 OPEN and
+/// RELEASE and nothing else".
+#[test]
+fn read_only_mount_opens_without_requests() {
+    if !can_mount() {
+        return;
+    }
+    for (opts, per_open) in [("ro,open=noopen", 0), ("ro", 1)] {
+        let t = Mount::start(opts);
+        let data = random_bytes(300_000, 12);
+        t.put("f", &data);
+        eventually("the file read through the mount", || {
+            std::fs::read(t.m("f")).is_ok_and(|d| d == data)
+        });
+        // Callbacks of the server's write may land after the first read: wait for an
+        // open+read+close that sends nothing but OPEN and RELEASE.
+        eventually(
+            &format!(
+                "{opts}: an open+read+close sending {per_open} OPEN and RELEASE and nothing else"
+            ),
+            || {
+                let before = requests(&t.mnt);
+                let ok = std::fs::read(t.m("f")).unwrap() == data;
+                let after = requests(&t.mnt);
+                ok && total(&after) - total(&before) == 2 * per_open
+                    && count(&after, "read") == count(&before, "read")
+            },
+        );
+        let before = requests(&t.mnt);
+        for _ in 0..50 {
+            assert_eq!(std::fs::read(t.m("f")).unwrap(), data);
+        }
+        let after = requests(&t.mnt);
+        for kind in ["open", "release"] {
+            assert_eq!(
+                count(&after, kind) - count(&before, kind),
+                50 * per_open,
+                "{opts}: {kind} per open: before {before}, after {after}"
+            );
+        }
+        assert_eq!(
+            total(&after) - total(&before),
+            2 * 50 * per_open,
+            "{opts}: nothing else: before {before}, after {after}"
+        );
+        // A change on the server is read through the mount (its callback drops the pages).
+        let new = random_bytes(300_000, 13);
+        t.put("f", &new);
+        eventually(&format!("{opts}: the server's change read"), || {
+            std::fs::read(t.m("f")).is_ok_and(|d| d == new)
+        });
+        let e = std::fs::write(t.m("g"), b"x").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{opts}: {e}");
+    }
+}
+
 /// A small fsx through a noopen remote mount (random writes, reads, truncations, appends,
 /// reopenings and syncs, next to a native file): every read and size agrees; the server's
 /// file equals the native one when the last close returns (writes go to the server as they

@@ -55,6 +55,7 @@ mod openfds;
 pub mod policy;
 pub mod prefetch;
 pub mod rootmount;
+pub mod sched;
 pub mod stats;
 mod umask;
 
@@ -206,7 +207,13 @@ pub fn mount(cache: Arc<Cache>, cfg: &MountConfig) -> Result<Mounted, Error> {
     if let Ok(m) = std::fs::canonicalize(&cfg.mnt) {
         fs.set_mountpoint(m);
     }
+    // Refused before anything is mounted when the daemon may not set it.
+    cfg.policy
+        .request_sched
+        .probe()
+        .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("-o sched: {e}"))))?;
     let mut fc = fuser::Config::default();
+    fc.thread_start = cfg.policy.request_sched.thread_start();
     fc.n_threads = Some(cfg.policy.threads.max(1));
     fc.clone_fd = true;
     fc.io_uring = cfg.policy.io_uring;

@@ -132,6 +132,9 @@ pub struct CachePolicy {
     /// With `leader_follower`: hand reading on before a call that may block only if a
     /// request is waiting right then (`-o readers=lazy`; vendored fuser's `LfConfig::lazy`).
     pub lazy_handoff: bool,
+    /// Scheduling of the request threads (`-o sched=other|nice:N|fifo:N`; crate::sched).
+    /// Unchanged by default: docs/opens.md, "Request threads' priority".
+    pub request_sched: crate::sched::RequestSched,
 }
 
 impl Default for CachePolicy {
@@ -164,6 +167,7 @@ impl Default for CachePolicy {
             leader_follower: false,
             spin_us: 0,
             lazy_handoff: false,
+            request_sched: crate::sched::RequestSched::Inherit,
         }
     }
 }
@@ -223,6 +227,7 @@ impl CachePolicy {
             leader_follower: false,
             spin_us: 0,
             lazy_handoff: false,
+            request_sched: crate::sched::RequestSched::Inherit,
         }
     }
 }

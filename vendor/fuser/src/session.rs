@@ -276,8 +276,14 @@ impl<FS: Filesystem> Session<FS> {
         let mut filesystem = Arc::new(filesystem);
 
         // dircache: the ring's queue threads, before `ch` moves into the channels.
-        let ring_threads =
-            crate::uring::start(uring_queues, &ch, &filesystem, allowed, session_owner)?;
+        let ring_threads = crate::uring::start(
+            uring_queues,
+            &ch,
+            &filesystem,
+            allowed,
+            session_owner,
+            config.thread_start.clone(),
+        )?;
 
         let mut channels = Vec::with_capacity(n_threads);
 
@@ -320,12 +326,18 @@ impl<FS: Filesystem> Session<FS> {
                 session_owner,
             };
             let lf = lf.clone();
+            let start = config.thread_start.clone();
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
-                    .spawn(move || match lf {
-                        Some((c, shared)) => event_loop.lf_loop(shared, c),
-                        None => event_loop.event_loop(),
+                    .spawn(move || {
+                        if let Some(f) = start {
+                            (f.0)();
+                        }
+                        match lf {
+                            Some((c, shared)) => event_loop.lf_loop(shared, c),
+                            None => event_loop.event_loop(),
+                        }
                     })?,
             );
         }

@@ -508,6 +508,7 @@ pub(crate) fn start<FS: Filesystem>(
     filesystem: &Arc<FilesystemHolder<FS>>,
     allowed: SessionACL,
     session_owner: Uid,
+    thread_start: Option<crate::ThreadStart>,
 ) -> io::Result<RingThreads> {
     let Some(prepared) = prepared else {
         return Ok(RingThreads(None));
@@ -522,9 +523,13 @@ pub(crate) fn start<FS: Filesystem>(
             allowed,
             session_owner,
         };
-        std::thread::Builder::new()
-            .name(name)
-            .spawn(move || serve(server, queue, se))
+        let start = thread_start.clone();
+        std::thread::Builder::new().name(name).spawn(move || {
+            if let Some(f) = start {
+                (f.0)();
+            }
+            serve(server, queue, se)
+        })
     };
     let pool = Arc::new(Pool {
         fd: prepared.fd,

@@ -26,7 +26,28 @@ pub struct Config {
     /// reads at a time and keeps reading while requests do not block. `None`: every thread
     /// reads (fuser's own way).
     pub leader_follower: Option<crate::LfConfig>,
+    /// dircache: run first on every request thread (each `/dev/fuse` reader and each
+    /// io_uring queue server, spares included), e.g. to set its scheduling attributes.
+    pub thread_start: Option<ThreadStart>,
 }
+
+/// dircache: a function each request thread runs when it starts ([`Config::thread_start`]).
+#[derive(Clone)]
+pub struct ThreadStart(pub std::sync::Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for ThreadStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ThreadStart")
+    }
+}
+
+impl PartialEq for ThreadStart {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ThreadStart {}
 
 /// Mount options accepted by the FUSE filesystem type
 /// See 'man mount.fuse' for details
