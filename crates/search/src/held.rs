@@ -39,7 +39,11 @@ use dircache_core::{
     XattrTarget, R_OK, X_OK,
 };
 
-use crate::proto::{answer_batches, ProtoError, RESULTS_PER_FRAME};
+use std::io::Write;
+
+use crate::proto::{
+    answer_batches, write_binary, write_frame, Encoding, ProtoError, Response, RESULTS_PER_FRAME,
+};
 use crate::source::{RawEntry, Source};
 use crate::{Batch, Flags, SearchOptions, SearchRequest, SearchResult};
 
@@ -363,20 +367,27 @@ pub fn search_held(
 }
 
 /// Answer `request` on `sock` from `cache` when it holds the searched subtree whole
-/// ([`search_held`]); `None` (nothing written) when it does not, and the caller delegates.
+/// ([`search_held`]), its results frames in `enc`; `None` (nothing written) when it does not,
+/// and the caller delegates.
 pub fn answer_held(
     sock: &UnixStream,
     request: &SearchRequest,
     cache: &Arc<Cache>,
     cred: &Cred,
+    enc: Encoding,
 ) -> Option<Result<(), ProtoError>> {
     let results = match search_held(cache, request, cred) {
         Ok(r) => r,
         Err(_) => return None,
     };
+    if enc == Encoding::Binary {
+        // Every result is known: a few large frames, one write each (no per-directory
+        // hand-over, no JSON).
+        return Some(answer_all_binary(sock, &results));
+    }
     // A frame's worth at a time (answer_batches splits a big batch by moving the rest).
     let mut results = results.into_iter();
-    Some(answer_batches(sock, move |_| {
+    Some(answer_batches(sock, enc, move |_| {
         let frame: Vec<SearchResult> = results.by_ref().take(RESULTS_PER_FRAME).collect();
         Ok(if frame.is_empty() {
             Batch::End
@@ -384,4 +395,15 @@ pub fn answer_held(
             Batch::Results(frame)
         })
     }))
+}
+
+/// The whole answer at once in binary results frames: the first (empty) frame, the results,
+/// End.
+fn answer_all_binary(sock: &UnixStream, results: &[SearchResult]) -> Result<(), ProtoError> {
+    let mut w = std::io::BufWriter::with_capacity(256 * 1024, sock);
+    let mut body = Vec::with_capacity(crate::proto::BIN_FRAME_BYTES + 4096);
+    write_binary(&mut w, &mut body, &[])?;
+    write_binary(&mut w, &mut body, results)?;
+    write_frame(&mut w, &Response::End)?;
+    w.flush().map_err(ProtoError::Io)
 }
