@@ -304,6 +304,103 @@ fn a_search_over_a_tree_the_client_holds_makes_no_call() {
     assert_eq!(t.search_lines(""), searched, "{}", t.server_log());
 }
 
+/// `dircache search ARGS... ROOT PATTERN` as `uid`: its output lines, sorted, and stderr.
+fn search_with(uid: Option<u32>, args: &[&str], root: &Path, pattern: &str) -> (Vec<String>, String) {
+    let root_s = root.display().to_string();
+    let mut cmd = vec![BIN, "search"];
+    cmd.extend_from_slice(args);
+    cmd.extend_from_slice(&[&root_s, pattern]);
+    let (out, err) = run_as(uid, &cmd);
+    let mut v: Vec<String> = out.lines().map(str::to_string).collect();
+    v.sort();
+    (v, err)
+}
+
+/// The patterns a held search is checked with: recursive, multi-component, anchored,
+/// alternatives, names of directories.
+const PATTERNS: &[&str] = &["*.c", "x1/*.c", "/a/x1/f1.c", "deep/*|*.h", "/b/*", "*er", "er/g*"];
+
+/// Every pattern searched as uid 1000 on the mount (answered from the client's cache, with
+/// and without `--stat`) against the same search run on SRC itself without delegation (the
+/// engine over the real tree, the kernel deciding every access), and `*.c` against `find`;
+/// no call to the server. Returns the `*.c` results.
+fn held_equals_real_tree(t: &RemoteMount, round: &str) -> Vec<String> {
+    let calls = t.calls("");
+    let searched = t.search_lines("");
+    for pat in PATTERNS {
+        for args in [&["--verbose"][..], &["--verbose", "--stat"][..]] {
+            let (got, err) = search_with(Some(1000), args, &t.mnt, pat);
+            let mut real = vec!["--no-delegate"];
+            real.extend_from_slice(&args[1..]);
+            let (want, _) = search_with(Some(1000), &real, &t.src, pat);
+            assert_eq!(got, want, "{round}: {pat} {args:?}: held vs the real tree\n{err}");
+            assert!(err.contains("delegated to"), "{round}: {pat}: {err}");
+        }
+    }
+    let (got, err) = search(Some(1000), &t.mnt, "*.c");
+    assert_eq!(got, find_names(Some(1000), &t.src, "*.c"), "{round}: vs find\n{err}");
+    assert_eq!(t.calls(""), calls, "{round}: calls:\n{}", t.log_text());
+    assert_eq!(t.search_lines(""), searched, "{round}: {}", t.server_log());
+    got
+}
+
+/// A held search after changes made on the server: files created and removed, a directory
+/// renamed, a directory closed to the caller (`chmod 700`, only an attribute callback: the
+/// listings stay complete). Once the mount shows each change (the callback came), the next
+/// search answered from the cache must equal the real tree at once, with no call: an answer
+/// kept from before the changes (or a permission remembered across searches) differs from
+/// the real tree in every one of these and fails here.
+#[test]
+fn a_held_search_equals_the_real_tree_after_server_changes() {
+    if !can_mount() {
+        return;
+    }
+    let t = start(make_tree);
+    walk_as_root(&t.mnt);
+    run_as(Some(1000), &["ls", &t.mnt.display().to_string()]);
+    let before = held_equals_real_tree(&t, "before");
+    sh_ok(
+        &t.src,
+        "echo n > a/x1/new.c && rm c/x1/f2.c && mkdir b/x9 && echo z > b/x9/z.c \
+         && mv a/x4 a/x5 && chmod 700 b/x1",
+    );
+    let ls = |d: &str| -> Vec<String> {
+        let (out, _) = run_as(None, &["ls", &t.mnt.join(d).display().to_string()]);
+        out.lines().map(str::to_string).collect()
+    };
+    let has = |d: &str, n: &str| ls(d).iter().any(|x| x == n);
+    dircache_tests::remote::eventually_or("the mount shows the server's changes", || {
+        let (mode, _) = run_as(None, &["stat", "-c", "%a", &t.mnt.join("b/x1").display().to_string()]);
+        let shown = [
+            mode.trim() == "700",
+            has("a", "x5") && !has("a", "x4"),
+            has("b", "x9"),
+            has("a/x1", "new.c"),
+            !has("c/x1", "f2.c"),
+        ];
+        if shown.iter().all(|x| *x) {
+            Ok(())
+        } else {
+            Err(format!("{shown:?}"))
+        }
+    });
+    // Listed again through the mount (the changed directories' listings came again): the
+    // tree is held whole again.
+    walk_as_root(&t.mnt);
+    let after = held_equals_real_tree(&t, "after");
+    assert_ne!(before, after, "the changes change the answer");
+    for (p, present) in [
+        ("a/x1/new.c", true),
+        ("b/x9/z.c", true),
+        ("a/x5/f1.c", true),
+        ("c/x1/f2.c", false),
+        ("a/x4/f1.c", false),
+        ("b/x1/f1.c", false),
+    ] {
+        assert_eq!(after.iter().any(|x| x == p), present, "{p}: {after:?}");
+    }
+}
+
 /// A directory with a POSIX ACL (which the client's kernel applies, and the mode bits do not
 /// show) makes a search over a held tree go to the server, which applies it: a caller the
 /// ACL denies sees nothing below it, although the mode bits would let it read.

@@ -215,7 +215,7 @@ impl From<WireResponse> for Response {
 /// The first byte of a binary results payload (module docs); a JSON payload starts with `{`.
 pub const BIN_RESULTS: u8 = 0xB1;
 /// Bytes of one result's attributes in a binary results payload.
-pub const ATTR_BYTES: usize = 96;
+pub const ATTR_BYTES: usize = 100;
 /// The request field asking for binary results, and its value.
 pub const RESULTS_FIELD: &str = "results";
 pub const RESULTS_BIN: &str = "bin";
@@ -1392,6 +1392,136 @@ pub fn search_auto(req: &SearchRequest) -> Result<SearchStream, SearchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample_results() -> Vec<SearchResult> {
+        let t = |sec, nsec| dircache_core::Timespec { sec, nsec };
+        let attr = dircache_core::Attr {
+            ino: u64::MAX - 1,
+            dev: 0x0803,
+            mode: 0o104755,
+            nlink: 3,
+            uid: 1000,
+            gid: 100,
+            rdev: 7,
+            size: 1 << 40,
+            blocks: 9,
+            blksize: 4096,
+            atime: t(-5, 1),
+            mtime: t(1_700_000_000, 999_999_999),
+            ctime: t(3, 4),
+            birth: 0xdead_beef,
+        };
+        vec![
+            SearchResult {
+                root: 0,
+                path: b"a/b.c".to_vec(),
+                stat: None,
+                error: None,
+            },
+            SearchResult {
+                root: 2,
+                path: vec![b'x', 0xff, b'/', 0],
+                stat: Some(attr),
+                error: None,
+            },
+            SearchResult {
+                root: 1,
+                path: Vec::new(),
+                stat: None,
+                error: Some(ResultError {
+                    source: ErrorSource::Readdir,
+                    errno: libc::EACCES,
+                }),
+            },
+        ]
+    }
+
+    /// Binary results frames carry every field (attributes, errors, any bytes in a path),
+    /// mix with JSON frames in one stream, and a damaged one is an error, never a panic or a
+    /// silent loss.
+    #[test]
+    fn binary_frames_round_trip() {
+        let rs = sample_results();
+        let mut buf = Vec::new();
+        let mut body = Vec::new();
+        write_binary(&mut buf, &mut body, &[]).unwrap_or_else(|e| panic!("{e}"));
+        write_binary(&mut buf, &mut body, &rs).unwrap_or_else(|e| panic!("{e}"));
+        write_frame(
+            &mut buf,
+            &Response::Results {
+                results: rs.clone(),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        write_frame(&mut buf, &Response::End).unwrap_or_else(|e| panic!("{e}"));
+        let back: Vec<SearchResult> = read_results(buf.as_slice())
+            .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let mut want = rs.clone();
+        want.extend(rs.clone());
+        assert_eq!(back, want);
+        // Many results: split into frames of at most BIN_FRAME_BYTES, all of them back.
+        let many: Vec<SearchResult> = (0..20_000u32)
+            .map(|i| SearchResult {
+                root: 0,
+                path: format!("dir{}/file{i}.c", i % 97).into_bytes(),
+                stat: None,
+                error: None,
+            })
+            .collect();
+        let mut buf = Vec::new();
+        write_binary(&mut buf, &mut body, &many).unwrap_or_else(|e| panic!("{e}"));
+        write_frame(&mut buf, &Response::End).unwrap_or_else(|e| panic!("{e}"));
+        let mut r = buf.as_slice();
+        let mut frames = 0;
+        while let Some(b) = read_frame_bytes(&mut r, MAX_RESPONSE).unwrap_or_else(|e| panic!("{e}")) {
+            assert!(b.len() <= BIN_FRAME_BYTES, "{}", b.len());
+            frames += 1;
+        }
+        assert!(frames > 2, "{frames}");
+        let back: Vec<SearchResult> = read_results(buf.as_slice())
+            .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(back, many);
+        // Damaged: a record cut short, unknown bits, an unknown error source.
+        let mut one = vec![BIN_RESULTS];
+        encode_result(&mut one, &rs[1]);
+        assert_eq!(one.len(), 1 + encoded_len(&rs[1]));
+        for cut in 1..one.len() - 1 {
+            assert!(
+                matches!(decode_response(&one[..cut]), Ok(Response::Results { ref results }) if results.is_empty())
+                    || decode_response(&one[..cut]).is_err(),
+                "cut at {cut}"
+            );
+            if cut > 1 {
+                assert!(decode_response(&one[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        let mut bad = one.clone();
+        bad[5] = 4;
+        assert!(decode_response(&bad).is_err());
+        let mut e = vec![BIN_RESULTS];
+        encode_result(&mut e, &rs[2]);
+        let last = e.len() - 5;
+        e[last] = 9;
+        assert!(decode_response(&e).is_err());
+    }
+
+    /// A request asks for binary results with its `results` field; one without it (an older
+    /// client) gets JSON, and an older daemon that ignores the field still parses it.
+    #[test]
+    fn requests_say_which_encoding() {
+        let req = SearchRequest::new("/a", "*.c", Flags::METADATA);
+        let mut buf = Vec::new();
+        write_request_binary(&mut buf, &req).unwrap_or_else(|e| panic!("{e}"));
+        let got = read_request_encoding(&mut buf.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, Some((req.clone(), Encoding::Binary)));
+        assert_eq!(read_request(&mut buf.as_slice()).ok().flatten(), Some(req.clone()));
+        let mut buf = Vec::new();
+        write_request(&mut buf, &req).unwrap_or_else(|e| panic!("{e}"));
+        let got = read_request_encoding(&mut buf.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, Some((req, Encoding::Json)));
+    }
 
     #[test]
     fn frames_round_trip() {
