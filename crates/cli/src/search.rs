@@ -197,8 +197,8 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
                     .prefix(&st)
                     .as_bytes(),
             )
-                .and_then(|_| out.write_all(&r.path))
-                .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))
+            .and_then(|_| out.write_all(&r.path))
+            .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))
         } else {
             out.write_all(&r.path)
                 .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))

@@ -187,7 +187,12 @@ impl HeldSource {
     /// decides (module docs)? `Err(Error::Access)` when not; a gap when it cannot be told.
     fn may(&self, node: &NodeRef, path: &[u8], mask: u32) -> Result<(), Error> {
         let id = node.id();
-        if self.granted.lock().get(&id).is_some_and(|g| g & mask == mask) {
+        if self
+            .granted
+            .lock()
+            .get(&id)
+            .is_some_and(|g| g & mask == mask)
+        {
             return Ok(());
         }
         let a = self.attr(node)?;

@@ -390,10 +390,20 @@ mod tests {
     #[test]
     fn may_match_name_is_a_necessary_condition() {
         let pats = [
-            "*.c", "x1/*.c", "/a/x1/f1.c", "deep/*|*.h", "/b/*", "*er", "er/g*", "a?b*|/n0",
-            "/", "*",
+            "*.c",
+            "x1/*.c",
+            "/a/x1/f1.c",
+            "deep/*|*.h",
+            "/b/*",
+            "*er",
+            "er/g*",
+            "a?b*|/n0",
+            "/",
+            "*",
         ];
-        let names: [&[u8]; 9] = [b"a", b"b", b"x1", b"f1.c", b"g1.h", b"deep", b"er", b"ab", b"n0"];
+        let names: [&[u8]; 9] = [
+            b"a", b"b", b"x1", b"f1.c", b"g1.h", b"deep", b"er", b"ab", b"n0",
+        ];
         for p in pats {
             let pat = Pattern::parse(p).unwrap_or_else(|e| panic!("{p}: {e}"));
             // Every path of up to 3 components over these names.

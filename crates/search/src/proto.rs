@@ -273,7 +273,9 @@ pub fn encode_result(out: &mut Vec<u8>, r: &SearchResult) {
 
 /// The bytes [`encode_result`] appends for `r`.
 pub fn encoded_len(r: &SearchResult) -> usize {
-    9 + r.path.len() + if r.stat.is_some() { ATTR_BYTES } else { 0 } + if r.error.is_some() { 5 } else { 0 }
+    9 + r.path.len()
+        + if r.stat.is_some() { ATTR_BYTES } else { 0 }
+        + if r.error.is_some() { 5 } else { 0 }
 }
 
 /// A reader over a binary payload's bytes that fails (never panics) at its end.
@@ -1474,7 +1476,8 @@ mod tests {
         write_frame(&mut buf, &Response::End).unwrap_or_else(|e| panic!("{e}"));
         let mut r = buf.as_slice();
         let mut frames = 0;
-        while let Some(b) = read_frame_bytes(&mut r, MAX_RESPONSE).unwrap_or_else(|e| panic!("{e}")) {
+        while let Some(b) = read_frame_bytes(&mut r, MAX_RESPONSE).unwrap_or_else(|e| panic!("{e}"))
+        {
             assert!(b.len() <= BIN_FRAME_BYTES, "{}", b.len());
             frames += 1;
         }
@@ -1516,7 +1519,10 @@ mod tests {
         write_request_binary(&mut buf, &req).unwrap_or_else(|e| panic!("{e}"));
         let got = read_request_encoding(&mut buf.as_slice()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got, Some((req.clone(), Encoding::Binary)));
-        assert_eq!(read_request(&mut buf.as_slice()).ok().flatten(), Some(req.clone()));
+        assert_eq!(
+            read_request(&mut buf.as_slice()).ok().flatten(),
+            Some(req.clone())
+        );
         let mut buf = Vec::new();
         write_request(&mut buf, &req).unwrap_or_else(|e| panic!("{e}"));
         let got = read_request_encoding(&mut buf.as_slice()).unwrap_or_else(|e| panic!("{e}"));

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dircache_search::proto::{
-    read_frame_bytes, read_frame_limited, read_request, read_request_encoding, read_results,
-    read_response, write_binary, Request, Response, MAX_REQUEST, MAX_RESPONSE,
+    read_frame_bytes, read_frame_limited, read_request, read_request_encoding, read_response,
+    read_results, write_binary, Request, Response, MAX_REQUEST, MAX_RESPONSE,
 };
 use dircache_search::{ErrorSource, Flags, Pattern, ResultError, SearchRequest, SearchResult};
 use rand::rngs::StdRng;
