@@ -289,19 +289,22 @@ fn a_search_over_a_tree_the_client_holds_makes_no_call() {
     });
     // Listed again through the mount: held whole again, answered from the cache again. The
     // changes' callbacks cleared what was known of the root's ACL (the kernel, which keeps
-    // it, does not ask again): at most one small call, the root's `getxattr`, no search.
-    walk_as_root(&t.mnt);
-    let (calls, acl) = (t.calls(""), t.calls("Getxattr"));
-    let searched = t.search_lines("");
-    let (got, err) = search(Some(1000), &t.mnt, "*.c");
-    assert_eq!(got, want, "{err}");
-    let made = t.calls("") - calls;
-    assert!(
-        made <= 1 && t.calls("Getxattr") - acl == made,
-        "{made} calls:\n{}",
-        t.log_text()
-    );
-    assert_eq!(t.search_lines(""), searched, "{}", t.server_log());
+    // it, does not ask again): at most one small call, the root's `getxattr`, no search. A
+    // callback that comes after the walk makes a listing incomplete again (seen under load:
+    // the search then went to the server, 3 calls): walk again until an answer needs none.
+    dircache_tests::remote::eventually_or("a held answer with no call", || {
+        walk_as_root(&t.mnt);
+        let (calls, acl) = (t.calls(""), t.calls("Getxattr"));
+        let searched = t.search_lines("");
+        let (got, err) = search(Some(1000), &t.mnt, "*.c");
+        assert_eq!(got, want, "{err}");
+        let made = t.calls("") - calls;
+        if made <= 1 && t.calls("Getxattr") - acl == made && t.search_lines("") == searched {
+            Ok(())
+        } else {
+            Err(format!("{made} calls:\n{}", t.log_text()))
+        }
+    });
 }
 
 /// `dircache search ARGS... ROOT PATTERN` as `uid`: its output lines, sorted, and stderr.
@@ -336,8 +339,11 @@ const PATTERNS: &[&str] = &[
 /// Every pattern searched as uid 1000 on the mount (answered from the client's cache, with
 /// and without `--stat`) against the same search run on SRC itself without delegation (the
 /// engine over the real tree, the kernel deciding every access), and `*.c` against `find`;
-/// no call to the server. Returns the `*.c` results.
-fn held_equals_real_tree(t: &RemoteMount, round: &str) -> Vec<String> {
+/// no call to the server. Returns the `*.c` results; `Err` when calls were made (a callback
+/// that came after the walk before it made a listing incomplete again, and the search went
+/// to the server: right, but not the case tested; the caller walks and tries again). Any
+/// answer that differs from the real tree fails at once, whoever gave it.
+fn held_equals_real_tree(t: &RemoteMount, round: &str) -> Result<Vec<String>, String> {
     let (calls, acl) = (t.calls(""), t.calls("Getxattr"));
     let searched = t.search_lines("");
     for pat in PATTERNS {
@@ -362,12 +368,21 @@ fn held_equals_real_tree(t: &RemoteMount, round: &str) -> Vec<String> {
     // Callbacks clear what was known of the served root's ACL: its one `getxattr` is the
     // only call allowed (as in a_search_over_a_tree_the_client_holds_makes_no_call).
     let made = t.calls("") - calls;
-    assert!(
-        made <= 1 && t.calls("Getxattr") - acl == made,
-        "{round}: {made} calls:\n{}",
-        t.log_text()
-    );
-    assert_eq!(t.search_lines(""), searched, "{round}: {}", t.server_log());
+    if made > 1 || t.calls("Getxattr") - acl != made || t.search_lines("") != searched {
+        return Err(format!("{round}: {made} calls:\n{}", t.log_text()));
+    }
+    Ok(got)
+}
+
+/// Walk the mount (so that it holds the tree whole) and compare (`held_equals_real_tree`)
+/// until an answer came with no call.
+fn walk_and_compare(t: &RemoteMount, round: &str) -> Vec<String> {
+    let mut got = Vec::new();
+    dircache_tests::remote::eventually_or("a held answer with no call", || {
+        walk_as_root(&t.mnt);
+        got = held_equals_real_tree(t, round)?;
+        Ok(())
+    });
     got
 }
 
@@ -385,7 +400,7 @@ fn a_held_search_equals_the_real_tree_after_server_changes() {
     let t = start(make_tree);
     walk_as_root(&t.mnt);
     run_as(Some(1000), &["ls", &t.mnt.display().to_string()]);
-    let before = held_equals_real_tree(&t, "before");
+    let before = walk_and_compare(&t, "before");
     sh_ok(
         &t.src,
         "echo n > a/x1/new.c && rm c/x1/f2.c && mkdir b/x9 && echo z > b/x9/z.c \
@@ -421,8 +436,7 @@ fn a_held_search_equals_the_real_tree_after_server_changes() {
     });
     // Listed again through the mount (the changed directories' listings came again): the
     // tree is held whole again.
-    walk_as_root(&t.mnt);
-    let after = held_equals_real_tree(&t, "after");
+    let after = walk_and_compare(&t, "after");
     assert_ne!(before, after, "the changes change the answer");
     for (p, present) in [
         ("a/x1/new.c", true),

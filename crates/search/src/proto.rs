@@ -1225,26 +1225,46 @@ pub fn delegate_with(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegati
             if tx.send(first.into_iter().map(&fix).collect()).is_err() {
                 return;
             }
-            let mut batch = Vec::new();
-            for item in read_results(r) {
-                if c2.load(Ordering::Relaxed) {
-                    break;
-                }
-                let item = item.and_then(|x| check_result(&x, nroots).map(|()| x));
-                match item {
-                    Ok(x) => batch.push(fix(x)),
+            // One batch per frame (a binary frame holds thousands of results): each hand-over
+            // to the consumer is a wake-up, which on a loaded machine waits for a core.
+            let mut r = r;
+            while !c2.load(Ordering::Relaxed) {
+                let results = match read_response(&mut r, MAX_RESPONSE) {
+                    Ok(Some(Response::Results { results })) => results,
+                    Ok(Some(Response::End)) => return,
+                    Ok(Some(Response::Error { message })) => {
+                        let _ = tx.send(vec![result_error(0, &ProtoError::Server(message))]);
+                        return;
+                    }
+                    Ok(None) => {
+                        let _ = tx.send(vec![result_error(0, &ProtoError::Truncated)]);
+                        return;
+                    }
                     Err(e) => {
-                        batch.push(result_error(0, &e));
-                        break;
+                        let _ = tx.send(vec![result_error(0, &e)]);
+                        return;
+                    }
+                };
+                if results.is_empty() {
+                    continue;
+                }
+                let mut batch = Vec::with_capacity(results.len());
+                let mut bad = None;
+                for x in results {
+                    match check_result(&x, nroots) {
+                        Ok(()) => batch.push(fix(x)),
+                        Err(e) => {
+                            bad = Some(e);
+                            break;
+                        }
                     }
                 }
-                if batch.len() >= RESULTS_PER_FRAME && tx.send(std::mem::take(&mut batch)).is_err()
-                {
+                if let Some(e) = &bad {
+                    batch.push(result_error(0, e));
+                }
+                if tx.send(batch).is_err() || bad.is_some() {
                     return;
                 }
-            }
-            if !batch.is_empty() {
-                let _ = tx.send(batch);
             }
         })
         .map_err(|e| SearchError::Spawn(e.to_string()))?;
