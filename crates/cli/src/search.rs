@@ -159,7 +159,8 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, stdout.lock());
     let mut status = 0;
-    let mut ls = crate::lsline::LsLine::new();
+    // Only `--stat` prints ls lines: the time zone database is read then, not for every search.
+    let mut ls: Option<crate::lsline::LsLine> = None;
     for r in stream {
         if let Some(e) = r.error {
             status = 1;
@@ -191,9 +192,13 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
             });
             writeln!(out, "{line}")
         } else if let Some(st) = r.stat.filter(|_| a.stat) {
-            out.write_all(ls.prefix(&st).as_bytes())
-                .and_then(|_| out.write_all(&r.path))
-                .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))
+            out.write_all(
+                ls.get_or_insert_with(crate::lsline::LsLine::new)
+                    .prefix(&st)
+                    .as_bytes(),
+            )
+            .and_then(|_| out.write_all(&r.path))
+            .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))
         } else {
             out.write_all(&r.path)
                 .and_then(|_| out.write_all(if a.print0 { b"\0" } else { b"\n" }))

@@ -503,6 +503,8 @@ fn serve_conn(
             continue;
         }
         if op == Some("search") {
+            // JSON results frames unless the client asked for binary ones (proto docs).
+            let enc = dircache_search::proto::Encoding::of_request(&req);
             let resp = match serde_json::from_value::<dircache_search::SearchRequest>(req) {
                 Err(e) => json!({"ok": false, "error": e.to_string()}),
                 Ok(sr) => match (&srv.base, srv.slots.take(cred.uid, true)) {
@@ -512,7 +514,13 @@ fn serve_conn(
                         let _ = s.set_read_timeout(None);
                         // A subtree the cache holds whole (kept fresh by the backend's
                         // callbacks) is searched here, without a call (search/src/held.rs).
-                        match dircache_search::held::answer_held(&s, &sr, &srv.stats.cache, &cred) {
+                        match dircache_search::held::answer_held(
+                            &s,
+                            &sr,
+                            &srv.stats.cache,
+                            &cred,
+                            enc,
+                        ) {
                             Some(Ok(())) => continue,
                             Some(Err(_)) => return,
                             None => {}
@@ -523,6 +531,7 @@ fn serve_conn(
                             &**srv.stats.cache.backend(),
                             &cred,
                             dircache_search::proto::mount_access(&srv.stats.mnt),
+                            enc,
                         ) {
                             None => {
                                 json!({"ok": false, "error": "searches are not served here"})
@@ -539,11 +548,12 @@ fn serve_conn(
                                 let source = source
                                     .on_mount(dircache_search::proto::mount_access(&srv.stats.mnt));
                                 let _ = s.set_read_timeout(None);
-                                let r = dircache_search::proto::answer(
+                                let r = dircache_search::proto::answer_encoded(
                                     &s,
                                     &sr,
                                     Arc::new(source),
                                     &dircache_search::proto::daemon_search_options(),
+                                    enc,
                                 );
                                 if r.is_err() {
                                     return;

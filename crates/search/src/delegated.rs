@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use dircache_core::{Backend, Cred, SearchCall, SearchEvent, SearchHit};
 
-use crate::proto::{answer_batches, write_frame, ProtoError, Response};
+use crate::proto::{answer_batches, write_frame, Encoding, ProtoError, Response};
 use crate::{Batch, ErrorSource, Flags, MountAccess, ResultError, SearchRequest, SearchResult};
 
 /// Longest wait for the backend to take a search (its first frame).
@@ -75,6 +75,7 @@ pub fn answer_backend(
     backend: &dyn Backend,
     cred: &Cred,
     mount: MountAccess,
+    enc: Encoding,
 ) -> Option<Result<(), ProtoError>> {
     if (mount.read_only && request.flags.contains(Flags::W_OK))
         || (mount.noexec && request.flags.contains(Flags::X_OK))
@@ -94,7 +95,7 @@ pub fn answer_backend(
         SearchEvent::Failed(e) => return Some(refuse(format!("backend search: {e}"))),
         ev => Some(ev),
     };
-    Some(answer_batches(sock, move |wait| {
+    Some(answer_batches(sock, enc, move |wait| {
         let ev = first.take().unwrap_or_else(|| hits.next(wait));
         match ev {
             SearchEvent::Hits(h) => Ok(Batch::Results(h.into_iter().map(result_of).collect())),

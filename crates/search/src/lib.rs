@@ -400,6 +400,53 @@ struct Shared<S: Source> {
     tx: Sender<Vec<SearchResult>>,
 }
 
+/// Run `req` over `source` on the calling thread (one worker, no thread started, nothing
+/// handed over) and return every result; `cancel` (set by anyone, the source included) stops
+/// it. For sources that answer from memory ([`held`]): there a thread's start and the
+/// wake-ups of handing results from one thread to another cost more than the walk, on a
+/// loaded machine most of all.
+pub fn search_collect<S: Source>(
+    req: &SearchRequest,
+    source: Arc<S>,
+    opts: &SearchOptions,
+    cancel: Arc<AtomicBool>,
+) -> Result<Vec<SearchResult>, SearchError> {
+    let pattern = req.validate()?;
+    let mut roots = Vec::new();
+    for r in req.paths.split(':') {
+        let opened = source.open_root(r.as_bytes());
+        if let Err(Error::NotDir) = opened {
+            return Err(SearchError::NotADirectory(r.to_string()));
+        }
+        roots.push((r.as_bytes().to_vec(), opened));
+    }
+    // Unbounded: nobody takes batches while the one worker runs.
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let shared = Arc::new(Shared {
+        source,
+        mounts: Default::default(),
+        roots,
+        top: Arc::new(Sub {
+            pattern,
+            base_len: 0,
+        }),
+        flags: req.flags,
+        opts: opts.clone(),
+        queue: Mutex::new(Queue {
+            jobs: Vec::new(),
+            active: 0,
+            next_root: 0,
+            done: false,
+        }),
+        cv: Condvar::new(),
+        cancel,
+        found: AtomicBool::new(false),
+        tx,
+    });
+    worker(shared);
+    Ok(rx.try_iter().flatten().collect())
+}
+
 /// Run `req` over `source`. Returns at once; the work happens on background threads.
 pub fn search_with<S: Source>(
     req: &SearchRequest,

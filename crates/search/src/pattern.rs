@@ -257,6 +257,16 @@ impl Pattern {
         })
     }
 
+    /// A quick necessary condition of [`Pattern::matches`] for an entry `name` at `depth`
+    /// components below the searched directory (1 for its direct entries): `false` only when
+    /// no alternative can match it, judged by the file name alone.
+    pub fn may_match_name(&self, depth: usize, name: &[u8]) -> bool {
+        self.alts.iter().any(|a| {
+            let n = a.comps.len();
+            !(a.anchored && n != depth || n > depth || n == 0) && a.comps[n - 1].matches(name)
+        })
+    }
+
     /// Whether a search must descend into directory `comps` (its path relative to the searched
     /// directory): some alternative could match something below it.
     pub fn may_descend(&self, comps: &[&[u8]]) -> bool {
@@ -374,6 +384,56 @@ impl std::fmt::Display for Pattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `may_match_name` never says no where `matches` says yes (a held listing leaves out
+    /// what it says no to), and does say no to names no alternative's last component takes.
+    #[test]
+    fn may_match_name_is_a_necessary_condition() {
+        let pats = [
+            "*.c",
+            "x1/*.c",
+            "/a/x1/f1.c",
+            "deep/*|*.h",
+            "/b/*",
+            "*er",
+            "er/g*",
+            "a?b*|/n0",
+            "/",
+            "*",
+        ];
+        let names: [&[u8]; 9] = [
+            b"a", b"b", b"x1", b"f1.c", b"g1.h", b"deep", b"er", b"ab", b"n0",
+        ];
+        for p in pats {
+            let pat = Pattern::parse(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+            // Every path of up to 3 components over these names.
+            let mut paths: Vec<Vec<&[u8]>> = names.iter().map(|n| vec![*n]).collect();
+            for _ in 0..2 {
+                let longer: Vec<Vec<&[u8]>> = paths
+                    .iter()
+                    .filter(|v| v.len() == paths.last().map_or(0, Vec::len))
+                    .flat_map(|v| {
+                        names.iter().map(move |n| {
+                            let mut w = v.clone();
+                            w.push(*n);
+                            w
+                        })
+                    })
+                    .collect();
+                paths.extend(longer);
+            }
+            for c in &paths {
+                let last = c.last().copied().unwrap_or_default();
+                if pat.matches(c) {
+                    assert!(pat.may_match_name(c.len(), last), "{p}: {c:?}");
+                }
+            }
+        }
+        let pat = Pattern::parse("*.c").unwrap_or_else(|e| panic!("{e}"));
+        assert!(!pat.may_match_name(1, b"f.h"));
+        let pat = Pattern::parse("/a/b.c").unwrap_or_else(|e| panic!("{e}"));
+        assert!(!pat.may_match_name(1, b"b.c") && pat.may_match_name(2, b"b.c"));
+    }
 
     fn m(p: &str, path: &str) -> bool {
         let comps: Vec<&[u8]> = path.split('/').map(|s| s.as_bytes()).collect();

@@ -12,6 +12,18 @@
 //! answers that way, and the client then searches locally). The client may close the
 //! connection at any time to cancel: the server watches for the hangup while it searches.
 //!
+//! **Binary results** (`"results":"bin"` in the request): a client that asks for them gets
+//! its results frames in a compact binary form instead of JSON (no escaping, no parsing: a
+//! warm search of 27k results spent more time in JSON than in its walk). Such a payload
+//! starts with the byte [`BIN_RESULTS`] (never `{`) and holds records one after another:
+//! root (`u32` little-endian), a presence byte (1: attributes, 2: error), the path length
+//! (`u32` LE) and its bytes, then the attributes ([`ATTR_BYTES`] bytes, fixed layout:
+//! ino, dev, mode, nlink, uid, gid, rdev, size, blocks, blksize, atime, mtime, ctime as
+//! seconds `i64` and nanoseconds `u32`, birth; all LE) if present, then the error (source
+//! `u8`, errno `i32` LE) if present. End and Error frames stay JSON. A daemon that does not
+//! know the field ignores it and answers JSON; a client tells the two apart by the first byte
+//! of each frame ([`decode_response`]), so either side may be older.
+//!
 //! **Paths** in a delegated request are absolute *within the served file system*: `/` is the
 //! mount root (the daemon's SRC). The client sends the request without INCLUDEROOT and puts the
 //! roots back itself, so result paths are always relative to their root on the wire; a client
@@ -61,8 +73,12 @@ pub const MAX_REQUEST: usize = 64 * 1024;
 pub const MAX_RESPONSE: usize = 4 << 20;
 /// Largest frame of either kind.
 pub const MAX_FRAME: usize = MAX_RESPONSE;
-/// Results per frame when serving.
+/// Results per frame when serving (JSON).
 pub const RESULTS_PER_FRAME: usize = 256;
+/// Results per binary frame when serving (a frame is sent once this many are waiting).
+pub const RESULTS_PER_BIN_FRAME: usize = 4096;
+/// Bytes a binary results payload grows to before another frame is started.
+pub const BIN_FRAME_BYTES: usize = 256 * 1024;
 /// Longest silence of a server while it searches (it sends an empty results frame).
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
 /// How long a client waits for a daemon by default.
@@ -87,6 +103,8 @@ pub enum ProtoError {
     Untrusted(String),
     #[error("result path {0:?} is outside the search root")]
     BadPath(String),
+    #[error("bad binary results frame: {0}")]
+    Malformed(&'static str),
 }
 
 impl ProtoError {
@@ -95,7 +113,10 @@ impl ProtoError {
         match self {
             ProtoError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             ProtoError::TimedOut => libc::ETIMEDOUT,
-            ProtoError::Untrusted(_) | ProtoError::BadPath(_) | ProtoError::Json(_) => libc::EPROTO,
+            ProtoError::Untrusted(_)
+            | ProtoError::BadPath(_)
+            | ProtoError::Json(_)
+            | ProtoError::Malformed(_) => libc::EPROTO,
             ProtoError::TooLarge(_) => libc::EMSGSIZE,
             _ => libc::EIO,
         }
@@ -119,47 +140,60 @@ pub enum Request {
 
 /// A response frame: `{"ok":true,"results":[..]}`, `{"ok":true,"end":true}` or
 /// `{"ok":false,"error":".."}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "WireResponse", into = "WireResponse")]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "WireResponse")]
 pub enum Response {
     Results { results: Vec<SearchResult> },
     End,
     Error { message: String },
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct WireResponse {
     ok: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     results: Option<Vec<SearchResult>>,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     end: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     error: Option<String>,
 }
 
-impl From<Response> for WireResponse {
-    fn from(r: Response) -> WireResponse {
-        match r {
-            Response::Results { results } => WireResponse {
+/// [`WireResponse`] borrowed: serializing a frame copies none of its results.
+#[derive(Serialize)]
+struct WireResponseRef<'a> {
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    results: Option<&'a [SearchResult]>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    end: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+impl Serialize for Response {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let w = match self {
+            Response::Results { results } => WireResponseRef {
                 ok: true,
                 results: Some(results),
                 end: false,
                 error: None,
             },
-            Response::End => WireResponse {
+            Response::End => WireResponseRef {
                 ok: true,
                 results: None,
                 end: true,
                 error: None,
             },
-            Response::Error { message } => WireResponse {
+            Response::Error { message } => WireResponseRef {
                 ok: false,
                 results: None,
                 end: false,
                 error: Some(message),
             },
-        }
+        };
+        w.serialize(s)
     }
 }
 
@@ -175,6 +209,202 @@ impl From<WireResponse> for Response {
                 message: "response without results or end".into(),
             },
         }
+    }
+}
+
+/// The first byte of a binary results payload (module docs); a JSON payload starts with `{`.
+pub const BIN_RESULTS: u8 = 0xB1;
+/// Bytes of one result's attributes in a binary results payload.
+pub const ATTR_BYTES: usize = 100;
+/// The request field asking for binary results, and its value.
+pub const RESULTS_FIELD: &str = "results";
+pub const RESULTS_BIN: &str = "bin";
+
+/// How a daemon writes results frames: JSON (every client understands it) or binary (a
+/// client that asked with `"results":"bin"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    #[default]
+    Json,
+    Binary,
+}
+
+impl Encoding {
+    /// What the request object `req` (a parsed request frame) asks for.
+    pub fn of_request(req: &serde_json::Value) -> Encoding {
+        if req.get(RESULTS_FIELD).and_then(serde_json::Value::as_str) == Some(RESULTS_BIN) {
+            Encoding::Binary
+        } else {
+            Encoding::Json
+        }
+    }
+}
+
+/// Append `r` to a binary results payload (module docs).
+pub fn encode_result(out: &mut Vec<u8>, r: &SearchResult) {
+    out.extend_from_slice(&r.root.to_le_bytes());
+    let bits = u8::from(r.stat.is_some()) | (u8::from(r.error.is_some()) << 1);
+    out.push(bits);
+    // A path is at most a few KiB (a frame is at most MAX_RESPONSE): its length fits.
+    out.extend_from_slice(&(r.path.len() as u32).to_le_bytes());
+    out.extend_from_slice(&r.path);
+    if let Some(a) = &r.stat {
+        for v in [a.ino, a.dev] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [a.mode, a.nlink, a.uid, a.gid] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [a.rdev, a.size, a.blocks] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&a.blksize.to_le_bytes());
+        for t in [a.atime, a.mtime, a.ctime] {
+            out.extend_from_slice(&t.sec.to_le_bytes());
+            out.extend_from_slice(&t.nsec.to_le_bytes());
+        }
+        out.extend_from_slice(&a.birth.to_le_bytes());
+    }
+    if let Some(e) = &r.error {
+        out.push(e.source as u8);
+        out.extend_from_slice(&e.errno.to_le_bytes());
+    }
+}
+
+/// The bytes [`encode_result`] appends for `r`.
+pub fn encoded_len(r: &SearchResult) -> usize {
+    9 + r.path.len()
+        + if r.stat.is_some() { ATTR_BYTES } else { 0 }
+        + if r.error.is_some() { 5 } else { 0 }
+}
+
+/// A reader over a binary payload's bytes that fails (never panics) at its end.
+struct Bytes<'a>(&'a [u8]);
+
+impl<'a> Bytes<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
+        if self.0.len() < n {
+            return Err(ProtoError::Malformed("a record runs past the frame"));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn arr<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, ProtoError> {
+        Ok(self.arr::<1>()?[0])
+    }
+    fn u32(&mut self) -> Result<u32, ProtoError> {
+        Ok(u32::from_le_bytes(self.arr()?))
+    }
+    fn u64(&mut self) -> Result<u64, ProtoError> {
+        Ok(u64::from_le_bytes(self.arr()?))
+    }
+    fn time(&mut self) -> Result<dircache_core::Timespec, ProtoError> {
+        let sec = i64::from_le_bytes(self.arr()?);
+        let nsec = self.u32()?;
+        Ok(dircache_core::Timespec { sec, nsec })
+    }
+}
+
+/// The number of records of a binary results payload, checking that they fill it exactly
+/// (so that decoding allocates for the results there are, no more).
+fn count_records(body: &[u8]) -> Result<usize, ProtoError> {
+    let mut b = Bytes(body);
+    let mut n = 0;
+    while !b.0.is_empty() {
+        b.take(4)?;
+        let bits = b.u8()?;
+        let len = b.u32()? as usize;
+        let more = usize::from(bits & 1 != 0) * ATTR_BYTES + usize::from(bits & 2 != 0) * 5;
+        b.take(len)?;
+        b.take(more)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Decode a binary results payload (after its first byte) into its results.
+fn decode_binary(body: &[u8]) -> Result<Vec<SearchResult>, ProtoError> {
+    let mut out = Vec::with_capacity(count_records(body)?);
+    let mut b = Bytes(body);
+    while !b.0.is_empty() {
+        let root = b.u32()?;
+        let bits = b.u8()?;
+        if bits & !3 != 0 {
+            return Err(ProtoError::Malformed("unknown presence bits"));
+        }
+        let n = b.u32()? as usize;
+        let path = b.take(n)?.to_vec();
+        let stat = if bits & 1 != 0 {
+            let (ino, dev) = (b.u64()?, b.u64()?);
+            let (mode, nlink, uid, gid) = (b.u32()?, b.u32()?, b.u32()?, b.u32()?);
+            let (rdev, size, blocks) = (b.u64()?, b.u64()?, b.u64()?);
+            let blksize = b.u32()?;
+            let (atime, mtime, ctime) = (b.time()?, b.time()?, b.time()?);
+            let birth = b.u32()?;
+            Some(dircache_core::Attr {
+                ino,
+                dev,
+                mode,
+                nlink,
+                uid,
+                gid,
+                rdev,
+                size,
+                blocks,
+                blksize,
+                atime,
+                mtime,
+                ctime,
+                birth,
+            })
+        } else {
+            None
+        };
+        let error = if bits & 2 != 0 {
+            let source = match b.u8()? {
+                1 => ErrorSource::Open,
+                2 => ErrorSource::Readdir,
+                3 => ErrorSource::Stat,
+                4 => ErrorSource::Delegate,
+                _ => return Err(ProtoError::Malformed("unknown error source")),
+            };
+            let errno = i32::from_le_bytes(b.arr()?);
+            Some(ResultError { source, errno })
+        } else {
+            None
+        };
+        out.push(SearchResult {
+            root,
+            path,
+            stat,
+            error,
+        });
+    }
+    Ok(out)
+}
+
+/// Decode one response frame's payload, JSON or binary (module docs).
+pub fn decode_response(body: &[u8]) -> Result<Response, ProtoError> {
+    match body.split_first() {
+        Some((&BIN_RESULTS, rest)) => Ok(Response::Results {
+            results: decode_binary(rest)?,
+        }),
+        _ => Ok(serde_json::from_slice(body)?),
+    }
+}
+
+/// Read one response frame (at most `max` bytes), JSON or binary; `Ok(None)` on a clean end
+/// of stream.
+pub fn read_response<R: Read>(r: &mut R, max: usize) -> Result<Option<Response>, ProtoError> {
+    match read_frame_bytes(r, max)? {
+        Some(b) => decode_response(&b).map(Some),
+        None => Ok(None),
     }
 }
 
@@ -220,9 +450,32 @@ pub fn write_request<W: Write>(w: &mut W, req: &SearchRequest) -> Result<(), Pro
     Ok(())
 }
 
+/// [`write_request`] asking for binary results (module docs): what this crate's clients send.
+pub fn write_request_binary<W: Write>(w: &mut W, req: &SearchRequest) -> Result<(), ProtoError> {
+    let mut v = serde_json::to_value(Request::Search(req.clone()))?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert(RESULTS_FIELD.into(), RESULTS_BIN.into());
+    }
+    write_frame(w, &v)?;
+    w.flush().map_err(io_err)?;
+    Ok(())
+}
+
 /// Read one request (at most [`MAX_REQUEST`] bytes).
 pub fn read_request<R: Read>(r: &mut R) -> Result<Option<SearchRequest>, ProtoError> {
-    Ok(read_frame_limited::<_, Request>(r, MAX_REQUEST)?.map(|Request::Search(s)| s))
+    Ok(read_request_encoding(r)?.map(|(s, _)| s))
+}
+
+/// [`read_request`] with the results encoding the request asks for.
+pub fn read_request_encoding<R: Read>(
+    r: &mut R,
+) -> Result<Option<(SearchRequest, Encoding)>, ProtoError> {
+    let Some(v) = read_frame_limited::<_, serde_json::Value>(r, MAX_REQUEST)? else {
+        return Ok(None);
+    };
+    let enc = Encoding::of_request(&v);
+    let Request::Search(s) = serde_json::from_value(v)?;
+    Ok(Some((s, enc)))
 }
 
 /// Iterate over the results of a response stream until `End` (an `Error` frame or a broken
@@ -238,7 +491,7 @@ pub fn read_results<R: Read>(r: R) -> impl Iterator<Item = Result<SearchResult, 
         if done {
             return None;
         }
-        match read_frame_limited::<_, Response>(&mut r, MAX_RESPONSE) {
+        match read_response(&mut r, MAX_RESPONSE) {
             Ok(Some(Response::Results { results })) => buf = results.into_iter(),
             Ok(Some(Response::End)) => {
                 done = true;
@@ -313,6 +566,17 @@ pub fn answer<S: Source>(
     source: Arc<S>,
     opts: &SearchOptions,
 ) -> Result<(), ProtoError> {
+    answer_encoded(sock, request, source, opts, Encoding::Json)
+}
+
+/// [`answer`] with results frames in `enc`.
+pub fn answer_encoded<S: Source>(
+    sock: &UnixStream,
+    request: &SearchRequest,
+    source: Arc<S>,
+    opts: &SearchOptions,
+    enc: Encoding,
+) -> Result<(), ProtoError> {
     let mut w = BufWriter::new(sock);
     let mut stream = match crate::search_with(request, source, opts) {
         Ok(s) => s,
@@ -326,7 +590,26 @@ pub fn answer<S: Source>(
             return w.flush().map_err(io_err);
         }
     };
-    answer_batches(sock, |wait| Ok(stream.next_batch(wait)))
+    answer_batches(sock, enc, |wait| Ok(stream.next_batch(wait)))
+}
+
+/// Write `results` as binary results frames (one, or more when they take more than
+/// [`BIN_FRAME_BYTES`]; one empty frame for none), using `body` as the payload buffer.
+pub fn write_binary<W: Write>(
+    w: &mut W,
+    body: &mut Vec<u8>,
+    results: &[SearchResult],
+) -> Result<(), ProtoError> {
+    body.clear();
+    body.push(BIN_RESULTS);
+    for r in results {
+        if body.len() > 1 && body.len() + encoded_len(r) > BIN_FRAME_BYTES {
+            frame::write_frame(w, body, MAX_FRAME).map_err(frame_err)?;
+            body.truncate(1);
+        }
+        encode_result(body, r);
+    }
+    frame::write_frame(w, body, MAX_FRAME).map_err(frame_err)
 }
 
 /// The streaming half of [`answer`], for any source of batches (`next` waits at most the
@@ -335,12 +618,21 @@ pub fn answer<S: Source>(
 /// or a write fails (dropping what `next` reads from, which cancels it).
 pub fn answer_batches(
     sock: &UnixStream,
+    enc: Encoding,
     mut next: impl FnMut(Duration) -> Result<Batch, String>,
 ) -> Result<(), ProtoError> {
-    let mut w = BufWriter::new(sock);
+    let mut w = BufWriter::with_capacity(64 * 1024, sock);
     let poll = Duration::from_millis(100);
-    let send = |w: &mut BufWriter<&UnixStream>, results: Vec<SearchResult>| {
-        write_frame(w, &Response::Results { results })?;
+    let mut body = Vec::new();
+    let per_frame = match enc {
+        Encoding::Json => RESULTS_PER_FRAME,
+        Encoding::Binary => RESULTS_PER_BIN_FRAME,
+    };
+    let mut send = |w: &mut BufWriter<&UnixStream>, results: Vec<SearchResult>| {
+        match enc {
+            Encoding::Json => write_frame(w, &Response::Results { results })?,
+            Encoding::Binary => write_binary(w, &mut body, &results)?,
+        }
         w.flush().map_err(io_err)
     };
     // The first frame at once: the client knows the search was taken.
@@ -361,8 +653,8 @@ pub fn answer_batches(
         match b {
             Batch::Results(rs) => {
                 batch.extend(rs);
-                while batch.len() >= RESULTS_PER_FRAME {
-                    let rest = batch.split_off(RESULTS_PER_FRAME);
+                while batch.len() >= per_frame {
+                    let rest = batch.split_off(per_frame);
                     send(&mut w, std::mem::replace(&mut batch, rest))?;
                     last = Instant::now();
                 }
@@ -438,11 +730,17 @@ pub fn serve_directory(stream: UnixStream, src: &Path) -> Result<(), ProtoError>
         .map_err(std::io::Error::from)?,
     );
     let mut r = BufReader::new(&stream);
-    let Some(req) = read_request(&mut r)? else {
+    let Some((req, enc)) = read_request_encoding(&mut r)? else {
         return Ok(());
     };
     match source_for(base, &cred) {
-        Ok(source) => answer(&stream, &req, Arc::new(source), &daemon_search_options()),
+        Ok(source) => answer_encoded(
+            &stream,
+            &req,
+            Arc::new(source),
+            &daemon_search_options(),
+            enc,
+        ),
         Err(e) => {
             let mut w = &stream;
             write_frame(
@@ -865,7 +1163,7 @@ pub fn delegate_with(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegati
         flags: Flags(req.flags.0 & !Flags::INCLUDEROOT.0),
     };
     let mut w = BufWriter::new(&stream);
-    match write_request(&mut w, &wire) {
+    match write_request_binary(&mut w, &wire) {
         Ok(()) => {}
         Err(ProtoError::TimedOut) => {
             return Err(SearchError::Daemon(format!(
@@ -881,7 +1179,7 @@ pub fn delegate_with(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegati
     // (e.g. a daemon that does not know the `search` op, or is busy) means: search locally.
     let mut r = BufReader::new(stream);
     let nroots = roots.len();
-    let first = match read_frame_limited::<_, Response>(&mut r, MAX_RESPONSE) {
+    let first = match read_response(&mut r, MAX_RESPONSE) {
         Ok(Some(Response::Results { results })) => Some(results),
         Ok(Some(Response::End)) => None,
         Ok(Some(Response::Error { message })) => {
@@ -927,26 +1225,46 @@ pub fn delegate_with(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegati
             if tx.send(first.into_iter().map(&fix).collect()).is_err() {
                 return;
             }
-            let mut batch = Vec::new();
-            for item in read_results(r) {
-                if c2.load(Ordering::Relaxed) {
-                    break;
-                }
-                let item = item.and_then(|x| check_result(&x, nroots).map(|()| x));
-                match item {
-                    Ok(x) => batch.push(fix(x)),
+            // One batch per frame (a binary frame holds thousands of results): each hand-over
+            // to the consumer is a wake-up, which on a loaded machine waits for a core.
+            let mut r = r;
+            while !c2.load(Ordering::Relaxed) {
+                let results = match read_response(&mut r, MAX_RESPONSE) {
+                    Ok(Some(Response::Results { results })) => results,
+                    Ok(Some(Response::End)) => return,
+                    Ok(Some(Response::Error { message })) => {
+                        let _ = tx.send(vec![result_error(0, &ProtoError::Server(message))]);
+                        return;
+                    }
+                    Ok(None) => {
+                        let _ = tx.send(vec![result_error(0, &ProtoError::Truncated)]);
+                        return;
+                    }
                     Err(e) => {
-                        batch.push(result_error(0, &e));
-                        break;
+                        let _ = tx.send(vec![result_error(0, &e)]);
+                        return;
+                    }
+                };
+                if results.is_empty() {
+                    continue;
+                }
+                let mut batch = Vec::with_capacity(results.len());
+                let mut bad = None;
+                for x in results {
+                    match check_result(&x, nroots) {
+                        Ok(()) => batch.push(fix(x)),
+                        Err(e) => {
+                            bad = Some(e);
+                            break;
+                        }
                     }
                 }
-                if batch.len() >= RESULTS_PER_FRAME && tx.send(std::mem::take(&mut batch)).is_err()
-                {
+                if let Some(e) = &bad {
+                    batch.push(result_error(0, e));
+                }
+                if tx.send(batch).is_err() || bad.is_some() {
                     return;
                 }
-            }
-            if !batch.is_empty() {
-                let _ = tx.send(batch);
             }
         })
         .map_err(|e| SearchError::Spawn(e.to_string()))?;
@@ -979,11 +1297,11 @@ pub(crate) fn child_search(
         pattern: pattern.into(),
         flags: Flags(flags.0 & !Flags::INCLUDEROOT.0),
     };
-    if write_request(&mut BufWriter::new(&stream), &wire).is_err() {
+    if write_request_binary(&mut BufWriter::new(&stream), &wire).is_err() {
         return false;
     }
     let mut r = BufReader::new(stream);
-    let first = match read_frame_limited::<_, Response>(&mut r, MAX_RESPONSE) {
+    let first = match read_response(&mut r, MAX_RESPONSE) {
         Ok(Some(Response::Results { results })) => results,
         Ok(Some(Response::End)) => return true,
         _ => return false,
@@ -1096,6 +1414,140 @@ pub fn search_auto(req: &SearchRequest) -> Result<SearchStream, SearchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample_results() -> Vec<SearchResult> {
+        let t = |sec, nsec| dircache_core::Timespec { sec, nsec };
+        let attr = dircache_core::Attr {
+            ino: u64::MAX - 1,
+            dev: 0x0803,
+            mode: 0o104755,
+            nlink: 3,
+            uid: 1000,
+            gid: 100,
+            rdev: 7,
+            size: 1 << 40,
+            blocks: 9,
+            blksize: 4096,
+            atime: t(-5, 1),
+            mtime: t(1_700_000_000, 999_999_999),
+            ctime: t(3, 4),
+            birth: 0xdead_beef,
+        };
+        vec![
+            SearchResult {
+                root: 0,
+                path: b"a/b.c".to_vec(),
+                stat: None,
+                error: None,
+            },
+            SearchResult {
+                root: 2,
+                path: vec![b'x', 0xff, b'/', 0],
+                stat: Some(attr),
+                error: None,
+            },
+            SearchResult {
+                root: 1,
+                path: Vec::new(),
+                stat: None,
+                error: Some(ResultError {
+                    source: ErrorSource::Readdir,
+                    errno: libc::EACCES,
+                }),
+            },
+        ]
+    }
+
+    /// Binary results frames carry every field (attributes, errors, any bytes in a path),
+    /// mix with JSON frames in one stream, and a damaged one is an error, never a panic or a
+    /// silent loss.
+    #[test]
+    fn binary_frames_round_trip() {
+        let rs = sample_results();
+        let mut buf = Vec::new();
+        let mut body = Vec::new();
+        write_binary(&mut buf, &mut body, &[]).unwrap_or_else(|e| panic!("{e}"));
+        write_binary(&mut buf, &mut body, &rs).unwrap_or_else(|e| panic!("{e}"));
+        write_frame(
+            &mut buf,
+            &Response::Results {
+                results: rs.clone(),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        write_frame(&mut buf, &Response::End).unwrap_or_else(|e| panic!("{e}"));
+        let back: Vec<SearchResult> = read_results(buf.as_slice())
+            .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let mut want = rs.clone();
+        want.extend(rs.clone());
+        assert_eq!(back, want);
+        // Many results: split into frames of at most BIN_FRAME_BYTES, all of them back.
+        let many: Vec<SearchResult> = (0..20_000u32)
+            .map(|i| SearchResult {
+                root: 0,
+                path: format!("dir{}/file{i}.c", i % 97).into_bytes(),
+                stat: None,
+                error: None,
+            })
+            .collect();
+        let mut buf = Vec::new();
+        write_binary(&mut buf, &mut body, &many).unwrap_or_else(|e| panic!("{e}"));
+        write_frame(&mut buf, &Response::End).unwrap_or_else(|e| panic!("{e}"));
+        let mut r = buf.as_slice();
+        let mut frames = 0;
+        while let Some(b) = read_frame_bytes(&mut r, MAX_RESPONSE).unwrap_or_else(|e| panic!("{e}"))
+        {
+            assert!(b.len() <= BIN_FRAME_BYTES, "{}", b.len());
+            frames += 1;
+        }
+        assert!(frames > 2, "{frames}");
+        let back: Vec<SearchResult> = read_results(buf.as_slice())
+            .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(back, many);
+        // Damaged: a record cut short, unknown bits, an unknown error source.
+        let mut one = vec![BIN_RESULTS];
+        encode_result(&mut one, &rs[1]);
+        assert_eq!(one.len(), 1 + encoded_len(&rs[1]));
+        for cut in 1..one.len() - 1 {
+            assert!(
+                matches!(decode_response(&one[..cut]), Ok(Response::Results { ref results }) if results.is_empty())
+                    || decode_response(&one[..cut]).is_err(),
+                "cut at {cut}"
+            );
+            if cut > 1 {
+                assert!(decode_response(&one[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        let mut bad = one.clone();
+        bad[5] = 4;
+        assert!(decode_response(&bad).is_err());
+        let mut e = vec![BIN_RESULTS];
+        encode_result(&mut e, &rs[2]);
+        let last = e.len() - 5;
+        e[last] = 9;
+        assert!(decode_response(&e).is_err());
+    }
+
+    /// A request asks for binary results with its `results` field; one without it (an older
+    /// client) gets JSON, and an older daemon that ignores the field still parses it.
+    #[test]
+    fn requests_say_which_encoding() {
+        let req = SearchRequest::new("/a", "*.c", Flags::METADATA);
+        let mut buf = Vec::new();
+        write_request_binary(&mut buf, &req).unwrap_or_else(|e| panic!("{e}"));
+        let got = read_request_encoding(&mut buf.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, Some((req.clone(), Encoding::Binary)));
+        assert_eq!(
+            read_request(&mut buf.as_slice()).ok().flatten(),
+            Some(req.clone())
+        );
+        let mut buf = Vec::new();
+        write_request(&mut buf, &req).unwrap_or_else(|e| panic!("{e}"));
+        let got = read_request_encoding(&mut buf.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, Some((req, Encoding::Json)));
+    }
 
     #[test]
     fn frames_round_trip() {

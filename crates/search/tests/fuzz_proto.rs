@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dircache_search::proto::{
-    read_frame_bytes, read_frame_limited, read_request, read_results, Request, Response,
-    MAX_REQUEST, MAX_RESPONSE,
+    read_frame_bytes, read_frame_limited, read_request, read_request_encoding, read_response,
+    read_results, write_binary, Request, Response, MAX_REQUEST, MAX_RESPONSE,
 };
-use dircache_search::{Flags, Pattern, SearchRequest};
+use dircache_search::{ErrorSource, Flags, Pattern, ResultError, SearchRequest, SearchResult};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -76,7 +76,47 @@ pub fn corpus() -> Vec<Vec<u8>> {
         let req = Request::Search(SearchRequest::new(paths, pat, flags));
         out.push(frame(&serde_json::to_vec(&req).unwrap_or_default()));
     }
+    // Binary results frames (asked for with "results":"bin"), as a daemon writes them.
+    let attr = dircache_search::SearchAttr {
+        ino: 1,
+        dev: 2,
+        mode: 0o100644,
+        nlink: 1,
+        size: 3,
+        ..Default::default()
+    };
+    let results = [
+        SearchResult {
+            root: 0,
+            path: b"a/b".to_vec(),
+            stat: None,
+            error: None,
+        },
+        SearchResult {
+            root: 1,
+            path: vec![b'a', 0xff],
+            stat: Some(attr),
+            error: None,
+        },
+        SearchResult {
+            root: 0,
+            path: b"x".to_vec(),
+            stat: None,
+            error: Some(ResultError {
+                source: ErrorSource::Open,
+                errno: 13,
+            }),
+        },
+    ];
+    let mut bin = Vec::new();
+    let mut body = Vec::new();
+    write_binary(&mut bin, &mut body, &results).unwrap_or_default();
+    out.push(bin);
+    let mut bin = Vec::new();
+    write_binary(&mut bin, &mut body, &[]).unwrap_or_default();
+    out.push(bin);
     for v in [
+        r#"{"op":"search","paths":"/","pattern":"*","flags":2,"results":"bin"}"#,
         r#"{"op":"stats"}"#,
         r#"{"op":"ping"}"#,
         r#"{"op":"search","paths":"/","pattern":"*","flags":2}"#,
@@ -175,6 +215,10 @@ fn decode_all(input: &[u8]) -> usize {
     }
     let mut r = input;
     let _ = read_frame_limited::<_, Response>(&mut r, MAX_RESPONSE);
+    let mut r = input;
+    let _ = read_response(&mut r, MAX_RESPONSE);
+    let mut r = input;
+    let _ = read_request_encoding(&mut r);
     PEAK.load(Ordering::Relaxed).saturating_sub(base)
 }
 

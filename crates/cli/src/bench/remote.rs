@@ -856,7 +856,11 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         bail!("{NOT_APPLICABLE} (disconnected reads: native and dircache only)");
     }
     let d = s.dir.to_string_lossy().into_owned();
-    let exe = env.exe.to_string_lossy().into_owned();
+    // `dircache-base` runs its own commands (`search`: the base's client library too).
+    let exe = match (s.sys, &env.base_bin) {
+        (Sys::DircacheBase, Some(b)) => b.to_string_lossy().into_owned(),
+        _ => env.exe.to_string_lossy().into_owned(),
+    };
     // The mount's daemon, whose CPU time a loop counts with its own.
     let daemon = s
         .mount
