@@ -1070,11 +1070,22 @@ impl Backend for LocalBackend {
         // The same `(dev, ino)` and birth time: a file made at the name since, with the
         // removed one's inode number, is another file (the kernel checked the caller's open
         // against the old one's attributes).
-        if target.expect.is_some() && !target.is(&statx_fd(pfd.as_fd())?) {
+        let o_path = flags & libc::O_PATH != 0;
+        let a = if target.expect.is_some() || !o_path {
+            Some(statx_fd(pfd.as_fd())?)
+        } else {
+            None
+        };
+        if a.as_ref().is_some_and(|a| !target.is(a)) {
             return Err(Error::Stale);
         }
-        if flags & libc::O_PATH != 0 {
+        if o_path {
             return Ok(self.file(pfd));
+        }
+        // Only files and directories are opened: a FIFO would hold this thread until someone
+        // opens it for writing (see `open_fd`).
+        if !a.is_some_and(|a| matches!(a.kind(), FileType::Regular | FileType::Directory)) {
+            return Err(Error::Stale);
         }
         if flags & libc::O_ACCMODE != libc::O_RDONLY {
             // Writes through it are this thread's: the change feed skips them, as after

@@ -53,6 +53,25 @@ fn a_fifo_or_socket_is_refused_without_waiting() {
             "open of {name} with flags {flags:#o} (None: still waiting after 5 s)"
         );
     }
+    // Nor through `open_verified` (a FIFO is never the inode the kernel named; unchecked,
+    // it is refused too).
+    for expect in [None, Some((0u64, 0u64))] {
+        let b = b.clone();
+        let got = within(Duration::from_secs(5), move || {
+            let t = dircache_core::XattrTarget {
+                path: b"fifo",
+                expect,
+                birth: 0,
+                open: None,
+            };
+            b.open_verified(&root(), t, libc::O_RDONLY).map(drop)
+        });
+        assert_eq!(
+            got,
+            Some(Err(Error::Stale)),
+            "open_verified, expect {expect:?}"
+        );
+    }
     // A regular file's descriptor keeps the caller's blocking mode.
     std::fs::write(r.join("f"), b"x").unwrap();
     let f = b.open(&root(), b"f", libc::O_RDONLY, 0).unwrap();
