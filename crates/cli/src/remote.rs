@@ -14,7 +14,8 @@
 //! - `subtree=N` directory entries the client may hold from bulk subtree replies, 0 = no bulk
 //!   prefetching [131072] (dircache_remote::prefetch)
 //! - `cache_dir=PATH` where container files go (a directory per remote, kept across mounts,
-//!   is made in it; PATH must belong to the daemon's user and be writable by no one else)
+//!   is made in it; PATH must belong to the daemon's user and be writable by no one else,
+//!   as must every directory on the way to it unless sticky)
 //!   [`/var/cache/dircache`
 //!   for root, else `$XDG_CACHE_HOME/dircache` or `~/.cache/dircache`]; without a value,
 //!   `cache_dir` is the local mount option (kernel-cached listings)

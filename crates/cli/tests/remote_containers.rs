@@ -405,6 +405,83 @@ fn an_unsafe_cache_dir_is_refused() {
     }
 }
 
+/// A cache directory of the daemon's own, 0700, but below a directory another user can write
+/// (not sticky): that user could rename the directory on the way and put its own in its
+/// place, with a modification log of its making that the next mount replays as the users it
+/// names (uid 0 included), or data files read back into other users' files. Refused, naming
+/// the directory on the way.
+#[test]
+fn a_cache_dir_below_a_directory_others_can_write_is_refused() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    common::chmod(dir.path(), 0o755);
+    let src = dir.path().join("src");
+    let mnt = dir.path().join("mnt");
+    let open = dir.path().join("open");
+    for d in [&src, &mnt, &open] {
+        std::fs::create_dir(d).unwrap();
+    }
+    common::chmod(&open, 0o777);
+    let cache = open.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    common::chmod(&cache, 0o700);
+    // And a safe directory reached through a symlink that lives in that directory.
+    let link = open.join("link");
+    let safe = dir.path().join("safe");
+    std::fs::create_dir(&safe).unwrap();
+    common::chmod(&safe, 0o700);
+    std::os::unix::fs::symlink(&safe, &link).unwrap();
+    std::fs::create_dir(safe.join("cache")).unwrap();
+    common::chmod(&safe.join("cache"), 0o700);
+    let via_link = link.join("cache");
+    let ssh = dircache_tests::remote::stand_in_ssh(dir.path());
+    for bad in [&cache, &via_link] {
+        let mut c = Command::new(BIN)
+            .arg("mount")
+            .arg("-f")
+            .arg(format!("localhost:{}", src.display()))
+            .arg(&mnt)
+            .arg("-o")
+            .arg(format!(
+                "ssh_command={},serve_command={BIN},cache_dir={}",
+                ssh.display(),
+                bad.display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        let mut status = None;
+        while t.elapsed() < std::time::Duration::from_secs(20) {
+            if let Ok(Some(s)) = c.try_wait() {
+                status = Some(s);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let mounted = dircache_fuse::is_mount_point(&mnt);
+        if mounted {
+            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+        }
+        if status.is_none() {
+            let _ = c.kill();
+        }
+        let o = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !mounted && status.is_some_and(|s| !s.success()),
+            "cache_dir={} below {} (mode 777) was taken: mounted {mounted}, {err}",
+            bad.display(),
+            open.display()
+        );
+        assert!(err.contains("another user can change"), "{err}");
+    }
+}
+
 /// A read through a descriptor opened before a callback, made after the callback reached
 /// the kernel, fills the kernel's page cache from the old container (the open's version);
 /// a later open that fetches the new version must not be answered from those pages or from

@@ -1081,11 +1081,22 @@ impl Backend for LocalBackend {
         // The same `(dev, ino)` and birth time: a file made at the name since, with the
         // removed one's inode number, is another file (the kernel checked the caller's open
         // against the old one's attributes).
-        if target.expect.is_some() && !target.is(&statx_fd(pfd.as_fd())?) {
+        let o_path = flags & libc::O_PATH != 0;
+        let a = if target.expect.is_some() || !o_path {
+            Some(statx_fd(pfd.as_fd())?)
+        } else {
+            None
+        };
+        if a.as_ref().is_some_and(|a| !target.is(a)) {
             return Err(Error::Stale);
         }
-        if flags & libc::O_PATH != 0 {
+        if o_path {
             return Ok(self.file(pfd));
+        }
+        // Only files and directories are opened: a FIFO would hold this thread until someone
+        // opens it for writing (see `open_fd`).
+        if !a.is_some_and(|a| matches!(a.kind(), FileType::Regular | FileType::Directory)) {
+            return Err(Error::Stale);
         }
         if flags & libc::O_ACCMODE != libc::O_RDONLY {
             // Writes through it are this thread's: the change feed skips them, as after
@@ -1221,7 +1232,77 @@ impl LocalBackend {
         }
         let (dir, name) = split(path)?;
         let d = self.dir(dir)?;
-        run(&|| rustix::fs::openat2(d.as_fd(), name, oflags, m, RESOLVE).map_err(errno))
+        // Never blocked by what a user put at the name: the kernel sends OPEN and CREATE only
+        // for regular files and directories, but a FIFO renamed over the name in SRC since its
+        // lookup would hold this request thread in open(2) until someone opens it for writing
+        // (one user could so stop every thread of the mount). Opened O_NONBLOCK (a FIFO
+        // without a writer opens at once, or fails ENXIO), anything but a regular file or a
+        // directory is refused as another inode than the kernel's (ESTALE: it looks the name
+        // up again and opens a FIFO itself, in the caller's process), and O_NONBLOCK is then
+        // taken off again unless the caller asked for it.
+        let asked_nonblock = oflags.contains(OFlags::NONBLOCK);
+        let opened = run(&|| {
+            rustix::fs::openat2(d.as_fd(), name, oflags | OFlags::NONBLOCK, m, RESOLVE)
+                .map_err(errno)
+        });
+        let fd = match opened {
+            // A lease on the file (the only way O_NONBLOCK fails an open of a regular file):
+            // wait for its break as a blocking open would, on the inode checked to be one.
+            Err(Error::Os(libc::EAGAIN)) if !asked_nonblock => {
+                return self.open_regular_blocking(cred, d.as_fd(), name, oflags, writes)
+            }
+            // What a FIFO without a reader (O_WRONLY | O_NONBLOCK) or a socket answers: not
+            // the regular file or directory the kernel named either.
+            Err(Error::Os(libc::ENXIO)) => return Err(Error::Stale),
+            r => r?,
+        };
+        match rustix::fs::fstat(&fd).map_err(errno)?.st_mode & libc::S_IFMT {
+            libc::S_IFREG | libc::S_IFDIR => {}
+            _ => return Err(Error::Stale),
+        }
+        if !asked_nonblock {
+            let fl = rustix::fs::fcntl_getfl(&fd).map_err(errno)?;
+            rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK).map_err(errno)?;
+        }
+        Ok(fd)
+    }
+
+    /// The blocking open of `dfd/name` that a lease made fail with O_NONBLOCK: resolved
+    /// `O_PATH` as the caller, checked to be a regular file, and reopened through
+    /// `/proc/self/fd` as the caller (the kernel checks access on that inode and waits for
+    /// the lease's break). The file exists, so O_CREAT and O_EXCL no longer apply.
+    fn open_regular_blocking(
+        &self,
+        cred: &Cred,
+        dfd: BorrowedFd<'_>,
+        name: &[u8],
+        oflags: OFlags,
+        writes: bool,
+    ) -> Result<OwnedFd> {
+        let p = {
+            let _g = self.act_as(cred)?;
+            rustix::fs::openat2(
+                dfd,
+                name,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                RESOLVE,
+            )
+            .map_err(errno)?
+        };
+        if rustix::fs::fstat(&p).map_err(errno)?.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error::Stale);
+        }
+        let proc =
+            CString::new(format!("/proc/self/fd/{}", p.as_raw_fd())).map_err(|_| Error::Invalid)?;
+        let flags = oflags - (OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW);
+        let reopen = || rustix::fs::open(proc.as_c_str(), flags, Mode::empty()).map_err(errno);
+        if writes {
+            self.as_cred(cred, reopen)
+        } else {
+            let _g = self.act_as(cred)?;
+            reopen()
+        }
     }
 
     fn open_exec(&self, cred: &Cred, path: &[u8]) -> Result<OwnedFd> {

@@ -425,8 +425,13 @@ impl CacheFs {
         let (fd, checked) = match self.open_shared_attr(&c, ino, oflags) {
             // The core still has the name, the backend has not (removed outside, not yet
             // reported): as for an xattr call (`xattr_error`), forget it and answer ESTALE so
-            // the kernel looks again (an open(O_CREAT) then creates, as natively).
-            Err(e) if e == Errno::ENOENT && !node.is_dead() => match self.cache.node_path(&node) {
+            // the kernel looks again (an open(O_CREAT) then creates, as natively). The same
+            // when the name holds another inode now (ESTALE), e.g. a FIFO renamed over it,
+            // which the kernel then opens itself.
+            Err(e) if (e == Errno::ENOENT || e == Errno::ESTALE) && !node.is_dead() => match self
+                .cache
+                .node_path(&node)
+            {
                 Ok(path) if Arc::ptr_eq(&self.cache.node_backend(&node), self.cache.backend()) => {
                     self.forget_name(ino, &node, &path);
                     return Err(Errno::ESTALE);

@@ -175,6 +175,7 @@ impl Log {
                 .create(dir)?;
         }
         let md = std::fs::symlink_metadata(dir)?;
+        super::container::check_ancestors(dir)?;
         let me = rustix::process::geteuid().as_raw();
         if !md.is_dir() || md.uid() != me || md.mode() & 0o077 != 0 {
             return Err(std::io::Error::new(

@@ -286,6 +286,51 @@ fn checked_dir(path: &Path) -> std::io::Result<OwnedFd> {
 
 use std::os::unix::fs::DirBuilderExt;
 
+/// Every directory on the way to `path` (an existing directory) must be one that no other
+/// user can change: owned by root or the daemon's user and writable by no one else unless
+/// sticky (like /tmp, where others cannot rename or remove what is not theirs). Otherwise
+/// another user could later rename a directory on the way and put its own in its place:
+/// containers, the modification log and its data files, which are read back and replayed
+/// as the users who wrote them, are found by these paths. Both the directories the given
+/// path passes through (a symlink on the way included) and those of its resolved path are
+/// checked.
+pub fn check_ancestors(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    let safe = |d: &Path| -> std::io::Result<()> {
+        let m = std::fs::metadata(d)?;
+        let sticky = m.mode() & libc::S_ISVTX != 0;
+        if (m.uid() == 0 || m.uid() == me) && (m.mode() & 0o022 == 0 || sticky) {
+            return Ok(());
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: a cache directory must not be below a directory another user can change: \
+                 {} (owner {}, mode {:o})",
+                path.display(),
+                d.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ),
+        ))
+    };
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    let real = std::fs::canonicalize(&abs)?;
+    for p in [&abs, &real] {
+        let mut d = p.parent();
+        while let Some(x) = d {
+            safe(x)?;
+            d = x.parent();
+        }
+    }
+    Ok(())
+}
+
 impl Containers {
     /// The containers of `cfg.remote` in its directory of `cfg.dir` (or the default base),
     /// taken over from the last mount's index; a new per-mount directory when `cfg.remote`
@@ -293,6 +338,7 @@ impl Containers {
     pub fn new(cfg: &ContainerConfig) -> std::io::Result<Containers> {
         let base = cfg.dir.clone().unwrap_or_else(default_cache_base);
         checked_dir(&base)?;
+        check_ancestors(&base)?;
         if let Some(remote) = &cfg.remote {
             let dir_path = base.join(index::dir_name(remote));
             let dir = checked_dir(&dir_path)?;
