@@ -454,7 +454,6 @@ pub fn parse_options(lists: &[String]) -> Result<Options, Usage> {
             )));
         }
     }
-    let open_given = overrides.iter().any(|(k, _)| k == "open");
     for (k, v) in overrides {
         let p = &mut o.policy;
         let v = v.as_deref();
