@@ -35,8 +35,14 @@ fn make_walk_tree(t: &TestMount) {
 fn settle(t: &TestMount) {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::fs::create_dir_all(t.s("marks")).expect("mkdir marks");
     let rel = format!("marks/m{n}");
+    // Looked up through the mount first, while missing: the mount then holds that it is
+    // missing, and only a report of the feed (of the marker or of `marks`, both after the
+    // reports of everything made before) shows it. Made without that lookup, it was found by
+    // the mount's first lookup at once, before the feed's reports of the tree (a late one
+    // then emptied what a test listed).
+    assert!(!t.m(&rel).exists(), "{rel} exists before it is made");
+    std::fs::create_dir_all(t.s("marks")).expect("mkdir marks");
     std::fs::write(t.s(&rel), b"m").expect("marker");
     assert!(
         wait_for(LIMIT, || t.m(&rel).exists()).is_some(),
