@@ -26,17 +26,23 @@ fn make_walk_tree(t: &TestMount) {
         }
         std::fs::write(d.join("deeper/leaf"), b"leaf").expect("write");
     }
-    settle(t);
 }
 
 /// Wait until the change feed has delivered the events of everything done in SRC so far
 /// (they come in order: a marker made last is seen through the mount last), so that no late
-/// report of the tree's creation drops what a test then lists.
+/// report of the tree's creation drops what a test then lists. Only on a mount with a feed:
+/// without one the marker is never seen (the mount holds it as missing).
 fn settle(t: &TestMount) {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::fs::create_dir_all(t.s("marks")).expect("mkdir marks");
     let rel = format!("marks/m{n}");
+    // Looked up through the mount first, while missing: the mount then holds that it is
+    // missing, and only a report of the feed (of the marker or of `marks`, both after the
+    // reports of everything made before) shows it. Made without that lookup, it was found by
+    // the mount's first lookup at once, before the feed's reports of the tree (a late one
+    // then emptied what a test listed).
+    assert!(!t.m(&rel).exists(), "{rel} exists before it is made");
+    std::fs::create_dir_all(t.s("marks")).expect("mkdir marks");
     std::fs::write(t.s(&rel), b"m").expect("marker");
     assert!(
         wait_for(LIMIT, || t.m(&rel).exists()).is_some(),
@@ -102,7 +108,6 @@ fn a_walk_finds_its_next_directories_listed() {
     let native: Vec<_> = (0..SUBDIRS)
         .map(|i| listing(&t.s(&format!("top/sub{i}"))))
         .collect();
-    settle(&t);
     wait_idle(&t);
     let before = stats(&t);
     for (i, want) in native.iter().enumerate() {
@@ -144,6 +149,7 @@ fn prefetched_listings_follow_changes() {
     }
     let t = TestMount::new();
     make_walk_tree(&t);
+    settle(&t);
     // Walk until every subdirectory sits prefetched: a feed overflow (other jobs changing the
     // same file system) may drop the cache between the walker's steps; it walks again.
     // A prefetch skipped once is not queued again by walking, because the kernel answers the
@@ -205,7 +211,6 @@ fn nothing_is_prefetched_that_the_walker_may_not_read() {
     make_walk_tree(&t);
     chmod(&t.s("top/sub3"), 0o700); // root's, closed to uid 1000
     chmod(&t.s("top/sub4"), 0o711); // enterable, not readable
-    settle(&t);
     let before = num(&stats(&t), &["prefetch", "listings"]);
     py(
         &t.mnt,
@@ -237,6 +242,7 @@ fn prefetch_off_lists_nothing_ahead() {
         ..CachePolicy::default()
     });
     make_walk_tree(&t);
+    settle(&t);
     listing(&t.m(""));
     listing(&t.m("top"));
     for i in 0..SUBDIRS {

@@ -509,7 +509,7 @@ impl Fan {
         });
         // Every mount below the root must be watched too, or the feed would miss its changes.
         let mut ignored = Vec::new();
-        me.rescan(&mut ignored);
+        let _ = me.rescan(&mut ignored);
         Ok(me)
     }
 
@@ -566,20 +566,26 @@ impl Fan {
     /// system that cannot be marked (no file handles or no fsid: proc, sysfs, some FUSE file
     /// systems) is logged: changes made on it outside the mount are not reported. (Falling
     /// back to inotify for everything instead would make a SRC of `/` watch every directory.)
-    fn rescan(&mut self, out: &mut Vec<Change>) {
+    /// Returns whether a mount below the root appeared or went away: the mount table of the
+    /// namespace changes whenever anything is mounted anywhere (other jobs' FUSE mounts), and
+    /// only a change below the root moves what the fd cache's paths name.
+    fn rescan(&mut self, out: &mut Vec<Change>) -> bool {
         let text = match std::fs::read("/proc/self/mountinfo") {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!("dircache-local: cannot read the mount table: {e}");
-                return;
+                // Not known what changed: as if everything did.
+                return true;
             }
         };
         let now = mounts_below(&text, &self.root);
+        let mut changed = false;
         // Gone (or moved) mounts.
         let mut kept = vec![true; self.mounts.len()];
         for (i, m) in self.mounts.iter().enumerate().skip(1) {
             if !now.iter().any(|(id, rel)| *id == m.id && *rel == m.rel) {
                 kept[i] = false;
+                changed = true;
                 out.push(Change::Entry {
                     path: m.rel.clone(),
                 });
@@ -624,6 +630,7 @@ impl Fan {
                      mounted at {shown} are not reported ({e})"
                 );
             }
+            changed = true;
             out.push(Change::Entry { path: rel.clone() });
             let codec = crate::fid::Codec::for_fd(fd.as_fd());
             self.mounts.push(MountRef {
@@ -635,12 +642,13 @@ impl Fan {
             });
         }
         self.handles.clear();
+        changed
     }
 
-    /// The mount table changed: follow it.
+    /// The mount table changed: follow it. Structural (empties the fd cache) only if a mount
+    /// below the root changed.
     fn mounts_changed(&mut self, out: &mut Vec<Change>) -> bool {
-        self.rescan(out);
-        true
+        self.rescan(out)
     }
 
     /// Paths relative to the root of the directory with this handle on the file system
