@@ -4,7 +4,7 @@
 //!
 //! A relay between the client and a real server (the core cache over the local backend, as
 //! `dircache serve` runs, over unix socket pairs) holds back every frame of a `Subtree` reply
-//! but its first (the root's own listing) until the test opens it, so the call is surely in
+//! after the one with the root's own full listing until the test opens it, so the call is surely in
 //! flight while the test mutates, and every listing it brings was read on the server before
 //! the mutations (the worst case: the server may read a listing before a change and send it
 //! after the change's reply). Callbacks and other replies pass at once.
@@ -127,7 +127,7 @@ fn client(root: &Path) -> (Setup, Arc<Gate>, RemoteBackend, ChangeFeed) {
             if let Ok(ServerMsg::Reply {
                 id,
                 last,
-                body: Ok(Reply::Subtree { .. }),
+                body: Ok(Reply::Subtree { dirs, .. }),
             }) = decode::<ServerMsg>(&f)
             {
                 if !h.open && h.started.contains(&id) {
@@ -136,7 +136,16 @@ fn client(root: &Path) -> (Setup, Arc<Gate>, RemoteBackend, ChangeFeed) {
                     g.cv.notify_all();
                     continue;
                 }
-                h.started.push(id);
+                // Frames pass until the root's own full listing has (names first: listings
+                // of subdirectories may come before it); the server never sends it in the
+                // last frame. A last frame passing would end the call before the test holds
+                // it: the test's `bulk_in_flight` check says so.
+                if dirs
+                    .iter()
+                    .any(|d| d.dir.is_empty() && !d.entries.is_empty())
+                {
+                    h.started.push(id);
+                }
             }
             let mut w = g.to_client.lock();
             if write_frame(&mut *w, &f, MAX_SERVER_FRAME).is_err() || w.flush().is_err() {

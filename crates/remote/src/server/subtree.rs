@@ -19,6 +19,9 @@
 //! queue of listings, the full listings in the order their names were sent. So the names of
 //! the whole tree (what a `find -name` needs) reach the client before most entries are
 //! statted, and a walk that stats (`du`, `ls -l`) hurries the full listings it waits for.
+//! The root's own full listing is read first of the full listings and, like its names,
+//! leaves at once in a frame of its own (never packed behind listings still coming, so never
+//! in the call's last frame: tests/bulk_mutations.rs waited 60 s for a frame after it once).
 //! Each directory is listed once by getdents for its names; its full listing reads it again
 //! from the page cache.
 //!
@@ -433,6 +436,12 @@ pub(super) fn run(s: &Shared, id: u64, root: &[u8], budget: u64, names: bool) {
             };
             let pushed = match listing {
                 Listing::Names(rel, entries) => out.push(rel, entries, Vec::new(), true),
+                // Names first: the root's full listing is urgent (the client waits for its
+                // attributes): it leaves at once, never packed behind listings still coming
+                // (and so never in the call's last frame).
+                Listing::Full(rel, entries, bare) if rel.is_empty() => {
+                    out.push(rel, entries, bare, false) && out.flush(false, false)
+                }
                 Listing::Full(rel, entries, bare) => out.push(rel, entries, bare, false),
             };
             if !pushed {
