@@ -400,6 +400,60 @@ struct Shared<S: Source> {
     tx: Sender<Vec<SearchResult>>,
 }
 
+/// Each of `req`'s roots opened on `source` (a root that is not a directory is the request's
+/// error; other failures are reported with that root's results).
+fn open_roots<S: Source>(
+    req: &SearchRequest,
+    source: &S,
+) -> Result<Vec<OpenedRoot<S>>, SearchError> {
+    let mut roots = Vec::new();
+    for r in req.paths.split(':') {
+        let opened = source.open_root(r.as_bytes());
+        if let Err(Error::NotDir) = opened {
+            return Err(SearchError::NotADirectory(r.to_string()));
+        }
+        roots.push((r.as_bytes().to_vec(), opened));
+    }
+    Ok(roots)
+}
+
+impl<S: Source> Shared<S> {
+    /// A search's state before any directory is read.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        source: Arc<S>,
+        mounts: std::collections::HashMap<(usize, Vec<u8>), proto::Daemon>,
+        roots: Vec<OpenedRoot<S>>,
+        pattern: Pattern,
+        req: &SearchRequest,
+        opts: &SearchOptions,
+        cancel: Arc<AtomicBool>,
+        tx: Sender<Vec<SearchResult>>,
+    ) -> Self {
+        Shared {
+            source,
+            mounts,
+            roots,
+            top: Arc::new(Sub {
+                pattern,
+                base_len: 0,
+            }),
+            flags: req.flags,
+            opts: opts.clone(),
+            queue: Mutex::new(Queue {
+                jobs: Vec::new(),
+                active: 0,
+                next_root: 0,
+                done: false,
+            }),
+            cv: Condvar::new(),
+            cancel,
+            found: AtomicBool::new(false),
+            tx,
+        }
+    }
+}
+
 /// Run `req` over `source` on the calling thread (one worker, no thread started, nothing
 /// handed over) and return every result; `cancel` (set by anyone, the source included) stops
 /// it. For sources that answer from memory ([`held`]): there a thread's start and the
@@ -412,37 +466,19 @@ pub fn search_collect<S: Source>(
     cancel: Arc<AtomicBool>,
 ) -> Result<Vec<SearchResult>, SearchError> {
     let pattern = req.validate()?;
-    let mut roots = Vec::new();
-    for r in req.paths.split(':') {
-        let opened = source.open_root(r.as_bytes());
-        if let Err(Error::NotDir) = opened {
-            return Err(SearchError::NotADirectory(r.to_string()));
-        }
-        roots.push((r.as_bytes().to_vec(), opened));
-    }
+    let roots = open_roots(req, &*source)?;
     // Unbounded: nobody takes batches while the one worker runs.
     let (tx, rx) = crossbeam_channel::unbounded();
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Shared::new(
         source,
-        mounts: Default::default(),
+        Default::default(),
         roots,
-        top: Arc::new(Sub {
-            pattern,
-            base_len: 0,
-        }),
-        flags: req.flags,
-        opts: opts.clone(),
-        queue: Mutex::new(Queue {
-            jobs: Vec::new(),
-            active: 0,
-            next_root: 0,
-            done: false,
-        }),
-        cv: Condvar::new(),
+        pattern,
+        req,
+        opts,
         cancel,
-        found: AtomicBool::new(false),
         tx,
-    });
+    ));
     worker(shared);
     Ok(rx.try_iter().flatten().collect())
 }
@@ -454,14 +490,7 @@ pub fn search_with<S: Source>(
     opts: &SearchOptions,
 ) -> Result<SearchStream, SearchError> {
     let pattern = req.validate()?;
-    let mut roots = Vec::new();
-    for r in req.paths.split(':') {
-        let opened = source.open_root(r.as_bytes());
-        if let Err(Error::NotDir) = opened {
-            return Err(SearchError::NotADirectory(r.to_string()));
-        }
-        roots.push((r.as_bytes().to_vec(), opened));
-    }
+    let roots = open_roots(req, &*source)?;
     let nthreads = if !pattern.is_recursive() && pattern.max_anchored_depth() <= 1 {
         1
     } else if opts.threads == 0 {
@@ -479,27 +508,16 @@ pub fn search_with<S: Source>(
     } else {
         Default::default()
     };
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Shared::new(
         source,
         mounts,
         roots,
-        top: Arc::new(Sub {
-            pattern,
-            base_len: 0,
-        }),
-        flags: req.flags,
-        opts: opts.clone(),
-        queue: Mutex::new(Queue {
-            jobs: Vec::new(),
-            active: 0,
-            next_root: 0,
-            done: false,
-        }),
-        cv: Condvar::new(),
-        cancel: cancel.clone(),
-        found: AtomicBool::new(false),
+        pattern,
+        req,
+        opts,
+        cancel.clone(),
         tx,
-    });
+    ));
     let mut threads = Vec::with_capacity(nthreads);
     for i in 0..nthreads {
         let sh = shared.clone();
