@@ -159,21 +159,6 @@ fn a_fifo_put_at_a_name_never_holds_a_request_thread() {
 /// still be answered at once.
 #[test]
 fn leases_on_own_files_never_hold_the_request_threads() {
-    leases_never_hold_the_request_threads(false);
-}
-
-/// The same through CREATE: the kernel still holds each name as absent (no change feed: the
-/// window before the feed's report, made endless) when the user makes the file natively,
-/// takes a lease on it and opens it `O_CREAT` through the mount; the daemon's open of the
-/// existing file waited for the lease's break on a request thread.
-#[test]
-fn leases_on_files_made_behind_a_negative_entry_never_hold_the_request_threads() {
-    leases_never_hold_the_request_threads(true);
-}
-
-/// `create`: the names are looked up (absent) through the mount first, made natively, and
-/// opened `O_WRONLY | O_CREAT` (CREATE); else opened `O_RDONLY` (OPEN).
-fn leases_never_hold_the_request_threads(create: bool) {
     if !can_mount() {
         return;
     }
@@ -185,29 +170,13 @@ fn leases_never_hold_the_request_threads(create: bool) {
         cannot_run("lease-break-time below 15 s: a held thread would free itself too soon");
         return;
     }
-    let t = if create {
-        TestMount::without_feed()
-    } else {
-        TestMount::new()
-    };
+    let t = TestMount::new();
     let threads = dircache_fuse::CachePolicy::default().threads;
     std::fs::create_dir(t.s("w")).unwrap();
     chmod(&t.s("w"), 0o1777);
     std::fs::write(t.s("other"), b"still served\n").unwrap();
     let n = threads + 2;
-    if create {
-        // The kernel learns that each name is absent.
-        py(
-            &t.mnt,
-            &format!("import os\nfor i in range({n}):\n    assert not os.path.exists('w/f%d' % i)\n"),
-            Some(1000),
-        );
-    }
-    let how = if create {
-        "os.O_WRONLY | os.O_CREAT"
-    } else {
-        "os.O_RDONLY"
-    };
+    let how = "os.O_RDONLY";
     // The holder, natively in SRC as uid 1000: one write lease per file, SIGIO ignored; it
     // prints "held" and keeps its leases until its stdin closes.
     let mut holder = Command::new("setpriv")
