@@ -815,8 +815,9 @@ impl fuser::Filesystem for DircacheFs {
         let who = Caller::of(req);
         // As for OPEN: an existing file's lease is waited for on a lease waiter.
         let (r, deferred) = dircache_core::defer_lease_waits(|| {
-            self.fs
-                .create(who, parent, name, mode, umask, flags, |b| reply.open_backing(b))
+            self.fs.create(who, parent, name, mode, umask, flags, |b| {
+                reply.open_backing(b)
+            })
         });
         if deferred && r.is_err() {
             let fs = self.fs.clone();

@@ -125,7 +125,12 @@ mod tests {
         }
         // Another uid is not held by uid 7's waits.
         let (otx, orx) = crossbeam_channel::bounded::<()>(1);
-        w.submit(8, Box::new(move || drop(otx.send(()))));
+        w.submit(
+            8,
+            Box::new(move || {
+                let _ = otx.send(());
+            }),
+        );
         assert!(orx.recv_timeout(Duration::from_secs(5)).is_ok());
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(running.load(Ordering::SeqCst), PER_UID);

@@ -208,7 +208,10 @@ fn leases_on_own_files_never_hold_the_request_threads() {
     if line.trim() != "held" {
         let _ = holder.kill();
         let o = holder.wait_with_output().expect("holder");
-        panic!("the holder took no leases: {}", String::from_utf8_lossy(&o.stderr));
+        panic!(
+            "the holder took no leases: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     // The same user opens each leased file through the mount.
     let mut openers: Vec<Child> = (0..n)

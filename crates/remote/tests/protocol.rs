@@ -325,7 +325,13 @@ fn names_swapped_for_symlinks_out_of_the_root_never_lead_out() {
             let c = std::ffi::CString::new(out.join("f").as_os_str().as_encoded_bytes()).unwrap();
             // SAFETY: valid NUL-terminated strings and a 1-byte value.
             let r = unsafe {
-                libc::lsetxattr(c.as_ptr(), c"user.outside".as_ptr(), b"o".as_ptr().cast(), 1, 0)
+                libc::lsetxattr(
+                    c.as_ptr(),
+                    c"user.outside".as_ptr(),
+                    b"o".as_ptr().cast(),
+                    1,
+                    0,
+                )
             };
             assert_eq!(r, 0, "user xattrs on the test's file system");
         }
@@ -355,12 +361,40 @@ fn names_swapped_for_symlinks_out_of_the_root_never_lead_out() {
             if let Ok(f) = r.open(&c, p, libc::O_RDONLY, 0) {
                 let mut buf = vec![0u8; 64];
                 let n = f.read_at(&mut buf, 0).unwrap_or(0);
-                seen.push(format!("read {:?}: {:?}", String::from_utf8_lossy(p), String::from_utf8_lossy(&buf[..n])));
+                seen.push(format!(
+                    "read {:?}: {:?}",
+                    String::from_utf8_lossy(p),
+                    String::from_utf8_lossy(&buf[..n])
+                ));
             }
-            let _ = r.setattr(&c, p, &SetAttr { mode: Some(0o600), ..Default::default() });
-            let _ = r.setattr(&c, p, &SetAttr { size: Some(1), ..Default::default() });
-            let _ = r.setxattr(&c, t(if p == b"g" { b"g" } else { b"d/f" }), b"user.escaped", b"1", 0);
-            if let Ok(v) = r.getxattr(&c, t(if p == b"g" { b"g" } else { b"d/f" }), b"user.outside") {
+            let _ = r.setattr(
+                &c,
+                p,
+                &SetAttr {
+                    mode: Some(0o600),
+                    ..Default::default()
+                },
+            );
+            let _ = r.setattr(
+                &c,
+                p,
+                &SetAttr {
+                    size: Some(1),
+                    ..Default::default()
+                },
+            );
+            let _ = r.setxattr(
+                &c,
+                t(if p == b"g" { b"g" } else { b"d/f" }),
+                b"user.escaped",
+                b"1",
+                0,
+            );
+            if let Ok(v) = r.getxattr(
+                &c,
+                t(if p == b"g" { b"g" } else { b"d/f" }),
+                b"user.outside",
+            ) {
                 seen.push(format!("xattr {:?}", String::from_utf8_lossy(&v)));
             }
         }
@@ -373,7 +407,10 @@ fn names_swapped_for_symlinks_out_of_the_root_never_lead_out() {
             for d in dirs {
                 for e in d.entries {
                     if e.name == b"only-outside" {
-                        seen.push(format!("subtree listed {:?}/only-outside", String::from_utf8_lossy(&d.dir)));
+                        seen.push(format!(
+                            "subtree listed {:?}/only-outside",
+                            String::from_utf8_lossy(&d.dir)
+                        ));
                     }
                 }
             }
