@@ -25,10 +25,10 @@ use dircache_core::{
 use parking_lot::Mutex;
 
 mod bulk;
-mod hostile;
 pub mod cml;
 pub mod container;
 pub mod disconnected;
+mod hostile;
 mod noopen;
 mod reopen;
 mod search;

@@ -97,9 +97,7 @@ fn names_that_are_not_one_component_close_the_connection() {
         let bad_name = bad.to_vec();
         let (r, server) = client(1 << 20, move |s, id, req| {
             let body = match req {
-                Request::Readdir { .. } => {
-                    Ok(Reply::Entries(vec![entry(b"ok"), entry(&bad_name)]))
-                }
+                Request::Readdir { .. } => Ok(Reply::Entries(vec![entry(b"ok"), entry(&bad_name)])),
                 _ => Err(libc::ENOSYS),
             };
             send(
@@ -121,7 +119,10 @@ fn names_that_are_not_one_component_close_the_connection() {
             )),
             Err(_) => {
                 if !wait_closed(&r) {
-                    seen.push(format!("{:?}: connection kept", String::from_utf8_lossy(bad)));
+                    seen.push(format!(
+                        "{:?}: connection kept",
+                        String::from_utf8_lossy(bad)
+                    ));
                 }
             }
         }

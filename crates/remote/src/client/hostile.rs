@@ -95,7 +95,9 @@ impl CallEntries {
             self.by_call.remove(&id);
         }
         if total > max {
-            return Err(format!("call {id} brought {total} entries, more than {max}"));
+            return Err(format!(
+                "call {id} brought {total} entries, more than {max}"
+            ));
         }
         Ok(())
     }
@@ -125,6 +127,6 @@ mod tests {
         assert!(c.add(2, 60, false, 100).is_ok());
         assert!(c.add(1, 60, false, 100).is_err());
         assert!(c.add(2, 40, true, 100).is_ok());
-        assert!(c.by_call.get(&2).is_none());
+        assert!(!c.by_call.contains_key(&2));
     }
 }
