@@ -320,6 +320,7 @@ impl Remote {
             prefetch: self.prefetch,
             reconnect_timeout: self.reconnect_timeout,
             statfs_ttl: self.statfs_ttl,
+            max_call_entries: dircache_remote::MAX_CALL_ENTRIES,
             containers,
             disconnected: match self.disconnected {
                 true => Some(dircache_remote::Disconnected::with_log(

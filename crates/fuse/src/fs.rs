@@ -40,6 +40,7 @@ use fuser::{
 
 use crate::creds::RequestGroups;
 use crate::inodes::{Inodes, ROOT};
+use crate::leases::LeaseWaits;
 use crate::listings::{Listings, Snapshot, AFTER_DOTDOT};
 use crate::notifier::NotifyMsg;
 use crate::openfds::{FdKey, OpenFds, SharedFd};
@@ -191,7 +192,28 @@ enum XattrOut {
 
 /// The FUSE file system: the adapter ([`fuser::Filesystem`]) over the file-system layer.
 pub struct DircacheFs {
-    fs: CacheFs,
+    fs: Arc<CacheFs>,
+    /// Opens waiting for a lease's break, off the request threads (`leases.rs`).
+    leases: Arc<LeaseWaits>,
+}
+
+/// Who made a request (the kernel's record), kept for work finished after the request
+/// method returned.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller {
+    pub(crate) pid: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
+impl Caller {
+    fn of(req: &Request) -> Caller {
+        Caller {
+            pid: req.pid(),
+            uid: req.uid(),
+            gid: req.gid(),
+        }
+    }
 }
 
 /// The file-system layer over an `Arc<Cache>`: one method per FUSE operation (in `nodes`,
@@ -270,7 +292,13 @@ impl DircacheFs {
             lean,
             lookahead,
         };
-        (DircacheFs { fs }, FsParts { inodes, counters })
+        (
+            DircacheFs {
+                fs: Arc::new(fs),
+                leases: Arc::default(),
+            },
+            FsParts { inodes, counters },
+        )
     }
 
     /// Serve SRC one directory below a synthetic FUSE root (`rootmount.rs`): before the
@@ -287,7 +315,10 @@ impl DircacheFs {
 
     /// The mount is `noatime` (reads through it leave the backend's atime alone).
     pub fn set_noatime(&mut self, on: bool) {
-        self.fs.noatime = on;
+        match Arc::get_mut(&mut self.fs) {
+            Some(fs) => fs.noatime = on,
+            None => tracing::error!("noatime set after requests began: ignored"),
+        }
     }
 
     /// Count a request and time it until the guard is dropped (the method's end).
@@ -306,8 +337,14 @@ impl CacheFs {
     /// Credentials for mutations: with supplementary groups, so the backend creates and
     /// checks as the caller.
     fn creds(&self, req: &Request) -> Creds {
+        self.creds_of(Caller::of(req))
+    }
+
+    /// [`CacheFs::creds`] of a request's caller, also after its `Request` is gone (an open
+    /// a lease waiter repeats: the caller is still blocked in its syscall).
+    fn creds_of(&self, c: Caller) -> Creds {
         self.cache
-            .kernel_checked(self.groups.cred(req.pid(), req.uid(), req.gid()))
+            .kernel_checked(self.groups.cred(c.pid, c.uid, c.gid))
     }
 
     /// Queue a kernel invalidation of `nodeid`'s attributes (sent by the notifier thread).
@@ -396,7 +433,11 @@ fn reply_xattr(r: Result<XattrOut, Errno>, reply: ReplyXattr) {
 
 impl fuser::Filesystem for DircacheFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        self.fs.init(config);
+        // INIT comes before any other request: nothing shares the layer yet.
+        match Arc::get_mut(&mut self.fs) {
+            Some(fs) => fs.init(config),
+            None => return Err(std::io::Error::from_raw_os_error(libc::EBUSY)),
+        }
         Ok(())
     }
 
@@ -540,7 +581,23 @@ impl fuser::Filesystem for DircacheFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.count(Op::open);
-        let r = self.fs.open(req, ino, flags, |b| reply.open_backing(b));
+        let who = Caller::of(req);
+        // A lease's break is waited for on a lease waiter of the caller's uid, never here
+        // (leases.rs; docs/security.md P12).
+        let (r, deferred) = dircache_core::defer_lease_waits(|| {
+            self.fs.open(who, ino, flags, |b| reply.open_backing(b))
+        });
+        if deferred && r.is_err() {
+            let fs = self.fs.clone();
+            self.leases.submit(
+                who.uid,
+                Box::new(move || {
+                    let r = fs.open(who, ino, flags, |b| reply.open_backing(b));
+                    reply_opened(r, reply)
+                }),
+            );
+            return;
+        }
         reply_opened(r, reply)
     }
 
@@ -755,9 +812,27 @@ impl fuser::Filesystem for DircacheFs {
         reply: ReplyCreate,
     ) {
         let _t = self.count(Op::create);
-        let r = self.fs.create(req, parent, name, mode, umask, flags, |b| {
-            reply.open_backing(b)
+        let who = Caller::of(req);
+        // As for OPEN: an existing file's lease is waited for on a lease waiter.
+        let (r, deferred) = dircache_core::defer_lease_waits(|| {
+            self.fs.create(who, parent, name, mode, umask, flags, |b| {
+                reply.open_backing(b)
+            })
         });
+        if deferred && r.is_err() {
+            let fs = self.fs.clone();
+            let name = name.to_os_string();
+            self.leases.submit(
+                who.uid,
+                Box::new(move || {
+                    let r = fs.create(who, parent, &name, mode, umask, flags, |b| {
+                        reply.open_backing(b)
+                    });
+                    reply_created(r, reply)
+                }),
+            );
+            return;
+        }
         reply_created(r, reply)
     }
 

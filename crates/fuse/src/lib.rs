@@ -47,6 +47,7 @@ pub mod fs;
 pub mod inodes;
 pub mod kmount;
 mod lean;
+pub mod leases;
 mod listings;
 mod lookahead;
 pub mod metrics;

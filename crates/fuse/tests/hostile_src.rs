@@ -149,3 +149,136 @@ fn a_fifo_put_at_a_name_never_holds_a_request_thread() {
         "the openers: {opened:?}"
     );
 }
+
+/// A user takes write leases (`F_SETLEASE F_WRLCK`) on its own files in SRC, ignores the
+/// SIGIO that asks it to give them up, and opens each file through the mount: every OPEN
+/// waits for the lease's break, which the kernel forces only after
+/// `/proc/sys/fs/lease-break-time` (45 s). Natively each open blocks its opener for that long;
+/// through the mount each held a daemon request thread as long, so one user with a few leases
+/// stopped the mount for every user, again and again. Another user's read of another file must
+/// still be answered at once.
+#[test]
+fn leases_on_own_files_never_hold_the_request_threads() {
+    if !can_mount() {
+        return;
+    }
+    let break_time: u64 = std::fs::read_to_string("/proc/sys/fs/lease-break-time")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if break_time < 15 {
+        cannot_run("lease-break-time below 15 s: a held thread would free itself too soon");
+        return;
+    }
+    let t = TestMount::new();
+    let threads = dircache_fuse::CachePolicy::default().threads;
+    std::fs::create_dir(t.s("w")).unwrap();
+    chmod(&t.s("w"), 0o1777);
+    std::fs::write(t.s("other"), b"still served\n").unwrap();
+    let n = threads + 2;
+    let how = "os.O_RDONLY";
+    // The holder, natively in SRC as uid 1000: one write lease per file, SIGIO ignored; it
+    // prints "held" and keeps its leases until its stdin closes.
+    let mut holder = Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups", PY, "-c"])
+        .arg(format!(
+            "import os, fcntl, signal, sys\n\
+             signal.signal(signal.SIGIO, signal.SIG_IGN)\n\
+             fds = []\n\
+             for i in range({n}):\n    \
+                 open('w/f%d' % i, 'w').write('x')\n    \
+                 fd = os.open('w/f%d' % i, os.O_RDONLY)\n    \
+                 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n    \
+                 fds.append(fd)\n\
+             print('held', flush=True)\n\
+             sys.stdin.read()\n"
+        ))
+        .current_dir(&t.src)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the holder");
+    let mut line = String::new();
+    {
+        use std::io::BufRead;
+        let out = holder.stdout.take().expect("holder stdout");
+        std::io::BufReader::new(out).read_line(&mut line).ok();
+    }
+    if line.trim() != "held" {
+        let _ = holder.kill();
+        let o = holder.wait_with_output().expect("holder");
+        panic!(
+            "the holder took no leases: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // The same user opens each leased file through the mount.
+    let mut openers: Vec<Child> = (0..n)
+        .map(|i| {
+            spawn_py(
+                &t.mnt,
+                &format!("import os\ntry:\n    os.close(os.open('w/f{i}', {how}))\nexcept OSError as e: print(e)\n"),
+                1000,
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut probe = spawn_py(
+        &t.mnt,
+        "import os\nprint(open('other').read(), end='')\nprint(sorted(os.listdir('.')))\n",
+        1001,
+    );
+    let started = Instant::now();
+    let answered = wait_exit(&mut probe, Duration::from_secs(10));
+    let took = started.elapsed();
+    // The opens still wait for the leases' break, as natively.
+    let waiting = openers
+        .iter_mut()
+        .map(|c| matches!(c.try_wait(), Ok(None)))
+        .filter(|w| *w)
+        .count();
+    // Let the leases go: every open then completes.
+    drop(holder.stdin.take());
+    let _ = wait_exit(&mut holder, Duration::from_secs(10));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let mut opened = Vec::new();
+    for mut c in openers {
+        let done = wait_exit(&mut c, Duration::from_secs(break_time + 10));
+        if done.is_none() {
+            let _ = c.kill();
+        }
+        let o = c.wait_with_output().expect("opener");
+        opened.push(format!(
+            "{:?} {}{}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    if answered.is_none() {
+        let _ = probe.kill();
+    }
+    let out = probe.wait_with_output().expect("probe");
+    assert!(
+        answered.is_some(),
+        "uid 1001's read of another file was not answered within {took:?} while uid 1000 had \
+         {n} opens ({how}) of its own leased files waiting ({threads} request threads)"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "still served\n['other', 'w']\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        waiting, n,
+        "opens of leased files that did not wait for the leases' break"
+    );
+    // Each open then succeeded, as natively once the lease is gone.
+    assert!(
+        opened.iter().all(|o| o == "Some(0) "),
+        "the openers: {opened:?}"
+    );
+}

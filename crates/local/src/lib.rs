@@ -1249,7 +1249,13 @@ impl LocalBackend {
             // A lease on the file (the only way O_NONBLOCK fails an open of a regular file):
             // wait for its break as a blocking open would, on the inode checked to be one.
             Err(Error::Os(libc::EAGAIN)) if !asked_nonblock => {
-                return self.open_regular_blocking(cred, d.as_fd(), name, oflags, writes)
+                if dircache_core::lease::lease_waits_deferred() {
+                    // The caller waits elsewhere (`dircache_core::defer_lease_waits`: a FUSE
+                    // front end's request threads serve every user; docs/security.md P12).
+                    dircache_core::lease::note_lease_wait_deferred();
+                    return Err(Error::Os(libc::EAGAIN));
+                }
+                return self.open_regular_blocking(cred, d.as_fd(), name, oflags, writes);
             }
             // What a FIFO without a reader (O_WRONLY | O_NONBLOCK) or a socket answers: not
             // the regular file or directory the kernel named either.

@@ -28,6 +28,7 @@ mod bulk;
 pub mod cml;
 pub mod container;
 pub mod disconnected;
+mod hostile;
 mod noopen;
 mod reopen;
 mod search;
@@ -179,6 +180,8 @@ struct Conn {
     /// Callbacks dropped: a new connection after a disconnection, until the `Overflow` that
     /// subsumes them is sent (client/reopen.rs, `Link::install`).
     pub(super) muted: AtomicBool,
+    /// [`ClientConfig::max_call_entries`].
+    max_call_entries: u64,
 }
 
 /// A mutation's sequence number in `Prefetch::parents` and the directories it changes.
@@ -397,6 +400,8 @@ impl Conn {
     }
 
     fn reader(self: Arc<Self>, mut read: Box<dyn Read + Send>) {
+        // What a server may send (client/hostile.rs).
+        let mut counts = hostile::CallEntries::default();
         let why = loop {
             let frame = match read_frame(&mut read, MAX_SERVER_FRAME) {
                 Ok(Some(f)) => f,
@@ -405,6 +410,11 @@ impl Conn {
             };
             match decode::<ServerMsg>(&frame) {
                 Ok(ServerMsg::Reply { id, last, body }) => {
+                    if let Err(e) = hostile::check_reply(&body)
+                        .and_then(|n| counts.add(id, n, last, self.max_call_entries))
+                    {
+                        break Some(ProtoError::Unexpected(e));
+                    }
                     // The directories' attributes after a call that changed names: kept
                     // here, the caller gets the reply.
                     let (body, got) = match body {
@@ -431,6 +441,9 @@ impl Conn {
                     }
                 }
                 Ok(ServerMsg::Callback(c)) => {
+                    if let Err(e) = hostile::check_callback(&c) {
+                        break Some(ProtoError::Unexpected(e));
+                    }
                     let c = Change::from(c);
                     // The prefetch buffer and the containers forget first, before the cache
                     // hears of it. Not on a new connection after a disconnection until its
@@ -627,6 +640,7 @@ fn new_conn(
         containers: cfg.containers.clone(),
         disconnected: cfg.disconnected.clone(),
         muted: AtomicBool::new(muted),
+        max_call_entries: cfg.max_call_entries,
         mutating: Mutex::new(HashMap::new()),
         parents_of: Mutex::new(HashMap::new()),
     });
@@ -674,7 +688,14 @@ pub struct ClientConfig {
     pub disconnected: Option<Arc<Disconnected>>,
     /// How long a statfs answer is reused (client/statfs.rs); zero = every call asks.
     pub statfs_ttl: Duration,
+    /// Most directory entries one call may bring over all its frames: a server sending
+    /// more is cut off (client/hostile.rs), so it cannot grow the client without bound.
+    pub max_call_entries: u64,
 }
+
+/// [`ClientConfig::max_call_entries`] by default: a listing of 4 Mi entries, or a
+/// `Subtree` call of up to the largest budget a server grants (1 Mi) and its root's listing.
+pub const MAX_CALL_ENTRIES: u64 = 1 << 22;
 
 impl Default for ClientConfig {
     fn default() -> ClientConfig {
@@ -684,6 +705,7 @@ impl Default for ClientConfig {
             containers: None,
             disconnected: None,
             statfs_ttl: Duration::from_secs(5),
+            max_call_entries: MAX_CALL_ENTRIES,
         }
     }
 }

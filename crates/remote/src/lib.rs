@@ -18,6 +18,6 @@ pub use dircache_frame as frame;
 
 pub use client::{
     ChildTransport, ClientConfig, ContainerConfig, ContainerStats, Containers, Disconnected,
-    RemoteBackend, Transport,
+    RemoteBackend, Transport, MAX_CALL_ENTRIES,
 };
 pub use server::{serve, ServerConfig};

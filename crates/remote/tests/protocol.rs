@@ -302,6 +302,171 @@ fn confinement_holds_against_hostile_paths() {
     server.finish().expect("clean end");
 }
 
+/// A name the server's cache knows as a directory (listed, its file opened and read) is
+/// replaced natively by a symlink to a directory outside the root, and a file by a symlink to
+/// a file outside (docs/security.md P10, round 3 of the attacks): whatever the server's cache
+/// still believes, nothing the client asks next (walks, listings, a `Subtree` call, opens,
+/// setattr with a mode and a size, extended attributes) reads or changes what lies outside.
+/// Tried with and without letting the server's change feed report the swap first.
+#[test]
+fn names_swapped_for_symlinks_out_of_the_root_never_lead_out() {
+    use dircache_core::XattrTarget;
+    for settle in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let out = dir.path().join("out");
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        std::fs::write(root.join("d/f"), b"inside").unwrap();
+        std::fs::write(root.join("g"), b"inside g").unwrap();
+        std::fs::create_dir(root.join("e")).unwrap();
+        std::fs::write(root.join("e/f"), b"inside e").unwrap();
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("f"), b"outside").unwrap();
+        std::fs::write(out.join("only-outside"), b"outside").unwrap();
+        {
+            let c = std::ffi::CString::new(out.join("f").as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: valid NUL-terminated strings and a 1-byte value.
+            let r = unsafe {
+                libc::lsetxattr(
+                    c.as_ptr(),
+                    c"user.outside".as_ptr(),
+                    b"o".as_ptr().cast(),
+                    1,
+                    0,
+                )
+            };
+            assert_eq!(r, 0, "user xattrs on the test's file system");
+        }
+        let (server, r) = client(&root);
+        let c = me();
+        let t = |p: &'static [u8]| XattrTarget {
+            path: p,
+            expect: None,
+            birth: 0,
+            open: None,
+        };
+        // Warm the server's cache.
+        assert!(r.getattr(b"d/f").is_ok());
+        assert!(r.readdir(b"d", true).is_ok());
+        assert!(r.getattr(b"g").is_ok());
+        let _ = r.subtree(b"", 1000).expect("subtree");
+        let mut seen = Vec::new();
+        assert!(r.getattr(b"e/f").is_ok());
+        drop(r.open(&c, b"e/f", libc::O_RDONLY, 0));
+        // Moved out of the root natively, and a file made in it there. Until the server's
+        // change feed reports the move, the local backend's cached descriptor of `e` still
+        // leads there (docs/security.md, "Deep paths and concurrent moves"); after it, never.
+        std::fs::rename(root.join("e"), out.join("e-moved")).unwrap();
+        std::fs::write(out.join("e-moved/new"), b"outside, made after the move").unwrap();
+        if settle {
+            std::thread::sleep(Duration::from_millis(1000));
+            if let Ok(f) = r.open(&c, b"e/new", libc::O_RDONLY, 0) {
+                let mut buf = vec![0u8; 64];
+                let n = f.read_at(&mut buf, 0).unwrap_or(0);
+                seen.push(format!(
+                    "1 s after e was moved out: read \"e/new\": {:?}",
+                    String::from_utf8_lossy(&buf[..n])
+                ));
+            }
+        }
+        // Swapped natively.
+        std::fs::rename(root.join("d"), root.join("d.old")).unwrap();
+        std::os::unix::fs::symlink(&out, root.join("d")).unwrap();
+        std::fs::rename(root.join("g"), root.join("g.old")).unwrap();
+        std::os::unix::fs::symlink(out.join("f"), root.join("g")).unwrap();
+        if settle {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        for p in [&b"d/f"[..], b"g"] {
+            if let Ok(f) = r.open(&c, p, libc::O_RDONLY, 0) {
+                let mut buf = vec![0u8; 64];
+                let n = f.read_at(&mut buf, 0).unwrap_or(0);
+                // The file that was at the name (now at `d.old/f`, inside) may still be
+                // served until the feed reports the swap; what is outside never.
+                if buf[..n].starts_with(b"outside") {
+                    seen.push(format!(
+                        "read {:?}: {:?}",
+                        String::from_utf8_lossy(p),
+                        String::from_utf8_lossy(&buf[..n])
+                    ));
+                }
+            }
+            let _ = r.setattr(
+                &c,
+                p,
+                &SetAttr {
+                    mode: Some(0o600),
+                    ..Default::default()
+                },
+            );
+            let _ = r.setattr(
+                &c,
+                p,
+                &SetAttr {
+                    size: Some(1),
+                    ..Default::default()
+                },
+            );
+            let _ = r.setxattr(
+                &c,
+                t(if p == b"g" { b"g" } else { b"d/f" }),
+                b"user.escaped",
+                b"1",
+                0,
+            );
+            if let Ok(v) = r.getxattr(
+                &c,
+                t(if p == b"g" { b"g" } else { b"d/f" }),
+                b"user.outside",
+            ) {
+                seen.push(format!("xattr {:?}", String::from_utf8_lossy(&v)));
+            }
+        }
+        for e in r.readdir(b"d", true).unwrap_or_default() {
+            if e.name == b"only-outside" {
+                seen.push("listed d/only-outside".into());
+            }
+        }
+        if let Ok((dirs, _)) = r.subtree(b"", 1000) {
+            for d in dirs {
+                for e in d.entries {
+                    if e.name == b"only-outside" {
+                        seen.push(format!(
+                            "subtree listed {:?}/only-outside",
+                            String::from_utf8_lossy(&d.dir)
+                        ));
+                    }
+                }
+            }
+        }
+        let w = r.walk(b"", &[b"d", b"only-outside"]);
+        if w.error.is_none() {
+            seen.push("walked d/only-outside".into());
+        }
+        let m = std::fs::metadata(out.join("f")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        if m.permissions().mode() & 0o7777 == 0o600 {
+            seen.push("chmod reached out/f".into());
+        }
+        if m.len() != 7 {
+            seen.push(format!("truncate reached out/f: {} bytes", m.len()));
+        }
+        if xattr_of(&out.join("f"), "user.escaped") {
+            seen.push("setxattr reached out/f".into());
+        }
+        assert!(seen.is_empty(), "settle {settle}: {seen:?}");
+        drop(r);
+        server.finish().expect("clean end");
+    }
+}
+
+fn xattr_of(p: &std::path::Path, name: &str) -> bool {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid NUL-terminated strings, a null buffer of size 0 (a size query).
+    unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
+}
+
 fn raw_hello(s: &mut UnixStream, version: u32) -> ServerMsg {
     let mut h = Hello::new(features::ALL);
     h.version = version;

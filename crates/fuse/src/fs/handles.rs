@@ -410,7 +410,7 @@ impl CacheFs {
     /// descriptor the kernel's backing file (the reply's `open_backing`).
     pub(super) fn open(
         &self,
-        req: &Request,
+        req: Caller,
         ino: INodeNo,
         flags: OpenFlags,
         register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<BackingId>,
@@ -420,7 +420,7 @@ impl CacheFs {
             return Err(Errno::from_i32(libc::ENOSYS));
         }
         let node = self.node(ino)?;
-        let c = self.creds(req);
+        let c = self.creds_of(req);
         let oflags = Self::open_flags(flags.0);
         let (fd, checked) = match self.open_shared_attr(&c, ino, oflags) {
             // The core still has the name, the backend has not (removed outside, not yet
@@ -481,7 +481,7 @@ impl CacheFs {
                             OpenFile::new(fd, ino.0, node, writable, true, cred)
                                 .opened_with(flags.0),
                         );
-                        self.own_writes_begin(req, fh, own);
+                        self.own_writes_begin(req.pid, fh, own);
                         self.counters
                             .passthrough_opens
                             .fetch_add(1, Ordering::Relaxed);
@@ -664,7 +664,7 @@ impl CacheFs {
     /// [`CacheFs::open`].
     pub(super) fn create(
         &self,
-        req: &Request,
+        req: Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -677,10 +677,10 @@ impl CacheFs {
             return Err(Errno::from_i32(libc::ENOSYS));
         }
         let dir = self.node(parent)?;
-        let c = self.creds(req);
+        let c = self.creds_of(req);
         let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
         // Within the caller's share of descriptors, checked before anything is created.
-        self.fds.admit(req.uid()).map_err(Errno::from_i32)?;
+        self.fds.admit(req.uid).map_err(Errno::from_i32)?;
         let (node, fd) = with_caller_umask(mode & 0o7777, umask, |mode| {
             self.cache
                 .create_at(&c, &dir, name.as_bytes(), mode, oflags)
@@ -730,7 +730,7 @@ impl CacheFs {
                             OpenFile::new(fd, id, node, writable, true, cred).opened_with(flags),
                             known,
                         );
-                        self.own_writes_begin(req, fh, own);
+                        self.own_writes_begin(req.pid, fh, own);
                         self.counters
                             .passthrough_opens
                             .fetch_add(1, Ordering::Relaxed);

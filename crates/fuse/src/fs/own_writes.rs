@@ -28,11 +28,11 @@ impl CacheFs {
 
     /// The passthrough handle `fh` of `file` (from [`CacheFs::own_writes_file`]) was opened
     /// by the thread of `req`: register it before the reply lets the thread write.
-    pub(super) fn own_writes_begin(&self, req: &Request, fh: u64, file: Option<Arc<SharedFd>>) {
+    pub(super) fn own_writes_begin(&self, pid: u32, fh: u64, file: Option<Arc<SharedFd>>) {
         let Some(file) = file else {
             return;
         };
-        match i32::try_from(req.pid()) {
+        match i32::try_from(pid) {
             Ok(tid) if tid > 0 => self.cache.backend().own_writes_begin(fh, tid, &**file),
             _ => {}
         }
