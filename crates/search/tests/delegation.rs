@@ -227,7 +227,7 @@ fn an_inline_delegated_search_reads_on_the_callers_thread() {
     daemon(&sock, canon_mnt, conns.clone(), true);
     // The daemon searches as this caller: without DAC capabilities `closed` (mode 0) is an
     // error result, as in a local search.
-    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0))
+    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0o000))
         .unwrap_or_else(|e| panic!("{e}"));
     let _caps = drop_dac_caps();
     let m = mnt.to_string_lossy().to_string();
