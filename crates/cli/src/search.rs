@@ -11,7 +11,7 @@
 
 use std::io::Write;
 
-use dircache_search::proto::{delegate_with, Delegation};
+use dircache_search::proto::{delegate_inline, Delegation};
 use dircache_search::{
     search_with, ClientConfig, DirectSource, Flags, SearchError, SearchOptions, SearchRequest,
     SearchResult, MAX_THREADS,
@@ -126,7 +126,7 @@ pub fn run(a: SearchArgs) -> anyhow::Result<i32> {
     let started = if no_delegate {
         local()
     } else {
-        match delegate_with(&req, &client) {
+        match delegate_inline(&req, &client) {
             Ok(Delegation::Taken(s)) => {
                 if a.verbose {
                     eprintln!("dircache search: delegated to the mount's daemon");

@@ -261,11 +261,17 @@ impl Canceller {
 }
 
 /// The results of a search, as they are found.
+/// The source of a [`SearchStream`] read by its consumer's thread.
+pub(crate) type Pull = Box<dyn FnMut() -> Option<Vec<SearchResult>> + Send>;
+
 pub struct SearchStream {
     rx: Option<Receiver<Vec<SearchResult>>>,
     buf: std::vec::IntoIter<SearchResult>,
     cancel: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    /// Results read by the iterating thread itself, a batch per call (`None`: the end):
+    /// a delegated search read inline ([`crate::proto::delegate_inline`]).
+    pull: Option<Pull>,
     /// Run when the stream is dropped, before joining the threads (closes a delegated
     /// search's connection).
     pub(crate) on_drop: Option<Box<dyn FnOnce() + Send>>,
@@ -274,6 +280,24 @@ pub struct SearchStream {
 impl SearchStream {
     pub fn canceller(&self) -> Canceller {
         Canceller(self.cancel.clone())
+    }
+
+    /// Threads of its own producing this stream's results (0: the iterating thread reads
+    /// them itself, [`crate::proto::delegate_inline`]).
+    pub fn own_threads(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// A stream over results the iterating thread reads itself (`pull`), no thread of its own.
+    pub(crate) fn pulled(pull: Pull, cancel: Arc<AtomicBool>) -> SearchStream {
+        SearchStream {
+            rx: None,
+            buf: Vec::new().into_iter(),
+            cancel,
+            threads: Vec::new(),
+            pull: Some(pull),
+            on_drop: None,
+        }
     }
 
     /// A stream over results produced elsewhere (delegation).
@@ -287,6 +311,7 @@ impl SearchStream {
             buf: Vec::new().into_iter(),
             cancel,
             threads,
+            pull: None,
             on_drop: None,
         }
     }
@@ -309,6 +334,15 @@ impl SearchStream {
         if self.buf.len() > 0 {
             return Batch::Results(std::mem::take(&mut self.buf).collect());
         }
+        if let Some(p) = self.pull.as_mut() {
+            return match p() {
+                Some(b) => Batch::Results(b),
+                None => {
+                    self.pull = None;
+                    Batch::End
+                }
+            };
+        }
         let Some(rx) = self.rx.as_ref() else {
             return Batch::End;
         };
@@ -330,6 +364,16 @@ impl Iterator for SearchStream {
             if let Some(r) = self.buf.next() {
                 return Some(r);
             }
+            if let Some(p) = self.pull.as_mut() {
+                match p() {
+                    Some(b) => self.buf = b.into_iter(),
+                    None => {
+                        self.pull = None;
+                        return None;
+                    }
+                }
+                continue;
+            }
             let rx = self.rx.as_ref()?;
             match rx.recv() {
                 Ok(b) => self.buf = b.into_iter(),
@@ -346,6 +390,7 @@ impl Drop for SearchStream {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::SeqCst);
         self.rx = None; // unblocks workers waiting to send
+        self.pull = None;
         if let Some(f) = self.on_drop.take() {
             f();
         }

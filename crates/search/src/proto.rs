@@ -1101,6 +1101,23 @@ pub fn delegate(req: &SearchRequest) -> Result<Option<SearchStream>, SearchError
 
 /// [`delegate`] with a configuration, saying why a search stays local.
 pub fn delegate_with(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegation, SearchError> {
+    delegate_impl(req, cfg, false)
+}
+
+/// [`delegate_with`] whose results are read from the daemon's socket on the thread that
+/// iterates the stream, as it asks for them: no reader thread, no hand-over per frame
+/// (each a wake-up, which on a loaded machine waits for a core). For a consumer that only
+/// iterates (`dircache search`); [`SearchStream::next_batch`] then waits for the next frame
+/// as long as the connection's timeout, not its `wait`.
+pub fn delegate_inline(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegation, SearchError> {
+    delegate_impl(req, cfg, true)
+}
+
+fn delegate_impl(
+    req: &SearchRequest,
+    cfg: &ClientConfig,
+    inline: bool,
+) -> Result<Delegation, SearchError> {
     req.validate()?;
     if dircache_local::creds::caller_has_dac_caps() {
         // The daemon never applies capabilities; the kernel does, through the mount.
@@ -1214,61 +1231,75 @@ pub fn delegate_with(req: &SearchRequest, cfg: &ClientConfig) -> Result<Delegati
         }
         r
     };
-    let (tx, rx) = crossbeam_channel::bounded::<Vec<SearchResult>>(64);
-    let cancel = Arc::new(AtomicBool::new(false));
-    let c2 = cancel.clone();
     let shutdown = r.get_ref().try_clone().ok();
-    let reader = std::thread::Builder::new()
-        .name("search-delegate".into())
-        .spawn(move || {
-            let Some(first) = first else { return };
-            if tx.send(first.into_iter().map(&fix).collect()).is_err() {
-                return;
+    // The next batch of results (one per frame: a binary frame holds thousands), `None` at
+    // the end; an error ends the stream after a result saying so.
+    // The daemon's first answer was the end: nothing to read.
+    let mut over = first.is_none();
+    let mut first = first;
+    let mut next_frame = move || -> Option<Vec<SearchResult>> {
+        if over {
+            return None;
+        }
+        if let Some(f) = first.take() {
+            return Some(f.into_iter().map(&fix).collect());
+        }
+        loop {
+            let results = match read_response(&mut r, MAX_RESPONSE) {
+                Ok(Some(Response::Results { results })) => results,
+                Ok(Some(Response::End)) => {
+                    over = true;
+                    return None;
+                }
+                Ok(Some(Response::Error { message })) => {
+                    over = true;
+                    return Some(vec![result_error(0, &ProtoError::Server(message))]);
+                }
+                Ok(None) => {
+                    over = true;
+                    return Some(vec![result_error(0, &ProtoError::Truncated)]);
+                }
+                Err(e) => {
+                    over = true;
+                    return Some(vec![result_error(0, &e)]);
+                }
+            };
+            if results.is_empty() {
+                continue;
             }
-            // One batch per frame (a binary frame holds thousands of results): each hand-over
-            // to the consumer is a wake-up, which on a loaded machine waits for a core.
-            let mut r = r;
-            while !c2.load(Ordering::Relaxed) {
-                let results = match read_response(&mut r, MAX_RESPONSE) {
-                    Ok(Some(Response::Results { results })) => results,
-                    Ok(Some(Response::End)) => return,
-                    Ok(Some(Response::Error { message })) => {
-                        let _ = tx.send(vec![result_error(0, &ProtoError::Server(message))]);
-                        return;
-                    }
-                    Ok(None) => {
-                        let _ = tx.send(vec![result_error(0, &ProtoError::Truncated)]);
-                        return;
-                    }
+            let mut batch = Vec::with_capacity(results.len());
+            for x in results {
+                match check_result(&x, nroots) {
+                    Ok(()) => batch.push(fix(x)),
                     Err(e) => {
-                        let _ = tx.send(vec![result_error(0, &e)]);
-                        return;
+                        batch.push(result_error(0, &e));
+                        over = true;
+                        break;
                     }
-                };
-                if results.is_empty() {
-                    continue;
-                }
-                let mut batch = Vec::with_capacity(results.len());
-                let mut bad = None;
-                for x in results {
-                    match check_result(&x, nroots) {
-                        Ok(()) => batch.push(fix(x)),
-                        Err(e) => {
-                            bad = Some(e);
-                            break;
-                        }
-                    }
-                }
-                if let Some(e) = &bad {
-                    batch.push(result_error(0, e));
-                }
-                if tx.send(batch).is_err() || bad.is_some() {
-                    return;
                 }
             }
-        })
-        .map_err(|e| SearchError::Spawn(e.to_string()))?;
-    let mut s = SearchStream::from_parts(rx, cancel, vec![reader]);
+            return Some(batch);
+        }
+    };
+    let cancel = Arc::new(AtomicBool::new(false));
+    let mut s = if inline {
+        SearchStream::pulled(Box::new(next_frame), cancel)
+    } else {
+        let (tx, rx) = crossbeam_channel::bounded::<Vec<SearchResult>>(64);
+        let c2 = cancel.clone();
+        let reader = std::thread::Builder::new()
+            .name("search-delegate".into())
+            .spawn(move || {
+                while !c2.load(Ordering::Relaxed) {
+                    let Some(batch) = next_frame() else { return };
+                    if tx.send(batch).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| SearchError::Spawn(e.to_string()))?;
+        SearchStream::from_parts(rx, cancel, vec![reader])
+    };
     if let Some(sock) = shutdown {
         // Dropping the stream closes the connection, which cancels the search at the daemon
         // and wakes the reader.

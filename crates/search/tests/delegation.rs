@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use dircache_search::proto::{self, delegate_with, find_daemon_with, Delegation, SOCKET_XATTR};
+use dircache_search::proto::{
+    self, delegate_inline, delegate_with, find_daemon_with, Delegation, SOCKET_XATTR,
+};
 use dircache_search::{
     search, search_with, ClientConfig, DirectSource, Flags, SearchOptions, SearchRequest,
     SearchStream,
@@ -190,6 +192,80 @@ fn delegated_search_equals_local_search() {
             assert_eq!(got, local(&req), "{pat} {flags:?}");
         }
     }
+}
+
+/// `delegate_inline` (what `dircache search` uses) reads the daemon's frames on the
+/// iterating thread: no thread of its own, and the same results as `delegate_with` (a reader
+/// thread) and as a local search, over many frames, with errors, and when dropped early.
+#[test]
+fn an_inline_delegated_search_reads_on_the_callers_thread() {
+    let t = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    let Some(_m) = mount_tmpfs(&mnt) else { return };
+    for d in 0..6 {
+        let p = mnt.join(format!("d{d}"));
+        std::fs::create_dir(&p).unwrap_or_else(|e| panic!("{e}"));
+        for f in 0..700 {
+            let ext = if f % 2 == 0 { "c" } else { "h" };
+            std::fs::write(p.join(format!("f{f}.{ext}")), b"x").unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    let closed = mnt.join("d5/closed");
+    std::fs::create_dir(&closed).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(closed.join("hidden.c"), b"x").unwrap_or_else(|e| panic!("{e}"));
+    let sock = t.path().join("daemon.sock");
+    rustix::fs::setxattr(
+        &mnt,
+        SOCKET_XATTR,
+        sock.to_string_lossy().as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap_or_else(|e| panic!("setxattr: {e}"));
+    let canon_mnt = std::fs::canonicalize(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    let conns = Arc::new(AtomicUsize::new(0));
+    daemon(&sock, canon_mnt, conns.clone(), true);
+    // The daemon searches as this caller: without DAC capabilities `closed` (mode 0) is an
+    // error result, as in a local search.
+    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _caps = drop_dac_caps();
+    let m = mnt.to_string_lossy().to_string();
+    let taken = |d: Delegation| match d {
+        Delegation::Taken(s) => s,
+        Delegation::Local(why) => panic!("not delegated: {why}"),
+    };
+    for (pat, flags) in [
+        ("*.c", Flags::NONE),
+        ("*", Flags::METADATA),
+        ("f1*.h|/d3", Flags::INCLUDEROOT),
+        ("nothing-matches", Flags::NONE),
+    ] {
+        let req = SearchRequest::new(m.clone(), pat, flags);
+        let inline =
+            taken(delegate_inline(&req, &tmpfs_trusted()).unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(inline.own_threads(), 0, "{pat}: a reader thread");
+        let got: BTreeSet<String> = inline.map(|r| key(&r)).collect();
+        let threaded =
+            taken(delegate_with(&req, &tmpfs_trusted()).unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(threaded.own_threads(), 1, "{pat}");
+        let other: BTreeSet<String> = threaded.map(|r| key(&r)).collect();
+        assert_eq!(got, other, "{pat} {flags:?}");
+        assert_eq!(got, local(&req), "{pat} {flags:?}");
+        if pat == "*.c" {
+            assert!(got.len() > 2100, "{}", got.len());
+            assert!(
+                got.iter().any(|k| k.contains('!')),
+                "the closed directory's error"
+            );
+        }
+    }
+    // Dropped after its first result: the connection closes, nothing hangs.
+    let req = SearchRequest::new(m.clone(), "*", Flags::NONE);
+    let mut s = taken(delegate_inline(&req, &tmpfs_trusted()).unwrap_or_else(|e| panic!("{e}")));
+    assert!(s.next().is_some());
+    drop(s);
+    assert_eq!(conns.load(Ordering::SeqCst), 9);
 }
 
 #[test]

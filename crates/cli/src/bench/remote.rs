@@ -843,6 +843,23 @@ fn reconnect(env: &Env, s: &mut System, port: u16, delay: Duration) -> Result<()
     Ok(())
 }
 
+/// Whether a workload's command runs as nobody. `dircache search` never delegates for a caller
+/// with CAP_DAC_* (a daemon searches with the caller's ids and no capabilities), so on a
+/// dircache mount, as root, it runs as nobody (the generated tree is world-readable: the same
+/// results); so does the native row's, so that both pay the same start (before, the dircache
+/// rows went through `setpriv`, an exec more than native: ~4 ms of a ~50 ms search) and see
+/// the tree as the same user. sshfs mounts are root's without `allow_other`: as root there.
+fn search_as_nobody(sys: Sys, args: &[&str], root: bool) -> bool {
+    root && args.get(1) == Some(&"search") && (sys.is_dircache() || sys == Sys::Native)
+}
+
+/// Run `c` as nobody (uid and gid 65534, no supplementary groups: std drops them when a root
+/// parent sets a uid without groups), switched between fork and exec: no launcher program.
+fn as_nobody(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    c.uid(65534).gid(65534);
+}
+
 fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunResult> {
     check_stop()?;
     // Cold traffic is counted from before the mount (see the module comment).
@@ -871,15 +888,8 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         Action::Cmd(args) => {
             let prog = args[0].replace("{X}", &exe);
             let mut c = Command::new(&prog);
-            // `dircache search` never delegates for a caller with CAP_DAC_* (a daemon searches
-            // with the caller's ids and no capabilities): on the dircache mount, as root, it
-            // runs as nobody (the generated tree is world-readable: the same results).
-            if s.sys.is_dircache()
-                && args.get(1) == Some(&"search")
-                && rustix::process::geteuid().is_root()
-            {
-                c = Command::new("setpriv");
-                c.args(["--reuid=65534", "--regid=65534", "--clear-groups", &prog]);
+            if search_as_nobody(s.sys, args, rustix::process::geteuid().is_root()) {
+                as_nobody(&mut c);
             }
             c.args(args[1..].iter().map(|a| a.replace("{D}", &d)));
             c
@@ -1734,6 +1744,50 @@ fn print_targets_11(rows: &[Row]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The native and dircache rows of `search` start the same way, as the same user (as
+    /// root): the same program, switched to nobody without a launcher; sshfs's stay root's.
+    #[test]
+    fn search_rows_start_alike_as_nobody() {
+        assert!(
+            rustix::process::geteuid().is_root(),
+            "the bench's tests run as root"
+        );
+        let id_of = |sys: Sys| {
+            let args = ["id", "search"];
+            let mut c = Command::new("sh");
+            if search_as_nobody(sys, &args, true) {
+                as_nobody(&mut c);
+            }
+            c.args([
+                "-c",
+                "id -u; id -g; id -G; cat /proc/self/status | grep ^CapEff",
+            ]);
+            let out = c.output().expect("sh");
+            assert!(out.status.success(), "{out:?}");
+            (
+                c.get_program().to_owned(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+        let nobody = "65534\n65534\n65534\nCapEff:\t0000000000000000\n";
+        for sys in [
+            Sys::Native,
+            Sys::Dircache,
+            Sys::DircacheBase,
+            Sys::DircacheLocal,
+        ] {
+            assert_eq!(
+                id_of(sys),
+                ("sh".into(), nobody.to_string()),
+                "{}",
+                sys.name()
+            );
+        }
+        assert!(id_of(Sys::Sshfs).1.starts_with("0\n0\n"));
+        assert!(!search_as_nobody(Sys::Native, &["find", "{D}"], true));
+        assert!(!search_as_nobody(Sys::Dircache, &["{X}", "search"], false));
+    }
 
     #[test]
     fn rtt_values() {
