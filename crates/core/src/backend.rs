@@ -207,6 +207,12 @@ pub trait Backend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Whether [`open_read_groupless`](Self::open_read_groupless) may ever answer `Some`
+    /// (asked before a front end does any work for it). Default: no.
+    fn opens_groupless(&self) -> bool {
+        false
+    }
+
     /// Open the very file `target` names (its `expect`ed `(dev, ino)`, else [`Error::Stale`];
     /// `target.open`, when given, instead of the path) with open(2) `flags`, which may be
     /// `O_PATH`: for what a front end does to a node it holds rather than to a file it opened

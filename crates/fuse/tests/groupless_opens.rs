@@ -117,6 +117,11 @@ fn groups_decide_an_open_once_the_owner_changed_in_src() {
     assert_eq!(read_as_user(&t.mnt, "d/f", 1), "f");
     assert_eq!(read_as_user(&t.mnt, "e/g", 1), "g");
     assert_eq!(read_as_user(&native, "d/f", 1), "f");
+    // The cache's own attributes too (a release drops them; a GETATTR fetches them again):
+    // so the daemon's choice rests on the open files it checks, not on the cache's belief.
+    for p in ["d/f", "e/g", "e"] {
+        gated::forced_stat(&t.m(p)).unwrap();
+    }
     for d in [&native, &t.src] {
         chown(d.join("d/f"), Some(1002), None).unwrap();
         chown(d.join("e"), Some(1002), None).unwrap();

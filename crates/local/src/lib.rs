@@ -1089,6 +1089,10 @@ impl Backend for LocalBackend {
             .map(|fd| self.file(fd)))
     }
 
+    fn opens_groupless(&self) -> bool {
+        self.switch_creds && self.groupless_dev.is_some()
+    }
+
     fn open_verified(
         &self,
         _cred: &Cred,

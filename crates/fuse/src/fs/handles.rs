@@ -310,7 +310,10 @@ impl CacheFs {
         node: &NodeRef,
         oflags: i32,
     ) -> Option<(Creds, (Arc<SharedFd>, Option<Attr>))> {
-        if oflags & libc::O_ACCMODE != libc::O_RDONLY || oflags & libc::O_TRUNC != 0 {
+        if oflags & libc::O_ACCMODE != libc::O_RDONLY
+            || oflags & libc::O_TRUNC != 0
+            || !self.cache.node_backend(node).opens_groupless()
+        {
             return None;
         }
         let (uid, gid) = (req.uid(), req.gid());
