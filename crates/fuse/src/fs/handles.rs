@@ -143,6 +143,10 @@ impl OpenFiles {
     }
 }
 
+/// The daemon's descriptor of an open and the file's attributes when a new one was opened
+/// (`CacheFs::open_shared_attr`).
+type SharedOpen = (Arc<SharedFd>, Option<Attr>);
+
 /// The file an ioctl runs on: an open handle's, or a directory the backend opened for it.
 pub(super) enum IoctlFile {
     Open(Arc<SharedFd>),
@@ -269,12 +273,7 @@ impl CacheFs {
 
     /// [`Self::open_shared`], with the file's attributes when a new descriptor was opened
     /// (read by the check that it is the kernel's inode: one `fstat` for both).
-    fn open_shared_attr(
-        &self,
-        c: &Creds,
-        ino: INodeNo,
-        oflags: i32,
-    ) -> Result<(Arc<SharedFd>, Option<Attr>), Errno> {
+    fn open_shared_attr(&self, c: &Creds, ino: INodeNo, oflags: i32) -> Result<SharedOpen, Errno> {
         let key = FdKey::new(ino.0, oflags, c.cred().clone());
         if let Some(s) = self.fds.get(&key) {
             return Ok((s, None));
@@ -309,7 +308,7 @@ impl CacheFs {
         ino: INodeNo,
         node: &NodeRef,
         oflags: i32,
-    ) -> Option<(Creds, (Arc<SharedFd>, Option<Attr>))> {
+    ) -> Option<(Creds, SharedOpen)> {
         if oflags & libc::O_ACCMODE != libc::O_RDONLY
             || oflags & libc::O_TRUNC != 0
             || !self.cache.node_backend(node).opens_groupless()
