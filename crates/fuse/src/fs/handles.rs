@@ -298,7 +298,7 @@ impl CacheFs {
 
     /// A read-only open of `ino` by `req`'s caller made without reading the caller's
     /// supplementary groups (`/proc/TID/status`, a fifth of the daemon's time per OPEN): when
-    /// the kernel's attributes say the caller owns the file or is root, the backend opens it
+    /// the cache's attributes say the caller owns the file, or it is root, the backend opens it
     /// without groups and keeps the open only if, on the real file and directory, the groups
     /// could not have decided it ([`dircache_core::Backend::open_read_groupless`]). `None`:
     /// open with the groups (also on any error, whose answer may depend on them).
@@ -322,6 +322,9 @@ impl CacheFs {
         let c = self.cache.kernel_checked(Cred::new(uid, gid, []));
         let key = FdKey::groupless(ino.0, oflags, uid, gid);
         if let Some(s) = self.fds.get(&key) {
+            self.counters
+                .groupless_opens
+                .fetch_add(1, Ordering::Relaxed);
             return Some((c, (s, None)));
         }
         self.fds.admit(uid).ok()?;
