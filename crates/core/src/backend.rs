@@ -189,6 +189,30 @@ pub trait Backend: Send + Sync + 'static {
         Err(Error::NotSupported)
     }
 
+    /// [`open`](Self::open) of `path` for reading (open(2) `flags` with `O_RDONLY` and no
+    /// `O_TRUNC`, `O_CREAT` or exec) as `cred` *without its supplementary groups*, when the
+    /// outcome cannot depend on them: `Ok(Some(file))` only if the access this open needed
+    /// (read on the file, search on the directory it was opened from) was decided, in the
+    /// real file system, by something no supplementary group takes part in (the caller owns
+    /// both, or is root with the capabilities that override access). `Ok(None)`: it may
+    /// depend on them (or the open failed): the caller opens with the groups instead. Lets a
+    /// front end skip reading a caller's groups (`/proc/PID/status`) for the common open.
+    /// Default: `Ok(None)` (a remote backend passes the groups on to its server).
+    fn open_read_groupless(
+        &self,
+        _cred: &Cred,
+        _path: &[u8],
+        _flags: i32,
+    ) -> Result<Option<Box<dyn BackendFile>>> {
+        Ok(None)
+    }
+
+    /// Whether [`open_read_groupless`](Self::open_read_groupless) may ever answer `Some`
+    /// (asked before a front end does any work for it). Default: no.
+    fn opens_groupless(&self) -> bool {
+        false
+    }
+
     /// Open the very file `target` names (its `expect`ed `(dev, ino)`, else [`Error::Stale`];
     /// `target.open`, when given, instead of the path) with open(2) `flags`, which may be
     /// `O_PATH`: for what a front end does to a node it holds rather than to a file it opened

@@ -43,7 +43,20 @@ impl FdKey {
             cred,
         }
     }
+
+    /// The key of a read-only open of `nodeid` by `uid`/`gid` made without the caller's
+    /// supplementary groups because they could not decide it (`Backend::open_read_groupless`):
+    /// shared by every caller with that uid and gid, whatever their groups, and never with
+    /// an open made with groups (which was decided for those groups).
+    pub fn groupless(nodeid: u64, flags: i32, uid: u32, gid: u32) -> FdKey {
+        let mut k = FdKey::new(nodeid, flags, Cred::new(uid, gid, []));
+        k.flags |= GROUPLESS;
+        k
+    }
 }
+
+/// [`FdKey::flags`] bit of a [`FdKey::groupless`] key (no open(2) flag).
+const GROUPLESS: i32 = 1 << 30;
 
 #[derive(Default)]
 struct Inner {

@@ -120,6 +120,9 @@ pub struct RequestCounters {
     pub own_writes: AtomicU64,
     /// Opens answered with FUSE passthrough.
     pub passthrough_opens: AtomicU64,
+    /// Read-only opens made without reading the caller's supplementary groups
+    /// (`CacheFs::open_groupless`).
+    pub groupless_opens: AtomicU64,
     /// POSIX ACL fetches answered from the daemon's memo of known absences (no syscall).
     pub acl_memo_hits: AtomicU64,
     /// Listings fetched ahead of a walker by the prefetch threads (`prefetch.rs`),
@@ -150,6 +153,7 @@ impl Default for RequestCounters {
             changes: AtomicU64::new(0),
             own_writes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
+            groupless_opens: AtomicU64::new(0),
             acl_memo_hits: AtomicU64::new(0),
             prefetch_listings: AtomicU64::new(0),
             prefetch_dropped: AtomicU64::new(0),
@@ -255,6 +259,7 @@ impl StatsSource {
                 "by_kind": r.to_json(),
                 "negative_lookups": r.negative_lookups.load(Ordering::Relaxed),
                 "passthrough_opens": r.passthrough_opens.load(Ordering::Relaxed),
+                "groupless_opens": r.groupless_opens.load(Ordering::Relaxed),
                 "acl_memo_hits": r.acl_memo_hits.load(Ordering::Relaxed),
             },
             "prefetch": {

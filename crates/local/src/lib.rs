@@ -222,6 +222,12 @@ pub struct LocalBackend {
     any_links: std::sync::atomic::AtomicBool,
     /// Whether the process is root, so mutations can switch fs credentials.
     switch_creds: bool,
+    /// The root's device when its file system decides access by mode bits and POSIX ACLs
+    /// only ([`GROUPLESS_FS`]): the owner class never consults supplementary groups there,
+    /// and a root caller (who keeps CAP_DAC_OVERRIDE) is never refused by them. Files on this
+    /// device can be opened for reading without the caller's groups when the caller owns them
+    /// (`Backend::open_read_groupless`).
+    groupless_dev: Option<u64>,
     watch_mode: WatchMode,
     /// Whether the change feed reports changes made through this backend (default: no).
     pub(crate) report_own_changes: std::sync::atomic::AtomicBool,
@@ -240,6 +246,23 @@ impl std::fmt::Debug for LocalBackend {
             .field("root", &self.root_path)
             .finish()
     }
+}
+
+/// File systems whose access checks are the kernel's mode bits and POSIX ACLs
+/// (`generic_permission`): ext2/3/4, XFS, Btrfs, tmpfs, F2FS. Not NFS (a `root_squash`
+/// server decides a root caller by its groups, NFSv4 ACLs may refuse an owner by a group
+/// entry), not FUSE (the server may decide anything), not overlayfs or others.
+const GROUPLESS_FS: [i64; 5] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994, 0xF2F5_2010];
+
+/// The device of the directory `root` when its file system is one of [`GROUPLESS_FS`].
+fn groupless_dev(root: BorrowedFd<'_>) -> Option<u64> {
+    let fs = rustix::fs::fstatfs(root).ok()?;
+    #[allow(clippy::unnecessary_cast)]
+    let kind = fs.f_type as i64;
+    if !GROUPLESS_FS.contains(&kind) {
+        return None;
+    }
+    rustix::fs::fstat(root).ok().map(|st| st.st_dev)
 }
 
 /// Check a single name component.
@@ -445,6 +468,7 @@ impl LocalBackend {
         .map_err(errno)?;
         // SAFETY: geteuid has no preconditions.
         let switch_creds = unsafe { libc::geteuid() } == 0;
+        let groupless_dev = groupless_dev(fd.as_fd());
         let fds = FdCache::new(fd_cache, always);
         fds.root_mnt.store(mount_id(fd.as_fd()), Ordering::Relaxed);
         Ok(LocalBackend {
@@ -455,6 +479,7 @@ impl LocalBackend {
             links: Mutex::default(),
             any_links: std::sync::atomic::AtomicBool::new(false),
             switch_creds,
+            groupless_dev,
             watch_mode,
             report_own_changes: std::sync::atomic::AtomicBool::new(false),
             mutators: Arc::default(),
@@ -1053,6 +1078,21 @@ impl Backend for LocalBackend {
             .map(|fd| self.file(fd))
     }
 
+    fn open_read_groupless(
+        &self,
+        cred: &Cred,
+        path: &[u8],
+        flags: i32,
+    ) -> Result<Option<Box<dyn BackendFile>>> {
+        Ok(self
+            .open_fd_groupless(cred, path, flags)
+            .map(|fd| self.file(fd)))
+    }
+
+    fn opens_groupless(&self) -> bool {
+        self.switch_creds && self.groupless_dev.is_some()
+    }
+
     fn open_verified(
         &self,
         _cred: &Cred,
@@ -1189,6 +1229,69 @@ impl LocalBackend {
     }
 
     /// [`Backend::open`]'s descriptor.
+    /// The open of [`Backend::open_read_groupless`]: `dir/name` opened for reading as
+    /// `cred`'s uid and gid with no supplementary groups, kept only when the file and the
+    /// directory it is opened from (the two inodes the open checks as the caller: search on
+    /// the directory, read on the file; the directory's descriptor was resolved as the
+    /// daemon) are regular file and directory on [`LocalBackend::groupless_dev`] and owned by
+    /// the caller, or the caller is root (whose open keeps CAP_DAC_OVERRIDE, `Caps::FsOnly`).
+    /// Then the groups could not have changed the outcome: the owner class is decided by the
+    /// owner's bits (the ACL's `user::` entry) before any group is looked at. Read on the
+    /// opened files, not on what the cache believes. Anything else, a failed open included
+    /// (its error may depend on the groups), is `None`: open with the groups.
+    fn open_fd_groupless(&self, cred: &Cred, path: &[u8], flags: i32) -> Option<OwnedFd> {
+        let dev = self.groupless_dev?;
+        if !self.switch_creds
+            || path.is_empty()
+            || flags & libc::O_ACCMODE != libc::O_RDONLY
+            || flags & (libc::O_TRUNC | libc::O_CREAT | libc::O_DIRECTORY | FMODE_EXEC) != 0
+        {
+            return None;
+        }
+        check_path(path).ok()?;
+        let known = libc::O_ACCMODE
+            | libc::O_NONBLOCK
+            | libc::O_DSYNC
+            | libc::O_SYNC
+            | libc::O_DIRECT
+            | libc::O_NOATIME
+            | libc::O_LARGEFILE;
+        let oflags =
+            OFlags::from_bits_retain((flags & known) as u32) | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let (dir, name) = split(path).ok()?;
+        let d = self.dir(dir).ok()?;
+        let bare = Cred::new(cred.uid, cred.gid, []);
+        // O_NONBLOCK as in `open_fd`: a FIFO renamed over the name must not hold the thread.
+        let fd = {
+            let _g = self.act_as(&bare).ok()?;
+            rustix::fs::openat2(
+                d.as_fd(),
+                name,
+                oflags | OFlags::NONBLOCK,
+                Mode::empty(),
+                RESOLVE,
+            )
+            .ok()?
+        };
+        let st = rustix::fs::fstat(&fd).ok()?;
+        let ds = rustix::fs::fstat(d.as_fd()).ok()?;
+        let owned = |uid: u32| cred.uid == 0 || uid == cred.uid;
+        let decided = st.st_mode & libc::S_IFMT == libc::S_IFREG
+            && ds.st_mode & libc::S_IFMT == libc::S_IFDIR
+            && st.st_dev == dev
+            && ds.st_dev == dev
+            && owned(st.st_uid)
+            && owned(ds.st_uid);
+        if !decided {
+            return None;
+        }
+        if !oflags.contains(OFlags::NONBLOCK) {
+            let fl = rustix::fs::fcntl_getfl(&fd).ok()?;
+            rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK).ok()?;
+        }
+        Some(fd)
+    }
+
     fn open_fd(&self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> Result<OwnedFd> {
         check_path(path)?;
         if flags & FMODE_EXEC != 0

@@ -636,6 +636,30 @@ impl Cache {
         Ok(fd)
     }
 
+    /// [`open_node`](Self::open_node) of `node` for reading as `c` without its
+    /// supplementary groups, when the backend finds they cannot decide the open
+    /// ([`Backend::open_read_groupless`](crate::Backend::open_read_groupless)); `Ok(None)`
+    /// otherwise (then open with the groups).
+    pub fn open_node_read_groupless(
+        &self,
+        c: &Creds,
+        node: &NodeRef,
+        flags: i32,
+    ) -> Result<Option<Box<dyn BackendFile>>> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & (libc::O_TRUNC | libc::O_CREAT) != 0
+        {
+            return Ok(None);
+        }
+        if let NodeKind::Negative(e) = node.kind() {
+            return Err(e);
+        }
+        self.check(c, node, R_OK)?;
+        let path = self.path_of(node)?;
+        node.sb
+            .backend
+            .open_read_groupless(&c.0.cred, &path, flags & !libc::O_EXCL)
+    }
+
     /// Create and open regular file `parent/name` (O_CREAT; O_EXCL in `flags` honoured).
     /// Without O_EXCL, as natively, an existing file is opened and a missing one created,
     /// whatever the cache believed: a name the backend sees otherwise (changed there before

@@ -143,6 +143,10 @@ impl OpenFiles {
     }
 }
 
+/// The daemon's descriptor of an open and the file's attributes when a new one was opened
+/// (`CacheFs::open_shared_attr`).
+type SharedOpen = (Arc<SharedFd>, Option<Attr>);
+
 /// The file an ioctl runs on: an open handle's, or a directory the backend opened for it.
 pub(super) enum IoctlFile {
     Open(Arc<SharedFd>),
@@ -269,12 +273,7 @@ impl CacheFs {
 
     /// [`Self::open_shared`], with the file's attributes when a new descriptor was opened
     /// (read by the check that it is the kernel's inode: one `fstat` for both).
-    fn open_shared_attr(
-        &self,
-        c: &Creds,
-        ino: INodeNo,
-        oflags: i32,
-    ) -> Result<(Arc<SharedFd>, Option<Attr>), Errno> {
+    fn open_shared_attr(&self, c: &Creds, ino: INodeNo, oflags: i32) -> Result<SharedOpen, Errno> {
         let key = FdKey::new(ino.0, oflags, c.cred().clone());
         if let Some(s) = self.fds.get(&key) {
             return Ok((s, None));
@@ -295,6 +294,60 @@ impl CacheFs {
         })?;
         let uid = key.cred.uid;
         Ok((self.fds.insert(Some(key), uid, fd), attr.into_inner()))
+    }
+
+    /// A read-only open of `ino` by `req`'s caller made without reading the caller's
+    /// supplementary groups (`/proc/TID/status`, a fifth of the daemon's time per OPEN): when
+    /// the cache's attributes say the caller owns the file, or it is root, the backend opens it
+    /// without groups and keeps the open only if, on the real file and directory, the groups
+    /// could not have decided it ([`dircache_core::Backend::open_read_groupless`]). `None`:
+    /// open with the groups (also on any error, whose answer may depend on them).
+    fn open_groupless(
+        &self,
+        req: Caller,
+        ino: INodeNo,
+        node: &NodeRef,
+        oflags: i32,
+    ) -> Option<(Creds, SharedOpen)> {
+        if oflags & libc::O_ACCMODE != libc::O_RDONLY
+            || oflags & libc::O_TRUNC != 0
+            || !self.cache.node_backend(node).opens_groupless()
+        {
+            return None;
+        }
+        let (uid, gid) = (req.uid, req.gid);
+        if uid != 0 && self.cache.getattr(node).ok()?.uid != uid {
+            return None;
+        }
+        let c = self.cache.kernel_checked(Cred::new(uid, gid, []));
+        let key = FdKey::groupless(ino.0, oflags, uid, gid);
+        if let Some(s) = self.fds.get(&key) {
+            self.counters
+                .groupless_opens
+                .fetch_add(1, Ordering::Relaxed);
+            return Some((c, (s, None)));
+        }
+        self.fds.admit(uid).ok()?;
+        let attr = std::cell::Cell::new(None);
+        let fd = self
+            .with_node(ino, |n| {
+                let Some(fd) = self.cache.open_node_read_groupless(&c, n, oflags)? else {
+                    return Ok(None);
+                };
+                match self.check_same_inode(ino.0, &*fd) {
+                    Ok(a) => {
+                        attr.set(a);
+                        Ok(Some(fd))
+                    }
+                    Err(e) if e == Errno::ESTALE => Err(CoreError::Stale),
+                    Err(e) => Err(CoreError::Os(e.code())),
+                }
+            })
+            .ok()??;
+        self.counters
+            .groupless_opens
+            .fetch_add(1, Ordering::Relaxed);
+        Some((c, (self.fds.insert(Some(key), uid, fd), attr.into_inner())))
     }
 
     /// Register `file` as the passthrough backing file of `nodeid` (or share the inode's). The
@@ -420,25 +473,36 @@ impl CacheFs {
             return Err(Errno::from_i32(libc::ENOSYS));
         }
         let node = self.node(ino)?;
-        let c = self.creds_of(req);
         let oflags = Self::open_flags(flags.0);
-        let (fd, checked) = match self.open_shared_attr(&c, ino, oflags) {
-            // The core still has the name, the backend has not (removed outside, not yet
-            // reported): as for an xattr call (`xattr_error`), forget it and answer ESTALE so
-            // the kernel looks again (an open(O_CREAT) then creates, as natively). The same
-            // when the name holds another inode now (ESTALE), e.g. a FIFO renamed over it,
-            // which the kernel then opens itself.
-            Err(e) if (e == Errno::ENOENT || e == Errno::ESTALE) && !node.is_dead() => match self
-                .cache
-                .node_path(&node)
-            {
-                Ok(path) if Arc::ptr_eq(&self.cache.node_backend(&node), self.cache.backend()) => {
-                    self.forget_name(ino, &node, &path);
-                    return Err(Errno::ESTALE);
-                }
-                _ => return Err(e),
-            },
-            r => r?,
+        // Without reading the caller's groups when they cannot decide this open.
+        let (c, (fd, checked), groupless) = match self.open_groupless(req, ino, &node, oflags) {
+            Some((c, opened)) => (c, opened, true),
+            None => {
+                let c = self.creds_of(req);
+                let opened = match self.open_shared_attr(&c, ino, oflags) {
+                    // The core still has the name, the backend has not (removed outside, not
+                    // yet reported): as for an xattr call (`xattr_error`), forget it and
+                    // answer ESTALE so the kernel looks again (an open(O_CREAT) then creates,
+                    // as natively). The same when the name holds another inode now (ESTALE),
+                    // e.g. a FIFO renamed over it, which the kernel then opens itself.
+                    Err(e) if (e == Errno::ENOENT || e == Errno::ESTALE) && !node.is_dead() => {
+                        match self.cache.node_path(&node) {
+                            Ok(path)
+                                if Arc::ptr_eq(
+                                    &self.cache.node_backend(&node),
+                                    self.cache.backend(),
+                                ) =>
+                            {
+                                self.forget_name(ino, &node, &path);
+                                return Err(Errno::ESTALE);
+                            }
+                            _ => return Err(e),
+                        }
+                    }
+                    r => r?,
+                };
+                (c, opened, false)
+            }
         };
         // Before a passthrough backing file is made from it (it copies the flags).
         self.apply_noatime(&**fd);
@@ -472,13 +536,20 @@ impl CacheFs {
             let mut modes = self.files.modes(ino.0);
             let m = modes.entry(ino.0).or_default();
             if m.cached == 0 && (m.passthrough > 0 || !small_read || !current) {
-                match self.backing_for(ino.0, &fd, &cred, register) {
+                // The backing file does the I/O of every later opener of the inode (writers
+                // too) with the credentials it is registered with: the caller's whole ones.
+                let whole = if groupless {
+                    self.groups.cred(req.pid(), req.uid(), req.gid())
+                } else {
+                    cred.clone()
+                };
+                match self.backing_for(ino.0, &fd, &whole, register) {
                     Ok(b) => {
                         m.passthrough += 1;
                         drop(modes);
                         let own = self.own_writes_file(writable, &node, &fd);
                         let fh = self.add_open(
-                            OpenFile::new(fd, ino.0, node, writable, true, cred)
+                            OpenFile::new(fd, ino.0, node, writable, true, whole)
                                 .opened_with(flags.0),
                         );
                         self.own_writes_begin(req.pid, fh, own);
@@ -515,7 +586,7 @@ impl CacheFs {
     /// for a FLUSH. (The kernel's `no_flush`, set by the ENOSYS a local mount answers, is
     /// per connection: a writer's close must still reach such a backend.)
     fn noflush(&self, writable: bool, file: &dyn BackendFile) -> FopenFlags {
-        if !writable && !file.writable() && self.cache.backend().flush_on_close() {
+        if !writable && self.cache.backend().flush_on_close() && !file.writable() {
             FopenFlags::FOPEN_NOFLUSH
         } else {
             FopenFlags::empty()
