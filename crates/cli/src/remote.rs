@@ -319,6 +319,7 @@ impl Remote {
         let cfg = dircache_remote::ClientConfig {
             prefetch: self.prefetch,
             reconnect_timeout: self.reconnect_timeout,
+            handshake_timeout: dircache_remote::client::HANDSHAKE_TIMEOUT,
             statfs_ttl: self.statfs_ttl,
             max_call_entries: dircache_remote::MAX_CALL_ENTRIES,
             containers,

@@ -11,7 +11,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{can_mount, py, sh, sh_ok};
+use common::{can_mount, sh, sh_ok};
 // The remote-mount harness (crates/tests/src/remote.rs): a mount of its own remote through
 // a stand-in ssh, and waiting with a generous bound.
 use dircache_tests::remote::{eventually, eventually_or, Remote, RemoteMount};
@@ -63,6 +63,66 @@ fn ssh_gets_sshfs_style_arguments() {
     );
 }
 
+/// How long one run of the checks may take (natively about a second; a hung request on the
+/// mount would otherwise hang the test with nothing said).
+const CHECKS_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Run the POSIX checks in `dir`: their output, and what went wrong if they did not finish
+/// well (exit status and stderr, or the time limit: the process is killed).
+fn run_checks(dir: &Path, scratch: &Path, tag: &str) -> (String, Option<String>) {
+    let out = scratch.join(format!("{tag}.out"));
+    let err = scratch.join(format!("{tag}.err"));
+    let mut child = std::process::Command::new(common::PY)
+        .arg("-c")
+        .arg(posix_checks())
+        .current_dir(dir)
+        .env("LC_ALL", "C")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("checks stdout file"))
+        .stderr(std::fs::File::create(&err).expect("checks stderr file"))
+        .spawn()
+        .expect("python3");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for python3") {
+            break Some(s);
+        }
+        if t0.elapsed() > CHECKS_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let stdout = std::fs::read_to_string(&out).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+    let problem = match status {
+        Some(s) if s.success() => None,
+        Some(s) => Some(format!("python exited with {s}; stderr:\n{stderr}")),
+        None => Some(format!(
+            "python did not finish within {CHECKS_LIMIT:?} (killed); stderr:\n{stderr}"
+        )),
+    };
+    (stdout, problem)
+}
+
+/// What differs between the native output `a` and the mount's `b`, line by line (each line
+/// starts with the check's name), or `None` if nothing does.
+fn differences(a: &str, b: &str) -> Option<String> {
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    let mut msg = String::new();
+    for i in 0..a.len().max(b.len()) {
+        match (a.get(i), b.get(i)) {
+            (Some(x), Some(y)) if x == y => {}
+            (Some(x), Some(y)) => msg += &format!("line {}: native `{x}`, mount `{y}`\n", i + 1),
+            (Some(x), None) => msg += &format!("line {}: native `{x}`, mount: missing\n", i + 1),
+            (None, Some(y)) => msg += &format!("line {}: native: missing, mount `{y}`\n", i + 1),
+            (None, None) => {}
+        }
+    }
+    (!msg.is_empty()).then_some(msg)
+}
+
 #[test]
 fn posix_checks_match_native_on_remote_mount() {
     if !can_mount() {
@@ -72,19 +132,27 @@ fn posix_checks_match_native_on_remote_mount() {
     let native = t.dir.path().join("native");
     std::fs::create_dir(&native).unwrap();
     std::fs::create_dir(t.m("w")).unwrap();
-    let checks = posix_checks();
-    let a = py(&native, checks, None);
-    let b = py(&t.m("w"), checks, None);
-    for (x, y) in a.lines().zip(b.lines()) {
-        assert_eq!(x, y, "native vs remote mount");
+    let scratch = t.dir.path();
+    let (a, a_problem) = run_checks(&native, scratch, "native");
+    if let Some(p) = a_problem {
+        panic!("the checks failed natively: {p}\noutput:\n{a}");
     }
-    assert_eq!(
-        a.lines().count(),
-        b.lines().count(),
-        "native:\n{a}\nremote:\n{b}"
-    );
+    let (b, b_problem) = run_checks(&t.m("w"), scratch, "mount");
+    let diff = differences(&a, &b);
+    if diff.is_some() || b_problem.is_some() {
+        let log = t.log_text();
+        let tail: Vec<&str> = log.lines().rev().take(60).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        panic!(
+            "native vs remote mount differ:\n{}{}\nthe daemon's log, last {} lines:\n{}",
+            diff.unwrap_or_default(),
+            b_problem.map_or(String::new(), |p| format!("on the mount: {p}\n")),
+            tail.len(),
+            tail.join("\n")
+        );
+    }
     // The files are really on the server's side.
-    assert!(t.s("w/r3").exists());
+    assert!(t.s("w/r3").exists(), "w/r3 is not in the server's SRC");
 }
 
 /// A small tree with the usual kinds of entries.

@@ -587,8 +587,9 @@ fn new_conn(
     round_trips: Arc<AtomicU64>,
     muted: bool,
 ) -> std::result::Result<Arc<Conn>, ProtoError> {
+    let handshake_limit = Some(cfg.handshake_timeout).filter(|d| !d.is_zero());
     let Halves {
-        mut read,
+        read,
         write,
         keep,
         close,
@@ -597,7 +598,29 @@ fn new_conn(
     let hello = encode(&ClientMsg::Hello(Hello::new(features::ALL)))?;
     write_frame(&mut writer, &hello, MAX_CLIENT_FRAME)?;
     writer.flush().map_err(|e| ProtoError::Frame(e.into()))?;
-    let Some(frame) = read_frame(&mut read, MAX_SERVER_FRAME)? else {
+    let (frame, read, keep, close) = match handshake_limit {
+        None => {
+            let mut read = read;
+            let frame = read_frame(&mut read, MAX_SERVER_FRAME)?;
+            (frame, read, keep, close)
+        }
+        Some(limit) => match read_hello_within(read, limit) {
+            Ok((frame, read)) => (frame?, read, keep, close),
+            Err(()) => {
+                // Ended both ways, so that the thread still reading sees end of file: the
+                // socket shut down, or the child's input closed (and the child killed after
+                // its grace, `Reap`: dropped aside, not to hold up the next attempt).
+                if let Some(close) = close {
+                    close();
+                }
+                let _ = std::thread::Builder::new()
+                    .name("dircache-handshake-end".into())
+                    .spawn(move || drop((writer, keep)));
+                return Err(ProtoError::HandshakeTimeout(limit));
+            }
+        },
+    };
+    let Some(frame) = frame else {
         return Err(ProtoError::Closed);
     };
     let granted = match decode::<ServerMsg>(&frame) {
@@ -652,6 +675,31 @@ fn new_conn(
     Ok(conn)
 }
 
+type HelloRead = (
+    std::result::Result<Option<Vec<u8>>, crate::frame::FrameError>,
+    Box<dyn Read + Send>,
+);
+
+/// Read the server's answer to the handshake on a thread of its own, waiting at most
+/// `limit`: the frame and the read half back, or `Err(())` when it did not come in time (the
+/// thread then ends when the caller ends the stream).
+fn read_hello_within(
+    mut read: Box<dyn Read + Send>,
+    limit: Duration,
+) -> std::result::Result<HelloRead, ()> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let spawned = std::thread::Builder::new()
+        .name("dircache-handshake".into())
+        .spawn(move || {
+            let frame = read_frame(&mut read, MAX_SERVER_FRAME);
+            let _ = tx.send((frame, read));
+        });
+    if spawned.is_err() {
+        return Err(());
+    }
+    rx.recv_timeout(limit).map_err(|_| ())
+}
+
 /// Starts a new transport to the server (for reconnecting).
 pub type Connector = Box<dyn Fn() -> std::io::Result<Box<dyn Transport>> + Send + Sync>;
 
@@ -686,6 +734,11 @@ pub struct ClientConfig {
     /// Disconnected operation (client/disconnected.rs); `None` (or no reconnecting): a lost
     /// connection breaks every promise at once and calls get EIO.
     pub disconnected: Option<Arc<Disconnected>>,
+    /// How long a reconnection waits for the server's answer to its handshake before it
+    /// gives that attempt up and tries again with backoff (a server that accepts a
+    /// connection and never answers held the reconnecting thread forever); zero = no bound.
+    /// The first connection is not bounded (ssh may be asking for a password).
+    pub handshake_timeout: Duration,
     /// How long a statfs answer is reused (client/statfs.rs); zero = every call asks.
     pub statfs_ttl: Duration,
     /// Most directory entries one call may bring over all its frames: a server sending
@@ -697,6 +750,9 @@ pub struct ClientConfig {
 /// `Subtree` call of up to the largest budget a server grants (1 Mi) and its root's listing.
 pub const MAX_CALL_ENTRIES: u64 = 1 << 22;
 
+/// The default [`ClientConfig::handshake_timeout`].
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Default for ClientConfig {
     fn default() -> ClientConfig {
         ClientConfig {
@@ -704,6 +760,7 @@ impl Default for ClientConfig {
             reconnect_timeout: Duration::from_secs(10),
             containers: None,
             disconnected: None,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
             statfs_ttl: Duration::from_secs(5),
             max_call_entries: MAX_CALL_ENTRIES,
         }
@@ -749,9 +806,14 @@ impl RemoteBackend {
         let lost = Arc::new(AtomicBool::new(false));
         let prefetch = Arc::new(Mutex::new(Prefetch::new(0)));
         let round_trips = Arc::new(AtomicU64::new(0));
+        // The first connection's handshake is not bounded (ssh may be asking for a password).
+        let first = ClientConfig {
+            handshake_timeout: Duration::ZERO,
+            ..cfg.clone()
+        };
         let conn = new_conn(
             t,
-            cfg,
+            &first,
             callbacks.clone(),
             lost.clone(),
             prefetch.clone(),

@@ -564,6 +564,8 @@ pub enum ProtoError {
     Unexpected(String),
     #[error("connection closed")]
     Closed,
+    #[error("the server did not answer the handshake within {0:?}")]
+    HandshakeTimeout(std::time::Duration),
 }
 
 /// Encode `msg` as one frame's payload.

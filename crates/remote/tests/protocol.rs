@@ -1122,6 +1122,99 @@ fn queued_calls_behind_a_reconnection(revive: bool) {
     }
 }
 
+/// A server that accepts the connection and never answers the handshake (a hung host, a
+/// relay whose far end is stuck) must not hold the reconnection forever: the attempt gives up
+/// after `handshake_timeout` and the next one, with backoff, reaches the server once it
+/// answers again. Before the bound the reconnecting thread stayed in that handshake for good,
+/// so every later call failed with EIO although the server was back.
+#[test]
+fn a_handshake_never_answered_does_not_hold_the_reconnection() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"x").unwrap();
+    let up = Arc::new(AtomicBool::new(true));
+    let socks = Arc::new(std::sync::Mutex::new(Vec::<UnixStream>::new()));
+    // The far ends of the connections nobody answers, kept open (no end of file).
+    let silent = Arc::new(std::sync::Mutex::new(Vec::<UnixStream>::new()));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let connector: dircache_remote::client::Connector = {
+        let (root, up, socks, silent, attempts) = (
+            dir.path().to_path_buf(),
+            up.clone(),
+            socks.clone(),
+            silent.clone(),
+            attempts.clone(),
+        );
+        Box::new(move || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            if up.load(Ordering::SeqCst) {
+                let (s, sock) = Server::start(&root);
+                drop(s);
+                socks.lock().unwrap().push(sock.try_clone()?);
+                return Ok(Box::new(sock) as Box<dyn dircache_remote::Transport>);
+            }
+            let (a, b) = UnixStream::pair()?;
+            silent.lock().unwrap().push(b);
+            Ok(Box::new(a) as Box<dyn dircache_remote::Transport>)
+        })
+    };
+    let timeout = Duration::from_millis(1500);
+    let cfg = dircache_remote::ClientConfig {
+        reconnect_timeout: timeout,
+        handshake_timeout: Duration::from_millis(200),
+        prefetch: 0,
+        ..Default::default()
+    };
+    let r = RemoteBackend::connect_again(connector, &cfg).expect("connect");
+    assert!(r.getattr(b"f").is_ok());
+    // The server goes silent: connections are accepted, the handshake never answered.
+    up.store(false, Ordering::SeqCst);
+    for s in socks.lock().unwrap().drain(..) {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    while !r.is_closed() {
+        assert!(Instant::now() < end, "the loss was not noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = Instant::now();
+    assert_eq!(r.getattr(b"f").map(|_| ()), Err(Error::Os(libc::EIO)));
+    let took = t.elapsed();
+    assert!(
+        took < timeout + Duration::from_millis(700),
+        "a call waited {took:?} for a silent server (reconnect_timeout {timeout:?})"
+    );
+    let silent_attempts = attempts.load(Ordering::SeqCst);
+    // The server answers again: the next call is served by a new connection.
+    up.store(true, Ordering::SeqCst);
+    let t = Instant::now();
+    let got = r.getattr(b"f").map(|_| ());
+    assert_eq!(
+        got,
+        Ok(()),
+        "a call after the server came back ({:?}, {} attempts in all): the reconnection \
+         is still waiting for a silent server's handshake",
+        t.elapsed(),
+        attempts.load(Ordering::SeqCst)
+    );
+    assert!(
+        silent_attempts >= 3,
+        "{silent_attempts} connection attempts in {took:?} of silence: each handshake \
+         should give up after 200 ms"
+    );
+    drop(r);
+    // Each silent connection was ended by the client when it gave up (shut down both ways:
+    // the thread that waited for its answer sees end of file too).
+    for (i, b) in silent.lock().unwrap().iter_mut().enumerate() {
+        b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = Vec::new();
+        assert!(
+            b.read_to_end(&mut buf).is_ok(),
+            "silent connection {i} was left open by the client"
+        );
+    }
+}
+
 #[test]
 fn calls_queued_behind_a_failing_reconnection_wait_at_most_the_timeout() {
     queued_calls_behind_a_reconnection(false);

@@ -198,3 +198,80 @@ impl Echoes {
             .retain(|_, o| o.running > 0 || now.duration_since(o.done) < KEEP);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(size: u64) -> Attr {
+        Attr {
+            ino: 7,
+            size,
+            mode: libc::S_IFREG | 0o644,
+            nlink: 1,
+            ..Attr::default()
+        }
+    }
+
+    /// A foreign change to a path this client keeps changing (its own calls on it running,
+    /// or ending with nothing told, one after the other: a stream of writes) is held while
+    /// they go on, but called back at the latest [`MAX_HOLD`] after it came, calls or not.
+    #[test]
+    fn a_foreign_change_is_called_back_by_the_cap_while_own_calls_go_on() {
+        let e = Echoes::default();
+        let p = b"dir/f".to_vec();
+        // The client touched the path: one of its calls ended, with attributes told.
+        e.begin(std::slice::from_ref(&p));
+        e.end(std::slice::from_ref(&p), &[Post::Attr(attr(5))]);
+        // Someone else changes it (size 9) while the client keeps writing to it.
+        let h = Echoes::hold(Change::Attr { path: p.clone() });
+        let t0 = Instant::now();
+        let limit = MAX_HOLD * 2;
+        let mut i = 0u32;
+        let forwarded = loop {
+            // Every 20 ms a write (nothing told), half of the time still running when the
+            // callback is looked at.
+            e.begin(std::slice::from_ref(&p));
+            let running = i % 2 == 1;
+            if !running {
+                e.end(std::slice::from_ref(&p), &[Post::Unknown]);
+            }
+            let d = e.decide(&h, |_| Ok(attr(9)));
+            if running {
+                e.end(std::slice::from_ref(&p), &[Post::Unknown]);
+            }
+            i += 1;
+            match d {
+                Decision::Wait if t0.elapsed() < limit => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                d => break (d, t0.elapsed()),
+            }
+        };
+        assert_eq!(
+            forwarded.0,
+            Decision::Forward,
+            "held {:?} behind the client's own calls (cap {MAX_HOLD:?})",
+            forwarded.1
+        );
+        assert!(
+            forwarded.1 >= MAX_HOLD && forwarded.1 < MAX_HOLD + Duration::from_millis(500),
+            "called back after {:?}, the cap is {MAX_HOLD:?}",
+            forwarded.1
+        );
+    }
+
+    /// Once the client's calls are over, a foreign change that left other attributes than
+    /// the client was told is called back at once, and one that left them as told (the
+    /// client's own echo) is dropped.
+    #[test]
+    fn after_the_calls_a_foreign_change_goes_and_an_echo_is_dropped() {
+        let e = Echoes::default();
+        let p = b"f".to_vec();
+        e.begin(std::slice::from_ref(&p));
+        e.end(std::slice::from_ref(&p), &[Post::Attr(attr(5))]);
+        let h = Echoes::hold(Change::Attr { path: p.clone() });
+        assert_eq!(e.decide(&h, |_| Ok(attr(9))), Decision::Forward);
+        assert_eq!(e.decide(&h, |_| Ok(attr(5))), Decision::Drop);
+    }
+}
