@@ -894,11 +894,7 @@ mod tests {
         assert_eq!(p.parents.get(b"obj"), Some(dir));
         // A change of the directory itself still drops them: by path, by inode, and a
         // callback for an entry in it.
-        for stale in [
-            stale_of(b"obj"),
-            vec![Stale::Ino(5)],
-            stale_of(b"obj/g.o"),
-        ] {
+        for stale in [stale_of(b"obj"), vec![Stale::Ino(5)], stale_of(b"obj/g.o")] {
             let c = p.parents.begin(&dirs);
             p.parents
                 .end(c, &dirs, Some(vec![(b"obj".to_vec(), dir)]), true);

@@ -355,7 +355,7 @@ pub enum Request {
         how: OpenHow,
     },
     /// Feature [`features::STORE`]: on `handle`, write `data` at `offset` (at most
-    /// [`MAX_IO`] bytes; all of them, or the call fails with EIO), then set the size to
+    /// [`MAX_IO`] bytes, EINVAL beyond; all of them, or the call fails with EIO), then set the size to
     /// `size`, then set `set` (as [`Request::FileSetattr`]; when that fails with EPERM or
     /// EACCES, not the owner, the attributes stay as the writes left them), in that order;
     /// answered with [`Reply::Attr`], the file's attributes after it. A container stored

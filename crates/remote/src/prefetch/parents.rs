@@ -131,7 +131,10 @@ impl Parents {
                     // replies are checked by their attributes' inode when they come (a
                     // store into a file, which names its inode, while a create runs in
                     // a build with -j2 dropped every reply in flight).
-                    match (self.started.is_empty(), self.ino_drops.len() < MAX_INO_DROPS) {
+                    match (
+                        self.started.is_empty(),
+                        self.ino_drops.len() < MAX_INO_DROPS,
+                    ) {
                         (true, _) => {}
                         (false, true) => self.ino_drops.push((self.next, *ino)),
                         (false, false) => {
