@@ -319,12 +319,6 @@ pub trait Backend: Send + Sync + 'static {
     /// End the registration `token` of [`Backend::own_writes_begin`].
     fn own_writes_end(&self, _token: u64) {}
 
-    /// The calling thread mutates for this backend's user from now on, by path or through
-    /// handles (a remote server's worker thread): a change feed that tells threads apart
-    /// (fanotify) leaves out its changes, as those of a thread that mutated by path.
-    /// Default: nothing.
-    fn mutating_thread(&self) {}
-
     /// Whether the feed reported `change` for nothing but a write of a registered thread to
     /// its registered file (consumes the mark). Default: no.
     fn own_write_change(&self, _change: &Change) -> bool {

@@ -1153,10 +1153,6 @@ impl Backend for LocalBackend {
         }
     }
 
-    fn mutating_thread(&self) {
-        self.note_mutator();
-    }
-
     fn own_writes_end(&self, token: u64) {
         self.own.end(token);
     }

@@ -555,10 +555,6 @@ impl Backend for CachedBackend {
     }
 
     /// The changes the cache applied, in order, each forwarded after it was applied.
-    fn mutating_thread(&self) {
-        self.inner.mutating_thread();
-    }
-
     fn watch(&self) -> Result<Option<ChangeFeed>> {
         if !self.coherent {
             return Ok(None);

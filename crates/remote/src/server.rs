@@ -198,11 +198,6 @@ where
                 std::thread::Builder::new()
                     .name(format!("dircache-serve-{i}"))
                     .spawn(move || {
-                        // Every call a worker makes is this client's: a root server's
-                        // fanotify feed leaves its changes out from the start (before, only
-                        // after its first mutation by path: a worker whose first call was a
-                        // store on a handle called the client back for its own change).
-                        s.backend.mutating_thread();
                         while let Ok(job) = rx.recv() {
                             answer(&s, job);
                         }
