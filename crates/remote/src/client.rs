@@ -42,6 +42,7 @@ use crate::prefetch::{join, stale_of, Prefetch, Stale};
 use crate::proto::{
     decode, encode, features, Bytes, ClientMsg, Hello, OpenHow, ProtoError, Reply, Request,
     ServerMsg, SubtreeDir, Target, WireCred, MAX_CLIENT_FRAME, MAX_IO, MAX_SERVER_FRAME,
+    REQUEST_KINDS,
 };
 
 /// The two directions of a byte stream, and whatever must live as long as they do.
@@ -171,7 +172,7 @@ struct Conn {
     /// number in `Prefetch::parents` and the directories they change.
     parents_of: Mutex<HashMap<u64, ParentsOf>>,
     close: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-    round_trips: Arc<AtomicU64>,
+    round_trips: Arc<CallCounts>,
     /// Container files, told about callbacks (client/container.rs).
     containers: Option<Arc<Containers>>,
     /// Disconnected operation (client/disconnected.rs): a loss keeps the promises until
@@ -183,6 +184,86 @@ struct Conn {
     /// [`ClientConfig::max_call_entries`].
     max_call_entries: u64,
 }
+
+/// Calls sent, in all and by kind (`dircache stats`: `backend.calls_<kind>`): what a
+/// workload's round trips are.
+pub(crate) struct CallCounts {
+    total: AtomicU64,
+    by_kind: [AtomicU64; REQUEST_KINDS.len()],
+}
+
+impl CallCounts {
+    pub(crate) fn new() -> CallCounts {
+        CallCounts {
+            total: AtomicU64::new(0),
+            by_kind: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    fn count(&self, req: &Request) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        if let Some(n) = self.by_kind.get(req.kind()) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn of(&self, kind: &str) -> u64 {
+        REQUEST_KINDS
+            .iter()
+            .position(|k| *k == kind)
+            .and_then(|i| self.by_kind.get(i))
+            .map_or(0, |n| n.load(Ordering::Relaxed))
+    }
+
+    /// The kinds called at least once, as `calls_<Kind>` counters.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        CALL_COUNTER_NAMES
+            .iter()
+            .zip(&self.by_kind)
+            .map(|(name, n)| (*name, n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+/// `calls_<Kind>` for each of [`REQUEST_KINDS`] (static names for `Backend::counters`).
+const CALL_COUNTER_NAMES: [&str; REQUEST_KINDS.len()] = [
+    "calls_Walk",
+    "calls_Lookup",
+    "calls_Getattr",
+    "calls_Readdir",
+    "calls_Subtree",
+    "calls_Readlink",
+    "calls_Mknod",
+    "calls_Mkdir",
+    "calls_Symlink",
+    "calls_Link",
+    "calls_Unlink",
+    "calls_Rmdir",
+    "calls_Rename",
+    "calls_Setattr",
+    "calls_Statfs",
+    "calls_Getxattr",
+    "calls_Listxattr",
+    "calls_Setxattr",
+    "calls_Removexattr",
+    "calls_Fsyncdir",
+    "calls_Open",
+    "calls_OpenVerified",
+    "calls_Read",
+    "calls_Write",
+    "calls_Sync",
+    "calls_Allocate",
+    "calls_Seek",
+    "calls_SetSize",
+    "calls_FileSetattr",
+    "calls_FileAttr",
+    "calls_Close",
+    "calls_Search",
+    "calls_Cancel",
+    "calls_OpenPlus",
+    "calls_Store",
+];
 
 /// A mutation's sequence number in `Prefetch::parents` and the directories it changes.
 type ParentsOf = (u64, Vec<Vec<u8>>);
@@ -321,7 +402,9 @@ impl Conn {
             }
             return Err(e);
         }
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        if let ClientMsg::Call { req, .. } = &msg {
+            self.round_trips.count(req);
+        }
         tracing::trace!(call = %kind_of(&msg), "remote call");
         Ok((id, rx))
     }
@@ -584,7 +667,7 @@ fn new_conn(
     callbacks: Arc<Mutex<Option<Sender<Change>>>>,
     lost: Arc<AtomicBool>,
     prefetch: Arc<Mutex<Prefetch>>,
-    round_trips: Arc<AtomicU64>,
+    round_trips: Arc<CallCounts>,
     muted: bool,
 ) -> std::result::Result<Arc<Conn>, ProtoError> {
     let handshake_limit = Some(cfg.handshake_timeout).filter(|d| !d.is_zero());
@@ -711,7 +794,7 @@ pub struct RemoteBackend {
     prefetch: Arc<Mutex<Prefetch>>,
     /// Signalled when a streamed bulk call stores a part or ends (client/bulk.rs).
     arrived: Arc<parking_lot::Condvar>,
-    round_trips: Arc<AtomicU64>,
+    round_trips: Arc<CallCounts>,
     /// Reconnecting, shared with the open files (client/reopen.rs).
     link: Arc<reopen::Link>,
     cfg: ClientConfig,
@@ -805,7 +888,7 @@ impl RemoteBackend {
         let callbacks = Arc::new(Mutex::new(None));
         let lost = Arc::new(AtomicBool::new(false));
         let prefetch = Arc::new(Mutex::new(Prefetch::new(0)));
-        let round_trips = Arc::new(AtomicU64::new(0));
+        let round_trips = Arc::new(CallCounts::new());
         // The first connection's handshake is not bounded (ssh may be asking for a password).
         let first = ClientConfig {
             handshake_timeout: Duration::ZERO,
@@ -869,7 +952,13 @@ impl RemoteBackend {
 
     /// Calls sent so far (each one round trip; streamed replies count once).
     pub fn round_trips(&self) -> u64 {
-        self.round_trips.load(Ordering::Relaxed)
+        self.round_trips.total.load(Ordering::Relaxed)
+    }
+
+    /// Calls of kind `kind` ([`crate::proto::REQUEST_KINDS`]: "Getattr", "Store"...) sent
+    /// so far.
+    pub fn calls_of(&self, kind: &str) -> u64 {
+        self.round_trips.of(kind)
     }
 
     /// Directory listings and lookups answered from the prefetch buffer so far.
@@ -1514,6 +1603,7 @@ impl Backend for RemoteBackend {
             ("round_trips", self.round_trips()),
             ("parent_attr_hits", self.prefetch.lock().parents.hits),
         ];
+        v.extend(self.round_trips.counters());
         let w = self.bulk_waits();
         v.extend([
             ("bulk_waits", w.waits),

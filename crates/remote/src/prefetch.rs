@@ -371,7 +371,18 @@ impl Prefetch {
                 }
             }
         }
-        self.drop_stale(&stale);
+        self.drop_listings(&stale);
+        // A directory's own attributes: an own mutation changes them only by changing names
+        // in it (`Parents::begin`, told by the caller) or by changing the directory itself
+        // (a `Tree` or `Ino` of it). Its `Dir` items are listings holding the changed entry's
+        // attributes: a store into `d/f` leaves `d`'s attributes as they were (before, each
+        // store dropped them, and a build asked for `d`'s attributes again after each object).
+        let own: Vec<Stale> = stale
+            .iter()
+            .filter(|s| !matches!(s, Stale::Dir(_)))
+            .cloned()
+            .collect();
+        self.parents.drop_stale(&own);
         let id = self.next_mutation;
         self.next_mutation += 1;
         self.mutations.push((id, stale));
@@ -392,6 +403,12 @@ impl Prefetch {
     /// flight (a call whose whole subtree it covers, or that collected too many, ends).
     pub fn drop_stale(&mut self, stale: &[Stale]) {
         self.parents.drop_stale(stale);
+        self.drop_listings(stale);
+    }
+
+    /// [`Prefetch::drop_stale`] of the listings only (not the directory attributes of
+    /// [`Prefetch::parents`]).
+    fn drop_listings(&mut self, stale: &[Stale]) {
         for s in stale {
             match s {
                 Stale::Dir(d) => {
@@ -852,6 +869,42 @@ mod tests {
             dir: dir.as_bytes().to_vec(),
             entries: names.iter().map(|n| e(n)).collect(),
             bare: names.iter().map(|n| n.starts_with('a')).collect(),
+        }
+    }
+
+    #[test]
+    fn an_own_store_into_a_file_keeps_its_directory_attributes() {
+        // The create's reply left `obj`'s attributes (features::PARENTS); the store of the
+        // object's data (a call on its handle: what `RemoteFile::stale` gives) does not
+        // change them. Before, it dropped them: one `Getattr` of the directory per object.
+        let mut p = Prefetch::new(0);
+        let dirs = vec![b"obj".to_vec()];
+        let dir = Attr {
+            ino: 5,
+            mode: libc::S_IFDIR | 0o755,
+            ..Attr::default()
+        };
+        let c = p.parents.begin(&dirs);
+        p.parents
+            .end(c, &dirs, Some(vec![(b"obj".to_vec(), dir)]), true);
+        let mut store = stale_of(b"obj/f.o");
+        store.extend([Stale::Linked, Stale::Ino(77)]);
+        let m = p.mutation_begin(store);
+        p.mutation_end(m);
+        assert_eq!(p.parents.get(b"obj"), Some(dir));
+        // A change of the directory itself still drops them: by path, by inode, and a
+        // callback for an entry in it.
+        for stale in [stale_of(b"obj"), vec![Stale::Ino(5)], stale_of(b"obj/g.o")] {
+            let c = p.parents.begin(&dirs);
+            p.parents
+                .end(c, &dirs, Some(vec![(b"obj".to_vec(), dir)]), true);
+            if stale == stale_of(b"obj/g.o") {
+                p.touched(b"obj/g.o");
+            } else {
+                let m = p.mutation_begin(stale.clone());
+                p.mutation_end(m);
+            }
+            assert_eq!(p.parents.get(b"obj"), None, "{stale:?}");
         }
     }
 

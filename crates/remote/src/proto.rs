@@ -48,9 +48,13 @@ pub mod features {
     /// attributes of the directories it changed, read after it, so the client does not ask
     /// for them (the kernel does after each create). Needs [`CALLBACKS`] to be used.
     pub const PARENTS: u64 = 1 << 7;
+    /// [`Request::Store`](super::Request::Store): a file's new contents, size and times in
+    /// one call (a store-back on close was a `Write` with `SetSize`, then a `FileSetattr`:
+    /// two round trips).
+    pub const STORE: u64 = 1 << 8;
     /// Everything this build knows.
     pub const ALL: u64 =
-        CALLBACKS | SUBTREE | XATTRS | SEARCH | HURRY | OPEN_PLUS | NAMES | PARENTS;
+        CALLBACKS | SUBTREE | XATTRS | SEARCH | HURRY | OPEN_PLUS | NAMES | PARENTS | STORE;
 }
 
 /// Largest frame a client sends (a write's data chunk plus its header fits).
@@ -350,7 +354,61 @@ pub enum Request {
         upto: u64,
         how: OpenHow,
     },
+    /// Feature [`features::STORE`]: on `handle`, write `data` at `offset` (at most
+    /// [`MAX_IO`] bytes, EINVAL beyond; all of them, or the call fails with EIO), then set the size to
+    /// `size`, then set `set` (as [`Request::FileSetattr`]; when that fails with EPERM or
+    /// EACCES, not the owner, the attributes stay as the writes left them), in that order;
+    /// answered with [`Reply::Attr`], the file's attributes after it. A container stored
+    /// back on close in one round trip.
+    Store {
+        handle: u64,
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        size: u64,
+        set: SetAttr,
+    },
 }
+
+/// The name of each kind of [`Request`], in [`Request::kind`]'s numbering (calls counted by
+/// kind: `dircache stats`, `backend.calls_*`).
+pub const REQUEST_KINDS: [&str; 35] = [
+    "Walk",
+    "Lookup",
+    "Getattr",
+    "Readdir",
+    "Subtree",
+    "Readlink",
+    "Mknod",
+    "Mkdir",
+    "Symlink",
+    "Link",
+    "Unlink",
+    "Rmdir",
+    "Rename",
+    "Setattr",
+    "Statfs",
+    "Getxattr",
+    "Listxattr",
+    "Setxattr",
+    "Removexattr",
+    "Fsyncdir",
+    "Open",
+    "OpenVerified",
+    "Read",
+    "Write",
+    "Sync",
+    "Allocate",
+    "Seek",
+    "SetSize",
+    "FileSetattr",
+    "FileAttr",
+    "Close",
+    "Search",
+    "Cancel",
+    "OpenPlus",
+    "Store",
+];
 
 /// How [`Request::OpenPlus`] opens.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -377,6 +435,47 @@ impl OpenHow {
 }
 
 impl Request {
+    /// This request's kind: its index in [`REQUEST_KINDS`].
+    pub fn kind(&self) -> usize {
+        match self {
+            Request::Walk { .. } => 0,
+            Request::Lookup { .. } => 1,
+            Request::Getattr { .. } => 2,
+            Request::Readdir { .. } => 3,
+            Request::Subtree { .. } => 4,
+            Request::Readlink { .. } => 5,
+            Request::Mknod { .. } => 6,
+            Request::Mkdir { .. } => 7,
+            Request::Symlink { .. } => 8,
+            Request::Link { .. } => 9,
+            Request::Unlink { .. } => 10,
+            Request::Rmdir { .. } => 11,
+            Request::Rename { .. } => 12,
+            Request::Setattr { .. } => 13,
+            Request::Statfs { .. } => 14,
+            Request::Getxattr { .. } => 15,
+            Request::Listxattr { .. } => 16,
+            Request::Setxattr { .. } => 17,
+            Request::Removexattr { .. } => 18,
+            Request::Fsyncdir { .. } => 19,
+            Request::Open { .. } => 20,
+            Request::OpenVerified { .. } => 21,
+            Request::Read { .. } => 22,
+            Request::Write { .. } => 23,
+            Request::Sync { .. } => 24,
+            Request::Allocate { .. } => 25,
+            Request::Seek { .. } => 26,
+            Request::SetSize { .. } => 27,
+            Request::FileSetattr { .. } => 28,
+            Request::FileAttr { .. } => 29,
+            Request::Close { .. } => 30,
+            Request::Search { .. } => 31,
+            Request::Cancel { .. } => 32,
+            Request::OpenPlus { .. } => 33,
+            Request::Store { .. } => 34,
+        }
+    }
+
     /// The paths of the names the call may add or remove (their parents' listings and
     /// attributes change), for [`features::PARENTS`]; empty for any other call.
     pub fn names_changed(&self) -> Vec<&[u8]> {

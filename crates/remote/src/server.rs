@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::{bounded, select, Receiver, Sender};
-use dircache_core::{Backend, BackendFile, Cred, DirEntry, Error, Whence, XattrTarget};
+use dircache_core::{Backend, BackendFile, Cred, DirEntry, Error, SetAttr, Whence, XattrTarget};
 use parking_lot::Mutex;
 
 mod echoes;
@@ -408,7 +408,9 @@ fn own_paths(s: &Shared, req: &Request) -> Vec<(Vec<u8>, Told)> {
         Request::Write { handle, .. }
         | Request::SetSize { handle, .. }
         | Request::Allocate { handle, .. } => on_handle(handle, Told::Nothing),
-        Request::FileSetattr { handle, .. } => on_handle(handle, Told::Attr),
+        Request::FileSetattr { handle, .. } | Request::Store { handle, .. } => {
+            on_handle(handle, Told::Attr)
+        }
         _ => Vec::new(),
     }
 }
@@ -627,6 +629,13 @@ fn answer(s: &Shared, job: Job) {
             .and_then(|f| f.setattr(&cred, &set))
             .map(Reply::Attr),
         Request::FileAttr { handle } => file(s, handle).and_then(|f| f.attr()).map(Reply::Attr),
+        Request::Store {
+            handle,
+            offset,
+            data,
+            size,
+            set,
+        } => file(s, handle).and_then(|f| store(&*f, &cred, offset, &data, size, &set)),
     };
     if !own.is_empty() {
         let posts: Vec<Post> = own.iter().map(|(_, t)| post_of(*t, &r)).collect();
@@ -649,6 +658,39 @@ fn answer(s: &Shared, job: Job) {
         r => r,
     };
     reply(r.map_err(errno));
+}
+
+/// [`Request::Store`] on `f`: the data, the size, then `set`, in that order.
+fn store(
+    f: &dyn BackendFile,
+    cred: &Cred,
+    offset: u64,
+    data: &[u8],
+    size: u64,
+    set: &SetAttr,
+) -> dircache_core::Result<Reply> {
+    if data.len() > MAX_IO {
+        return Err(Error::Os(libc::EINVAL));
+    }
+    let mut done = 0;
+    while done < data.len() {
+        let n = f.write_at(cred, &data[done..], offset + done as u64, false)?;
+        if n == 0 {
+            return Err(Error::Os(libc::EIO));
+        }
+        done += n;
+    }
+    f.set_size(cred, size)?;
+    let nothing = SetAttr::default();
+    if *set == nothing {
+        return f.attr().map(Reply::Attr);
+    }
+    match f.setattr(cred, set) {
+        Ok(a) => Ok(Reply::Attr(a)),
+        // Not the owner: the times stay as the writes left them.
+        Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => f.attr().map(Reply::Attr),
+        Err(e) => Err(e),
+    }
 }
 
 fn file(s: &Shared, handle: u64) -> dircache_core::Result<Arc<dyn BackendFile>> {

@@ -1573,3 +1573,99 @@ fn own_changes_are_not_called_back_but_others_changes_are() {
     sa.finish().expect("clean end");
     sb.finish().expect("clean end");
 }
+
+/// One raw call on a session after the handshake: its reply's body (callbacks skipped).
+fn raw_call(
+    s: &mut UnixStream,
+    id: u64,
+    req: Request,
+) -> Result<dircache_remote::proto::Reply, i32> {
+    let call = ClientMsg::Call {
+        id,
+        cred: WireCred::from(&me()),
+        req,
+    };
+    write_frame(s, &encode(&call).unwrap(), MAX_CLIENT_FRAME).unwrap();
+    loop {
+        match decode::<ServerMsg>(&read_frame(s, MAX_SERVER_FRAME).unwrap().unwrap()).unwrap() {
+            ServerMsg::Reply { id: got, body, .. } if got == id => return body,
+            ServerMsg::Callback(_) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// `Store` (feature STORE) applies its data, then the size, then the attributes, in that
+/// order, and answers with the attributes after it: a size below the data's end cuts it, one
+/// above zero-fills, the mtime is the one sent (not the write's). Too much data is EINVAL.
+#[test]
+fn store_writes_then_sizes_then_sets_the_mtime() {
+    use dircache_core::{TimeSet, Timespec};
+    use dircache_remote::proto::Reply;
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, mut s) = raw_session(dir.path());
+    let handle = match raw_call(
+        &mut s,
+        1,
+        Request::Open {
+            path: b"f".to_vec(),
+            flags: libc::O_CREAT | libc::O_WRONLY,
+            mode: 0o644,
+            umask: 0,
+        },
+    ) {
+        Ok(Reply::Parents { reply, .. }) => match *reply {
+            Reply::Opened { handle, .. } => handle,
+            other => panic!("{other:?}"),
+        },
+        Ok(Reply::Opened { handle, .. }) => handle,
+        other => panic!("{other:?}"),
+    };
+    let when = Timespec {
+        sec: 1_296_691_200,
+        nsec: 123_000_000,
+    };
+    let data: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+    for (id, size) in [(2u64, 1000u64), (3, 5000)] {
+        let r = raw_call(
+            &mut s,
+            id,
+            Request::Store {
+                handle,
+                offset: 0,
+                data: data.clone(),
+                size,
+                set: SetAttr {
+                    mtime: Some(TimeSet::At(when)),
+                    ..Default::default()
+                },
+            },
+        );
+        let Ok(Reply::Attr(a)) = r else {
+            panic!("{r:?}")
+        };
+        let on_disk = std::fs::read(dir.path().join("f")).unwrap();
+        let mut want = data.clone();
+        want.resize(size as usize, 0);
+        assert_eq!(on_disk, want, "size {size}");
+        let m = std::fs::metadata(dir.path().join("f")).unwrap();
+        assert_eq!((a.size, a.mtime), (size, when));
+        assert_eq!((m.mtime(), m.mtime_nsec()), (when.sec, when.nsec as i64));
+    }
+    let r = raw_call(
+        &mut s,
+        4,
+        Request::Store {
+            handle,
+            offset: 0,
+            data: vec![0; dircache_remote::proto::MAX_IO + 1],
+            size: 1,
+            set: SetAttr::default(),
+        },
+    );
+    assert_eq!(r, Err(libc::EINVAL));
+    assert_eq!(std::fs::metadata(dir.path().join("f")).unwrap().len(), 5000);
+    drop(s);
+    let _ = server.finish();
+}

@@ -723,8 +723,39 @@ struct RunResult {
     /// The client's calls and `Hurry` messages during the run (dircache only; cold: since
     /// the mount). The proxy's round trips count bursts, a `Hurry` among them.
     calls: Option<(u64, u64)>,
+    /// The client's calls by kind during the run (dircache: `backend.calls_<Kind>`).
+    call_kinds: Option<BTreeMap<String, u64>>,
     /// CPU seconds of a loop workload: the loop's own, plus its mount daemon's (dircache).
     cpu: Option<f64>,
+}
+
+/// A dircache mount's remote calls so far by kind (`dircache stats`: `backend.calls_<Kind>`;
+/// empty for a binary without them).
+fn backend_call_kinds(mnt: &Path) -> Option<BTreeMap<String, u64>> {
+    let v = mount_stats(mnt)?;
+    let o = v["backend"].as_object()?;
+    Some(
+        o.iter()
+            .filter_map(|(k, n)| Some((k.strip_prefix("calls_")?.to_string(), n.as_u64()?)))
+            .collect(),
+    )
+}
+
+/// The counts of `after` less those of `before`, by kind (none that are 0).
+fn counts_since(
+    after: &BTreeMap<String, u64>,
+    before: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, n)| {
+            (
+                k.clone(),
+                n.saturating_sub(before.get(k).copied().unwrap_or(0)),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 /// A dircache mount's remote calls and hurries so far (`dircache stats`: `backend`).
@@ -962,8 +993,19 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         true => Some((0, 0)),
         false => dircache_mnt.as_deref().and_then(backend_calls),
     };
+    let kinds_before = match cold {
+        true => Some(BTreeMap::new()),
+        false => dircache_mnt.as_deref().and_then(backend_call_kinds),
+    };
     let res = timed(cmd, env.timeout);
     let req_after = dircache_mnt.as_deref().and_then(kernel_requests);
+    let call_kinds = match (
+        dircache_mnt.as_deref().and_then(backend_call_kinds),
+        kinds_before,
+    ) {
+        (Some(a), Some(b)) => Some(counts_since(&a, &b)),
+        _ => None,
+    };
     let calls = match (
         dircache_mnt.as_deref().and_then(backend_calls),
         calls_before,
@@ -1010,6 +1052,7 @@ fn run_once(env: &Env, s: &mut System, w: &Workload, cold: bool) -> Result<RunRe
         lines: out.stdout.as_slice().lines().count(),
         requests,
         calls,
+        call_kinds,
         cpu,
     })
 }
@@ -1026,6 +1069,8 @@ struct Row {
     requests: Vec<BTreeMap<String, u64>>,
     /// The client's calls and hurries, per run (dircache).
     calls: Vec<(u64, u64)>,
+    /// The client's calls by kind, per run (dircache).
+    call_kinds: Vec<BTreeMap<String, u64>>,
     /// CPU seconds per run of a loop workload (the loop's, plus its mount daemon's).
     cpu: Vec<f64>,
     ops: usize,
@@ -1290,6 +1335,7 @@ fn bench(
                         bytes: vec![],
                         requests: vec![],
                         calls: vec![],
+                        call_kinds: vec![],
                         cpu: vec![],
                         ops: w.ops,
                         lines: None,
@@ -1352,6 +1398,9 @@ fn bench(
                             }
                             if let Some(c) = res.calls {
                                 row.calls.push(c);
+                            }
+                            if let Some(k) = res.call_kinds.filter(|k| !k.is_empty()) {
+                                row.call_kinds.push(k);
                             }
                             if let Some(c) = res.cpu {
                                 row.cpu.push(c);
@@ -1443,6 +1492,14 @@ fn json_rows(rows: &[Row]) -> Vec<serde_json::Value> {
                     let (c, h): (Vec<u64>, Vec<u64>) = r.calls.iter().copied().unzip();
                     m.insert("calls".into(), json!(median_u64(&c)));
                     m.insert("hurries".into(), json!(median_u64(&h)));
+                }
+            }
+            if !r.call_kinds.is_empty() {
+                if let Some(m) = o.as_object_mut() {
+                    m.insert(
+                        "calls_by_kind".into(),
+                        json!(stats::median_by_kind(&r.call_kinds)),
+                    );
                 }
             }
             if let (true, Some(m)) = (r.rewarmed > 0, o.as_object_mut()) {
@@ -1562,7 +1619,30 @@ fn print_table(rows: &[Row], runs: usize, entries: usize) {
         println!("\n{s} unavailable: {why}");
     }
     print_requests(rows);
+    print_call_kinds(rows);
     print_targets(rows);
+}
+
+/// The client's calls per run of each dircache row, by kind (medians): what its round trips
+/// are.
+fn print_call_kinds(rows: &[Row]) {
+    let with: Vec<&Row> = rows.iter().filter(|r| !r.call_kinds.is_empty()).collect();
+    if with.is_empty() {
+        return;
+    }
+    println!("\nclient calls per run (dircache, medians by kind; `calls` above):");
+    for r in with {
+        let by = stats::median_by_kind(&r.call_kinds);
+        let kinds: Vec<String> = by.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!(
+            "  RTT {} ms {:<4} {:<20} {:<13} {}",
+            r.rtt_ms,
+            r.cache,
+            r.workload,
+            r.system,
+            kinds.join(", ")
+        );
+    }
 }
 
 /// The client kernel's FUSE requests per run of each dircache row, by kind (medians): where

@@ -52,7 +52,7 @@ use dircache_core::{Attr, BackendFile, Cred, Error, Result, SetAttr, TimeSet, Ti
 use parking_lot::Mutex;
 
 use super::{eio, want_attr, want_count, want_unit, Conn, Disconnected, RemoteFile};
-use crate::proto::{Request, WireCred, MAX_IO};
+use crate::proto::{features, Request, WireCred, MAX_IO};
 
 /// A file's first bytes, read with its open ([`crate::proto::Request::OpenPlus`]): `asked` is
 /// how many were asked for (fewer came only at the file's end).
@@ -1475,6 +1475,63 @@ impl ContainerFile {
         };
         let gen = self.cc.gen();
         let wc: WireCred = (&self.cred).into();
+        let set = SetAttr {
+            mtime: Some(TimeSet::At(before.mtime)),
+            ..Default::default()
+        };
+        let (conn, handle) = rf.at()?;
+        let attr = if conn.features & features::STORE != 0 && before.size <= MAX_IO as u64 {
+            // A file that fits one call (every object a build writes): its data, size and
+            // mtime in one `Store`, which the server applies in that order (one round trip;
+            // a `Write` with `SetSize`, then a `FileSetattr` took two).
+            let mut data = vec![0u8; before.size as usize];
+            let n = read_full(&self.file, &mut data, 0)?;
+            data.truncate(n);
+            let r = conn.call_touching(
+                &wc,
+                Request::Store {
+                    handle,
+                    offset: 0,
+                    data,
+                    size: before.size,
+                    set,
+                },
+                Some(rf.stale()),
+            )?;
+            want_attr(r)?
+        } else {
+            drop(conn);
+            self.store_windows(rf, &wc, &before, set)?
+        };
+        let mut st = self.cc.st.lock();
+        let held = st.gen == gen;
+        st.stats.stores += 1;
+        st.stats.stored_bytes += before.size;
+        if let Some(e) = st.by_key.get_mut(&self.key) {
+            e.attr = Some(attr);
+            e.local = Some(before);
+            if !held {
+                Containers::invalidate(e);
+            }
+        }
+        tracing::debug!(
+            "stored {} bytes of {:?} back",
+            before.size,
+            String::from_utf8_lossy(&self.path)
+        );
+        Ok(())
+    }
+
+    /// [`ContainerFile::store_remote`] of a file larger than one call (or to a server without
+    /// `Store`): the data in windows of `Write`s, the size with the last one, then `set` (the
+    /// mtime); the server's attributes after it.
+    fn store_windows(
+        &self,
+        rf: &RemoteFile,
+        wc: &WireCred,
+        before: &Local,
+        set: SetAttr,
+    ) -> Result<Attr> {
         // The data, in windows of pipelined 1 MiB writes (the server may run them in any
         // order: they do not overlap), the size sent with the last window: every write lies
         // below it, so the server reaches the same file whichever it runs first (a truncation
@@ -1495,7 +1552,7 @@ impl ContainerFile {
             for (i, c) in buf[..n].chunks(MAX_IO).enumerate() {
                 let (conn, handle) = rf.at()?;
                 let (_, rx) = conn.start_touching(
-                    &wc,
+                    wc,
                     Request::Write {
                         handle,
                         offset: off + (i * MAX_IO) as u64,
@@ -1512,7 +1569,7 @@ impl ContainerFile {
             if last {
                 let (conn, handle) = rf.at()?;
                 let (_, rx) = conn.start_touching(
-                    &wc,
+                    wc,
                     Request::SetSize {
                         handle,
                         size: before.size,
@@ -1550,34 +1607,12 @@ impl ContainerFile {
             off += n as u64;
         }
         let (conn, handle) = rf.at()?;
-        let set = SetAttr {
-            mtime: Some(TimeSet::At(before.mtime)),
-            ..Default::default()
-        };
-        let attr =
-            match conn.call_touching(&wc, Request::FileSetattr { handle, set }, Some(rf.stale())) {
-                Ok(r) => want_attr(r)?,
-                // Not the owner: the server's store time stays.
-                Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => rf.attr()?,
-                Err(e) => return Err(e),
-            };
-        let mut st = self.cc.st.lock();
-        let held = st.gen == gen;
-        st.stats.stores += 1;
-        st.stats.stored_bytes += before.size;
-        if let Some(e) = st.by_key.get_mut(&self.key) {
-            e.attr = Some(attr);
-            e.local = Some(before);
-            if !held {
-                Containers::invalidate(e);
-            }
+        match conn.call_touching(wc, Request::FileSetattr { handle, set }, Some(rf.stale())) {
+            Ok(r) => want_attr(r),
+            // Not the owner: the server's store time stays.
+            Err(Error::Os(libc::EPERM)) | Err(Error::Os(libc::EACCES)) => rf.attr(),
+            Err(e) => Err(e),
         }
-        tracing::debug!(
-            "stored {} bytes of {:?} back",
-            before.size,
-            String::from_utf8_lossy(&self.path)
-        );
-        Ok(())
     }
 
     /// Its changes are safe elsewhere (the modification log, client/cml.rs): the container

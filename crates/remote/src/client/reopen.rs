@@ -52,7 +52,7 @@ pub(super) struct Link {
     callbacks: Arc<Mutex<Option<Sender<Change>>>>,
     lost: Arc<AtomicBool>,
     prefetch: Arc<Mutex<Prefetch>>,
-    round_trips: Arc<AtomicU64>,
+    round_trips: Arc<super::CallCounts>,
     /// The files open through this backend, to reopen after a reconnection.
     files: Mutex<HashMap<u64, Weak<OpenState>>>,
     next_file: AtomicU64,
@@ -75,7 +75,7 @@ impl Link {
         callbacks: Arc<Mutex<Option<Sender<Change>>>>,
         lost: Arc<AtomicBool>,
         prefetch: Arc<Mutex<Prefetch>>,
-        round_trips: Arc<AtomicU64>,
+        round_trips: Arc<super::CallCounts>,
     ) -> Link {
         Link {
             conn,

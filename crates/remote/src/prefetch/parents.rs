@@ -24,9 +24,17 @@ pub struct Parents {
     /// is not kept for it).
     started: HashMap<Vec<u8>, u64>,
     next: u64,
+    /// Inodes whose attributes changed while mutations were in flight, with the last
+    /// sequence number started then: a reply of a mutation started at or before it is not
+    /// kept for a directory with that inode number. Emptied when no mutation is in flight.
+    ino_drops: Vec<(u64, u64)>,
     /// `getattr`s answered from here (for statistics and tests).
     pub hits: u64,
 }
+
+/// At most this many inode drops are remembered while mutations are in flight (beyond: no
+/// reply in flight is kept).
+const MAX_INO_DROPS: usize = 1024;
 
 impl Parents {
     /// A mutation changing names in `dirs` is about to be sent: their attributes held are
@@ -50,7 +58,11 @@ impl Parents {
         keep: bool,
     ) {
         for (d, a) in got.into_iter().flatten() {
-            if keep && self.started.get(&d) == Some(&seq) {
+            let changed = self
+                .ino_drops
+                .iter()
+                .any(|(at, ino)| *ino == a.ino && *at >= seq);
+            if keep && !changed && self.started.get(&d) == Some(&seq) {
                 if self.attrs.len() >= MAX_HELD {
                     self.attrs.clear();
                 }
@@ -61,6 +73,9 @@ impl Parents {
             if self.started.get(d) == Some(&seq) {
                 self.started.remove(d);
             }
+        }
+        if self.started.is_empty() {
+            self.ino_drops.clear();
         }
     }
 
@@ -112,8 +127,21 @@ impl Parents {
                 }
                 Stale::Ino(ino) => {
                     self.attrs.retain(|_, a| a.ino != *ino);
-                    // Which directory a reply to come is for is not known by inode.
-                    self.started.clear();
+                    // Which directory a reply to come is for is not known by inode: the
+                    // replies are checked by their attributes' inode when they come (a
+                    // store into a file, which names its inode, while a create runs in
+                    // a build with -j2 dropped every reply in flight).
+                    match (
+                        self.started.is_empty(),
+                        self.ino_drops.len() < MAX_INO_DROPS,
+                    ) {
+                        (true, _) => {}
+                        (false, true) => self.ino_drops.push((self.next, *ino)),
+                        (false, false) => {
+                            self.started.clear();
+                            self.ino_drops.clear();
+                        }
+                    }
                 }
                 // Directories only: no other links.
                 Stale::Linked => {}
@@ -125,6 +153,7 @@ impl Parents {
     pub fn clear(&mut self) {
         self.attrs.clear();
         self.started.clear();
+        self.ino_drops.clear();
     }
 }
 
@@ -161,6 +190,29 @@ mod tests {
     }
 
     #[test]
+    fn another_inode_changing_while_a_reply_is_in_flight_keeps_the_reply() {
+        // A build with -j2: a store into one object (its inode, 77) while the create of
+        // another runs in the same directory (inode 1). Before, every reply in flight was
+        // dropped: the kernel's getattr of the directory after the create cost a call.
+        let mut p = Parents::default();
+        let d = vec![b"obj".to_vec()];
+        let a = p.begin(&d);
+        p.drop_stale(&[Stale::Ino(77)]);
+        p.end(a, &d, Some(vec![(b"obj".to_vec(), attr(1, 2))]), true);
+        assert_eq!(p.get(b"obj"), Some(attr(1, 2)));
+        // A mutation that started after the change is not affected by it either; one that
+        // started before the directory's own inode changed is.
+        let a = p.begin(&d);
+        p.drop_stale(&[Stale::Ino(1)]);
+        let b = p.begin(&d);
+        p.end(a, &d, Some(vec![(b"obj".to_vec(), attr(1, 3))]), true);
+        assert_eq!(p.get(b"obj"), None);
+        p.end(b, &d, Some(vec![(b"obj".to_vec(), attr(1, 4))]), true);
+        assert_eq!(p.get(b"obj"), Some(attr(1, 4)));
+        assert!(p.ino_drops.is_empty(), "nothing in flight");
+    }
+
+    #[test]
     fn a_callback_overtaking_the_reply_wins() {
         let mut p = Parents::default();
         let d = vec![b"x/d".to_vec()];
@@ -168,7 +220,8 @@ mod tests {
             Stale::Dir(b"x/d".to_vec()),
             Stale::Tree(b"x".to_vec()),
             Stale::Tree(Vec::new()),
-            Stale::Ino(9),
+            // The directory's own inode.
+            Stale::Ino(1),
         ] {
             let a = p.begin(&d);
             p.drop_stale(std::slice::from_ref(&stale));
