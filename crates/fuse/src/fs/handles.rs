@@ -539,7 +539,7 @@ impl CacheFs {
                 // The backing file does the I/O of every later opener of the inode (writers
                 // too) with the credentials it is registered with: the caller's whole ones.
                 let whole = if groupless {
-                    self.groups.cred(req.pid(), req.uid(), req.gid())
+                    self.groups.cred(req.pid, req.uid, req.gid)
                 } else {
                     cred.clone()
                 };
