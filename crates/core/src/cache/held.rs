@@ -424,8 +424,43 @@ impl Cache {
                 tries += 1;
                 continue;
             }
+            // Another file at the name (replaced in the backend, the change not applied to
+            // this dentry yet): not this inode's attributes.
+            let other = matches!(&r, Ok(a) if !held.0.root
+                && (a.dev, a.ino) != held.key()
+                && !self.provisional(held.key()));
+            if other || matches!(r, Err(Error::NotFound | Error::Stale)) {
+                // The name found is gone or names another file by now (removed or replaced
+                // in the backend): a hard-linked inode is still reachable through its other
+                // names, as in `on_held` (torture seed 7: a file linked through the mount,
+                // its preferred name replaced in SRC, answered ENOENT through the other).
+                if let Some(found) = self.other_name_attr(held, &node) {
+                    return found;
+                }
+            }
             return (node, r);
         }
+    }
+
+    /// The first other live name of `held` (not `tried`) that still names its inode, with
+    /// its attributes for a reply; it is preferred from then on.
+    fn other_name_attr(&self, held: &Held, tried: &NodeRef) -> Option<(NodeRef, Result<Attr>)> {
+        if held.0.root {
+            return None;
+        }
+        for a in held.names() {
+            if Arc::ptr_eq(&a, tried) || a.is_dead() {
+                continue;
+            }
+            match self.attr_for_reply(held, &a) {
+                Ok(at) if (at.dev, at.ino) == held.key() => {
+                    held.prefer(&a);
+                    return Some((a, Ok(at)));
+                }
+                _ => continue,
+            }
+        }
+        None
     }
 
     /// One resolution of [`Cache::held_node`]; `raced` is set when a dentry it looked in or
