@@ -484,3 +484,40 @@ fn creations_over_names_changed_behind_the_cache() {
     assert_eq!(excl.map(|_| ()).map_err(errno), Err(libc::EEXIST));
     assert_eq!(resolve(&c, &r, At::Root, "d/z", F), Ok("d/z".into()));
 }
+
+/// A reported change caches nothing about a name nobody looked up: the report may be applied
+/// while the change is still going on (a file reported as created before its writer wrote
+/// it), and attributes cached then would be served, stale, until the write's own report came
+/// (under load, a mount listed a file of 19 bytes just made in SRC as empty:
+/// `crates/fuse/tests/prefetch.rs`, `prefetch_off_lists_nothing_ahead` without its settle).
+/// The first lookup after the report asks the backend. A link reported this way is still
+/// followed (`symlink_changed_outside_redirects_after_apply_change`).
+#[test]
+fn a_reported_creation_caches_nothing_about_the_name() {
+    let (m, c) = cache_with(&["d/g"], Config::default());
+    let r = root(&c);
+    assert_eq!(resolve(&c, &r, At::Root, "d/g", F), Ok("d/g".into()));
+    // Created outside, reported while still empty, then written (not yet reported).
+    m.mknod(&Cred::root(), b"d/f", libc::S_IFREG | 0o644, 0)
+        .unwrap();
+    c.apply_change(&Change::Entry {
+        path: b"d/f".to_vec(),
+    });
+    m.setattr(
+        &Cred::root(),
+        b"d/f",
+        &SetAttr {
+            size: Some(19),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let n = c
+        .lookup(&r, At::Root, b"d/f", LookupFlags::NOFOLLOW)
+        .expect("d/f");
+    assert_eq!(
+        c.getattr(&n).expect("attributes of d/f").size,
+        19,
+        "the size d/f had when its creation was reported, cached by the report"
+    );
+}

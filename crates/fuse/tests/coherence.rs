@@ -250,3 +250,42 @@ fn a_hard_link_answers_getattr_after_its_other_name_was_replaced() {
     assert_eq!(nlink, 1, "b/h's link count after a/f was replaced");
     assert_eq!(std::fs::read(t.m("b/h")).unwrap(), b"one");
 }
+
+/// The report of a change to a name nobody looked up caches nothing about the name. Cached
+/// so, the name kept the attributes of the moment the report was applied, and when the next
+/// change was one the feed does not see (an atime-only utimensat, a read in SRC: FS_ACCESS
+/// events, docs/security.md "Outside changes the feed cannot see") the mount showed them for
+/// good: the notifier looked the name of every `Attr` report up (to find the kernel's nodeid
+/// for it), and `identity.rs::atime_after_read_matches_native` failed every run once a
+/// creation's report no longer cached the name before that lookup did (`f4b0e4f`).
+#[test]
+fn a_reported_write_caches_nothing_an_unreported_atime_change_leaves_stale() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::filled(Default::default(), |src| {
+        std::fs::create_dir(src.join("marks")).expect("mkdir marks");
+        std::fs::write(src.join("f"), b"v1").expect("write f");
+        sh_ok(src, "touch -a -d 2001-01-01 f");
+    });
+    // Reported (FAN_MODIFY): an `Attr` report of a name the mount never looked up.
+    sh_ok(&t.src, "printf 2 >> f");
+    // The feed reports in order: once the marker shows through the mount, the write's
+    // report was applied. (In a directory of its own: a second LOOKUP miss in the top
+    // directory would make the lookahead list it, caching `f` by a listing.)
+    assert!(!t.m("marks/m").exists(), "marks/m exists before it is made");
+    std::fs::File::create(t.s("marks/m")).expect("marker");
+    took("marks/m", wait_for(LIMIT, || t.m("marks/m").exists()))
+        .expect("the change feed reported marks/m");
+    // Not reported: an atime-only change.
+    sh_ok(&t.src, "touch -a -d 2000-01-01 f");
+    let src = std::fs::metadata(t.s("f")).expect("stat SRC/f");
+    assert_eq!((src.atime(), src.size()), (946_684_800, 3));
+    let mnt = std::fs::metadata(t.m("f")).expect("stat MNT/f");
+    assert_eq!(
+        (mnt.atime(), mnt.size()),
+        (src.atime(), src.size()),
+        "f through the mount (atime, size) != SRC's: the attributes cached by the write's \
+         report (atime 978307200 is 2001-01-01)"
+    );
+}

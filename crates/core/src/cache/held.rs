@@ -653,8 +653,18 @@ impl Cache {
         }
     }
 
-    /// Undo [`Cache::note_open`] at release of the handle.
+    /// Undo [`Cache::note_open`] at release of the handle. The attributes cached for every
+    /// name of `held` are forgotten first (the handle's reads moved the atime, its writes the
+    /// size and times, none of them through the core), and only then do the counts drop: a
+    /// reply made while they were up asked the backend, and one made after finds nothing
+    /// cached from before the close. (The front end forgot them after the counts dropped: a
+    /// GETATTR answered in between, racing the RELEASE, got the attributes cached when the
+    /// file was created, and `stat` right after write+close showed size 0 — `tools.rs`'s
+    /// mkstemp loop under load, `held.rs::a_close_leaves_no_attributes_from_before_it`.)
     pub fn note_close(&self, held: &Held, writable: bool) {
+        for n in held.names() {
+            self.forget_attr(&n);
+        }
         let dec = |a: &AtomicU32| {
             let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
         };

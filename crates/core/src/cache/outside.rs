@@ -28,15 +28,41 @@ impl Cache {
     /// A change at `path` that names a symbolic link may have been made through it (a file
     /// created or written via a link, perhaps a dangling one): what the link leads to changed
     /// too. Drop a negative found there, and forget the attributes of a positive.
+    ///
+    /// Whether the name is a link is found without caching it (the cached dentry, else the
+    /// backend's answer, left uncached): a report may be applied while the change it reports
+    /// is still going on (a file reported as created before its writer wrote it), and a name
+    /// cached then would keep the attributes of that instant until the next report (a listing
+    /// of a tree just made showed a written file as empty, `a_reported_creation_caches_
+    /// nothing_about_the_name`). Only a link's target is walked to (and may be cached).
     fn follow_changed_link(&self, path: &[u8]) -> Vec<Invalidation> {
-        if path::components(path).next().is_none() {
+        let comps: Vec<&[u8]> = path::components(path).collect();
+        let Some((&last, dirs)) = comps.split_last() else {
             return Vec::new();
-        }
+        };
         let cs = self.kernel_checked(Cred::root());
         let st = self.start(super::At::Root);
-        match self.walk_any_length(&cs.0, &st, path, LookupFlags::NOFOLLOW) {
-            Ok(w) if w.node.kind() == NodeKind::Positive(FileType::Symlink) => {}
-            _ => return Vec::new(),
+        let parent = if dirs.is_empty() {
+            self.ns.root.root.clone()
+        } else {
+            match self.walk_any_length(&cs.0, &st, &dirs.join(&b'/'), LookupFlags::FOLLOW) {
+                Ok(w) => w.node,
+                Err(_) => return Vec::new(),
+            }
+        };
+        if parent.kind() != NodeKind::Positive(FileType::Directory) {
+            return Vec::new();
+        }
+        let cached = parent.inner.read().child(last).cloned();
+        let is_link = match cached {
+            Some(n) => n.kind() == NodeKind::Positive(FileType::Symlink),
+            None => matches!(
+                self.backend_lookup(&parent, last),
+                Ok(Ok(a)) if a.kind() == FileType::Symlink
+            ),
+        };
+        if !is_link {
+            return Vec::new();
         }
         let Ok(w) = self.walk_any_length(&cs.0, &st, path, LookupFlags::FOLLOW) else {
             return Vec::new();

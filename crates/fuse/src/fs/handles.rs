@@ -662,14 +662,16 @@ impl CacheFs {
         let of = self.files.remove(fh.0);
         if let Some(of) = of {
             // Reads moved the atime, writes (also through a mapping) mtime and ctime: the
-            // next GETATTR or LOOKUP asks the backend.
+            // next GETATTR or LOOKUP asks the backend. Forgotten before the handle stops
+            // counting (`note_close` forgets every name's first too): a GETATTR racing this
+            // RELEASE must not find the attributes cached before the writes.
+            self.cache.forget_attr(&of.node);
             if let Some(h) = self.inodes.held(of.nodeid) {
                 self.cache.note_close(&h, of.writable);
             }
             if of.writable && !of.write_only {
                 self.inodes.unseen_writer(of.nodeid, false);
             }
-            self.cache.forget_attr(&of.node);
             if of.writable && !self.writes_seen_by_kernel(&of) && !self.kernel_told_current(&of) {
                 self.queue_inval_inode(of.nodeid);
             }
