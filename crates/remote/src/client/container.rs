@@ -1503,15 +1503,16 @@ impl ContainerFile {
             None => return Ok(()),
         };
         let _io = io.lock();
-        let before = {
+        let dirty = {
             let st = self.cc.st.lock();
-            match st.by_key.get(&self.key) {
-                // Not torn by a write under way (another descriptor's close can come in
-                // the middle of one): see `settled_local`.
-                Some(e) if Containers::is_dirty(e) => settled_local(&*self.file)?,
-                _ => return Ok(()),
-            }
+            st.by_key.get(&self.key).is_some_and(Containers::is_dirty)
         };
+        if !dirty {
+            return Ok(());
+        }
+        // Not torn by a write under way (another descriptor's close can come in the middle
+        // of one): see `settled_local`, which may wait for that write (not under `st`).
+        let before = settled_local(&*self.file)?;
         let gen = self.cc.gen();
         let wc: WireCred = (&self.cred).into();
         let set = SetAttr {
