@@ -891,7 +891,9 @@ fn quiet(t: &Mount) {
 /// size and mtime, which the server applies in that order); before, a `Write` with its
 /// `SetSize`, then a `FileSetattr`: two round trips on every close of a build's objects. The
 /// server has the bytes and the mtime after close; a file larger than one call still goes
-/// in windows of writes.
+/// in windows of writes. (Its CI failure, `left: (2, 0, 0, 0)`: a sibling test's spawned
+/// child closed its copy of `f` in the middle of the write, and that FLUSH stored the file
+/// empty; see `a_close_during_a_write_stores_the_whole_write_once` in remote_store_race.rs.)
 #[test]
 fn a_small_file_is_stored_back_in_one_call() {
     use std::io::Write;

@@ -142,10 +142,10 @@ type Access = (u32, u32, Vec<u32>, i32);
 /// What the container's own file looked like after a fetch or store (a change since means
 /// local writes to store back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Local {
-    size: u64,
-    mtime: Timespec,
-    ctime: Timespec,
+pub(super) struct Local {
+    pub(super) size: u64,
+    pub(super) mtime: Timespec,
+    pub(super) ctime: Timespec,
 }
 
 struct Entry {
@@ -230,6 +230,10 @@ fn os(e: rustix::io::Errno) -> Error {
 }
 
 fn local_of(f: &File) -> Result<Local> {
+    local_of_fd(f.as_fd())
+}
+
+fn local_of_fd(f: BorrowedFd<'_>) -> Result<Local> {
     let s = rustix::fs::fstat(f).map_err(os)?;
     Ok(Local {
         size: s.st_size as u64,
@@ -242,6 +246,39 @@ fn local_of(f: &File) -> Result<Local> {
             nsec: s.st_ctime_nsec as u32,
         },
     })
+}
+
+/// How many times [`settled_local`] waits for writes under way before it gives up on
+/// matching the state the data is read in.
+const SETTLE_TRIES: usize = 4;
+
+/// The container's state to record with data read from it right after: a state no write
+/// under way can still change behind it. The kernel's writes (passthrough: another
+/// process writing while a sibling closes a copy of the descriptor; a child's exec closes
+/// one) set the file's times first, then copy the data, all under the inode's lock; a store
+/// that read the state between the two, and the data before the copy, recorded the new
+/// times with the old data: the writer's own close then found the container clean and the
+/// write never reached the server (an in-place write), or a first store sent a torn,
+/// empty file (an extending one; the CI flake of `a_small_file_is_stored_back_in_one_call`).
+/// A write of no bytes takes that lock and changes nothing (ext4, tmpfs, btrfs; XFS reads
+/// take it themselves), so every write whose time change a state shows has copied its data
+/// once the barrier after that state returns. The state is read again after the barrier
+/// until it stays the same (the data read then is all of that state's), at most
+/// [`SETTLE_TRIES`] times; still moving, the last state read before a barrier is returned:
+/// older than the data, so the next check finds the container changed and stores it again.
+pub(super) fn settled_local(f: impl AsFd) -> Result<Local> {
+    let f = f.as_fd();
+    let mut seen = local_of_fd(f)?;
+    for _ in 0..SETTLE_TRIES {
+        rustix::io::pwrite(f, &[], 0).map_err(os)?;
+        let now = local_of_fd(f)?;
+        if now == seen {
+            return Ok(seen);
+        }
+        seen = now;
+    }
+    rustix::io::pwrite(f, &[], 0).map_err(os)?;
+    Ok(seen)
 }
 
 /// Whether `a` and `b` are the same version of the same file.
@@ -1466,13 +1503,16 @@ impl ContainerFile {
             None => return Ok(()),
         };
         let _io = io.lock();
-        let before = {
+        let dirty = {
             let st = self.cc.st.lock();
-            match st.by_key.get(&self.key) {
-                Some(e) if Containers::is_dirty(e) => local_of(&self.file)?,
-                _ => return Ok(()),
-            }
+            st.by_key.get(&self.key).is_some_and(Containers::is_dirty)
         };
+        if !dirty {
+            return Ok(());
+        }
+        // Not torn by a write under way (another descriptor's close can come in the middle
+        // of one): see `settled_local`, which may wait for that write (not under `st`).
+        let before = settled_local(&*self.file)?;
         let gen = self.cc.gen();
         let wc: WireCred = (&self.cred).into();
         let set = SetAttr {

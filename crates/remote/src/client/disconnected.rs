@@ -968,20 +968,12 @@ impl Disconnected {
     }
 }
 
-/// A container's size, mtime and ctime now.
+/// A container's size, mtime and ctime now, once no write under way can change them
+/// behind the data read next (container.rs `settled_local`: a log record's data must be
+/// all of the state it is recorded with).
 fn state_of(cf: &ContainerFile) -> Option<(u64, Timespec, Timespec)> {
-    let s = rustix::fs::fstat(cf.fd()?).ok()?;
-    Some((
-        s.st_size as u64,
-        Timespec {
-            sec: s.st_mtime,
-            nsec: s.st_mtime_nsec as u32,
-        },
-        Timespec {
-            sec: s.st_ctime,
-            nsec: s.st_ctime_nsec as u32,
-        },
-    ))
+    let l = super::container::settled_local(cf.fd()?).ok()?;
+    Some((l.size, l.mtime, l.ctime))
 }
 
 /// A file open for writing while disconnected: its container, whose contents are logged
