@@ -373,6 +373,7 @@ pub fn spawn(
                 } else {
                     rx.recv().unwrap_or(NotifyMsg::Stop)
                 };
+                let change = matches!(msg, NotifyMsg::Change(_));
                 let batch = match msg {
                     NotifyMsg::Stop => return,
                     NotifyMsg::InvalInode(i) => {
@@ -386,11 +387,14 @@ pub fn spawn(
                         b
                     }
                     NotifyMsg::Change(c) => {
-                        state.counters.changes.fetch_add(1, Ordering::Relaxed);
+                        state.counters.changes.fetch_add(1, Ordering::Release);
                         state.plan_change(&c)
                     }
                 };
                 state.send(&sink, &batch);
+                if change {
+                    state.counters.changes_done.fetch_add(1, Ordering::Release);
+                }
             }
         })
 }

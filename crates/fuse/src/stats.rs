@@ -115,6 +115,10 @@ pub struct RequestCounters {
     pub notify_errors: AtomicU64,
     /// Changes received from the backend's change feed.
     pub changes: AtomicU64,
+    /// Of those, the ones handled in full: applied to the core and the kernel told (the
+    /// notifier counts a change in `changes` before handling it, here after). Equal counts
+    /// say the notifier has nothing in hand: a test's barrier on the feed.
+    pub changes_done: AtomicU64,
     /// Of those, reports of passthrough writes made through the mount (`fs/own_writes.rs`):
     /// applied to the core only, no kernel invalidation.
     pub own_writes: AtomicU64,
@@ -151,6 +155,7 @@ impl Default for RequestCounters {
             notify_inc_epoch: AtomicU64::new(0),
             notify_errors: AtomicU64::new(0),
             changes: AtomicU64::new(0),
+            changes_done: AtomicU64::new(0),
             own_writes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
             groupless_opens: AtomicU64::new(0),
@@ -273,7 +278,8 @@ impl StatsSource {
             },
             "kernel_inodes": (self.kernel_inodes)(),
             "notifier": {
-                "changes": r.changes.load(Ordering::Relaxed),
+                "changes": r.changes.load(Ordering::Acquire),
+                "changes_done": r.changes_done.load(Ordering::Acquire),
                 "own_writes": r.own_writes.load(Ordering::Relaxed),
                 "inval_entry": r.notify_inval_entry.load(Ordering::Relaxed),
                 "inval_inode": r.notify_inval_inode.load(Ordering::Relaxed),

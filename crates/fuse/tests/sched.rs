@@ -6,6 +6,8 @@
 mod common;
 use common::*;
 
+use std::time::Duration;
+
 use dircache_fuse::sched::RequestSched;
 
 /// `(name, nice, rt_priority, policy)` of each thread of this process.
@@ -41,7 +43,28 @@ fn is_request_thread(name: &str) -> bool {
         || name.starts_with("fuser-uring-")
 }
 
-/// Mount with `sched`, serve a request, and return the threads' scheduling.
+/// The request threads started so far: named `fuser-N` and blocked in read(2) of /dev/fuse,
+/// that is, in their event loop, after the start hook that sets their scheduling. A thread
+/// just spawned carries its spawner's name (`fuser-bg`) until it names itself, and gets its
+/// scheduling only after that: a snapshot taken then shows fewer request threads, or one
+/// named but not yet changed (under load, 2 runs in 20 saw only 1 or 2 of the 3).
+fn request_threads_in_their_loop() -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir("/proc/self/task").unwrap() {
+        let p = e.unwrap().path();
+        let name = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        // "NR ARGS...": the system call the thread is blocked in ("running" if none).
+        let call = std::fs::read_to_string(p.join("syscall")).unwrap_or_default();
+        let nr = call.split_whitespace().next().and_then(|n| n.parse().ok());
+        if is_request_thread(name.trim()) && nr == Some(libc::SYS_read) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Mount with `sched`, serve a request, wait until the request threads are in their loop,
+/// and return the threads' scheduling.
 fn mounted_threads(sched: RequestSched) -> Vec<(String, i64, u64, u64)> {
     let policy = dircache_fuse::CachePolicy {
         request_sched: sched,
@@ -51,8 +74,16 @@ fn mounted_threads(sched: RequestSched) -> Vec<(String, i64, u64, u64)> {
     let t = TestMount::with_policy(policy);
     std::fs::write(t.s("f"), b"served").unwrap();
     assert_eq!(std::fs::read(t.m("f")).unwrap(), b"served");
+    // The threads start one after another, the first serving at once.
+    let started = wait_for(Duration::from_secs(20), || {
+        request_threads_in_their_loop() >= 3
+    });
     let v = threads();
     drop(t);
+    assert!(
+        started.is_some(),
+        "{sched:?}: not 3 request threads blocked in read(2) within 20 s: {v:?}"
+    );
     v
 }
 

@@ -528,6 +528,7 @@ impl Conn {
                         break Some(ProtoError::Unexpected(e));
                     }
                     let c = Change::from(c);
+                    tracing::trace!("callback {c:?}");
                     // The prefetch buffer and the containers forget first, before the cache
                     // hears of it. Not on a new connection after a disconnection until its
                     // Overflow (which invalidates every container) is sent: these are the
