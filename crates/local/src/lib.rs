@@ -24,7 +24,10 @@
 //!   invalidation in the cache above always sees the current tree.
 //!   [`LocalBackend::with_options`] with `fd_cache > 0` uses the cache always; its owner calls
 //!   [`LocalBackend::forget_cached_fds`] after changing directories outside. A stale
-//!   descriptor can answer for a moved directory, never for anything outside the root.
+//!   descriptor can answer for a moved directory, never for anything outside the root. A
+//!   mutation or open that fails with ENOENT through the descriptor of a directory removed
+//!   meanwhile (no links left: removed or renamed over outside, not reported yet) empties
+//!   the cache and is made again on the directory the path names now.
 //! * **umask.** Creation modes are subject to the calling thread's umask, as with any syscall,
 //!   and the file system applies it only when the parent has no default ACL: run with umask 0
 //!   and pass masked modes, or (as the FUSE front end does) give the thread the caller's umask.

@@ -108,17 +108,6 @@ impl Cache {
         if let Some(old) = old {
             self.kill(&old);
         }
-        if parent.is_dead() {
-            // The parent was killed meanwhile (an outside change applied while the backend
-            // created: the directory removed or replaced there). Its children are unreachable;
-            // `kill` takes the ones it finds, and one inserted after it is taken out here.
-            // The returned dentry is then dead, as any uncached answer.
-            let _w = self.inval_window();
-            if let Some(ch) = parent.inner.write().children.as_mut() {
-                ch.remove_node(name, &node);
-            }
-            self.kill(&node);
-        }
         // The parent's mtime, ctime (and nlink for directories) changed.
         parent.set_attr(None);
         node
