@@ -968,12 +968,10 @@ impl Cache {
         // old one before the report (the creation forgets the parent's attributes, the next
         // GETATTR fetched the new directory's by path), and the old directory's listing (the
         // new file only) was served for the name for good.
+        // (A number made up by the backend while disconnected, replaced by the real one, is
+        // the same object.)
         let replaced = node.attr.load_last().is_some_and(|old| {
-            old.dev == a.dev
-                    && old.ino != a.ino
-                    // A number made up by the backend (disconnected) replaced by the real one:
-                    // the same object.
-                    && !node.sb.backend.provisional(old.dev, old.ino)
+            old.dev == a.dev && old.ino != a.ino && !node.sb.backend.provisional(old.dev, old.ino)
         });
         if !replaced
             && node.version() == v0

@@ -36,9 +36,7 @@ impl CacheFs {
         if self.policy.no_opendir {
             return Err(Errno::ENOSYS);
         }
-        // A directory removed or replaced in SRC, reached by a stale kernel dentry: the
-        // kernel walks again (`dir_node`), rather than list the dead one.
-        self.dir_node(ino)?;
+        self.node(ino)?;
         let flags = if self.policy.cache_dir {
             FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
         } else {

@@ -20,9 +20,8 @@ impl CacheFs {
             .map_err(errno)
     }
 
-    /// The live dentry of directory nodeid `dir`, for an operation on a name in it (LOOKUP,
-    /// CREATE, MKNOD, MKDIR, SYMLINK, LINK, RENAME, UNLINK, RMDIR) or a new stream of it
-    /// (OPENDIR). A held directory that died and is not found again where the kernel has it
+    /// The live dentry of directory nodeid `dir`, for a namespace change in it (CREATE,
+    /// MKNOD, MKDIR, SYMLINK, LINK, RENAME, UNLINK, RMDIR). A held directory that died and is not found again where the kernel has it
     /// (removed or replaced in SRC: its name holds another inode now, or nothing) gives
     /// ESTALE. The kernel resolved the path to its inode before the change feed's report
     /// reached it (the report's `inval_entry` races the walk), and Linux walks the path
@@ -221,16 +220,19 @@ impl CacheFs {
         parent: INodeNo,
         name: &OsStr,
     ) -> Result<EntryOut, Errno> {
-        let dir = self.dir_node(parent)?;
+        // Not `dir_node`: a lookup in a dead directory answers ENOENT (what it knew, as any
+        // answer within the feed's latency; the creation that may follow gives ESTALE). With
+        // ESTALE, a walk in a tree replaced again and again in SRC met a dead directory on
+        // its retry too and failed with ESTALE (`replaced_trees.rs`, 1 walk in 30,000).
+        let dir = self.node(parent)?;
         let c = self.read_creds(req);
         self.lookahead
             .before_lookup(&self.cache, &self.prefetch, &c, &dir, name.as_bytes());
         let r = match self.cache.lookup_child(&c, &dir, name.as_bytes()) {
-            // Killed meanwhile: found again (moved in SRC), or ESTALE (`dir_node`).
-            Err(CoreError::NotFound | CoreError::Stale) if dir.is_dead() => {
-                let d = self.dir_node(parent)?;
-                self.cache.lookup_child(&c, &d, name.as_bytes())
-            }
+            Err(CoreError::NotFound | CoreError::Stale) if dir.is_dead() => self
+                .node(parent)
+                .map(|d| self.cache.lookup_child(&c, &d, name.as_bytes()))
+                .unwrap_or(Err(CoreError::Stale)),
             r => r,
         };
         let r = match r {
