@@ -521,3 +521,48 @@ fn a_reported_creation_caches_nothing_about_the_name() {
         "the size d/f had when its creation was reported, cached by the report"
     );
 }
+
+/// Torture seed 540 in the core: directory `a/e` (listed, empty) replaced behind the cache's
+/// back by `a/b` renamed over it; a file created through the cache in the old dentry (the
+/// creation forgets its attributes) and its attributes asked again by path before the report
+/// (what the kernel's GETATTR of its old inode did): the answer is the new directory's. The
+/// old dentry must not keep them: the report's revalidation compares inode numbers, and with
+/// them kept it took the old dentry for the new directory and kept it, complete, listing the
+/// new file alone.
+#[test]
+fn a_directory_replaced_outside_is_dropped_by_the_report_after_a_getattr_by_path() {
+    let (m, c) = cache_with(&["a/b/f1", "a/b/f2", "a/e/"], Config::default());
+    let r = root(&c);
+    assert_eq!(c.readdir(&r, At::Root, b"a/b").unwrap().len(), 2);
+    assert!(c.readdir(&r, At::Root, b"a/e").unwrap().is_empty());
+    let old = c.lookup(&r, At::Root, b"a/e", F).unwrap();
+    let old_ino = c.getattr(&old).unwrap().ino;
+    m.rename(
+        &Cred::root(),
+        b"a/b",
+        b"a/e",
+        dircache_core::RenameMode::Replace,
+    )
+    .unwrap();
+    c.mknod(&r, At::Root, b"a/e/f3", libc::S_IFREG | 0o644, 0)
+        .unwrap();
+    let now = c.getattr(&old).unwrap();
+    assert_ne!(now.ino, old_ino, "the path names the new directory");
+    for p in ["a/b", "a/e"] {
+        c.apply_change(&Change::Entry {
+            path: p.as_bytes().to_vec(),
+        });
+    }
+    assert!(
+        old.is_dead(),
+        "the replaced directory's dentry survived the report of its replacement"
+    );
+    let mut names: Vec<String> = c
+        .readdir(&r, At::Root, b"a/e")
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f1", "f2", "f3"]);
+}

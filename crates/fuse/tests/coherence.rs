@@ -289,3 +289,91 @@ fn a_reported_write_caches_nothing_an_unreported_atime_change_leaves_stale() {
          report (atime 978307200 is 2001-01-01)"
     );
 }
+
+/// Sorted names of a directory (empty on error).
+fn listing(p: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(p)
+        .map(|r| {
+            r.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Torture seed 540 (three threads: `SRC rename dir t0/d1/e1 t0/d2/e0` over an empty directory,
+/// then `MOUNT write t0/d2/e0/f3`; at quiescence the mount listed only `f3`), on one thread: a
+/// listed directory holding `f1 f2` renamed in SRC over a listed empty one, and at once a file
+/// created through the mount under the replaced name. Natively the create succeeds, in the
+/// moved directory. Before the fix one try in five failed: the create through the mount said
+/// ENOENT (its CREATE reached the daemon for the kernel's old inode, whose dentry the rename's
+/// report had killed), or the mount kept listing only `f3` (the CREATE came first and put `f3`
+/// into the old directory's complete listing, served to the new name). `wait` makes the second
+/// half of the tries wait for the rename's report first (a marker made in SRC after it seen
+/// through the mount: the feed reports in order), so the dead-directory case is always hit.
+#[test]
+fn a_create_into_a_directory_replaced_in_src_lands_in_the_new_one() {
+    if !can_mount() {
+        return;
+    }
+    let t = TestMount::new();
+    let mut failures = Vec::new();
+    for k in 0..12 {
+        let wait = k % 2 == 1;
+        let top = format!("t{k}");
+        for d in ["d1/e1", "d2/e0"] {
+            std::fs::create_dir_all(t.s(&format!("{top}/{d}"))).unwrap();
+        }
+        std::fs::write(t.s(&format!("{top}/d1/e1/f1")), b"one").unwrap();
+        std::fs::write(t.s(&format!("{top}/d1/e1/f2")), b"two").unwrap();
+        // Both directories listed (complete) and held by the kernel; wait for the feed's
+        // reports of their making so none comes late.
+        let listed = wait_for(LIMIT, || {
+            listing(&t.m(&format!("{top}/d1/e1"))) == ["f1", "f2"]
+                && listing(&t.m(&format!("{top}/d2/e0"))).is_empty()
+                && std::fs::metadata(t.m(&format!("{top}/d2/e0"))).is_ok()
+        });
+        assert!(listed.is_some(), "{top}: the tree made in SRC not seen");
+        // Looked up while missing (the kernel and the core hold it negative), so that only
+        // the feed's report of its making shows it.
+        let marker = format!("{top}/marker");
+        assert!(std::fs::symlink_metadata(t.m(&marker)).is_err());
+        std::fs::rename(t.s(&format!("{top}/d1/e1")), t.s(&format!("{top}/d2/e0"))).unwrap();
+        if wait {
+            std::fs::write(t.s(&marker), b"").unwrap();
+            let seen = wait_for(LIMIT, || std::fs::symlink_metadata(t.m(&marker)).is_ok());
+            assert!(seen.is_some(), "{top}: the marker's report never came");
+        }
+        let created = std::fs::write(t.m(&format!("{top}/d2/e0/f3")), b"three");
+        if let Err(e) = created {
+            failures.push(format!(
+                "{top} (wait {wait}): write(MNT/{top}/d2/e0/f3): {e} (SRC: {:?})",
+                listing(&t.s(&format!("{top}/d2/e0")))
+            ));
+            continue;
+        }
+        let want = ["f1", "f2", "f3"];
+        assert_eq!(listing(&t.s(&format!("{top}/d2/e0"))), want, "{top}: SRC");
+        let shown = wait_for(LIMIT, || {
+            listing(&t.m(&format!("{top}/d2/e0"))) == want
+                && std::fs::read(t.m(&format!("{top}/d2/e0/f1")))
+                    .ok()
+                    .as_deref()
+                    == Some(&b"one"[..])
+        });
+        if shown.is_none() {
+            failures.push(format!(
+                "{top} (wait {wait}): after {LIMIT:?} the mount lists {:?} in {top}/d2/e0, SRC {:?}",
+                listing(&t.m(&format!("{top}/d2/e0"))),
+                listing(&t.s(&format!("{top}/d2/e0")))
+            ));
+        }
+        let gone = wait_for(LIMIT, || {
+            std::fs::symlink_metadata(t.m(&format!("{top}/d1/e1"))).is_err()
+        });
+        assert!(gone.is_some(), "{top}: d1/e1 still shown after {LIMIT:?}");
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -24,7 +24,10 @@
 //!   invalidation in the cache above always sees the current tree.
 //!   [`LocalBackend::with_options`] with `fd_cache > 0` uses the cache always; its owner calls
 //!   [`LocalBackend::forget_cached_fds`] after changing directories outside. A stale
-//!   descriptor can answer for a moved directory, never for anything outside the root.
+//!   descriptor can answer for a moved directory, never for anything outside the root. A
+//!   mutation or open that fails with ENOENT through the descriptor of a directory removed
+//!   meanwhile (no links left: removed or renamed over outside, not reported yet) empties
+//!   the cache and is made again on the directory the path names now.
 //! * **umask.** Creation modes are subject to the calling thread's umask, as with any syscall,
 //!   and the file system applies it only when the parent has no default ACL: run with umask 0
 //!   and pass masked modes, or (as the FUSE front end does) give the thread the caller's umask.
@@ -681,6 +684,26 @@ impl LocalBackend {
         r
     }
 
+    /// Whether a call made relative to directory descriptor `d` must be made again on a
+    /// fresh one: it failed with ENOENT, and `d`'s directory has been removed (no links). A
+    /// cached descriptor answers for its path until the change feed empties the cache, which
+    /// it does only when it reads the event: a directory removed or replaced outside (another
+    /// renamed over it) kept its descriptor meanwhile, and a creation in it failed with
+    /// ENOENT where natively it lands in the directory the path names now (torture seed 540:
+    /// `write(MNT/d2/e0/f3)` right after `rename(SRC/d1/e1, SRC/d2/e0)`). The cache is emptied
+    /// then (the directory's descendants went with it). Costs one fstat, on ENOENT only. Not
+    /// caught: a directory moved elsewhere (still linked) still answers for its old path
+    /// until the feed's report (see the crate documentation).
+    fn removed_dir<T>(&self, d: &DirFd<'_>, r: &Result<T>) -> bool {
+        let removed = matches!(r, Err(Error::NotFound))
+            && matches!(d, DirFd::Shared(_))
+            && rustix::fs::fstat(d.as_fd()).is_ok_and(|st| st.st_nlink == 0);
+        if removed {
+            self.fds.clear();
+        }
+        removed
+    }
+
     fn attr_of(&self, path: &[u8]) -> Result<Attr> {
         let (dir, name) = split(path)?;
         let d = self.dir(dir)?;
@@ -916,32 +939,50 @@ impl Backend for LocalBackend {
         // The kernel decides which types mknod may create (EPERM for S_IFDIR, EINVAL for
         // S_IFLNK or garbage), and that devices need CAP_MKNOD.
         let cname = Self::cpath(name)?;
-        let d = self.dir(dir)?;
-        self.as_cred(cred, || {
-            // SAFETY: d is a live descriptor, cname is NUL-terminated, mode/rdev are integers.
-            let r = unsafe {
-                libc::mknodat(
-                    d.as_fd().as_raw_fd(),
-                    cname.as_ptr(),
-                    mode,
-                    rdev as libc::dev_t,
-                )
-            };
-            if r < 0 {
-                return Err(last_err());
-            }
-            Ok(())
-        })?;
+        let make = |d: &DirFd<'_>| {
+            self.as_cred(cred, || {
+                // SAFETY: d is a live descriptor, cname is NUL-terminated, mode/rdev are
+                // integers.
+                let r = unsafe {
+                    libc::mknodat(
+                        d.as_fd().as_raw_fd(),
+                        cname.as_ptr(),
+                        mode,
+                        rdev as libc::dev_t,
+                    )
+                };
+                if r < 0 {
+                    return Err(last_err());
+                }
+                Ok(())
+            })
+        };
+        let mut d = self.dir(dir)?;
+        let mut r = make(&d);
+        if self.removed_dir(&d, &r) {
+            d = self.dir(dir)?;
+            r = make(&d);
+        }
+        r?;
         self.noted_at(d.as_fd(), name)
     }
 
     fn mkdir(&self, cred: &Cred, path: &[u8], mode: u32) -> Result<Attr> {
         let (dir, name) =
             split(path).map_err(|e| if e == Error::Busy { Error::Exists } else { e })?;
-        let d = self.dir(dir)?;
-        self.as_cred(cred, || {
-            rustix::fs::mkdirat(d.as_fd(), name, Mode::from_raw_mode(mode & 0o7777)).map_err(errno)
-        })?;
+        let make = |d: &DirFd<'_>| {
+            self.as_cred(cred, || {
+                rustix::fs::mkdirat(d.as_fd(), name, Mode::from_raw_mode(mode & 0o7777))
+                    .map_err(errno)
+            })
+        };
+        let mut d = self.dir(dir)?;
+        let mut r = make(&d);
+        if self.removed_dir(&d, &r) {
+            d = self.dir(dir)?;
+            r = make(&d);
+        }
+        r?;
         self.noted_at(d.as_fd(), name)
     }
 
@@ -954,10 +995,18 @@ impl Backend for LocalBackend {
         if target.len() >= PATH_MAX {
             return Err(Error::NameTooLong);
         }
-        let d = self.dir(dir)?;
-        self.as_cred(cred, || {
-            rustix::fs::symlinkat(target, d.as_fd(), name).map_err(errno)
-        })?;
+        let make = |d: &DirFd<'_>| {
+            self.as_cred(cred, || {
+                rustix::fs::symlinkat(target, d.as_fd(), name).map_err(errno)
+            })
+        };
+        let mut d = self.dir(dir)?;
+        let mut r = make(&d);
+        if self.removed_dir(&d, &r) {
+            d = self.dir(dir)?;
+            r = make(&d);
+        }
+        r?;
         self.noted_at(d.as_fd(), name)
     }
 
@@ -976,28 +1025,51 @@ impl Backend for LocalBackend {
                 return Err(e);
             }
         };
-        self.as_cred(cred, || {
-            rustix::fs::linkat(od.as_fd(), oname, nd.as_fd(), nname, AtFlags::empty())
-                .map_err(errno)
-        })?;
+        let make = |od: &DirFd<'_>, nd: &DirFd<'_>| {
+            self.as_cred(cred, || {
+                rustix::fs::linkat(od.as_fd(), oname, nd.as_fd(), nname, AtFlags::empty())
+                    .map_err(errno)
+            })
+        };
+        let r = make(&od, &nd);
+        if self.removed_dir(&od, &r) || self.removed_dir(&nd, &r) {
+            let (od, nd) = (self.dir(odir)?, self.dir(ndir)?);
+            make(&od, &nd)?;
+            return self.noted_at(nd.as_fd(), nname);
+        }
+        r?;
         self.noted_at(nd.as_fd(), nname)
     }
 
     fn unlink(&self, cred: &Cred, path: &[u8]) -> Result<()> {
         let (dir, name) =
             split(path).map_err(|e| if e == Error::Busy { Error::IsDir } else { e })?;
+        let remove = |d: &DirFd<'_>| {
+            self.as_cred(cred, || {
+                rustix::fs::unlinkat(d.as_fd(), name, AtFlags::empty()).map_err(errno)
+            })
+        };
         let d = self.dir(dir)?;
-        self.as_cred(cred, || {
-            rustix::fs::unlinkat(d.as_fd(), name, AtFlags::empty()).map_err(errno)
-        })
+        let r = remove(&d);
+        if self.removed_dir(&d, &r) {
+            return remove(&self.dir(dir)?);
+        }
+        r
     }
 
     fn rmdir(&self, cred: &Cred, path: &[u8]) -> Result<()> {
         let (dir, name) = split(path)?;
+        let remove = |d: &DirFd<'_>| {
+            self.as_cred_structural(cred, || {
+                rustix::fs::unlinkat(d.as_fd(), name, AtFlags::REMOVEDIR).map_err(errno)
+            })
+        };
         let d = self.dir(dir)?;
-        self.as_cred_structural(cred, || {
-            rustix::fs::unlinkat(d.as_fd(), name, AtFlags::REMOVEDIR).map_err(errno)
-        })
+        let r = remove(&d);
+        if self.removed_dir(&d, &r) {
+            return remove(&self.dir(dir)?);
+        }
+        r
     }
 
     fn rename(&self, cred: &Cred, old: &[u8], new: &[u8], mode: RenameMode) -> Result<()> {
@@ -1019,9 +1091,17 @@ impl Backend for LocalBackend {
                 return Err(e);
             }
         };
-        self.as_cred_structural(cred, || {
-            rustix::fs::renameat_with(od.as_fd(), oname, nd.as_fd(), nname, flags).map_err(errno)
-        })
+        let mv = |od: &DirFd<'_>, nd: &DirFd<'_>| {
+            self.as_cred_structural(cred, || {
+                rustix::fs::renameat_with(od.as_fd(), oname, nd.as_fd(), nname, flags)
+                    .map_err(errno)
+            })
+        };
+        let r = mv(&od, &nd);
+        if self.removed_dir(&od, &r) || self.removed_dir(&nd, &r) {
+            return mv(&self.dir(odir)?, &self.dir(ndir)?);
+        }
+        r
     }
 
     fn setattr(&self, cred: &Cred, path: &[u8], set: &SetAttr) -> Result<Attr> {
@@ -1032,8 +1112,14 @@ impl Backend for LocalBackend {
             return self.noted_fd(self.root.as_fd());
         }
         let (dir, name) = split(path)?;
-        let d = self.dir(dir)?;
-        self.as_cred(cred, || Self::setattr_at(d.as_fd(), name, set))?;
+        let set_at = |d: &DirFd<'_>| self.as_cred(cred, || Self::setattr_at(d.as_fd(), name, set));
+        let mut d = self.dir(dir)?;
+        let mut r = set_at(&d);
+        if self.removed_dir(&d, &r) {
+            d = self.dir(dir)?;
+            r = set_at(&d);
+        }
+        r?;
         self.noted_at(d.as_fd(), name)
     }
 
@@ -1334,7 +1420,7 @@ impl LocalBackend {
             });
         }
         let (dir, name) = split(path)?;
-        let d = self.dir(dir)?;
+        let mut d = self.dir(dir)?;
         // Never blocked by what a user put at the name: the kernel sends OPEN and CREATE only
         // for regular files and directories, but a FIFO renamed over the name in SRC since its
         // lookup would hold this request thread in open(2) until someone opens it for writing
@@ -1344,10 +1430,17 @@ impl LocalBackend {
         // up again and opens a FIFO itself, in the caller's process), and O_NONBLOCK is then
         // taken off again unless the caller asked for it.
         let asked_nonblock = oflags.contains(OFlags::NONBLOCK);
-        let opened = run(&|| {
-            rustix::fs::openat2(d.as_fd(), name, oflags | OFlags::NONBLOCK, m, RESOLVE)
-                .map_err(errno)
-        });
+        let open = |d: &DirFd<'_>| {
+            run(&|| {
+                rustix::fs::openat2(d.as_fd(), name, oflags | OFlags::NONBLOCK, m, RESOLVE)
+                    .map_err(errno)
+            })
+        };
+        let mut opened = open(&d);
+        if self.removed_dir(&d, &opened) {
+            d = self.dir(dir)?;
+            opened = open(&d);
+        }
         let fd = match opened {
             // A lease on the file (the only way O_NONBLOCK fails an open of a regular file):
             // wait for its break as a blocking open would, on the inode checked to be one.

@@ -733,6 +733,13 @@ impl Fan {
             Err(true) => return Some(None),
             Err(false) => return None,
         };
+        // Removed (a directory rmdir'ed or renamed over, whose handle an attribute event
+        // names): nowhere below the root. Its /proc link is its last path with " (deleted)"
+        // appended, which was reported as a change of a name nobody has (`d2/e0 (deleted)`,
+        // looked up in the backend by the front end's notifier).
+        if rustix::fs::fstat(&fd).is_ok_and(|st| st.st_nlink == 0) {
+            return Some(None);
+        }
         // The path through mount `i` (open_by_handle_at opened it on that mount).
         let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
         let p = path_bytes(&link);

@@ -966,3 +966,76 @@ fn cross_device_is_exdev() {
         Error::CrossDevice
     );
 }
+
+/// Torture seed 540 in the backend: a directory whose descriptor is cached (`d2/e0`) is
+/// replaced outside by another renamed over it, and a creation at `d2/e0/x` comes before
+/// the change feed's report (here: no feed, the cache kept). Natively every creation lands
+/// in the directory the path names now; through the removed directory's descriptor
+/// `openat(O_CREAT)` failed with ENOENT. Each kind of creation, then a rename and an unlink
+/// there, on a fresh replacement each time.
+#[test]
+fn creations_through_a_cached_descriptor_of_a_replaced_directory_land_in_the_new_one() {
+    let t = tmp();
+    let r = t.path();
+    let b = cached(r);
+    type Op<'a> = (
+        &'a str,
+        Box<dyn Fn(&LocalBackend) -> dircache_core::Result<()>>,
+    );
+    let ops: Vec<Op> = vec![
+        (
+            "open(O_CREAT)",
+            Box::new(|b| {
+                b.open(&root(), b"d2/e0/x", libc::O_CREAT | libc::O_WRONLY, 0o644)
+                    .map(|_| ())
+            }),
+        ),
+        (
+            "mknod",
+            Box::new(|b| {
+                b.mknod(&root(), b"d2/e0/x", libc::S_IFREG | 0o644, 0)
+                    .map(|_| ())
+            }),
+        ),
+        (
+            "mkdir",
+            Box::new(|b| b.mkdir(&root(), b"d2/e0/x", 0o755).map(|_| ())),
+        ),
+        (
+            "symlink",
+            Box::new(|b| b.symlink(&root(), b"t", b"d2/e0/x").map(|_| ())),
+        ),
+        (
+            "link",
+            Box::new(|b| b.link(&root(), b"d2/e0/f1", b"d2/e0/x").map(|_| ())),
+        ),
+        (
+            "rename",
+            Box::new(|b| b.rename(&root(), b"d2/e0/f1", b"d2/e0/x", RenameMode::Replace)),
+        ),
+    ];
+    for (i, (what, op)) in ops.iter().enumerate() {
+        let _ = fs::remove_dir_all(r.join("d2"));
+        fs::create_dir_all(r.join(format!("d1/e{i}"))).unwrap();
+        fs::write(r.join(format!("d1/e{i}/f1")), b"one").unwrap();
+        fs::create_dir_all(r.join("d2/e0")).unwrap();
+        // Cache d2/e0's descriptor.
+        assert_eq!(b.lookup(b"d2/e0", b"x").unwrap_err(), Error::NotFound);
+        fs::rename(r.join(format!("d1/e{i}")), r.join("d2/e0")).unwrap();
+        op(&b).unwrap_or_else(|e| panic!("{what} in a directory replaced outside: {e:?}"));
+        assert!(
+            fs::symlink_metadata(r.join("d2/e0/x")).is_ok(),
+            "{what}: not in the new directory"
+        );
+        assert_eq!(b.lookup(b"d2/e0", b"x").map(|_| ()), Ok(()), "{what}");
+    }
+    // unlink of a name the new directory has.
+    let _ = fs::remove_dir_all(r.join("d2"));
+    fs::create_dir_all(r.join("d1/eu")).unwrap();
+    fs::write(r.join("d1/eu/f1"), b"one").unwrap();
+    fs::create_dir_all(r.join("d2/e0")).unwrap();
+    assert_eq!(b.lookup(b"d2/e0", b"f1").unwrap_err(), Error::NotFound);
+    fs::rename(r.join("d1/eu"), r.join("d2/e0")).unwrap();
+    b.unlink(&root(), b"d2/e0/f1").unwrap();
+    assert!(fs::symlink_metadata(r.join("d2/e0/f1")).is_err());
+}

@@ -32,7 +32,7 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 
-use super::dentry::{Dentry, DEAD, EVICTED, HAS_CHILDREN, HAS_INTERIOR, MOUNTED};
+use super::dentry::{Dentry, COMPLETE, DEAD, EVICTED, HAS_CHILDREN, HAS_INTERIOR, MOUNTED};
 use super::{Cache, NodeRef};
 use crate::Result;
 
@@ -159,9 +159,16 @@ impl Cache {
     }
 
     /// Take a dentry out of service: mark it dead and bump its subtree. The caller has
-    /// already removed it from its parent's map.
+    /// already removed it from its parent's map. A dead directory is never complete: its
+    /// children are freed below, and a creation racing the kill may still put one into its
+    /// map (`install`: the new dentry stays live there, so the creation's reply can still
+    /// read its attributes); a holder that lists it (a kernel inode the change feed's
+    /// report has not reached yet) must not be served that map as the directory's listing
+    /// (torture seed 540: a file created through the mount into a directory replaced in
+    /// SRC, the old directory listed with only that file).
     pub(crate) fn kill(&self, node: &NodeRef) {
         let prev = node.flags.fetch_or(DEAD, Ordering::AcqRel);
+        node.clear(COMPLETE);
         if prev & (DEAD | EVICTED) == 0 {
             self.entries.fetch_sub(1, Ordering::Relaxed);
         }

@@ -959,7 +959,22 @@ impl Cache {
         if !self.trusts_cache() {
             self.bypass_check_attr(node, &a)?;
         }
-        if node.version() == v0
+        // Another inode at the name (same device, another number): replaced behind the
+        // cache's back, the change not reported yet. Its attributes are the answer about the
+        // name, but the dentry stands for the inode it was made for: caching them would make
+        // the report's revalidation (`still_same`, which compares the inode number) take the
+        // dentry for the new inode and keep it, with its map. Torture seed 540: a directory
+        // renamed over a listed empty one in SRC, a file created through the mount in the
+        // old one before the report (the creation forgets the parent's attributes, the next
+        // GETATTR fetched the new directory's by path), and the old directory's listing (the
+        // new file only) was served for the name for good.
+        // (A number made up by the backend while disconnected, replaced by the real one, is
+        // the same object.)
+        let replaced = node.attr.load_last().is_some_and(|old| {
+            old.dev == a.dev && old.ino != a.ino && !node.sb.backend.provisional(old.dev, old.ino)
+        });
+        if !replaced
+            && node.version() == v0
             && node.file_type() == Some(a.kind())
             && node.attr.store_if_unchanged(s0, &a)
         {

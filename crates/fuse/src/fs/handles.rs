@@ -749,7 +749,7 @@ impl CacheFs {
             // The kernel makes the file with MKNOD and opens it itself (fs/noopen.rs).
             return Err(Errno::from_i32(libc::ENOSYS));
         }
-        let dir = self.node(parent)?;
+        let dir = self.dir_node(parent)?;
         let c = self.creds_of(req);
         let oflags = (flags & !(libc::O_APPEND | libc::O_DIRECT | libc::O_NOCTTY)) | libc::O_CREAT;
         // Within the caller's share of descriptors, checked before anything is created.
@@ -758,7 +758,7 @@ impl CacheFs {
             self.cache
                 .create_at(&c, &dir, name.as_bytes(), mode, oflags)
         })
-        .map_err(errno)?;
+        .map_err(|e| Self::in_dir(&dir, errno(e)))?;
         self.dir_changed(&dir);
         self.apply_noatime(&*fd);
         let a = fd
